@@ -1,0 +1,20 @@
+# The three commands the README promises, plus the maintainer loop.
+.PHONY: setup test reproduce export docs bench
+
+setup:            ## one command: .venv with everything the library, its tests and docs need
+	bash tools/setup.sh
+
+test:             ## every notebook (through nbdev's runner, honouring tst_flags) and tests/
+	.venv/bin/python -m pytest
+
+reproduce:        ## the main job on the embedded default
+	.venv/bin/dars reproduce --out report
+
+export:           ## regenerate dars_nb/ from the notebooks and clean them
+	.venv/bin/nbdev-export && .venv/bin/nbdev-clean
+
+docs:             ## static, offline HTML site in _site/
+	.venv/bin/dars docs --out _site
+
+bench:            ## benchmarks with measured figures and ratios
+	.venv/bin/python -m dars_nb.bench

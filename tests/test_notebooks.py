@@ -1,0 +1,25 @@
+"Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/."
+import os
+from pathlib import Path
+
+import pytest
+from nbdev.config import get_config
+from nbdev.test import test_nb
+
+CFG = get_config()
+NBS_PATH = CFG.path('nbs_path')
+NOTEBOOKS = sorted(p for p in NBS_PATH.rglob('*.ipynb')
+                   if not any(part.startswith(('.', '_')) for part in p.relative_to(NBS_PATH).parts))
+
+
+def _flags():
+    "Skip the `tst_flags` cells unless `DARS_TEST_FLAGS` (space-separated) forces them."
+    forced = os.environ.get('DARS_TEST_FLAGS', '').split()
+    return [f for f in CFG.tst_flags.split() if f not in forced], forced
+
+
+@pytest.mark.parametrize('nb', NOTEBOOKS, ids=[str(p.relative_to(NBS_PATH)) for p in NOTEBOOKS])
+def test_notebook(nb):
+    skip, force = _flags()
+    ok, _ = test_nb(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path)
+    assert ok, f'{nb.name} failed (see the cell error above)'

