@@ -17,4 +17,4 @@ docs:             ## static, offline HTML site in _site/
 	.venv/bin/dars docs --out _site
 
 bench:            ## benchmarks with measured figures and ratios
-	.venv/bin/python -m dars_nb.bench
+	.venv/bin/python bench/run_all.py
