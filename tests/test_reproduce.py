@@ -1,0 +1,79 @@
+"`reproduce --quick` end to end, and bad observation files through `reproduce_main`."
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dars_nb.experiments.protocol import available_routers
+from dars_nb.experiments.reproduce import reproduce_main
+
+
+@pytest.fixture(scope='module')
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp('quick')
+    assert reproduce_main(str(out), quick=True) == 0
+    return out
+
+
+def test_quick_writes_the_report(quick_report):
+    files = {p.name for p in quick_report.iterdir()}
+    for stem in ('table1', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
+                 'beta_sweep', 'temperature', 'adaptive_sampling'):
+        assert {f'{stem}.csv', f'{stem}.md'} <= files, stem
+    for chart in ('fig2ab_diagnostics', 'fig2c_router_variance', 'fig_protocol', 'fig_ablations', 'fig3_sensitivity'):
+        assert {f'{chart}.png', f'{chart}.svg'} <= files, chart
+        assert (quick_report / f'{chart}.png').read_bytes()[:4] == b'\x89PNG'
+        assert (quick_report / f'{chart}.png').stat().st_size > 1000
+
+
+def test_report_mentions_every_router(quick_report):
+    report = (quick_report / 'report.md').read_text()
+    routers = list(available_routers())
+    assert len(routers) == 7
+    for name in routers: assert name in report, name
+    assert 'True regret' in report and 'DARS improves' in report
+
+
+def test_quick_tables_are_complete(quick_report):
+    res = pd.read_csv(quick_report / 'protocol_results.csv')
+    assert len(res) == 3 * 7 * 2 * 2                     # datasets × routers × {single, dars} × views
+    assert res['utility'].notna().all() and res['true_regret'].notna().all()
+    assert (res['ci_low'] <= res['utility']).all() and (res['utility'] <= res['ci_high']).all()
+    assert set(res.query("supervision == 'single'")['n_draws']) == {10}
+
+
+def _run(tmp_path, capsys, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    code = reproduce_main(str(tmp_path / 'out'), data=str(path))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.mark.parametrize('name,text,message', [
+    ('missing.csv', 'dataset,split\nd,train\n', 'missing column'),
+    ('broken.jsonl', '{not json\n', 'cannot read'),
+    ('obs.txt', 'whatever', 'unknown observation file type'),
+])
+def test_bad_observation_file(tmp_path, capsys, name, text, message):
+    code, err = _run(tmp_path, capsys, name, text)
+    assert code != 0
+    assert len(err.splitlines()) == 1 and 'Traceback' not in err
+    assert err.startswith('dars reproduce: error:') and message in err
+
+
+def test_missing_file_and_missing_features(tmp_path, capsys):
+    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'nope.parquet')) == 2
+    assert 'no observation file' in capsys.readouterr().err
+    rows = [dict(dataset='d', split='train', view='grid', query_id='q1', model='m', rewrite_id=1, sample_id=0,
+                 score=1.0, cost=0.1)]
+    (tmp_path / 'train.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
+    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'train.jsonl')) == 2
+    assert 'no dataset in the file has both a training grid and test observations' in capsys.readouterr().err
+    rows.append(dict(rows[0], split='test', view='decode', query_id='q2', rewrite_id=0))
+    (tmp_path / 'obs.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
+    code = reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.jsonl'))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "query_text" in err
