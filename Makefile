@@ -1,5 +1,5 @@
 # The three commands the README promises, plus the maintainer loop.
-.PHONY: setup test reproduce export docs bench
+.PHONY: setup test reproduce export readme docs bench
 
 setup:            ## one command: .venv with everything the library, its tests and docs need
 	bash tools/setup.sh
@@ -12,6 +12,9 @@ reproduce:        ## the main job on the embedded default
 
 export:           ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean
+
+readme:           ## README.md (and its charts in docs_assets/) from nbs/index.ipynb
+	.venv/bin/python -c "from dars_nb.docs import build_readme; build_readme()"
 
 docs:             ## static, offline HTML site in _site/
 	.venv/bin/dars docs --out _site

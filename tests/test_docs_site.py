@@ -1,0 +1,185 @@
+"""The docs site in a real browser: every page opens in headless Chromium with no console error, every
+internal link resolves, no request leaves this machine, and every chart is a drawn SVG.
+
+The site is built once per session with `dars_nb.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
+to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
+system's chromium and chromedriver (Debian packages `chromium`, `chromium-driver`; `make setup`
+installs them). Screenshots of the home page and a tutorial go to `test-artifacts/`.
+"""
+import functools
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from html import unescape
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.error import HTTPError
+from urllib.parse import urldefrag, urlsplit
+from urllib.request import urlopen
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / 'test-artifacts'
+LOCAL_HOSTS = {'127.0.0.1', 'localhost'}
+CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
+CHROMEDRIVER = shutil.which('chromedriver') or '/usr/bin/chromedriver'
+# Chromium flags for a closed network: no background traffic, no first-run work, a fresh profile.
+CHROMIUM_FLAGS = ['--headless=new', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+                  '--disable-background-networking', '--disable-component-update', '--disable-sync',
+                  '--disable-dev-shm-usage', '--window-size=1280,1000']
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args): pass
+
+
+@pytest.fixture(scope='session')
+def site(tmp_path_factory):
+    "The built site: `DARS_DOCS_SITE` if set, else built once for this session."
+    if os.environ.get('DARS_DOCS_SITE'): return Path(os.environ['DARS_DOCS_SITE'])
+    from dars_nb.docs import build_docs
+    t = time.time()
+    out = build_docs(tmp_path_factory.mktemp('docs') / '_site', root=ROOT, quiet=True)
+    print(f'docs site built in {time.time() - t:.0f}s')
+    return out
+
+
+@pytest.fixture(scope='session')
+def base_url(site):
+    "The site served by a local HTTP server on 127.0.0.1 (any free port)."
+    httpd = ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f'http://127.0.0.1:{httpd.server_address[1]}/'
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope='session')
+def browser(tmp_path_factory):
+    "Headless Chromium through chromedriver, logging console messages and every network request."
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail('chromium and chromedriver are needed (Debian packages chromium, chromium-driver; make setup installs them)')
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS + [f'--user-data-dir={tmp_path_factory.mktemp("chromium-profile")}']:
+        opts.add_argument(flag)
+    opts.set_capability('goog:loggingPrefs', {'browser': 'ALL', 'performance': 'ALL'})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _pages(site):
+    "Every HTML page of the site except the 404 page, relative to the site root."
+    return sorted(p.relative_to(site).as_posix() for p in site.rglob('*.html') if p.name != '404.html')
+
+
+def _open(browser, url):
+    "Load `url`, wait until it is complete, and return the network requests it made."
+    browser.get_log('performance')                                  # drop what came before
+    browser.get(url)
+    for _ in range(100):
+        if browser.execute_script('return document.readyState') == 'complete': break
+        time.sleep(0.05)
+    time.sleep(0.3)                                                  # let scripts and the search worker start
+    urls = []
+    for entry in browser.get_log('performance'):
+        msg = json.loads(entry['message'])['message']
+        if msg.get('method') == 'Network.requestWillBeSent': urls.append(msg['params']['request']['url'])
+    return urls
+
+
+_status_cache = {}
+
+def _fetch(url):
+    "(HTTP status, body) of a local URL, cached."
+    if url not in _status_cache:
+        try:
+            with urlopen(url, timeout=10) as r: _status_cache[url] = (r.status, r.read().decode('utf-8', 'replace'))
+        except HTTPError as e: _status_cache[url] = (e.code, '')
+    return _status_cache[url]
+
+
+def _has_anchor(page_html, frag):
+    ids = {unescape(i) for i in re.findall(r'\sid="([^"]*)"', page_html)}
+    return unescape(frag) in ids
+
+
+def test_one_page_per_notebook(site):
+    from nbdev.config import get_config
+    from dars_nb.docs import doc_notebooks, page_path
+    nbs = get_config(ROOT).nbs_path
+    expected = sorted(page_path(p.relative_to(nbs)).with_suffix('.html').as_posix() for p in doc_notebooks(nbs))
+    assert _pages(site) == expected
+
+
+def test_every_page_in_the_browser(site, base_url, browser):
+    problems = []
+    for page in _pages(site):
+        url = base_url + page
+        requests = _open(browser, url)
+        for u in requests:
+            parts = urlsplit(u)
+            if parts.scheme in ('http', 'https', 'ws', 'wss') and parts.hostname not in LOCAL_HOSTS:
+                problems.append(f'{page}: request to another host: {u}')
+        for e in browser.get_log('browser'):
+            if e['level'] == 'SEVERE': problems.append(f"{page}: console error: {e['message']}")
+        hrefs = browser.execute_script("return Array.from(document.querySelectorAll('a[href]'), a => a.href)")
+        for href in set(hrefs):
+            parts = urlsplit(href)
+            if parts.scheme not in ('http', 'https') or parts.hostname not in LOCAL_HOSTS: continue
+            target, frag = urldefrag(href)
+            status, body = _fetch(target)
+            if status != 200: problems.append(f'{page}: broken link {href} (HTTP {status})')
+            elif frag and target.endswith('.html') and not _has_anchor(body, frag):
+                problems.append(f'{page}: link to a missing anchor {href}')
+        charts = browser.execute_script("""
+            return Array.from(document.querySelectorAll('.chart-output'), d => {
+                const s = d.querySelector('svg'); if (!s) return null;
+                const r = s.getBoundingClientRect();
+                return [s.querySelectorAll('path, rect, line, text, circle').length, r.width, r.height];
+            });""")
+        for i, c in enumerate(charts):
+            if c is None or c[0] < 3 or c[1] < 10 or c[2] < 10:
+                problems.append(f'{page}: chart {i} did not render (svg marks, width, height = {c})')
+        n_outputs = len(re.findall(r'<div class="chart-output">', (site / page).read_text(encoding='utf-8')))
+        if n_outputs != len(charts): problems.append(f'{page}: {n_outputs} chart outputs but {len(charts)} in the page')
+    assert not problems, '\n'.join(problems[:40])
+
+
+def test_search_works_offline(base_url, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    _open(browser, base_url + 'index.html')
+    browser.find_element(By.CSS_SELECTOR, 'label.md-search__icon, .md-search__input').click()
+    box = browser.find_element(By.CSS_SELECTOR, 'input.md-search__input')
+    box.send_keys('instability')
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.CSS_SELECTOR, '.md-search-result__item'))
+    assert browser.find_elements(By.CSS_SELECTOR, '.md-search-result__item')
+
+
+def _screenshot(browser, url, path, max_height=10000):
+    _open(browser, url)
+    h = browser.execute_script('return document.documentElement.scrollHeight')
+    browser.set_window_size(1280, min(max(h, 800), max_height))
+    time.sleep(0.3)
+    browser.save_screenshot(str(path))
+    browser.set_window_size(1280, 1000)
+
+
+def test_screenshots(site, base_url, browser):
+    ARTIFACTS.mkdir(exist_ok=True)
+    tutorials = [p for p in _pages(site) if p.startswith('tutorials/')]
+    assert tutorials, 'the site has no tutorial'
+    _screenshot(browser, base_url + 'index.html', ARTIFACTS / 'docs-home.png')
+    _screenshot(browser, base_url + tutorials[0], ARTIFACTS / 'docs-tutorial.png')
+    assert (ARTIFACTS / 'docs-home.png').stat().st_size > 10_000
+    assert (ARTIFACTS / 'docs-tutorial.png').stat().st_size > 10_000
