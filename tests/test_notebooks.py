@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from nbdev.config import get_config
-from nbdev.test import test_nb
+from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
 
 CFG = get_config()
 NBS_PATH = CFG.path('nbs_path')
@@ -21,5 +21,5 @@ def _flags():
 @pytest.mark.parametrize('nb', NOTEBOOKS, ids=[str(p.relative_to(NBS_PATH)) for p in NOTEBOOKS])
 def test_notebook(nb):
     skip, force = _flags()
-    ok, _ = test_nb(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path)
+    ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path)
     assert ok, f'{nb.name} failed (see the cell error above)'
