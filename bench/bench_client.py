@@ -11,6 +11,8 @@ import argparse, asyncio, multiprocessing as mp, os, statistics, sys, time, urll
 from dars_nb.collect.client import Client, Limits, ModelSpec, Pool
 from dars_nb.collect.local import FixedEndpoint, free_port
 
+from summary import emit
+
 MESSAGES = [{'role': 'system', 'content': "Answer briefly. End with a line 'Final Answer: <answer>'."},
             {'role': 'user', 'content': 'Which planet is known as the Red Planet?\nA) Venus\nB) Mars\nC) Jupiter\nD) Saturn'}]
 
@@ -72,6 +74,8 @@ def main(argv=None):
     print(f"  client CPU per call: {cpu / a.calls * 1e3:.3f} ms ({cpu:.2f} s per run)")
     if waits:
         print(f"  waiting for a CPU:   {statistics.median(waits):.2f} s per run (runnable, but other processes had the cores)")
+    emit(f"collection client, {a.calls:,} calls at concurrency {a.concurrency}, {a.delay * 1000:.0f} ms endpoint",
+         f"{wall:.2f} s vs ideal {ideal:.3f} s ({wall / ideal:.2f}x)", '<= 1.3x', bool(wall / ideal <= 1.3))
     return 0
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dars_nb.observations import Dense
+from summary import emit
 from dars_nb.diagnostics import (outcome_instability, winner_flip_rate, single_vs_da_disagreement,
                                  uncertainty_decomposition)
 
@@ -51,6 +52,12 @@ def main(argv=None):
     ratio = growth[growth.columns[-1]] / growth[growth.columns[0]]
     print("time per query, largest / smallest size (1.0 = exactly linear):")
     print(ratio.round(2).to_string())
+    sizes = f"{growth.columns[0]:,} -> {growth.columns[-1]:,} queries"
+    emit(f"diagnostics, {sizes} (dense 6-model 5x5 grids)",
+         f"time per query changes {ratio.min():.2f}-{ratio.max():.2f}x over {growth.columns[-1] // growth.columns[0]}x the queries; "
+         f"at {growth.columns[-1]:,}: " + ', '.join(f"{k} {v:.2f} s" for k, v in
+                                                    t[t.queries == growth.columns[-1]].set_index('diagnostic')['seconds'].items()),
+         'linear (per-query time flat)', bool(ratio.max() <= 1.5))
     return t
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from summary import emit
+
 
 def tree_rss(pid: int) -> int:
     "Resident memory of a process and all its descendants, in bytes (Linux /proc)."
@@ -63,6 +65,8 @@ def main(argv=None):
             secs, peak = run_measured(cmd)
         print(f"dars reproduce{' --quick' if a.quick else ''}: {secs:.0f} s wall, peak memory {peak / 2**30:.2f} GiB "
               f"(process tree){'' if a.quick else ' — goal: <= 600 s and <= 4 GiB'}")
+        emit(f"dars reproduce{' --quick' if a.quick else ' (full default)'}", f"{secs:.0f} s wall, peak {peak / 2**30:.2f} GiB",
+             '' if a.quick else '<= 600 s, <= 4 GiB', None if a.quick else bool(secs <= 600 and peak <= 4 * 2**30))
     sizes, draws = ((200, 2000), (10, 30)) if a.quick else ((200, 2000, 20000), (10, 30, 100))
     print("protocol scaling (gpqa_like, seven routers, one process):")
     t = scaling(sizes, draws)
@@ -72,6 +76,9 @@ def main(argv=None):
           f"(x{by_r.iloc[-1] / by_r.iloc[0]:.1f} for x{by_r.index[-1] / by_r.index[0]:.0f} draws)")
     print("seconds vs training queries at R=10:", ', '.join(f"{n}: {s:.1f}" for n, s in by_n.items()),
           f"(x{by_n.iloc[-1] / by_n.iloc[0]:.1f} for x{by_n.index[-1] / by_n.index[0]:.0f} queries)")
+    emit("protocol scaling (gpqa_like, seven routers, one process)",
+         "R: " + ', '.join(f"{r}: {s:.0f} s" for r, s in by_r.items()) + "; training queries at R = 10: "
+         + ', '.join(f"{n:,}: {s:.0f} s" for n, s in by_n.items()))
     return t
 
 

@@ -1,6 +1,6 @@
 """Batched single-shot draws against the plain loop, for every router family, on the same draws.
 
-Run: .venv/bin/python bench/bench_routers.py [--draws 100] [--reps 3] [--budget 120] [--only MIRT ...] [--quick]
+Run: .venv/bin/python bench/bench_routers.py [--draws 100] [--reps 3] [--budget 120] [--threads all 1] [--only MIRT ...] [--quick]
 
 The paper's protocol trains every router on R = 100 single-shot draws. Each family can fit all R
 draws together (`batched=True`: one geometry for kNN and AvengersPro, an ensemble axis for the torch
@@ -12,19 +12,28 @@ views for both ways — U = mean over test queries of the mean over the view's r
 score − 0.05·cost_norm, cost normalised once over the whole table. `se` is the standard error of the
 loop's mean over the R draws: a batched−loop difference within about two of it is noise.
 
+Both ways run under the same thread setting, once per `--threads` value: `all` is the library's
+default (torch's and the BLAS libraries' own setting, all cores unless the environment limits
+them), a number caps torch, BLAS and OpenMP to that many threads. A step of one router is too
+small to split across threads, so the loop gains nothing from more cores; a batched step can.
+
 A measurement, not a test: the machine may be shared, so the two ways of one family are timed
 side by side, alternating, in one process. A family whose first repetition exceeds `--budget`
 seconds is measured once (the `reps` column says how often each was).
 """
-import argparse, importlib, statistics, time
+import argparse, contextlib, importlib, statistics, time
 
 import numpy as np
 import pandas as pd
+import torch
+from threadpoolctl import threadpool_limits
 
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision, normalize_cost
 from dars_nb.observations import select, to_dense
 from dars_nb.routers.base import align
+
+from summary import emit
 
 FAMILIES = [  # (paper name, module, class)
     ('MLP', 'dars_nb.routers.mlp', 'MLPRouter'),
@@ -67,10 +76,39 @@ def make(cls, batched):
     return cls(batched=batched, **kw)
 
 
+@contextlib.contextmanager
+def threads(n):
+    "Cap torch, BLAS and OpenMP at `n` threads inside the block (None: leave every setting alone)."
+    if n is None: yield; return
+    before = torch.get_num_threads()
+    with threadpool_limits(n):
+        torch.set_num_threads(n)
+        try: yield
+        finally: torch.set_num_threads(before)
+
+
 def timed_fit(cls, batched, X, sup):
     t = time.perf_counter()
     r = make(cls, batched).fit(X, sup)
     return time.perf_counter() - t, r
+
+
+def measure(name, cls, X, single, views, reps, budget) -> dict:
+    "Batched and loop fits of one family, alternating: median wall times and mean test utilities."
+    times, utils = {True: [], False: []}, {}
+    for rep in range(reps):
+        for batched in (True, False):
+            seconds, router = timed_fit(cls, batched, X, single)
+            times[batched].append(seconds)
+            if rep == 0: utils[batched] = test_utility(router, views)
+        if rep == 0 and times[True][0] + times[False][0] > budget: break
+    tb, tl = statistics.median(times[True]), statistics.median(times[False])
+    row = dict(router=name, reps=len(times[True]), batched_s=tb, loop_s=tl, speedup=tl / tb)
+    for view in views:
+        ul = utils[False][view]
+        row[f'{view}_batched'], row[f'{view}_loop'] = utils[True][view].mean(), ul.mean()
+        row[f'{view}_se'] = ul.std(ddof=1) / np.sqrt(len(ul)) if len(ul) > 1 else np.nan
+    return row
 
 
 def main(argv=None):
@@ -78,12 +116,14 @@ def main(argv=None):
     ap.add_argument('--draws', type=int, default=100, help='R, single-shot draws per fit')
     ap.add_argument('--reps', type=int, default=3, help='repetitions per way (median reported)')
     ap.add_argument('--budget', type=float, default=120.0, help='seconds: a family slower than this is measured once')
+    ap.add_argument('--threads', nargs='*', default=['all', '1'], help="thread settings to measure: 'all' (the default) and/or numbers")
     ap.add_argument('--only', nargs='*', help='paper names of the families to run')
     ap.add_argument('--quick', action='store_true', help='smoke run: 20 draws, one repetition')
     a = ap.parse_args(argv)
     if a.quick: a.draws, a.reps = 20, 1
     X, single, views = world(n_draws=a.draws)
     print(f"gpqa_like, 200 train / 250 test queries, {len(single.models)} models, R = {a.draws} single-shot draws\n", flush=True)
+    settings = [None if t == 'all' else int(t) for t in a.threads]
     rows = []
     for name, module, cls_name in FAMILIES:
         if a.only and name not in a.only: continue
@@ -91,31 +131,30 @@ def main(argv=None):
         except (ImportError, AttributeError) as e:
             print(f"{name}: skipped ({module}.{cls_name} not importable: {e})", flush=True); continue
         make(cls, True).fit(X, single.draw(0))                           # warm-up (imports, first-call costs)
-        times = {True: [], False: []}
-        for rep in range(a.reps):
-            for batched in (True, False):
-                seconds, router = timed_fit(cls, batched, X, single)
-                times[batched].append(seconds)
-                if rep == 0: times[f'u{batched}'] = test_utility(router, views)
-            if rep == 0 and times[True][0] + times[False][0] > a.budget: break
-        tb, tl = statistics.median(times[True]), statistics.median(times[False])
-        ub, ul = times['uTrue'], times['uFalse']
-        row = dict(router=name, reps=len(times[True]), batched_s=tb, loop_s=tl, speedup=tl / tb)
-        for view in views:
-            row[f'{view}_batched'], row[f'{view}_loop'] = ub[view].mean(), ul[view].mean()
-            row[f'{view}_se'] = ul[view].std(ddof=1) / np.sqrt(len(ul[view])) if len(ul[view]) > 1 else np.nan
-        rows.append(row)
-        print(f"{name}: batched {tb:.2f} s, loop {tl:.2f} s ({tl / tb:.1f}x); "
-              f"U_rew {row['rewrite_batched']:.4f} / {row['rewrite_loop']:.4f}, "
-              f"U_dec {row['decode_batched']:.4f} / {row['decode_loop']:.4f}", flush=True)
+        for n in settings:
+            with threads(n): rows.append(measure(name, cls, X, single, views, a.reps, a.budget))
+            rows[-1]['threads'] = 'all' if n is None else str(n)
+            r = rows[-1]
+            print(f"{name} ({r['threads']} threads): batched {r['batched_s']:.2f} s, loop {r['loop_s']:.2f} s ({r['speedup']:.1f}x); "
+                  f"U_rew {r['rewrite_batched']:.4f} / {r['rewrite_loop']:.4f}, "
+                  f"U_dec {r['decode_batched']:.4f} / {r['decode_loop']:.4f}", flush=True)
     if not rows: return
-    t = pd.DataFrame(rows).set_index('router')
+    t = pd.DataFrame(rows).set_index(['router', 'threads'])
     print("\nwall time (median seconds), speed-up loop / batched, and mean test utility over the R draws")
     print(t.round({'batched_s': 2, 'loop_s': 2, 'speedup': 1, **{c: 4 for c in t.columns if c.startswith(('rewrite', 'decode'))}}).to_string())
-    torch_rows = t.loc[t.index.isin(TORCH)]
-    if len(torch_rows):
-        print(f"\ntorch routers: speed-up {torch_rows.speedup.min():.1f}x to {torch_rows.speedup.max():.1f}x (goal >= 10x); "
-              f"largest |batched - loop| utility gap {np.abs(torch_rows[[c + '_batched' for c in views]].to_numpy() - torch_rows[[c + '_loop' for c in views]].to_numpy()).max():.4f}")
+    for setting, g in t.loc[t.index.get_level_values('router').isin(TORCH)].groupby(level='threads'):
+        gap = np.abs(g[[c + '_batched' for c in views]].to_numpy() - g[[c + '_loop' for c in views]].to_numpy()).max()
+        print(f"\ntorch routers, {setting} threads: speed-up {g.speedup.min():.1f}x to {g.speedup.max():.1f}x (goal >= 10x "
+              f"at the default, 'all'); largest |batched - loop| utility gap {gap:.4f}")
+        speedups = ', '.join(f"{r} {v:.1f}x" for (r, _), v in g.speedup.items())
+        emit(f"batched vs loop single-shot training, R = {a.draws}, torch routers, {setting} threads"
+             + (" (the default)" if setting == 'all' else ''),
+             f"{speedups}; utility gap <= {gap:.4f}", '>= 10x at the default' if setting == 'all' else '',
+             bool(g.speedup.min() >= 10) if setting == 'all' else None)
+    other = t.loc[~t.index.get_level_values('router').isin(TORCH)]
+    if len(other):
+        emit(f"batched vs loop, R = {a.draws}, other families",
+             '; '.join(f"{r} ({n} threads) {v:.1f}x" for (r, n), v in other.speedup.items()))
 
 
 if __name__ == '__main__':

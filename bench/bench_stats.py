@@ -10,6 +10,8 @@ import pandas as pd
 
 from dars_nb.stats import capability_stats
 
+from summary import emit
+
 
 def make_table(n_queries, n_models, side, seed=0):
     "A validated-shape observation table (categorical keys) built directly with numpy."
@@ -76,6 +78,10 @@ def main(argv=None):
     print(f"speed-up of capability_stats over pandas: {t_pd / t_ours:.1f}x in key order, "
           f"{t_pd_sh / t_sh:.1f}x on shuffled rows (goal >= 3x); capability_stats peak memory "
           f"{m_ours / size:.2f}x / {m_sh / size:.2f}x the input (goal <= 2x)")
+    emit(f"capability_stats vs pandas groupby, {a.queries:,} queries x {a.models} models x {a.grid * a.grid}",
+         f"{t_ours:.2f} s vs {t_pd:.2f} s ({t_pd / t_ours:.1f}x) in key order; {t_sh:.2f} s vs {t_pd_sh:.2f} s "
+         f"({t_pd_sh / t_sh:.1f}x) shuffled; peak memory {m_ours / size:.2f}x / {m_sh / size:.2f}x the input",
+         '>= 3x, <= 2x memory', bool(min(t_pd / t_ours, t_pd_sh / t_sh) >= 3 and max(m_ours, m_sh) / size <= 2))
     return dict(seconds=t_ours, pandas_seconds=t_pd, speedup=t_pd / t_ours, speedup_shuffled=t_pd_sh / t_sh,
                 memory_ratio=m_ours / size, memory_ratio_shuffled=m_sh / size)
 

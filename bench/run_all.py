@@ -1,11 +1,15 @@
 """Run every benchmark, each in its own process, and print their figures and ratios.
 
-Run: .venv/bin/python bench/run_all.py [--quick]
+Run: .venv/bin/python bench/run_all.py [--quick] [--only bench_stats.py ...] [--markdown FILE]
 Benchmarks are measurements, never pass/fail tests: these machines are noisy, so each comparison is
-measured side by side in one process and reported as medians of repeated runs.
+measured side by side in one process and reported as medians of repeated runs. The last table
+gathers every benchmark's headline figures with its goal; `--markdown` also writes it as Markdown.
 """
 import argparse, os, platform, subprocess, sys, time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from summary import collect
 
 HERE = Path(__file__).parent
 BENCHES = [  # (script, arguments for the full run, arguments for --quick)
@@ -18,28 +22,55 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
 
 
 def machine() -> str:
+    "CPU model, cores, memory and Python version of this machine."
     mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-    return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
+    try: cpu = next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name'))
+    except (OSError, StopIteration): cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--quick', action='store_true', help='smaller sizes, for a smoke run')
     ap.add_argument('--only', nargs='*', help='run only these scripts')
+    ap.add_argument('--markdown', help='also write the table of figures to this Markdown file')
     a = ap.parse_args(argv)
     print(f"machine: {machine()}\n")
-    status = []
+    status, rows = [], []
     for script, full, quick in BENCHES:
         if a.only and script not in a.only: continue
         if not (HERE / script).exists(): status.append((script, 'missing', 0.0)); continue
         print(f"=== {script} ===", flush=True)
         t = time.perf_counter()
-        res = subprocess.run([sys.executable, str(HERE / script), *(quick if a.quick else full)])
-        status.append((script, 'ok' if res.returncode == 0 else f'exit {res.returncode}', time.perf_counter() - t))
+        code, text = run_echoed([sys.executable, str(HERE / script), *(quick if a.quick else full)])
+        status.append((script, 'ok' if code == 0 else f'exit {code}', time.perf_counter() - t))
+        rows += collect(text)
         print(flush=True)
-    print("=== summary ===")
+    print("=== runs ===")
     for script, state, secs in status: print(f"{script:24s} {state:10s} {secs:8.1f} s")
+    table = summary_table(rows, machine())
+    print("\n=== figures ===\n" + table)
+    if a.markdown: Path(a.markdown).write_text(table + "\n")
     return 0 if all(s == 'ok' for _, s, _ in status) else 1
+
+
+def run_echoed(cmd) -> tuple[int, str]:
+    "Run `cmd`, echoing its output live (summary lines hidden), and return its exit code and output."
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if not line.startswith('BENCH-SUMMARY '): print(line, end='', flush=True)
+    return proc.wait(), ''.join(lines)
+
+
+def summary_table(rows, machine_line) -> str:
+    "Every benchmark's headline figures as one Markdown table."
+    mark = {True: 'met', False: 'not met', None: ''}
+    out = [f"measured on {machine_line}, {time.strftime('%Y-%m-%d')}", '',
+           '| benchmark | measured | goal | |', '|---|---|---|---|']
+    out += [f"| {r['benchmark']} | {r['measured']} | {r['goal']} | {mark[r['met']]} |" for r in rows]
+    return '\n'.join(out)
 
 
 if __name__ == '__main__':
