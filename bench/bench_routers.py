@@ -30,7 +30,8 @@ from threadpoolctl import threadpool_limits
 
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision, normalize_cost
-from dars_nb.observations import select, to_dense
+from dars_nb.observations import select
+from dars_nb.evaluate import per_query_view_utility, draw_view_utilities
 from dars_nb.routers.base import align
 
 from summary import emit
@@ -48,26 +49,15 @@ TORCH = {'MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter'}
 
 
 def world(profile='gpqa_like', n_draws=100, seed=0, lam=0.05):
-    "Training features, R single-shot draws, and per view: test features and the (n, K) view utility."
+    "Training features, R single-shot draws, test features, and per view the (n, K) table of test utilities."
     obs, feats, _ = simulate(profile, n_train=200, n_test=250, seed=seed)
     obs = normalize_cost(obs)                      # once, over train and test together
     single = supervision(obs, 'single', n_draws=n_draws, seed=seed + 1, lam=lam)
-    views = {}
-    for view in ('rewrite', 'decode'):
-        d = to_dense(select(obs, split='test', view=view), columns=('score', 'cost_norm'), models=single.models)
-        u = d['score'] - lam * d['cost_norm']
-        views[view] = (align(feats, d.queries.get_level_values(-1)), np.nanmean(u.reshape(*u.shape[:2], -1), -1))
-    return align(feats, single.query_ids), single, views
-
-
-def test_utility(router, views):
-    "Mean test utility of every draw: {view: (R,)}."
-    out = {}
-    for view, (X, U) in views.items():
-        S = router.predict_utility(X)
-        pick = S.reshape(-1, *S.shape[-2:]).argmax(-1)
-        out[view] = np.take_along_axis(U[None], pick[..., None], -1)[..., 0].mean(-1)
-    return out
+    test = select(obs, split='test')
+    tables = {v: per_query_view_utility(test, v, lam, models=single.models) for v in ('rewrite', 'decode')}
+    ids = tables['rewrite'].index
+    tables = {v: t.loc[ids] for v, t in tables.items()}   # one query order for both views
+    return align(feats, single.query_ids), single, align(feats, ids), tables
 
 
 def make(cls, batched):
@@ -93,18 +83,18 @@ def timed_fit(cls, batched, X, sup):
     return time.perf_counter() - t, r
 
 
-def measure(name, cls, X, single, views, reps, budget) -> dict:
+def measure(name, cls, X, single, X_test, tables, reps, budget) -> dict:
     "Batched and loop fits of one family, alternating: median wall times and mean test utilities."
     times, utils = {True: [], False: []}, {}
     for rep in range(reps):
         for batched in (True, False):
             seconds, router = timed_fit(cls, batched, X, single)
             times[batched].append(seconds)
-            if rep == 0: utils[batched] = test_utility(router, views)
+            if rep == 0: utils[batched] = draw_view_utilities(router, X_test, tables)
         if rep == 0 and times[True][0] + times[False][0] > budget: break
     tb, tl = statistics.median(times[True]), statistics.median(times[False])
     row = dict(router=name, reps=len(times[True]), batched_s=tb, loop_s=tl, speedup=tl / tb)
-    for view in views:
+    for view in tables:
         ul = utils[False][view]
         row[f'{view}_batched'], row[f'{view}_loop'] = utils[True][view].mean(), ul.mean()
         row[f'{view}_se'] = ul.std(ddof=1) / np.sqrt(len(ul)) if len(ul) > 1 else np.nan
@@ -121,7 +111,7 @@ def main(argv=None):
     ap.add_argument('--quick', action='store_true', help='smoke run: 20 draws, one repetition')
     a = ap.parse_args(argv)
     if a.quick: a.draws, a.reps = 20, 1
-    X, single, views = world(n_draws=a.draws)
+    X, single, X_test, tables = world(n_draws=a.draws)
     print(f"gpqa_like, 200 train / 250 test queries, {len(single.models)} models, R = {a.draws} single-shot draws\n", flush=True)
     settings = [None if t == 'all' else int(t) for t in a.threads]
     rows = []
@@ -132,7 +122,7 @@ def main(argv=None):
             print(f"{name}: skipped ({module}.{cls_name} not importable: {e})", flush=True); continue
         make(cls, True).fit(X, single.draw(0))                           # warm-up (imports, first-call costs)
         for n in settings:
-            with threads(n): rows.append(measure(name, cls, X, single, views, a.reps, a.budget))
+            with threads(n): rows.append(measure(name, cls, X, single, X_test, tables, a.reps, a.budget))
             rows[-1]['threads'] = 'all' if n is None else str(n)
             r = rows[-1]
             print(f"{name} ({r['threads']} threads): batched {r['batched_s']:.2f} s, loop {r['loop_s']:.2f} s ({r['speedup']:.1f}x); "
@@ -143,7 +133,7 @@ def main(argv=None):
     print("\nwall time (median seconds), speed-up loop / batched, and mean test utility over the R draws")
     print(t.round({'batched_s': 2, 'loop_s': 2, 'speedup': 1, **{c: 4 for c in t.columns if c.startswith(('rewrite', 'decode'))}}).to_string())
     for setting, g in t.loc[t.index.get_level_values('router').isin(TORCH)].groupby(level='threads'):
-        gap = np.abs(g[[c + '_batched' for c in views]].to_numpy() - g[[c + '_loop' for c in views]].to_numpy()).max()
+        gap = np.abs(g[[c + '_batched' for c in tables]].to_numpy() - g[[c + '_loop' for c in tables]].to_numpy()).max()
         print(f"\ntorch routers, {setting} threads: speed-up {g.speedup.min():.1f}x to {g.speedup.max():.1f}x (goal >= 10x "
               f"at the default, 'all'); largest |batched - loop| utility gap {gap:.4f}")
         speedups = ', '.join(f"{r} {v:.1f}x" for (r, _), v in g.speedup.items())
@@ -153,8 +143,11 @@ def main(argv=None):
              bool(g.speedup.min() >= 10) if setting == 'all' else None)
     other = t.loc[~t.index.get_level_values('router').isin(TORCH)]
     if len(other):
+        gaps = np.abs(other[[c + '_batched' for c in tables]].to_numpy() - other[[c + '_loop' for c in tables]].to_numpy()).max(1)
+        speed = lambda r: 'both < 0.01 s' if max(r.batched_s, r.loop_s) < 0.01 else f"{r.speedup:.1f}x"
         emit(f"batched vs loop, R = {a.draws}, other families",
-             '; '.join(f"{r} ({n} threads) {v:.1f}x" for (r, n), v in other.speedup.items()))
+             '; '.join(f"{name} ({n} threads) {speed(r)}, utility gap {gap:.4f}"
+                       for ((name, n), r), gap in zip(other.iterrows(), gaps)))
 
 
 if __name__ == '__main__':

@@ -36,21 +36,24 @@ def make_table(n_queries, n_models, side, seed=0):
 
 
 def pandas_stats(obs):
-    "What a user would write with pandas (same statistics, population std)."
+    "What a user would write with pandas: mean and (sample) std of score and cost per pair — less than `capability_stats` computes."
     g = obs.groupby(['dataset', 'query_id', 'model'], observed=True)[['score', 'cost']]
     return g.agg(['mean', 'std'])
 
 
-def measure(fn, obs, reps):
-    "Median wall time of `reps` plain runs, then the peak traced memory of one more run."
-    times = []
+def measure(fns, obs, reps):
+    "Per function: median wall time over `reps` rounds that alternate the functions, then the peak traced memory of one more run."
+    times = {name: [] for name in fns}
     for _ in range(reps):
-        gc.collect()
-        t = time.perf_counter(); fn(obs); times.append(time.perf_counter() - t)
-    gc.collect(); tracemalloc.start()
-    fn(obs)
-    peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
-    return statistics.median(times), peak
+        for name, fn in fns.items():
+            gc.collect()
+            t = time.perf_counter(); fn(obs); times[name].append(time.perf_counter() - t)
+    out = []
+    for name, fn in fns.items():
+        gc.collect(); tracemalloc.start()
+        fn(obs)
+        out.append((statistics.median(times[name]), tracemalloc.get_traced_memory()[1])); tracemalloc.stop()
+    return out
 
 
 def main(argv=None):
@@ -62,11 +65,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     obs = make_table(a.queries, a.models, a.grid)
     size = obs.memory_usage(deep=False).sum()
-    t_ours, m_ours = measure(capability_stats, obs, a.reps)
-    t_pd, m_pd = measure(pandas_stats, obs, a.reps)
+    side_by_side = {'capability_stats': capability_stats, 'pandas': pandas_stats}
+    (t_ours, m_ours), (t_pd, m_pd) = measure(side_by_side, obs, a.reps)
     shuffled = obs.sample(frac=1, random_state=0).reset_index(drop=True)  # same table, rows in random order
-    t_sh, m_sh = measure(capability_stats, shuffled, a.reps)
-    t_pd_sh, m_pd_sh = measure(pandas_stats, shuffled, a.reps)
+    (t_sh, m_sh), (t_pd_sh, m_pd_sh) = measure(side_by_side, shuffled, a.reps)
     del shuffled
     rows = [('capability_stats (dense numpy)', t_ours, m_ours), ('pandas groupby mean/std', t_pd, m_pd),
             ('capability_stats, shuffled rows', t_sh, m_sh), ('pandas groupby, shuffled rows', t_pd_sh, m_pd_sh)]

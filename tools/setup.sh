@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=${DARS_WHEEL_CACHE:-$HOME/.cache/dars_nb/wheels}
-LLAMA_VERSION=0.3.36
+# the llama-cpp-python pin lives once, in pyproject.toml's dev extra
+LLAMA_VERSION=$(sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
+[ -n "$LLAMA_VERSION" ] || { echo "pyproject.toml lost its llama-cpp-python pin" >&2; exit 1; }
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
