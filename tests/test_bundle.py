@@ -9,13 +9,22 @@ import pandas as pd
 import pytest
 
 from dars_nb.bundle import (BundleError, RouterBundle, cross_validate, decode, encode, load_bundle, load_train_config,
-                            predicted_utility, route_main, save_bundle, simulated_texts, small_router, train, train_main)
+                            predicted_utility, route_main, save_bundle, simulated_texts, train, train_main)
 from dars_nb.features import TfidfFeaturizer
 from dars_nb.routers import ROUTERS, align
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
 
 EXAMPLES = Path(__file__).resolve().parents[1] / 'examples'
+SMALL = {'MLP': dict(hidden_layer_sizes=(8,), max_iter=30, random_state=0), 'kNN': dict(n_neighbors=5),
+         'MIRT': dict(epochs=5, random_state=0), 'EmbedLLM': dict(epochs=5, random_state=0),
+         'RM-Softmax': dict(epochs=5, random_state=0), 'GraphRouter': dict(epochs=5, random_state=0),
+         'AvengersPro': dict(n_clusters=4, n_init=2, random_state=0)}
+
+
+def small_router(family):
+    "A quick-to-fit router of `family`."
+    return ROUTERS[family](**SMALL[family])
 
 
 @pytest.fixture(scope='module')
