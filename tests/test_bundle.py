@@ -1,5 +1,6 @@
 "Router bundles: every family round-trips, damaged files fail in one line, train → save → load → route, the guard's CV property."
 import json
+import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -171,3 +172,13 @@ def test_sentence_bundle_round_trip(small, tmp_path):
     bundle.featurizer = tf                                    # a router fitted on sentence features fed TF-IDF columns
     msg = _one_line_bundle_error(lambda: bundle.route(texts[:1]))
     assert msg == f'the router was fitted on 384 features (sentence), got {tf.n_features_out_} (tfidf)'
+
+
+def test_torch_bundle_without_torch_is_one_line(small, tmp_path, monkeypatch):
+    obs, feats, sup, texts = small
+    tf = TfidfFeaturizer().fit(texts)
+    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
+                          router=small_router('MIRT').fit(tf.transform(texts), sup))
+    p = save_bundle(bundle, tmp_path / 'mirt.zip')
+    monkeypatch.setitem(sys.modules, 'torch', None)         # `import torch` now raises ImportError
+    assert 'torch is not installed' in _one_line_bundle_error(lambda: load_bundle(p))
