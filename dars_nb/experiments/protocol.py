@@ -422,6 +422,7 @@ def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare
 
 # %% ../../nbs/21_protocol.ipynb #56f774e5
 def _fmt(v, digits):
+    if isinstance(v, str): return v
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool): return str(v)
     return '' if pd.isna(v) else f'{v:.{digits}f}'
 
