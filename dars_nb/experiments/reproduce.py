@@ -20,7 +20,7 @@ from ..observations import read_observations, validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
 from .protocol import (PAPER_TEST_SIZES, VIEW_LABELS, Table, datasets_from, simulated_datasets,
-                                          resolve_routers, run_protocol, count_wins, count_verdicts, table1,
+                                          resolve_routers, run_protocol, compare_supervision, count_wins, count_verdicts, table1,
                                           table_vs_fixed, protocol_baselines, BASELINES, table5, regret_table, protocol_draws, protocol_variance,
                                           plot_protocol_variance, plot_protocol, scalars)
 from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations, ablation_table,
@@ -408,6 +408,23 @@ def _best_text(d: str, b, res: pd.DataFrame) -> str:
                       for x in rows.itertuples())
     return f"{d}: {r} ({'DARS' if sup == 'dars' else 'single-shot'}) {u:.3f}, difference {diffs}"
 
+def _router_lines(res: pd.DataFrame) -> list[str]:
+    "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
+    c = compare_supervision(res)
+    def cell(x, side): 
+        lo, hi = x[f'{side}_vs_fixed_low'], x[f'{side}_vs_fixed_high']
+        return f"{x[f'{side}_vs_fixed']:+.3f} [{lo:+.3f}, {hi:+.3f}]{'*' if lo > 0 else ' '}"
+    views = list(dict.fromkeys(c.index.get_level_values('view')))
+    lines = ['Difference to the best fixed model chosen on training data, ' + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
+             + ' (* interval above 0):']
+    for d, part in c.groupby(level='dataset', sort=False):
+        lines.append(f'  {d}')
+        for r, g in part.droplevel('dataset').groupby(level='router', sort=False):
+            g = g.droplevel('router')
+            lines.append(f"    {r:<12} single-shot " + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
+                         + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
+    return lines
+
 def _memory_text(s: dict) -> str:
     text = f"peak memory {s['peak_memory_mb']:.0f} MiB"
     return text + (f" + {s['worker_memory_mb']:.0f} MiB in worker processes" if s['worker_memory_mb'] else '')
@@ -419,6 +436,7 @@ def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
     for d, r in count_verdicts(res, by='dataset').iterrows():
         lines.append(f"  {d:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / {r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")
     lines += _baseline_lines(s['baselines'])
+    lines += _router_lines(res)
     lines.append('Best policy per dataset (mean over the views), difference to the training-chosen best fixed model [interval]:')
     lines += ['  ' + _best_text(d, b, res) for d, b in s['best'].items()]
     if truth:
