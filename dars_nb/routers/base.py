@@ -17,7 +17,8 @@ from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'check_supervision', 'Router', 'MeanRouter', 'align', 'family_targets']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'align',
+           'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -34,6 +35,17 @@ def check_features(X, # query features, (n, d)
         raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on {n_features}")
     return X
 
+def features_by_id(X: pd.DataFrame, # features indexed by query id
+                   query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
+                  ) -> np.ndarray:
+    "Rows of `X` for `query_ids`, in that order (ids compared as strings); one-line error for a missing or repeated id."
+    index = X.index.astype(str)
+    if index.has_duplicates: raise ValueError(f"features have more than one row for query {index[index.duplicated()][0]!r}")
+    ids = pd.Index(list(query_ids)).astype(str)
+    pos = index.get_indexer(ids)
+    if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
+    return X.to_numpy()[pos]
+
 def check_supervision(sup, # a `Supervision`
                       n_rows: int, # rows of X
                      ) -> Supervision:
@@ -48,10 +60,14 @@ def check_supervision(sup, # a `Supervision`
 # %% ../../nbs/10_routers_base.ipynb #9a8d5a55
 class Router(BaseEstimator):
     "Base class of every router: `fit(X, sup)`, `predict_utility(X)`, `predict(X)`."
-    def fit(self, X, # query features (Q, d), rows in the order of `sup.query_ids`
+    def fit(self, X, # query features: a DataFrame indexed by query id (matched by id), or a (Q, d) array in `sup.query_ids` order
             sup: Supervision, # supervision in any mode, with one or R draws
            ) -> 'Router':
-        "Fit on features `X` and supervision `sup` (R draws → R routers)."
+        "Fit on features `X` and supervision `sup` (R draws → R routers); a DataFrame's rows are aligned to `sup.query_ids` by id."
+        if isinstance(X, pd.DataFrame):
+            self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
+            if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
+        elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
         X = check_features(X)
         sup = check_supervision(sup, len(X))
         self.models_ = list(sup.models)
@@ -65,21 +81,28 @@ class Router(BaseEstimator):
         if not hasattr(self, 'models_'):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) first")
 
-    def predict_utility(self, X, # query features (n, d)
+    def _query_features(self, X) -> np.ndarray:
+        "Prediction features as an array in `X`'s own row order; a DataFrame's columns must be those seen in `fit`."
+        self._check_fitted()
+        names = getattr(self, 'feature_names_in_', None)
+        if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
+            differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
+            if len(differ): raise ValueError(f"feature column {X.columns[differ[0]]!r} is not the one seen in fit ({names[differ[0]]!r})")
+        return check_features(X, self.n_features_in_)
+
+    def predict_utility(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                        ) -> np.ndarray:
         "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
-        self._check_fitted()
-        U = np.asarray(self._predict_utility(check_features(X, self.n_features_in_)))
+        U = np.asarray(self._predict_utility(self._query_features(X)))
         return U[0] if self.n_draws_ == 1 else U
 
-    def predict_stats(self, X, # query features (n, d)
+    def predict_stats(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                      ) -> dict:
         "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
-        self._check_fitted()
-        s = self._predict_stats(check_features(X, self.n_features_in_))
+        s = self._predict_stats(self._query_features(X))
         return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 
-    def predict(self, X, # query features (n, d)
+    def predict(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                ) -> np.ndarray:
         "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
         best = np.argmax(self.predict_utility(X), axis=-1)
@@ -104,9 +127,7 @@ def align(features: pd.DataFrame, # features indexed by query_id
           query_ids, # the order wanted (e.g. `sup.query_ids`)
          ) -> np.ndarray:
     "Rows of `features` for `query_ids`, in that order, as a float array."
-    idx = features.index.get_indexer(list(query_ids))
-    if (idx < 0).any(): raise ValueError(f"no features for query {list(query_ids)[int(np.argmax(idx < 0))]!r}")
-    return features.to_numpy(dtype=float)[idx]
+    return features_by_id(features, query_ids).astype(float)
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 FAMILY_TARGETS = pd.DataFrame([
