@@ -665,9 +665,9 @@ def serve_main(router, # a router bundle file (`dars train --out`)
               ) -> int:
     "Serve the routing endpoint until interrupted; the exit code for the `dars serve` command."
     import uvicorn
+    pool_, settings = load_serve_config(pool, host=host, port=port)   # refuses an open address before anything loads
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
-    pool_, settings = load_serve_config(pool, host=host, port=port)
     missing = [m for m in bundle.models if m not in pool_.models]
     if missing: raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which {Path(pool).name} does not serve")
     app = create_app(bundle.rank, pool_, settings, lam=bundle.lam)
