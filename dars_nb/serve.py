@@ -678,5 +678,6 @@ def serve_main(router, # a router bundle file (`dars train --out`)
         limit = f"${settings.daily_spend_usd:g} a day" if settings.daily_spend_usd is not None else "no daily spend limit"
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; {keys}; {limit} (Ctrl-C to stop)", flush=True)
     config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet, lifespan='on')
-    uvicorn.Server(config).run(sockets=[sock])
+    try: uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt: pass   # uvicorn stops on Ctrl-C, then raises it again
     return 0

@@ -5,12 +5,18 @@ Each test starts `dars_nb.serve` under uvicorn on a free loopback port (`Backgro
 to it with plain HTTP or with the `openai` client, as a user would.
 """
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 
 import httpx2
 import openai
 import pytest
 
+from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
 from dars_nb.collect.client import ConfigError, ModelSpec, Pool
 from dars_nb.collect.local import FaultProxy, FixedEndpoint, free_port
 from dars_nb.serve import BackgroundServer, ServeSettings, create_app, load_serve_config, serve_main
@@ -50,9 +56,9 @@ def pool_of(**urls):
 
 
 @contextmanager
-def serving(rank, pool, **settings):
+def serving(rank, pool, lam=None, **settings):
     "The endpoint on a free loopback port, with an HTTP client on its root URL."
-    app = create_app(rank, pool, ServeSettings(port=0, **settings))
+    app = create_app(rank, pool, ServeSettings(port=0, **settings), lam=lam)
     with BackgroundServer(app) as srv, httpx2.Client(base_url=srv.base_url.removesuffix('/v1'), timeout=30) as http:
         yield srv, http
 
@@ -281,3 +287,70 @@ def test_a_chat_request_reaches_a_real_local_model(local_server):
     assert 0 < answer.usage.completion_tokens <= 24
     assert (m['answered'], m['usage_estimated'], m['completion_tokens']) == (1, 0, answer.usage.completion_tokens)
     assert m['spend_usd'] == pytest.approx(pool.models['smollm2'].cost(answer.usage.prompt_tokens, answer.usage.completion_tokens))
+
+
+TEXTS = [f'question {i} about {w}' for i, w in enumerate(['algebra', 'history', 'chemistry', 'poetry'] * 10)]
+
+
+@pytest.fixture(scope='module')
+def bundle_file(tmp_path_factory):
+    "A saved TF-IDF + kNN router bundle, trained on simulated DARS supervision for `TEXTS`."
+    from dars_nb.features import TfidfFeaturizer
+    from dars_nb.routers import ROUTERS
+    from dars_nb.simulate import simulate
+    from dars_nb.stats import supervision
+    obs, _, _ = simulate('gpqa_like', n_train=len(TEXTS), n_test=5, seed=1)
+    sup = supervision(obs, 'dars')
+    tf = TfidfFeaturizer().fit(TEXTS)
+    router = ROUTERS['kNN'](n_neighbors=5).fit(tf.transform(TEXTS), sup)
+    b = RouterBundle(models=list(sup.models), prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
+    return save_bundle(b, tmp_path_factory.mktemp('bundle') / 'router.zip')
+
+
+def test_a_saved_bundle_routes_each_request_as_it_routes_the_text(bundle_file, fixed):
+    b = load_bundle(bundle_file)
+    lams = (0.0, 0.5, 10.0)
+    # on this bundle the choice for TEXTS[1] moves with λ (measured: deepseek-v3.1, qwen3-32b, gemma-3-12b)
+    assert len({b.route([TEXTS[1]], lam)[0] for lam in lams}) > 1
+    pool = Pool({m: ModelSpec(m, fixed.base_url, price_in=1.0, price_out=2.0) for m in b.models})
+    got, want = [], []
+    with serving(b.rank, pool, lam=b.lam) as (_, http):
+        default = http.post('/v1/chat/completions', json={'messages': [{'role': 'user', 'content': TEXTS[1]}]})
+        for lam in lams:
+            for t in TEXTS[:8]:
+                r = http.post('/v1/chat/completions', json={'model': 'dars-router', 'dars_lambda': lam,
+                                                             'messages': [{'role': 'user', 'content': t}]})
+                got.append((r.headers['x-dars-model'], r.json()['model'])); want.append((b.route([t], lam)[0],) * 2)
+    assert got == want
+    assert (default.headers['x-dars-model'], default.headers['x-dars-lambda']) == (b.route([TEXTS[1]])[0], '0.05')
+    assert [body['model'] for _, body in fixed.seen[1:]] == [m for m, _ in want]   # each went to the model it names
+
+
+def test_serve_main_serves_a_saved_bundle_until_interrupted(bundle_file, fixed, tmp_path):
+    b = load_bundle(bundle_file)
+    cfg = tmp_path / 'pool.toml'
+    cfg.write_text(''.join(f'[models."{m}"]\nbase_url = "{fixed.base_url}"\n' for m in b.models)
+                   + '[serve]\nclient_keys_env = "DARS_TEST_SERVE_KEYS"\nmax_tokens = 32\n')
+    port = free_port()
+    code = f'import sys; from dars_nb.serve import serve_main; sys.exit(serve_main({str(bundle_file)!r}, {str(cfg)!r}, port={port}))'
+    proc = subprocess.Popen([sys.executable, '-c', code], env={**os.environ, 'DARS_TEST_SERVE_KEYS': KEY},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = f'http://127.0.0.1:{port}', time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-500:]
+            try:
+                if httpx2.get(url + '/v1/models', headers=auth(), timeout=2).status_code == 200: break
+            except httpx2.HTTPError: pass
+            assert time.monotonic() < deadline, 'dars serve did not answer within 120 s'
+            time.sleep(0.2)
+        assert httpx2.post(url + '/v1/chat/completions', json=ASK, timeout=30).status_code == 401
+        r = httpx2.post(url + '/v1/chat/completions', json=ASK, headers=auth(), timeout=30)
+        assert r.status_code == 200 and r.headers['x-dars-model'] == b.route(['What is 2 + 2?'])[0]
+        assert r.headers['x-dars-max-tokens'] == '32'
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-500:]
+    assert f'at http://127.0.0.1:{port}/v1' in out and '1 client key(s)' in out
+    assert KEY not in out + err
