@@ -608,7 +608,7 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
 # %% ../nbs/36_serve.ipynb #7eb7b5a3
 def _listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((host, port))
     except OSError as e:
@@ -656,7 +656,7 @@ class BackgroundServer:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../nbs/36_serve.ipynb #3b23c3b4
+# %% ../nbs/36_serve.ipynb #fda8613d
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
                host: str = '127.0.0.1', # address to listen on (anything but loopback needs client keys)
