@@ -284,8 +284,9 @@ def snapshot(self: ServeMetrics) -> dict:
 class RankBatcher:
     "Rankings for concurrent requests, computed together in a worker thread, one call per λ."
     def __init__(self, rank, # rank(texts, lam) -> one list of model names per text, best first
+                 inline_s: float = 0.002, # a call that took less than this last time runs on the event loop itself
                 ):
-        self.rank, self._pending, self._task, self.calls = rank, [], None, 0
+        self.rank, self.inline_s, self._pending, self._task, self.calls, self.last_s = rank, inline_s, [], None, 0, math.inf
 
     async def __call__(self, text: str, # the text to rank the pool for
                        lam: float | None = None, # λ (None: the router's own)
@@ -306,7 +307,10 @@ class RankBatcher:
                     texts = [t for t, _ in items]
                     self.calls += 1
                     try:
-                        ranks = await asyncio.to_thread(self.rank, texts, lam)
+                        t0 = time.perf_counter()
+                        if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
+                        else: ranks = await asyncio.to_thread(self.rank, texts, lam)
+                        self.last_s = time.perf_counter() - t0
                         if len(ranks) != len(texts): raise RuntimeError(f"the router returned {len(ranks)} rankings for {len(texts)} texts")
                     except Exception as e:
                         for _, fut in items:
