@@ -8,6 +8,7 @@ Docs: https://dars-nb.github.io/dars_nb/serve.html.md"""
 from __future__ import annotations
 import asyncio
 import hmac
+import importlib.util
 import ipaddress
 import json
 import math
@@ -584,6 +585,8 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
                clock=time.time, # seconds since the epoch, for the daily spend limit
               ):
     "The routing endpoint as a Starlette application."
+    missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
+    if missing: raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install starlette uvicorn")
     from contextlib import asynccontextmanager
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
