@@ -52,6 +52,7 @@ def decision_times(path, texts, warm):
     "Milliseconds per routing decision, one text per call, with the bundle loaded from `path` (after `warm` texts)."
     from dars_nb.bundle import load_bundle
     b = load_bundle(path)
+    if hasattr(b.featurizer, 'cache'): b.featurizer.cache = False   # as `dars serve` runs it: in memory, nothing written
     for t in warm: b.rank([t])
     out = []
     for t in texts:

@@ -48,7 +48,8 @@ SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is sa
         ('sklearn.cluster', 'KMeans'), ('sklearn.feature_extraction.text', 'TfidfVectorizer'),
         ('sklearn.feature_extraction.text', 'TfidfTransformer')]},
 }
-TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state')}  # not needed to predict
+TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),   # not needed to predict
+                 'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
 
 def _saved_class(name: str) -> type:
     if name not in SAVED_CLASSES: raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may hold)")

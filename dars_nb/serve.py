@@ -675,6 +675,7 @@ def serve_main(router, # a router bundle file (`dars train --out`)
     pool_, settings = load_serve_config(pool, host=host, port=port)   # refuses an open address before anything loads
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
+    if hasattr(bundle.featurizer, 'cache'): bundle.featurizer.cache = False   # user questions are embedded in memory, never written
     missing = [m for m in bundle.models if m not in pool_.models]
     if missing: raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which {Path(pool).name} does not serve")
     app = create_app(bundle.rank, pool_, settings, lam=bundle.lam)
