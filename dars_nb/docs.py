@@ -19,11 +19,11 @@ from nbdev.process import NBProcessor, Processor
 from nbdev.processors import FilterDefaults, exec_show_docs
 
 # %% auto #0
-__all__ = ['DEAD_LINK_HOSTS', 'DocsError', 'doc_notebooks', 'page_path', 'failing_line', 'assertion_message', 'failure_text',
-           'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook', 'markdown_ready', 'site_link',
-           'resolve_doc_links', 'to_markdown', 'error_box', 'notebook_page', 'math_to_mathml', 'drop_dead_links',
-           'mkdocs_config', 'render_pages', 'build_docs', 'notebook_summary', 'feature_table', 'readme_link',
-           'build_readme', 'docs_main']
+__all__ = ['DEAD_LINK_HOSTS', 'STATIC_TYPES', 'DocsError', 'doc_notebooks', 'page_path', 'failing_line', 'assertion_message',
+           'failure_text', 'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook', 'markdown_ready',
+           'site_link', 'resolve_doc_links', 'to_markdown', 'error_box', 'notebook_page', 'math_to_mathml',
+           'drop_dead_links', 'mkdocs_config', 'render_pages', 'build_docs', 'notebook_summary', 'feature_table',
+           'readme_link', 'build_readme', 'static_outputs', 'save_outputs', 'docs_main']
 
 # %% ../nbs/91_docs.ipynb #b3e7947a
 class DocsError(RuntimeError):
@@ -665,6 +665,59 @@ def build_readme(root: str | Path | None = None, # project folder (default: foun
     readme = cfg.config_path/'README.md'
     readme.write_text(head + body, encoding='utf-8')
     return readme
+
+# %% ../nbs/91_docs.ipynb #144362f2
+STATIC_TYPES = ('image/svg+xml', 'image/png', 'text/plain', 'text/html', 'text/markdown')   # what a code host can show
+
+def _static_html(text: str) -> bool:
+    "An HTML output worth keeping: a table, without any script."
+    low = text.lower()
+    return '<table' in low and '<script' not in low and 'javascript:' not in low
+
+def static_outputs(outputs: list, # a code cell's outputs (nbformat dicts)
+                  ) -> list:
+    "`outputs` with only static displays: allowed types kept (HTML only as a script-free table), empty displays dropped."
+    kept = []
+    for o in outputs:
+        if o.get('output_type') not in ('display_data', 'execute_result'): kept.append(o); continue
+        data = {k: v for k, v in o.get('data', {}).items()
+                if k in STATIC_TYPES and (k != 'text/html' or _static_html(_joined(v)))}
+        if not data: continue
+        meta = {k: v for k, v in (o.get('metadata') or {}).items() if k in data}
+        kept.append(dict(o, data=data, metadata=meta))
+    return kept
+
+def _default_output_notebooks(cfg) -> list[Path]:
+    "The home page notebook and the tutorials."
+    return [cfg.nbs_path/cfg.readme_nb] + sorted((cfg.nbs_path/'tutorials').glob('*.ipynb'))
+
+def save_outputs(paths=None, # notebooks to run (default: the home page notebook and tutorials/*.ipynb)
+                 force_flags: str = 'slow', # test flags whose cells run anyway
+                 root: str | Path | None = None, # project folder (default: found from the working directory)
+                 timeout: int | None = None, # seconds per cell (default: the project's `cell_timeout`, else 600)
+                 quiet: bool = False, # no progress lines
+                ) -> list[Path]:
+    "Run each notebook in its own folder and store its static outputs in it, cleaned by nbdev-clean; return the paths."
+    import json
+    from nbdev.clean import nbdev_clean
+    cfg = get_config(Path(root) if root else None)
+    paths = [Path(p).resolve() for p in (paths if paths is not None else _default_output_notebooks(cfg))]
+    if missing := [str(p) for p in paths if not p.exists()]: raise ValueError(f"no notebook at {missing[0]}")
+    flags, timeout = _skip_flags(cfg, force_flags), timeout or cfg.get('cell_timeout', 600)
+    for p in paths:
+        t = time.time()
+        nb = read_nb(p)
+        nb.failure_ = None
+        for i, c in enumerate(nb.cells): c['src_idx_'] = i
+        with working_directory(p.parent): NBProcessor(nb=nb, procs=[ExecCells(nb, flags, timeout)], rm_directives=False).process()
+        if nb.failure_: raise DocsError(failure_text(nb.failure_))
+        raw = json.loads(p.read_text(encoding='utf-8'))
+        for cell, ran in zip(raw['cells'], nb.cells, strict=True):
+            if cell['cell_type'] == 'code': cell['outputs'] = static_outputs([dict(o) for o in ran.get('outputs', [])])
+        p.write_text(json.dumps(raw, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
+        with working_directory(cfg.config_path): nbdev_clean(fname=str(p))
+        if not quiet: print(f"  {p.relative_to(cfg.config_path)}: outputs saved ({time.time() - t:.0f}s)", flush=True)
+    return paths
 
 # %% ../nbs/91_docs.ipynb #50d134ce
 def docs_main(out: str = '_site', # folder for the site
