@@ -96,10 +96,10 @@ def assertion_message(e: BaseException, # the exception a cell raised
 def failure_text(failure: dict, # {'notebook', 'cell', 'line', 'code', 'message'} of a failed cell
                 ) -> str:
     "One line naming the notebook, the cell, the line and what failed."
-    where = (f"cell {failure['cell']}" if failure.get('cell') is not None else 'an added show_doc cell') if 'cell' in failure else ''
+    where = f"cell {failure['cell']}" if failure.get('cell') is not None else 'an added show_doc cell'
     if failure.get('line'): where += f", line {failure['line']}"
     code = f" `{failure['code'][:80]}`" if failure.get('code') else ''
-    return f"{failure['notebook']}: {where}{code}: {failure['message']}" if where else f"{failure['notebook']}: {failure['message']}"
+    return f"{failure['notebook']}: {where}{code}: {failure['message']}"
 
 # %% ../nbs/91_docs.ipynb #4813d97f
 _EXPORT_CALL = 'nbdev_export' + '('   # spelled in two parts so that this cell is not itself skipped
@@ -356,10 +356,10 @@ def to_markdown(cells: list, # cells from `markdown_ready`
 
 # %% ../nbs/91_docs.ipynb #3780ecb2
 def error_box(error: str, # what failed, one line
+              title: str = 'This page did not build: a cell failed and the cells after it were not run', # the box's heading
              ) -> str:
     "An HTML failure box for the top of a page (HTML, so that the message is shown as written)."
-    return ('<div class="admonition failure build-error">\n<p class="admonition-title">This page did not build: '
-            'a cell failed and the cells after it were not run</p>\n'
+    return (f'<div class="admonition failure build-error">\n<p class="admonition-title">{html.escape(title)}</p>\n'
             f'<p><code>{html.escape(error)}</code></p>\n</div>\n\n')
 
 def notebook_page(nb_path: Path, # the notebook
@@ -467,9 +467,9 @@ def _broken_page(nb_path: Path, nbs_path: Path, e: Exception) -> dict:
     "A page holding only the error box, for a notebook whose page could not be made at all."
     page = page_path(Path(nb_path).relative_to(nbs_path))
     error = f"{Path(nb_path).name}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    title = notebook_summary(nb_path)['title'] if Path(nb_path).exists() else page.stem
-    return dict(page=page, title=title, markdown=f"# {title}\n\n" + error_box(error), anchors=set(), doc_links={},
-                files={}, error=error)
+    title = page.stem.replace('_', ' ').capitalize()
+    box = error_box(error, 'This page did not build: the notebook could not be read or rendered')
+    return dict(page=page, title=title, markdown=f"# {title}\n\n" + box, anchors=set(), doc_links={}, files={}, error=error)
 
 def _timed_page(*args) -> dict:
     "`notebook_page(*args)` with the seconds it took; a notebook that cannot be made a page gives an error page."
