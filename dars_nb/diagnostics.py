@@ -150,7 +150,7 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=320, height=220)
+        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
 
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.Chart:
@@ -163,7 +163,7 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('source:N'),
         y=alt.Y('variance:Q', title='Mean variance of the score'),
         color=alt.Color('source:N', title='Uncertainty', scale=alt.Scale(range=['#4c78a8', '#f58518'])),
-        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=260, height=220)
+        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.HConcatChart:

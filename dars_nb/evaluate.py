@@ -283,7 +283,7 @@ def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
     points = base.mark_point(filled=True, size=60).encode(
         x='utility:Q', tooltip=['policy', 'detail', 'view', alt.Tooltip('utility:Q', format='.4f'),
                                 alt.Tooltip('low:Q', format='.4f'), alt.Tooltip('high:Q', format='.4f')])
-    return (bars + points).properties(width=260, height=alt.Step(18)).facet(
+    return (bars + points).properties(width=200, height=alt.Step(18)).facet(
         column=alt.Column('view:N', title=None, sort=['rewrite', 'decode'])).properties(title=title)
 
 # %% ../nbs/20_evaluate.ipynb #8a146996
@@ -427,7 +427,7 @@ def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-s
     dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True, size=90,
                                                                       color='#e45756').encode(
         tooltip=keys + [alt.Tooltip(f'{value}:Q', format='.4f')])
-    chart = alt.layer(box, dars).properties(width=300, height=alt.Step(26))
+    chart = alt.layer(box, dars).properties(width=230, height=alt.Step(26))
     if facet: chart = chart.facet(column=alt.Column(f'{column}:N', title=None, sort=['rewrite', 'decode']))
     return chart.properties(title=title)
 

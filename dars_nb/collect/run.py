@@ -35,7 +35,7 @@ __all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT
 # %% ../../nbs/35_collect.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train', 'drop': 'load_drop',
            'gpqa': 'load_gpqa'}
-_POOL_KEYS = ('models', 'rewriter', 'limits')
+_POOL_KEYS = ('models', 'rewriter', 'limits')   # ([serve] is read by `dars serve`, so one file can drive both)
 _COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
                             top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
                             rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
@@ -124,8 +124,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
         base = path.resolve().parent
     elif isinstance(config, dict): d = config
     else: raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
-    extra = [k for k in d if k not in _POOL_KEYS + ('collection', 'datasets')]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(_POOL_KEYS + ('collection', 'datasets'))})")
+    extra = [k for k in d if k not in _POOL_KEYS + ('collection', 'datasets', 'serve')]
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(_POOL_KEYS + ('collection', 'datasets', 'serve'))})")
     pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
     col = d.get('collection', {})
     if not isinstance(col, dict): raise ConfigError("[collection] must be a table")
