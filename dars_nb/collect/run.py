@@ -39,7 +39,7 @@ _POOL_KEYS = ('models', 'rewriter', 'limits')   # ([serve] is read by `dars serv
 _COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
                             top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
                             rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
-                            models=None, similarity='auto')
+                            models=None, similarity='auto', answer_grammar=None)
 _DATASET_KEYS = ('name', 'source', 'path', 'train', 'test', 'options')
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class CollectConfig:
     data_dir: str | None = None # benchmark folder (default: $DARS_DATA)
     models: tuple | None = None # which pool models to collect (default: all)
     similarity: str = 'auto' # backend of the rewrite similarity check: 'sentence', 'tfidf' or 'auto'
+    answer_grammar: dict | None = None # task kind -> GBNF grammar sent as the answer calls' `grammar` field (llama.cpp servers)
 
     @property
     def model_names(self) -> list[str]:
@@ -156,6 +157,14 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
         if pool.rewriter is None: raise ConfigError("rewrites are needed but the pool names no rewriter (add rewriter = \"model\")")
     if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
         raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {c['similarity']!r}")
+    grammar = c['answer_grammar']
+    if grammar is not None:
+        if not isinstance(grammar, dict): raise ConfigError("[collection] answer_grammar must be a table: task kind = \"GBNF grammar\"")
+        bad = [k for k in grammar if k not in KINDS]
+        if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} (expected one of {', '.join(KINDS)})")
+        empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
+        if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
+        grammar = dict(grammar)
     data_dir = c['data_dir']
     if data_dir is not None: data_dir = str((base / str(data_dir)).resolve())
     return CollectConfig(pool=pool, datasets=specs, store=(base / str(c['store'])).resolve(),
@@ -164,7 +173,7 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
                          test_rewrites=c['test_rewrites'], test_decodes=c['test_decodes'],
                          rewrite_temperature=float(c['rewrite_temperature']), rewrite_max_tokens=c['rewrite_max_tokens'],
                          rewrite_attempts=c['rewrite_attempts'], data_dir=data_dir, models=models,
-                         similarity=c['similarity'])
+                         similarity=c['similarity'], answer_grammar=grammar)
 
 # %% ../../nbs/35_collect.ipynb #95442060
 TASK_FIELDS = ('query_id', 'kind', 'question', 'gold')
@@ -361,6 +370,11 @@ def check_endpoints(pool: Pool, # the pool to check
     return served
 
 # %% ../../nbs/35_collect.ipynb #795d0b19
+def _grammar(cfg, task) -> dict:
+    "The `grammar` body field for an answer call to `task`, when the config constrains that task kind."
+    g = (cfg.answer_grammar or {}).get(task['kind'])
+    return {'grammar': g} if g else {}
+
 @dataclass
 class CollectResult:
     "What a collection run did."
@@ -445,7 +459,7 @@ async def _collect_observations(cfg, client, store, tasks, todo: pd.DataFrame, p
             try:
                 comp = await client.complete(model, generation_messages(task, wording), temperature=cfg.temperature,
                                              top_p=cfg.top_p, max_tokens=int(job.max_tokens), seed=_call_seed(cfg.seed, keys[0]),
-                                             **({'n': n} if n > 1 else {}))
+                                             **({'n': n} if n > 1 else {}), **_grammar(cfg, task))
             except BudgetExceeded as e:
                 state['stop'] = state['stop'] or str(e); return
             except PermanentError as e:
