@@ -9,7 +9,8 @@ from dars_nb.diagnostics import diagnose
 from dars_nb.observations import read_observations
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL_GRIDS = [ROOT / 'nbs' / 'tutorials' / 'data' / 'local_mmlu_grid.jsonl']
+REAL_GRIDS = [ROOT / 'nbs' / 'tutorials' / 'data' / 'local_mmlu_grid.jsonl',   # two local models on MMLU: every answer wrong
+              ROOT / 'data' / 'local_grid' / 'local_grid.jsonl']                # two local models on sums and comparisons: they differ
 RATES = ['outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement']
 VARIANCES = ['input_variance', 'output_variance']
 
