@@ -24,7 +24,7 @@ def data_dir(path=None, # the data folder; default: the DARS_DATA environment va
             ) -> Path:
     "The benchmark data folder: `path`, else `$DARS_DATA`; a one-line ValueError when unset or missing."
     path = path if path is not None else os.environ.get('DARS_DATA') or None
-    if path is None: raise ValueError("no data folder: pass one or set the DARS_DATA environment variable")
+    if path is None: raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has small samples in data/)")
     p = Path(path).expanduser()
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p

@@ -86,7 +86,7 @@ def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarr
 
 def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, model, score [, cost, n_in, n_out, response, latency_s]
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
-            default: str = 'default') -> pd.DataFrame:
+            default: str = 'default', seed: int = 0) -> pd.DataFrame:
     "Checked, costed, keyed and validated observations from a long frame."
     if split not in ('train', 'test'): _fail(f"unknown split {split!r} (expected 'train' or 'test')")
     long = long.reset_index(drop=True)
@@ -120,7 +120,8 @@ def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, 
         ones = np.rint(long['score'].to_numpy() * k).astype(int)
         long = long.loc[long.index.repeat(k)].reset_index(drop=True)
         long['sample_id'] = np.tile(np.arange(k), len(long) // k)
-        long['score'] = (long['sample_id'] < np.repeat(ones, k)).astype(float)
+        slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)   # a random order of the k outcomes per pair
+        long['score'] = (slot < ones[:, None]).ravel().astype(float)
     first = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score', 'cost', 'query_text', 'task']
     long = long[first + [c for c in long.columns if c not in first]]
     try: return validate(long)
@@ -264,10 +265,11 @@ def from_routerdc(source, # path (.json/.jsonl), list of records, or DataFrame w
                   prices=None, # read_prices() frame, a candidates path/dict, or None (cost 0)
                   models: list | None = None, # the allowed model names
                   completion_tokens: int = 256, # assumed output tokens for the cost estimate
+                  seed: int = 0, # seed of the order of each pair's k outcomes over sample_id
                  ) -> pd.DataFrame:
     "Observations from per-query mean scores over `k` samples: k Bernoulli outcomes per (query, model)."
     if not (isinstance(k, (int, np.integer)) and k >= 1): _fail(f"k must be a positive integer, got {k!r}")
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where, default='routerdc')
+    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where, default='routerdc', seed=seed)

@@ -1,7 +1,8 @@
 """Collection end to end against real local models (llama.cpp), a SIGKILL mid-run, and bad input through the CLI functions.
 
 Uses the session fixtures of conftest.py (`local_server`: SmolLM2-135M-Instruct and Gemma-3-270M behind one
-OpenAI-compatible base URL; `fault_proxy`). The benchmark questions come from $DARS_DATA. SmolLM2 is also the
+OpenAI-compatible base URL; `fault_proxy`). The benchmark questions come from the samples in the repository's
+data/ folder (each config's `data_dir`; the full sets are not needed). SmolLM2 is also the
 rewriter: its rewrites are poor and the validity checks flag them — expected, and not what is tested here.
 """
 import hashlib
@@ -21,8 +22,7 @@ from dars_nb.observations import KEY_COLUMNS
 from dars_nb.collect.run import collect_main, load_config, load_tasks, plan_calls, EXIT_OK, EXIT_ERROR
 from dars_nb.collect.store import Store
 
-DATA = os.environ.get('DARS_DATA')
-needs_data = pytest.mark.skipif(not DATA or not Path(DATA).is_dir(), reason='DARS_DATA is not set to the benchmark folder')
+DATA = Path(__file__).resolve().parents[1] / 'data'   # the repository's samples of MMLU and MATH-500
 MAX_TOKENS = 24
 
 
@@ -44,7 +44,7 @@ def pool_toml(models: dict, rewriter='smollm2', limits: str = 'timeout_s = 300\n
 def collection_toml(store='store.sqlite', output='obs.parquet', n=2, m=2, tr=3, td=3, attempts=2, extra='') -> str:
     return (f'[collection]\nstore = "{store}"\noutput = "{output}"\nn_rewrites = {n}\nn_decodes = {m}\n'
             f'test_rewrites = {tr}\ntest_decodes = {td}\nrewrite_max_tokens = 64\nrewrite_attempts = {attempts}\n'
-            f'similarity = "tfidf"\n{extra}\n')
+            f'similarity = "tfidf"\ndata_dir = "{DATA}"\n{extra}\n')
 
 
 MMLU = '[[datasets]]\nsource = "mmlu"\ntrain = {train}\ntest = {test}\noptions = {{ subjects = ["high_school_physics"] }}\n'
@@ -59,7 +59,6 @@ def files_digest(path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # a real small collection: 2 real models, MMLU + MATH, 2x2 grid + both test views, faults on one endpoint
 
-@needs_data
 def test_real_collection(local_server, fault_proxy, tmp_path, capsys):
     url = local_server.base_url
     # SmolLM2 goes through a proxy that injects a rate limit, a server error and an answer stripped of its
@@ -130,7 +129,6 @@ def _rows(db: Path) -> pd.DataFrame:
     with Store(db) as s: return s.to_frame()
 
 
-@needs_data
 def test_sigkill_and_resume(local_server, tmp_path):
     url = local_server.base_url
     # two pool names for the same SmolLM2 process: the fastest real model, so the test stays short

@@ -14,7 +14,7 @@ from dars_nb.evaluate import per_query_view_utility, view_utility, random_utilit
 # Small, quick settings: few epochs for the torch routers, a short budget for the MLP.
 FAST = {
     'MLP': lambda: MLPRouter(hidden_layer_sizes=(32,), max_iter=150, random_state=0),
-    'kNN': lambda: KNNRouter(n_neighbors=10),
+    'kNN': lambda: KNNRouter(n_neighbors=10, random_state=0),   # unused by kNN, accepted like every router's
     'MIRT': lambda: MIRTRouter(epochs=60, random_state=0),
     'EmbedLLM': lambda: EmbedLLMRouter(epochs=60, random_state=0),
     'RM-Softmax': lambda: RMSoftmaxRouter(epochs=60, random_state=0),
@@ -40,6 +40,12 @@ def test_registry_names_every_family():
     assert list(ROUTERS) == NAMES
     assert all(issubclass(cls, Router) for cls in ROUTERS.values())
     assert {type(FAST[n]()) for n in NAMES} == set(ROUTERS.values())
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_every_router_accepts_random_state(name):
+    cls = ROUTERS[name]
+    assert cls(random_state=7).get_params()['random_state'] == 7
 
 
 @pytest.mark.parametrize('name', NAMES)

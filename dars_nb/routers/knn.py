@@ -34,8 +34,9 @@ class KNNRouter(Router):
                  n_neighbors: int = 10, # k, the number of neighbours averaged
                  eps: float = 1e-6, # ε in the weights 1/(d + ε)
                  batched: bool = True, # R draws: one geometry and one sparse product instead of one pass per draw
+                 random_state: int | None = None, # unused: kNN is deterministic (accepted like every other router's)
                 ):
-        self.n_neighbors, self.eps, self.batched = n_neighbors, eps, batched
+        self.n_neighbors, self.eps, self.batched, self.random_state = n_neighbors, eps, batched, random_state
 
     def _fit(self, X, sup):
         if int(self.n_neighbors) < 1: raise ValueError(f"n_neighbors must be at least 1, got {self.n_neighbors}")
