@@ -18,6 +18,7 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_routers.py', [], ['--quick']),
     ('bench_reproduce.py', [], ['--quick']),
     ('bench_client.py', [], ['--calls', '400']),
+    ('bench_serve.py', [], ['--quick']),
 ]
 
 

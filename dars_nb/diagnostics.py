@@ -8,17 +8,26 @@ import numpy as np
 import pandas as pd
 import altair as alt
 from .observations import validate, ensure_valid, select, Dense
-from .stats import grid_stats, training_grid
+from .stats import grid_stats, training_grid, best_models, TIE_TOL
 
 # %% auto #0
-__all__ = ['QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement', 'uncertainty_decomposition',
-           'diagnose', 'plot_instability', 'plot_uncertainty', 'plot_diagnostics']
+__all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement',
+           'uncertainty_decomposition', 'diagnose', 'plot_instability', 'plot_uncertainty', 'plot_diagnostics']
 
 # %% ../nbs/02_diagnostics.ipynb #793b3a36
+MIN_CELLS = 2  # observed cells every (query, model) pair needs before the diagnostics can read a grid
+
 def _grid(obs, models=None):
-    "Dense score and normalised-cost arrays: `obs` if it is already a `Dense` grid, else its training grid."
+    "Dense score and normalised-cost arrays of `obs` (a `Dense` grid, or a table: its training grid), checked."
     d = obs if isinstance(obs, Dense) else training_grid(obs, models)
-    return d['score'], d['cost_norm']
+    q = d['score']
+    cells = (~np.isnan(q)).reshape(*q.shape[:2], -1).sum(-1)
+    if cells.size == 0: raise ValueError("cannot diagnose an empty training grid")
+    if (cells < MIN_CELLS).any():
+        qi, ki = np.argwhere(cells < MIN_CELLS)[0]
+        raise ValueError(f"cannot diagnose: query {d.queries[qi][-1]!r} and model {d.models[ki]!r} have {cells[qi, ki]} "
+                         f"observed cell(s) in the training grid; every (query, model) pair needs at least {MIN_CELLS}")
+    return q, d['cost_norm']
 
 QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 
@@ -33,15 +42,14 @@ def _share(parts) -> np.ndarray:
     for h, n in parts: hits, count = hits + np.asarray(h, float), count + np.asarray(n, float)
     with np.errstate(invalid='ignore', divide='ignore'): return hits / count
 
-def _cell_winners(q, c, lam):
-    "Winner index per (query, n, j); -1 where a cell has no observation for any model."
-    u = q - lam * c
-    empty = np.isnan(u).all(1)
-    w = np.argmax(np.where(np.isnan(u), -np.inf, u), axis=1)
-    return np.where(empty, -1, w)
+def _cell_winners(q, c, lam, tol=TIE_TOL):
+    "Winner sets as a boolean (query, model, cell) mask — models within `tol` of the cell's best u — and the observed cells (query, cell)."
+    u = (q - lam * c).reshape(*q.shape[:2], -1)
+    winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
+    return winners, ~np.isnan(u).all(1)
 
 # %% ../nbs/02_diagnostics.ipynb #70aca3a9
-def outcome_instability(obs: pd.DataFrame, # observations (the training grid is used when present)
+def outcome_instability(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                         eps: float = 1e-6, # tolerance ε on max q − min q
                        ) -> float:
     "Share of (query, model) pairs whose grid scores are not all equal."
@@ -57,39 +65,42 @@ def _unstable_pairs(q, eps):
     return (spread[has] > eps).sum(), has.sum()
 
 # %% ../nbs/02_diagnostics.ipynb #2feab13f
-def winner_flip_rate(obs: pd.DataFrame, # observations (the training grid is used when present)
+def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                      lam: float = 0.05, # cost weight λ in u = q − λc
+                     tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
                     ) -> float:
-    "Share of queries whose grid cells do not all share one winner."
+    "Share of queries whose grid cells do not all have the same set of winners."
     q, c = _grid(obs)
-    return float(_share(_flipping_queries(*b, lam) for b in _query_blocks(q, c)))
+    return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
 
-def _flipping_queries(q, c, lam):
-    "(queries whose cell winners differ, queries) in one block."
-    w = _cell_winners(q, c, lam).reshape(len(q), -1)
-    seen = w >= 0
-    low = np.where(seen, w, np.iinfo(w.dtype).max).min(-1)
-    high = np.where(seen, w, -1).max(-1)
-    return (low != high).sum(), len(q)
+def _flipping_queries(q, c, lam, tol=TIE_TOL):
+    "(queries whose observed cells' winner sets are not all equal, queries) in one block."
+    winners, seen = _cell_winners(q, c, lam, tol)
+    seen = seen[:, None, :]
+    wins_some = (winners & seen).any(-1)     # (Q, K): the model wins at least one observed cell
+    wins_all = (winners | ~seen).all(-1)     # (Q, K): the model wins every observed cell
+    flips = (wins_some != wins_all).any(-1) & seen.any((1, 2))
+    return flips.sum(), len(q)
 
 # %% ../nbs/02_diagnostics.ipynb #0577ec06
-def single_vs_da_disagreement(obs: pd.DataFrame, # observations (the training grid is used when present)
+def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                               lam: float = 0.05, # cost weight λ
+                              tol: float = TIE_TOL, # models within `tol` of the best utility all win
                              ) -> float:
-    "Share of (query, cell) whose single-shot winner differs from argmax_m (μ_q − λμ_c)."
+    "Share of (query, cell) whose winner set differs from the models with the best μ_q − λμ_c."
     q, c = _grid(obs)
-    return float(_share(_disagreeing_cells(*b, lam) for b in _query_blocks(q, c)))
+    return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
 
-def _disagreeing_cells(q, c, lam):
-    "(observed cells whose winner is not the distribution-aware label, observed cells) in one block."
+def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
+    "(observed cells whose winner set is not the distribution-aware set, observed cells) in one block."
     s = grid_stats(q, c)
-    da = np.argmax(np.nan_to_num(s['mu_q'] - lam * s['mu_c'], nan=-np.inf), axis=1)
-    w = _cell_winners(q, c, lam)
-    valid = w >= 0
-    return (w != da[:, None, None])[valid].sum(), valid.sum()
+    da = best_models(s['mu_q'] - lam * s['mu_c'], tol)          # (Q, K)
+    winners, seen = _cell_winners(q, c, lam, tol)               # (Q, K, cells), (Q, cells)
+    differ = (winners != da[..., None]).any(1)
+    return differ[seen].sum(), seen.sum()
 
 # %% ../nbs/02_diagnostics.ipynb #3cc9aa3d
-def uncertainty_decomposition(obs: pd.DataFrame, # observations (the training grid is used when present)
+def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                              ) -> dict:
     "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
     q, c = _grid(obs)
@@ -106,16 +117,20 @@ def _variance_sums(q, c):
 def diagnose(obs: pd.DataFrame, # observations of one or more datasets
              lam: float = 0.05, # cost weight λ
              eps: float = 1e-6, # tolerance for outcome instability
+             tol: float = TIE_TOL, # tolerance for ties between winners
             ) -> pd.DataFrame:
-    "The four diagnostics for every dataset in `obs`, one row each."
+    "The four diagnostics for every dataset in `obs`, one row each; a dataset that cannot be diagnosed is an error."
     obs = ensure_valid(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
-        part = training_grid(select(obs, dataset=ds))  # built once, read by all four
+        try:
+            part = training_grid(select(obs, dataset=ds))  # built once, read by all four
+            _grid(part)
+        except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         dec = uncertainty_decomposition(part)
         rows.append(dict(dataset=ds, outcome_instability=outcome_instability(part, eps),
-                         winner_flip_rate=winner_flip_rate(part, lam),
-                         single_vs_da_disagreement=single_vs_da_disagreement(part, lam),
+                         winner_flip_rate=winner_flip_rate(part, lam, tol),
+                         single_vs_da_disagreement=single_vs_da_disagreement(part, lam, tol),
                          input_variance=dec['input'], output_variance=dec['output']))
     return pd.DataFrame(rows).set_index('dataset')
 
@@ -133,7 +148,7 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=320, height=220)
+        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
 
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.Chart:
@@ -146,7 +161,7 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('source:N'),
         y=alt.Y('variance:Q', title='Mean variance of the score'),
         color=alt.Color('source:N', title='Uncertainty', scale=alt.Scale(range=['#4c78a8', '#f58518'])),
-        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=260, height=220)
+        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.HConcatChart:

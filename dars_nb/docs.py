@@ -19,14 +19,19 @@ from nbdev.process import NBProcessor, Processor
 from nbdev.processors import FilterDefaults, exec_show_docs
 
 # %% auto #0
-__all__ = ['yaml', 'DocsError', 'doc_notebooks', 'page_path', 'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook',
-           'markdown_ready', 'site_link', 'resolve_doc_links', 'to_markdown', 'notebook_page', 'math_to_mathml',
-           'mkdocs_config', 'render_pages', 'build_docs', 'notebook_summary', 'feature_table', 'readme_link',
-           'build_readme', 'docs_main']
+__all__ = ['yaml', 'DEAD_LINK_HOSTS', 'STATIC_TYPES', 'DocsError', 'doc_notebooks', 'page_path', 'failing_line',
+           'assertion_message', 'failure_text', 'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook',
+           'markdown_ready', 'site_link', 'resolve_doc_links', 'to_markdown', 'error_box', 'notebook_page',
+           'math_to_mathml', 'drop_dead_links', 'mkdocs_config', 'render_pages', 'build_docs', 'notebook_summary',
+           'feature_table', 'readme_link', 'build_readme', 'static_outputs', 'save_outputs', 'docs_main']
 
 # %% ../nbs/91_docs.ipynb #b3e7947a
 class DocsError(RuntimeError):
     "The docs or README build failed (a notebook cell raised, or the renderer reported a problem)."
+    def __init__(self, msg: str, # one line saying what failed
+                 problems=(), # one line per broken page or renderer problem
+                ):
+        super().__init__(msg); self.problems = list(problems)
 
 def doc_notebooks(nbs_path: Path, # the notebooks folder
                  ) -> list[Path]:
@@ -39,6 +44,62 @@ def page_path(nb_rel: Path, # notebook path relative to the notebooks folder
              ) -> Path:
     "Markdown page of a notebook: nbdev's html name (numeric prefix dropped) with a .md suffix."
     return nbpath2html(Path(nb_rel)).with_suffix('.md')
+
+# %% ../nbs/91_docs.ipynb #9479eb9d
+def _abbrev(x, width: int = 60) -> str:
+    "`repr(x)` on one line, cut to `width` characters."
+    s = ' '.join(repr(x).split())
+    return s if len(s) <= width else s[:width - 1] + '…'
+
+def _tracebacks(e: BaseException) -> list:
+    "The traceback entries of `e`, outermost first."
+    tb, out = e.__traceback__, []
+    while tb is not None: out.append(tb); tb = tb.tb_next
+    return out
+
+_CELL_FILE = '<ipython-input-'   # how IPython names the code of a cell it runs
+
+def failing_line(e: BaseException, # the exception a cell raised
+                 source: str, # the cell's source, as it was run
+                ) -> tuple[int | None, str]:
+    "(line number, stripped text) of the cell line `e` comes from; (None, '') when the traceback does not say."
+    if isinstance(e, SyntaxError) and str(e.filename or '').startswith(_CELL_FILE): n = e.lineno
+    else:
+        mine = [tb for tb in _tracebacks(e) if tb.tb_frame.f_code.co_filename.startswith(_CELL_FILE)]
+        mine = [tb for tb in mine if tb.tb_frame.f_code.co_filename == mine[0].tb_frame.f_code.co_filename] if mine else []
+        n = mine[-1].tb_lineno if mine else None
+    lines = source.splitlines()
+    return (n, lines[n - 1].strip()) if n and 0 < n <= len(lines) else (None, '')
+
+def _largest_difference(a, b) -> float | None:
+    "max |a - b| over two numbers or equal-shaped arrays of numbers; None when they do not subtract."
+    import numpy as np
+    try: d = np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
+    except (TypeError, ValueError): return None
+    return float(np.max(d)) if d.size else 0.0
+
+def assertion_message(e: BaseException, # the exception a cell raised
+                     ) -> str:
+    "What failed, in one line: fastcore's checks with what they compared, else the exception's type and first line."
+    for tb in _tracebacks(e):
+        f = tb.tb_frame
+        if Path(f.f_code.co_filename).parts[-2:] != ('fastcore', 'test.py'): continue
+        name, loc = f.f_code.co_name, f.f_locals
+        if name == 'test_close':
+            d = _largest_difference(loc['a'], loc['b'])
+            if d is not None: return f"test_close: largest difference {d:.4g} > eps {loc['eps']:g}"
+            return f"test_close: {_abbrev(loc['a'])} not within eps {loc['eps']:g} of {_abbrev(loc['b'])}"
+        if {'a', 'b'} <= loc.keys(): return f"{name}: {_abbrev(loc['a'])} vs {_abbrev(loc['b'])}"
+    first = next(iter(str(e).strip().splitlines()), '')
+    return f"{type(e).__name__}: {' '.join(first.split())[:200]}".rstrip(': ')
+
+def failure_text(failure: dict, # {'notebook', 'cell', 'line', 'code', 'message'} of a failed cell
+                ) -> str:
+    "One line naming the notebook, the cell, the line and what failed."
+    where = f"cell {failure['cell']}" if failure.get('cell') is not None else 'an added show_doc cell'
+    if failure.get('line'): where += f", line {failure['line']}"
+    code = f" `{failure['code'][:80]}`" if failure.get('code') else ''
+    return f"{failure['notebook']}: {where}{code}: {failure['message']}"
 
 # %% ../nbs/91_docs.ipynb #4813d97f
 _EXPORT_CALL = 'nbdev_export' + '('   # spelled in two parts so that this cell is not itself skipped
@@ -61,13 +122,14 @@ def runs_in_tests(cell, # a notebook cell (directives parsed by `NBProcessor` in
     return not (set(skip_flags) & d.keys())
 
 class ExecCells(Processor):
-    "Run every cell `nbdev-test` runs in one `CaptureShell`, keeping the outputs; altair draws SVG."
+    "Run the cells `nbdev-test` runs in one `CaptureShell`, keeping outputs; the first failure stops the run and is kept as `nb.failure_`."
     def __init__(self, nb, # the notebook being processed
                  skip_flags=(), # flags whose cells are not run
                  timeout: int | None = None, # seconds per cell
                 ):
         super().__init__(nb)
         fm = nb_frontmatter(nb)
+        self.failure = None
         self.flags, self.timeout = set(skip_flags), timeout
         self.off = str(fm.get('skip_exec', '')).lower() == 'true'
         self.default_eval = str(fm.get('eval', 'true')).lower() != 'false'
@@ -78,14 +140,14 @@ class ExecCells(Processor):
         self.k.run_cell(_SVG_CHARTS)
 
     def __call__(self, cell):
-        if self.off or not runs_in_tests(cell, self.flags, self.default_eval): return
+        if self.failure or self.off or not runs_in_tests(cell, self.flags, self.default_eval): return
         self.k.cell(cell, timeout=self.timeout)
-        if self.k.exc is not None:
-            e, name = self.k.exc, Path(getattr(self.nb, 'path_', 'notebook')).name
-            where = f"cell {cell['src_idx_']}" if 'src_idx_' in cell else 'an added show_doc cell'
-            line = next((l for l in cell.source.splitlines() if l.strip() and not l.startswith('#|')), '')
-            msg = ' '.join(str(e).split())[:200]
-            raise DocsError(f"{name}: {where} ({line.strip()[:60]}) raised {type(e).__name__}: {msg}")
+        if self.k.exc is not None:                     # the first failure is kept; later cells do not run
+            e = self.k.exc
+            line, code = failing_line(e, cell.source)
+            self.failure = self.nb.failure_ = dict(notebook=Path(getattr(self.nb, 'path_', 'notebook')).name,
+                                                   cell=cell.get('src_idx_'), line=line, code=code,
+                                                   message=assertion_message(e))
 
     def end(self):
         self.k.close()
@@ -115,8 +177,9 @@ def processed_notebook(nb_path: Path, # the notebook
                        skip_flags=('notest', 'slow'), # flags whose cells are not run
                        timeout: int | None = 600, # seconds per cell
                       ):
-    "`nb_path` read and passed through nbdev's docs processors, executed in its own folder."
+    "`nb_path` through nbdev's docs processors, run in its own folder; a failed cell is described in `nb.failure_`."
     nb = read_nb(nb_path)
+    nb.failure_ = None
     for i, c in enumerate(nb.cells): c['src_idx_'] = i     # the cell number an error message names
     prev = os.environ.get('IN_TEST')
     os.environ['IN_TEST'] = '1'
@@ -292,6 +355,13 @@ def to_markdown(cells: list, # cells from `markdown_ready`
     return re.sub(r'\n{3,}', '\n\n', body).strip() + '\n', res.get('outputs', {})
 
 # %% ../nbs/91_docs.ipynb #3780ecb2
+def error_box(error: str, # what failed, one line
+              title: str = 'This page did not build: a cell failed and the cells after it were not run', # the box's heading
+             ) -> str:
+    "An HTML failure box for the top of a page (HTML, so that the message is shown as written)."
+    return (f'<div class="admonition failure build-error">\n<p class="admonition-title">{html.escape(title)}</p>\n'
+            f'<p><code>{html.escape(error)}</code></p>\n</div>\n\n')
+
 def notebook_page(nb_path: Path, # the notebook
                   nbs_path: Path, # the notebooks folder (pages keep the folder structure under it)
                   execute: bool = True, # run the cells the tests run
@@ -299,7 +369,7 @@ def notebook_page(nb_path: Path, # the notebook
                   doc_url: str = '', # hosted docs address; links to it become local
                   timeout: int | None = 600, # seconds per cell
                  ) -> dict:
-    "The Markdown page of one notebook: {'page', 'title', 'markdown', 'anchors', 'doc_links', 'files'}."
+    "The Markdown page of one notebook: {'page', 'title', 'markdown', 'anchors', 'doc_links', 'files', 'error'}."
     page = page_path(Path(nb_path).relative_to(nbs_path))
     nb = processed_notebook(nb_path, execute, skip_flags, timeout)
     cells, doc_links = markdown_ready(nb), {}
@@ -316,8 +386,10 @@ def notebook_page(nb_path: Path, # the notebook
     fm = getattr(nb, 'frontmatter_', {}) or {}
     title = str(fm.get('title') or page.stem.replace('_', ' ').capitalize())
     head = f"# {title}\n\n" + (f"{fm['description']}\n{{: .subtitle }}\n\n" if fm.get('description') else '')
+    error = failure_text(nb.failure_) if getattr(nb, 'failure_', None) else None
+    if error: head += error_box(error)
     return dict(page=page, title=title, markdown=head + body, anchors=set(_re_anchor.findall(body)),
-                doc_links=doc_links, files={page.parent/k: v for k, v in files.items()})
+                doc_links=doc_links, files={page.parent/k: v for k, v in files.items()}, error=error)
 
 # %% ../nbs/91_docs.ipynb #f9e412a3
 _re_math = re.compile(r'<(span|div) class="arithmatex">\s*\\([(\[])(.*?)\\[)\]]\s*</\1>', re.S)
@@ -332,11 +404,22 @@ def math_to_mathml(page_html: str, # HTML of one page, as mkdocs renders it
         except Exception: return m.group(0)
     return _re_math.sub(sub, page_html)
 
+# %% ../nbs/91_docs.ipynb #65e20df9
+DEAD_LINK_HOSTS = ('dars-nb.github.io', 'github.com/dars-nb')   # addresses configured once, never published
+
+def drop_dead_links(page_html: str, # HTML of one page
+                    hosts=DEAD_LINK_HOSTS, # host (or host/path prefix) whose links are dropped
+                   ) -> str:
+    "`page_html` with every link to `hosts` replaced by its text; a link whose text is 'source' is removed."
+    alts = '|'.join(re.escape(h) for h in hosts)
+    pat = re.compile(rf'<a\s[^>]*?href="(?:https?:)?//(?:www\.)?(?:{alts})(?:[/?#"][^"]*)?"[^>]*>(.*?)</a>', re.S | re.I)
+    return pat.sub(lambda m: '' if m.group(1).strip().lower() == 'source' else m.group(1), page_html)
+
 # %% ../nbs/91_docs.ipynb #6d927c91
 _SITE_CSS = """
 .md-typeset .subtitle { font-size: 1.15em; color: var(--md-default-fg-color--light); margin-top: -0.6em; }
-.md-typeset .chart-output { overflow-x: auto; margin: 0.5em 0 1.2em; }
-.md-typeset .chart-output svg { max-width: none; height: auto; }
+.md-typeset .chart-output { margin: 0.5em 0 1.2em; }
+.md-typeset .chart-output svg { max-width: 100%; height: auto; }
 .md-typeset .html-output { overflow-x: auto; font-size: 0.8em; }
 .md-typeset .html-output table.dataframe { border-collapse: collapse; }
 .md-typeset .html-output table.dataframe th, .md-typeset .html-output table.dataframe td { padding: 0.2em 0.6em; border-bottom: 1px solid var(--md-default-fg-color--lightest); text-align: right; }
@@ -344,7 +427,8 @@ _SITE_CSS = """
 .md-typeset td:first-child code { white-space: nowrap; }
 """
 
-_HOOKS = "from dars_nb.docs import math_to_mathml\n\ndef on_page_content(html, **kwargs):\n    return math_to_mathml(html)\n"
+_HOOKS = ("from dars_nb.docs import drop_dead_links, math_to_mathml\n\n"
+          "def on_page_content(html, **kwargs):\n    return drop_dead_links(math_to_mathml(html))\n")
 
 def _section(page: Path) -> str:
     if page == Path('index.md'): return 'Home'
@@ -379,10 +463,20 @@ def mkdocs_config(pages: list, # [(title, page path)] in navigation order
     }
 
 # %% ../nbs/91_docs.ipynb #b45ca0f3
+def _broken_page(nb_path: Path, nbs_path: Path, e: Exception) -> dict:
+    "A page holding only the error box, for a notebook whose page could not be made at all."
+    page = page_path(Path(nb_path).relative_to(nbs_path))
+    error = f"{Path(nb_path).name}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    title = page.stem.replace('_', ' ').capitalize()
+    box = error_box(error, 'This page did not build: the notebook could not be read or rendered')
+    return dict(page=page, title=title, markdown=f"# {title}\n\n" + box, anchors=set(), doc_links={}, files={}, error=error)
+
 def _timed_page(*args) -> dict:
-    "`notebook_page(*args)` with the seconds it took."
+    "`notebook_page(*args)` with the seconds it took; a notebook that cannot be made a page gives an error page."
     t = time.time()
-    return notebook_page(*args) | {'seconds': time.time() - t}
+    try: p = notebook_page(*args)
+    except Exception as e: p = _broken_page(args[0], args[1], e)
+    return p | {'seconds': time.time() - t}
 
 def _page_worker(folder: str, # the work folder: tasks.pkl in, one <i>.pkl per page out
                 ):
@@ -397,7 +491,6 @@ def _page_worker(folder: str, # the work folder: tasks.pkl in, one <i>.pkl per p
         except Exception as e: res = ('error', str(e) if isinstance(e, DocsError) else f'{type(e).__name__}: {e}')
         (folder/f'{i}.part').write_bytes(pickle.dumps(res))
         (folder/f'{i}.part').rename(folder/f'{i}.pkl')
-        if res[0] == 'error': break
     if 'joblib' in sys.modules:   # stop the process pool a notebook's joblib call may have left, so nothing outlives the build
         from joblib.externals.loky import get_reusable_executor
         get_reusable_executor().shutdown(wait=True)
@@ -410,7 +503,8 @@ def render_pages(args: list, # one tuple of `notebook_page` arguments per notebo
     import pickle, subprocess
     n_workers = min(2, os.cpu_count() or 1, len(args)) if n_workers is None else min(n_workers, len(args))
     def report(a, p):
-        if not quiet: print(f"  {Path(a[0]).relative_to(a[1])} -> {p['page'].with_suffix('.html')} ({p['seconds']:.1f}s)", flush=True)
+        if not quiet: print(f"  {Path(a[0]).relative_to(a[1])} -> {p['page'].with_suffix('.html')} ({p['seconds']:.1f}s)"
+                            + (f"  FAILED: {p['error']}" if p.get('error') else ''), flush=True)
         return p
     if n_workers <= 1: return [report(a, _timed_page(*a)) for a in args]
     done = {}
@@ -456,7 +550,7 @@ def build_docs(out: str | Path = '_site', # folder for the site (created; replac
                quiet: bool = False, # no progress lines
                n_workers: int | None = None, # processes rendering notebooks (default: up to 2, one per core)
               ) -> Path:
-    "Render every notebook into a static, offline HTML site with navigation and search; return `out`."
+    "Render every notebook into an offline HTML site; return `out`, or raise `DocsError` listing broken pages after building the rest."
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
     cfg = get_config(Path(root) if root else None)
@@ -488,8 +582,12 @@ def build_docs(out: str | Path = '_site', # folder for the site (created; replac
         log.addHandler(handler)
         try: build(load_config(str(tmp/'mkdocs.yml'), site_dir=str(out)))
         finally: log.removeHandler(handler)
-    if handler.records:
-        raise DocsError(f"mkdocs reported {len(handler.records)} problem(s): " + ' | '.join(handler.records[:5]))
+    broken = [f"{p['page'].with_suffix('.html').as_posix()}: {p['error']}" for p in built if p.get('error')]
+    problems = broken + [f"mkdocs: {r}" for r in handler.records]
+    if problems:
+        what = ([f"{len(broken)} of {len(built)} pages broken"] if broken else []) + \
+               ([f"mkdocs reported {len(handler.records)} problem(s)"] if handler.records else [])
+        raise DocsError(f"{', '.join(what)} (site written to {out}); first: {problems[0]}", problems)
     if not quiet: print(f"built {len(pages)} pages in {time.time() - t0:.0f}s", flush=True)
     return out
 
@@ -543,6 +641,7 @@ def build_readme(root: str | Path | None = None, # project folder (default: foun
     nb_path = cfg.nbs_path/cfg.readme_nb
     if not nb_path.exists(): raise ValueError(f"no {cfg.readme_nb} in {cfg.nbs_path}")
     nb = processed_notebook(nb_path, execute, _skip_flags(cfg), cfg.get('cell_timeout', 600))
+    if nb.failure_: raise DocsError(failure_text(nb.failure_))
     cells = markdown_ready(nb)
     nbdir = (cfg.nbs_path/cfg.readme_nb).parent.relative_to(cfg.config_path)
     relink = lambda md: _relink(md, lambda t: readme_link(t, nbdir))
@@ -567,15 +666,70 @@ def build_readme(root: str | Path | None = None, # project folder (default: foun
     readme.write_text(head + body, encoding='utf-8')
     return readme
 
+# %% ../nbs/91_docs.ipynb #144362f2
+STATIC_TYPES = ('image/svg+xml', 'image/png', 'text/plain', 'text/html', 'text/markdown')   # what a code host can show
+
+def _static_html(text: str) -> bool:
+    "An HTML output worth keeping: a table, without any script."
+    low = text.lower()
+    return '<table' in low and '<script' not in low and 'javascript:' not in low
+
+def static_outputs(outputs: list, # a code cell's outputs (nbformat dicts)
+                  ) -> list:
+    "`outputs` with only static displays: allowed types kept (HTML only as a script-free table), empty displays dropped."
+    kept = []
+    for o in outputs:
+        if o.get('output_type') not in ('display_data', 'execute_result'): kept.append(o); continue
+        data = {k: v for k, v in o.get('data', {}).items()
+                if k in STATIC_TYPES and (k != 'text/html' or _static_html(_joined(v)))}
+        if not data: continue
+        meta = {k: v for k, v in (o.get('metadata') or {}).items() if k in data}
+        kept.append(dict(o, data=data, metadata=meta))
+    return kept
+
+def _default_output_notebooks(cfg) -> list[Path]:
+    "The home page notebook and the tutorials."
+    return [cfg.nbs_path/cfg.readme_nb] + sorted((cfg.nbs_path/'tutorials').glob('*.ipynb'))
+
+def save_outputs(paths=None, # notebooks to run (default: the home page notebook and tutorials/*.ipynb)
+                 force_flags: str = 'slow', # test flags whose cells run anyway
+                 root: str | Path | None = None, # project folder (default: found from the working directory)
+                 timeout: int | None = None, # seconds per cell (default: the project's `cell_timeout`, else 600)
+                 quiet: bool = False, # no progress lines
+                ) -> list[Path]:
+    "Run each notebook in its own folder and store its static outputs in it, cleaned by nbdev-clean; return the paths."
+    import json
+    from nbdev.clean import nbdev_clean
+    cfg = get_config(Path(root) if root else None)
+    paths = [Path(p).resolve() for p in (paths if paths is not None else _default_output_notebooks(cfg))]
+    if missing := [str(p) for p in paths if not p.exists()]: raise ValueError(f"no notebook at {missing[0]}")
+    flags, timeout = _skip_flags(cfg, force_flags), timeout or cfg.get('cell_timeout', 600)
+    for p in paths:
+        t = time.time()
+        nb = read_nb(p)
+        nb.failure_ = None
+        for i, c in enumerate(nb.cells): c['src_idx_'] = i
+        with working_directory(p.parent): NBProcessor(nb=nb, procs=[ExecCells(nb, flags, timeout)], rm_directives=False).process()
+        if nb.failure_: raise DocsError(failure_text(nb.failure_))
+        raw = json.loads(p.read_text(encoding='utf-8'))
+        for cell, ran in zip(raw['cells'], nb.cells, strict=True):
+            if cell['cell_type'] == 'code': cell['outputs'] = static_outputs([dict(o) for o in ran.get('outputs', [])])
+        p.write_text(json.dumps(raw, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
+        with working_directory(cfg.config_path): nbdev_clean(fname=str(p))
+        if not quiet: print(f"  {p.relative_to(cfg.config_path)}: outputs saved ({time.time() - t:.0f}s)", flush=True)
+    return paths
+
 # %% ../nbs/91_docs.ipynb #50d134ce
 def docs_main(out: str = '_site', # folder for the site
+              quiet: bool = False, # no progress lines and no closing note (errors are still printed)
              ) -> int:
-    "Build the offline docs site into `out`; print where it is (or a one-line error). Exit code."
+    "Build the offline docs site into `out`; print where it is, or the broken pages and a one-line error. Exit code."
     try:
-        site = build_docs(out)
+        site = build_docs(out, quiet=quiet)
     except Exception as e:
+        for p in getattr(e, 'problems', []): print(f"  broken: {p}", file=sys.stderr)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ''
         print(f"dars docs: error: {type(e).__name__}: {msg}", file=sys.stderr)
         return 1
-    print(f"docs: {site}/index.html  (search works when served: python -m http.server -d {out} 8000)")
+    if not quiet: print(f"docs: {site}/index.html  (search works when served: python -m http.server -d {out} 8000)")
     return 0

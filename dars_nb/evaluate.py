@@ -15,10 +15,11 @@ from .stats import normalize_cost, supervision, Supervision
 
 # %% auto #0
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_ci',
-           'view_utility', 'fixed_model_utilities', 'best_fixed_model', 'oracle_choices', 'random_choices',
-           'oracle_utility', 'random_utility', 'utility_table', 'plot_view_utilities', 'fit_predict', 'true_utility',
-           'true_regret', 'cost_quality_curve', 'plot_cost_quality', 'router_variance', 'plot_router_variance',
-           'draw_view_utilities', 'single_vs_dars', 'plot_single_vs_dars']
+           'view_utility', 'fixed_model_utilities', 'best_fixed_model', 'best_fixed_model_from_training',
+           'oracle_choices', 'random_choices', 'oracle_utility', 'random_utility', 'utility_table',
+           'plot_view_utilities', 'fit_predict', 'true_utility', 'true_regret', 'cost_quality_curve',
+           'plot_cost_quality', 'router_variance', 'plot_router_variance', 'draw_view_utilities', 'single_vs_dars',
+           'plot_single_vs_dars']
 
 # %% ../nbs/20_evaluate.ipynb #1cb06713
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
@@ -166,6 +167,15 @@ def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table fro
     if u.isna().all(): raise ValueError("no model has observations of every test query")
     return str(u.idxmax()), float(u.max())
 
+def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holding the training grid (split 'train', view 'grid')
+                                   lam: float = 0.05, # cost weight λ
+                                   models: list | None = None, # model order (default: sorted names)
+                                  ) -> tuple[str, float]:
+    "The model with the highest mean training-grid utility q − λc (each query's grid mean, averaged over queries); ties → the first model."
+    u = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam, models).mean()
+    if u.isna().all(): raise ValueError("no model has training-grid observations")
+    return str(u.idxmax()), float(u.max())
+
 def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -213,30 +223,51 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a table from 
     return _maybe_ci(v, ci, n_boot, alpha, 0 if seed is None else seed)
 
 # %% ../nbs/20_evaluate.ipynb #5f3ad32f
+def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    "(test table, training table or None), with `cost_norm` normalised over both when they are separate."
+    if obs_train is None:
+        obs_test = _prepared(obs_test)
+        has_grid = ((obs_test['split'] == 'train') & (obs_test['view'] == 'grid')).any()
+        return obs_test, (obs_test if has_grid else None)
+    if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
+    return tuple(normalize_jointly(obs_test, obs_train))
+
 def utility_table(policies: Mapping, # name -> choices (mapping or Series query_id -> model)
                   obs_test: pd.DataFrame, # test observations (both views)
                   views=('rewrite', 'decode'), # views to evaluate
                   lam: float = 0.05, # cost weight λ
-                  baselines: bool = True, # add best fixed model, oracle and expected random
+                  baselines: bool = True, # add the best fixed models, oracle and expected random
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed=0, # bootstrap seed
+                  obs_train: pd.DataFrame | None = None, # training grid for the training-chosen best fixed model (default: the one in `obs_test`, if any)
                  ) -> pd.DataFrame:
-    "One row per (policy, view): U_view with its bootstrap interval; `kind` is 'router' or 'baseline', `detail` names the best fixed model."
+    "One row per (policy, view): U_view with its interval, and the paired difference to the training-chosen best fixed model."
+    obs_test, train = _training_rows_of(obs_test, obs_train)
+    fixed = best_fixed_model_from_training(train, lam) if train is not None else None
     rows = []
     for view in views:
         t = per_query_view_utility(obs_test, view, lam)
         cols = {name: _lookup(c, t).to_numpy() for name, c in policies.items()}
         kinds, detail = dict.fromkeys(cols, 'router'), {}
         if baselines:
+            if fixed is not None:
+                cols['best fixed model (training)'], detail['best fixed model (training)'] = t[fixed[0]].to_numpy(), fixed[0]
             best, _ = best_fixed_model(t)
-            cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), best
+            cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), f'{best} (chosen on test: optimistic)'
             cols['oracle'] = np.nanmax(t.to_numpy(float), 1)
             cols['random'] = np.nanmean(t.to_numpy(float), 1)
-            kinds.update({k: 'baseline' for k in list(cols)[-3:]})
-        e = bootstrap_ci(np.column_stack(list(cols.values())), n_boot, alpha, seed)
+            kinds.update({k: 'baseline' for k in cols if k not in policies})
+        V = np.column_stack(list(cols.values()))
+        e = bootstrap_ci(V, n_boot, alpha, seed)
+        if fixed is not None:
+            if np.isnan(t[fixed[0]].to_numpy(float)).any():
+                raise ValueError(f"the training-chosen model {fixed[0]!r} has no {view!r} observation of some test query")
+            d = bootstrap_ci(V - t[fixed[0]].to_numpy(float)[:, None], n_boot, alpha, seed)
+        else: d = Estimate(*(np.full(V.shape[1], np.nan),) * 3)
         rows += [dict(policy=k, kind=kinds[k], view=view, utility=e.estimate[i], low=e.low[i], high=e.high[i],
-                      detail=detail.get(k, '')) for i, k in enumerate(cols)]
+                      detail=detail.get(k, ''), vs_best_fixed=d.estimate[i], vs_low=d.low[i], vs_high=d.high[i])
+                 for i, k in enumerate(cols)]
     return pd.DataFrame(rows)
 
 def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
@@ -250,7 +281,7 @@ def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
     points = base.mark_point(filled=True, size=60).encode(
         x='utility:Q', tooltip=['policy', 'detail', 'view', alt.Tooltip('utility:Q', format='.4f'),
                                 alt.Tooltip('low:Q', format='.4f'), alt.Tooltip('high:Q', format='.4f')])
-    return (bars + points).properties(width=260, height=alt.Step(18)).facet(
+    return (bars + points).properties(width=200, height=alt.Step(18)).facet(
         column=alt.Column('view:N', title=None, sort=['rewrite', 'decode'])).properties(title=title)
 
 # %% ../nbs/20_evaluate.ipynb #8a146996
@@ -394,7 +425,7 @@ def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-s
     dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True, size=90,
                                                                       color='#e45756').encode(
         tooltip=keys + [alt.Tooltip(f'{value}:Q', format='.4f')])
-    chart = alt.layer(box, dars).properties(width=300, height=alt.Step(26))
+    chart = alt.layer(box, dars).properties(width=230, height=alt.Step(26))
     if facet: chart = chart.facet(column=alt.Column(f'{column}:N', title=None, sort=['rewrite', 'decode']))
     return chart.properties(title=title)
 

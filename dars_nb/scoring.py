@@ -16,7 +16,8 @@ from .observations import KEY_COLUMNS
 
 # %% auto #0
 __all__ = ['KINDS', 'clean_answer', 'extract_final_answer', 'find_answer', 'parse_choice', 'score_choice', 'score_math',
-           'drop_normalize', 'drop_f1', 'score_drop', 'score_response', 'score_responses', 'scoring_validity']
+           'drop_normalize', 'drop_f1', 'score_drop', 'score_response', 'score_with_answer', 'score_responses',
+           'scoring_validity']
 
 # %% ../nbs/04_scoring.ipynb #2658e1e4
 _MARKER = re.compile(r'final[ \t]*answer', re.I)
@@ -203,7 +204,7 @@ def drop_f1(predicted: str | list, # predicted answer: one string or a list of s
     rows, cols = linear_sum_assignment(-scores)
     best = np.zeros(max(len(gb), len(pb)))
     best[rows] = scores[rows, cols]
-    return round(float(best.mean()), 2)
+    return float(round(best.mean(), 2))     # numpy's rounding of the numpy mean, in the official script's order
 
 # %% ../nbs/04_scoring.ipynb #cb9d6721
 _SPAN_SPLIT = re.compile(r'\s*(?:\||;|\n|,(?=\s)|\band\b)\s*')
@@ -244,6 +245,14 @@ def score_response(kind: str, # 'choice', 'math' or 'reading'
     "(score in [0, 1], parsed) for one response; unparseable responses give (0.0, False)."
     if kind not in _SCORERS: raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
     return _SCORERS[kind](text, gold)
+
+def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
+                      text: str, # a model response
+                      gold, # gold letter, gold answer string, or list of DROP gold answers
+                     ) -> tuple[float, bool, str | None]:
+    "(score, parsed, answer) for one response: `score_response` and the answer it read (None when there is none)."
+    score, parsed = score_response(kind, text, gold)
+    return score, parsed, find_answer(text)
 
 # %% ../nbs/04_scoring.ipynb #ffe0b2ed
 def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, response

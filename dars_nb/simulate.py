@@ -122,29 +122,41 @@ def _profile(profile) -> Profile:
     if isinstance(profile, str) and profile in PROFILES: return PROFILES[profile]
     raise ValueError(f"unknown profile {profile!r} (expected one of {', '.join(PROFILES)})")
 
+def _query_latents(rng, p: Profile, n: int):
+    "Topic z_i, difficulty b_i and settled flag of `n` queries, drawn from `rng`."
+    topic = rng.standard_normal((n, p.topic_dims))
+    difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, n)
+    u = rng.random(n)
+    settled = np.where(u < p.easy_share, 1, np.where(u > 1 - p.impossible_share, -1, 0))
+    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9), settled])
+    return topic, difficulty, settled, latent
+
 def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
                n_train: int = 200, # training queries
                n_test: int = 250, # test queries
                seed: int = 0, # random seed
               ) -> World:
-    "Draw the latent queries, features and model loadings of one dataset."
+    "Draw the latent queries, features and model loadings of one dataset (training part independent of `n_test`)."
     p = _profile(profile)
     if n_train < 1 or n_test < 0: raise ValueError("n_train must be ≥ 1 and n_test ≥ 0")
-    rng = np.random.default_rng(seed)
-    Q, K = n_train + n_test, len(p.ability)
-    topic = rng.standard_normal((Q, p.topic_dims))
-    difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, Q)
-    u = rng.random(Q)
-    settled = np.where(u < p.easy_share, 1, np.where(u > 1 - p.impossible_share, -1, 0))
-    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9), settled])
+    K = len(p.ability)
+    rng = np.random.default_rng(seed)           # training queries and the models
+    topic, difficulty, settled, latent = _query_latents(rng, p, n_train)
     mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
-    features = latent @ mixing + p.feature_noise * rng.standard_normal((Q, p.n_features))
+    features = latent @ mixing + p.feature_noise * rng.standard_normal((n_train, p.n_features))
     loadings = rng.normal(0, p.topic_sd, (K, p.topic_dims))
     verbosity = rng.normal(0, p.verbosity_sd, (K, p.topic_dims))
-    prompt = p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, Q)
+    prompt = p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_train)
+    test_rng = np.random.default_rng([seed, 1])  # test queries: a stream of their own
+    t_topic, t_difficulty, t_settled, t_latent = _query_latents(test_rng, p, n_test)
+    t_features = t_latent @ mixing + p.feature_noise * test_rng.standard_normal((n_test, p.n_features))
+    t_prompt = p.prompt_tokens * test_rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_test)
+    Q = n_train + n_test
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
-    return World(p, ids, split, topic, difficulty, settled, features, loadings, verbosity, prompt, seed)
+    return World(p, ids, split, np.vstack([topic, t_topic]), np.concatenate([difficulty, t_difficulty]),
+                 np.concatenate([settled, t_settled]), np.vstack([features, t_features]), loadings, verbosity,
+                 np.concatenate([prompt, t_prompt]), seed)
 
 # %% ../nbs/03_simulate.ipynb #5539ba85
 _PARTIAL_F1 = np.array([0.4, 0.5, 2 / 3, 0.8])  # partial F1 values a wrong span can earn

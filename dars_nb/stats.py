@@ -10,9 +10,9 @@ import pandas as pd
 from .observations import validate, ensure_valid, to_dense, dense_index, canonical_layout, select, Dense
 
 # %% auto #0
-__all__ = ['MODES', 'normalized_cost', 'normalize_cost', 'grid_stats', 'training_grid', 'utility', 'row_sums', 'stats_from_sums',
-           'capability_stats', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
-           'supervision']
+__all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'grid_stats', 'training_grid', 'utility', 'row_sums',
+           'stats_from_sums', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences',
+           'Supervision', 'draw_single', 'supervision']
 
 # %% ../nbs/01_stats.ipynb #ab5ee1da
 def normalized_cost(obs: pd.DataFrame, # validated observation table
@@ -67,12 +67,17 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
 # %% ../nbs/01_stats.ipynb #1c11961b
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
+                  use_all_rows: bool = False, # use every row, test views included, instead of the (train, grid) rows
                  ) -> Dense:
-    "Dense `score` and `cost_norm` of the training grid (all rows if there is no train/grid row); Z_d over all rows."
+    "Dense `score` and `cost_norm` of the rows with split 'train' and view 'grid' (or all rows); Z_d over all rows."
     obs = ensure_valid(obs)
     cost = normalized_cost(obs)
+    if use_all_rows: return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
     mask = ((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()
-    if mask.any() and not mask.all(): obs, cost = obs.loc[mask], cost[mask]
+    if not mask.any():
+        kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
+        raise ValueError(f"no training grid: the table has no rows with split 'train' and view 'grid' (it has: {kinds})")
+    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
 
 def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
@@ -128,10 +133,23 @@ def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (
     return out[out['n'] > 0]
 
 # %% ../nbs/01_stats.ipynb #9c917890
+TIE_TOL = 1e-9  # utilities within this of the best count as tied (absolute, on the utility scale)
+
+def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where missing
+                tol: float = TIE_TOL, # tolerance: models within `tol` of the best are tied
+               ) -> np.ndarray: # boolean mask, same shape as `U`
+    "The set of best models per query as a boolean mask: U ≥ max U − tol (a missing model is never best)."
+    missing = np.isnan(U)
+    filled = np.where(missing, -np.inf, U)
+    return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
+
 def hard_labels(U: np.ndarray, # utilities (..., queries, models)
+                seed=0, # seed or numpy Generator for the choice among tied models
+                tol: float = TIE_TOL, # tolerance for ties
                ) -> np.ndarray:
-    "Index of the best model per query (ties → lower index)."
-    return np.argmax(U, axis=-1)
+    "Index of the best model per query; ties go to a uniformly random tied model (seeded), never by name."
+    keys = np.random.default_rng(seed).random(np.shape(U))
+    return np.argmax(np.where(best_models(U, tol), keys, -1.0), axis=-1)
 
 def soft_targets(U: np.ndarray, # utilities (..., queries, models)
                  tau: float = 0.05, # temperature τ: small → close to the hard label
@@ -168,12 +186,12 @@ class Supervision:
     def n_draws(self) -> int: return self.utility.shape[0]
     @property
     def query_ids(self) -> list: return list(self.queries.get_level_values(-1))
-    def labels(self) -> np.ndarray:
-        "Hard label (model index) per draw and query: (draws, queries)."
-        return hard_labels(self.utility)
-    def label_names(self) -> np.ndarray:
-        "Hard labels as model names: (draws, queries)."
-        return np.asarray(self.models, dtype=object)[self.labels()]
+    def labels(self, seed=0) -> np.ndarray:
+        "Hard label (model index) per draw and query: (draws, queries); ties → a seeded uniform choice."
+        return hard_labels(self.utility, seed)
+    def label_names(self, seed=0) -> np.ndarray:
+        "Hard labels as model names: (draws, queries); ties → a seeded uniform choice."
+        return np.asarray(self.models, dtype=object)[self.labels(seed)]
     def soft(self, tau: float = 0.05) -> np.ndarray:
         "Soft targets softmax(U/τ): (draws, queries, models)."
         return soft_targets(self.utility, tau)
@@ -237,19 +255,20 @@ def _sub_grid(d: Dense, mode: str):
     if mode == 'output_only': return q[:, :, :1, :], c[:, :, :1, :]
     return q, c
 
-def supervision(obs: pd.DataFrame, # observations; the training grid (split 'train', view 'grid') is used when present
+def supervision(obs: pd.DataFrame, # observations; the training grid (split 'train', view 'grid') is used
                 mode: str = 'dars', # one of `MODES`
                 lam: float = 0.05, # cost weight λ
                 beta: float = 0.2, # risk weight β
                 seed=None, # seed for single-shot draws
                 n_draws: int = 1, # R single-shot draws (mode 'single' only)
                 models: list | None = None, # model order (default: sorted names)
+                use_all_rows: bool = False, # train on every row, test views included (no training grid needed)
                ) -> Supervision:
     "Router supervision from repeated observations, in one of the modes of the paper."
     if mode not in MODES: raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
     if n_draws < 1: raise ValueError(f"n_draws must be at least 1, got {n_draws}")
     if mode != 'single' and n_draws != 1: raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
-    d = training_grid(obs, models)
+    d = training_grid(obs, models, use_all_rows)
     if mode == 'single':
         mq, mc = draw_single(d['score'], d['cost_norm'], n_draws, seed)
         sig = np.zeros_like(mq)

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from dars_nb.observations import KEY_COLUMNS
-from dars_nb.collect.run import collect_main, diagnose_main, load_config, load_tasks, plan_calls, EXIT_OK, EXIT_ERROR
+from dars_nb.collect.run import collect_main, load_config, load_tasks, plan_calls, EXIT_OK, EXIT_ERROR
 from dars_nb.collect.store import Store
 
 DATA = os.environ.get('DARS_DATA')
@@ -118,10 +118,6 @@ def test_real_collection(local_server, fault_proxy, tmp_path, capsys):
     again = capsys.readouterr().out
     assert again.startswith(f'0 observation(s) collected, {len(plan)} already stored, 0 missing')
     assert 'calls: 0 sent' in again
-
-    # the diagnostics command on the collected file
-    assert diagnose_main(str(tmp_path / 'obs.parquet'), str(tmp_path / 'diag')) == EXIT_OK
-    assert {p.name for p in (tmp_path / 'diag').iterdir()} >= {'diagnostics.csv', 'instability.png', 'uncertainty.svg'}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,7 +234,7 @@ def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monk
     code = collect_main(str(cfg))
     out, err = capsys.readouterr()
     assert code == EXIT_ERROR
-    assert err.startswith('error: ') and err.count('\n') == 1 and 'Traceback' not in err, err
+    assert err.startswith('dars collect: error: ') and err.count('\n') == 1 and 'Traceback' not in err, err
     assert expect in err, err
     assert out == ''
     assert files_digest(db) == digest

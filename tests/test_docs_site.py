@@ -1,5 +1,6 @@
 """The docs site in a real browser: every page opens in headless Chromium with no console error, every
-internal link resolves, no request leaves this machine, and every chart is a drawn SVG.
+internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
+column at 1280 px, and no page links to the hosts the project never published.
 
 The site is built once per session with `dars_nb.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
@@ -153,6 +154,37 @@ def test_every_page_in_the_browser(site, base_url, browser):
         n_outputs = len(re.findall(r'<div class="chart-output">', (site / page).read_text(encoding='utf-8')))
         if n_outputs != len(charts): problems.append(f'{page}: {n_outputs} chart outputs but {len(charts)} in the page')
     assert not problems, '\n'.join(problems[:40])
+
+
+def test_charts_fit_the_text_column(site, base_url, browser):
+    "At a 1280 px window every chart fits its container: nothing scrolls sideways or is cut off."
+    offenders = []
+    for page in _pages(site):
+        if '<div class="chart-output">' not in (site / page).read_text(encoding='utf-8'): continue
+        _open(browser, base_url + page)
+        charts = browser.execute_script("""
+            return Array.from(document.querySelectorAll('.chart-output'), (d, i) => {
+                const s = d.querySelector('svg'); if (!s) return null;
+                return [i, s.getBoundingClientRect().width, d.clientWidth, d.scrollWidth,
+                        parseFloat(s.getAttribute('width')) || null];
+            });""")
+        for c in charts:
+            if c is None: continue
+            i, shown, room, scroll, drawn = c
+            if shown > room + 0.5 or scroll > room + 0.5:
+                offenders.append(f'{page}: chart {i} is {shown:.0f} px wide (drawn {drawn} px) in a {room} px column')
+    assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
+
+
+_MISSING_HOSTS = re.compile(r'<a\s[^>]*href=["\']?(?:https?:)?//(?:www\.)?(?:dars-nb\.github\.io|github\.com/dars-nb)(?:[/?#"\'\s>]|$)', re.I)
+
+def test_no_link_to_a_site_that_does_not_exist(site):
+    "The project has no hosted docs and no public repository: no page links to their planned addresses."
+    found = []
+    for page in _pages(site):
+        html = (site / page).read_text(encoding='utf-8')
+        found += [f'{page}: {m.group(0)}' for m in _MISSING_HOSTS.finditer(html)]
+    assert not found, f'{len(found)} link(s) to hosts that do not exist:\n' + '\n'.join(found[:40])
 
 
 def test_search_works_offline(base_url, browser):

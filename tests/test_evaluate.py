@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from dars_nb.evaluate import (view_utility, per_query_view_utility, best_fixed_model, oracle_utility,
-                              random_utility, bootstrap_ci, true_regret, router_variance, utility_table)
+                              random_utility, bootstrap_ci, true_regret, router_variance, utility_table,
+                              best_fixed_model_from_training)
 
 
 def _hand():
@@ -44,3 +45,28 @@ def test_bootstrap_regret_and_variance():
     truth = pd.DataFrame(dict(dataset='d', query_id=['q1', 'q1'], model=['a', 'b'], mu_q=[0.9, 0.4], mu_c=[0.0, 0.0]))
     assert true_regret({'q1': 'b'}, truth.set_index(['dataset', 'query_id', 'model'])) == pytest.approx(0.5)
     assert router_variance([0.1, 0.3], reference=0.2)['share_below_reference'] == 0.5
+
+
+def _hand_train(a_cells, b_cells):
+    "A one-query 2×2 training grid per model, at the test table's prices."
+    cells = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    return pd.DataFrame([dict(dataset='hand', split='train', view='grid', query_id='t1', model=m, rewrite_id=n,
+                              sample_id=j, score=float(s), cost={'a': 0.001, 'b': 0.004}[m])
+                         for m, scores in {'a': a_cells, 'b': b_cells}.items() for (n, j), s in zip(cells, scores)])
+
+
+def test_best_fixed_model_is_chosen_on_training_data():
+    hand = _hand()
+    train = _hand_train([1, 1, 1, 0], [1, 0, 0, 1])              # a: 0.75 − 0.0125, b: 0.5 − 0.05
+    assert best_fixed_model_from_training(train) == ('a', pytest.approx(0.7375))
+    assert best_fixed_model(hand, 'rewrite')[0] == 'b'           # the test set would have picked b
+    t = utility_table({'always b': {'q1': 'b', 'q2': 'b'}}, hand, obs_train=train).set_index(['view', 'policy'])
+    fixed_a = per_query_view_utility(hand, 'rewrite')['a'].mean()
+    assert t.loc[('rewrite', 'best fixed model (training)'), 'utility'] == pytest.approx(fixed_a)
+    assert t.loc[('rewrite', 'always b'), 'vs_best_fixed'] == pytest.approx(best_fixed_model(hand, 'rewrite')[1] - fixed_a)
+    assert 'optimistic' in t.loc[('rewrite', 'best fixed model'), 'detail']
+    # the same training data in the test table is found without obs_train
+    both = utility_table({'always b': {'q1': 'b', 'q2': 'b'}}, pd.concat([hand, train], ignore_index=True))
+    assert set(both['detail']) >= {'a'}
+    with pytest.raises(ValueError, match="no 'grid' observations"):
+        best_fixed_model_from_training(hand)

@@ -18,7 +18,7 @@ def quick_report(tmp_path_factory):
 
 def test_quick_writes_the_report(quick_report):
     files = {p.name for p in quick_report.iterdir()}
-    for stem in ('table1', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
+    for stem in ('table1', 'table1_vs_best_fixed', 'baselines', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
                  'beta_sweep', 'temperature', 'adaptive_sampling'):
         assert {f'{stem}.csv', f'{stem}.md'} <= files, stem
     for chart in ('fig2ab_diagnostics', 'fig2c_router_variance', 'fig_protocol', 'fig_ablations', 'fig3_sensitivity'):
@@ -32,7 +32,10 @@ def test_report_mentions_every_router(quick_report):
     routers = list(available_routers())
     assert len(routers) == 7
     for name in routers: assert name in report, name
-    assert 'True regret' in report and 'DARS improves' in report
+    assert 'True regret' in report and 'DARS beats single-shot in' in report
+    for label in ('beats the best fixed model (chosen on training data, interval above 0)',
+                  'best fixed model chosen on training data', 'chosen on test, optimistic', 'oracle', 'random'):
+        assert label in report, label
 
 
 def test_quick_tables_are_complete(quick_report):
@@ -41,6 +44,13 @@ def test_quick_tables_are_complete(quick_report):
     assert res['utility'].notna().all() and res['true_regret'].notna().all()
     assert (res['ci_low'] <= res['utility']).all() and (res['utility'] <= res['ci_high']).all()
     assert set(res.query("supervision == 'single'")['n_draws']) == {10}
+    # every row against the best fixed model chosen on training data: one model per dataset, a paired interval
+    assert res['vs_best_fixed'].notna().all() and (res.groupby('dataset')['best_fixed'].nunique() == 1).all()
+    assert ((res['vs_best_fixed_low'] <= res['vs_best_fixed']) & (res['vs_best_fixed'] <= res['vs_best_fixed_high'])).all()
+    base = pd.read_csv(quick_report / 'baselines.csv').set_index(['dataset', 'view', 'policy'])['utility']
+    fixed = base.xs('best fixed model (training)', level='policy')
+    expected = res['utility'].to_numpy() - fixed.loc[list(zip(res['dataset'], res['view']))].to_numpy()
+    assert abs(res['vs_best_fixed'].to_numpy() - expected).max() < 1e-9   # mean of differences = difference of means (CSV keeps 15+ digits)
 
 
 def _run(tmp_path, capsys, name, text):
@@ -58,22 +68,39 @@ def _run(tmp_path, capsys, name, text):
 ])
 def test_bad_observation_file(tmp_path, capsys, name, text, message):
     code, err = _run(tmp_path, capsys, name, text)
-    assert code != 0
+    assert code == 1
     assert len(err.splitlines()) == 1 and 'Traceback' not in err
     assert err.startswith('dars reproduce: error:') and message in err
 
 
 def test_missing_file_and_missing_features(tmp_path, capsys):
-    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'nope.parquet')) == 2
+    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'nope.parquet')) == 1
     assert 'no observation file' in capsys.readouterr().err
     rows = [dict(dataset='d', split='train', view='grid', query_id='q1', model='m', rewrite_id=1, sample_id=0,
                  score=1.0, cost=0.1)]
     (tmp_path / 'train.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
-    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'train.jsonl')) == 2
+    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'train.jsonl')) == 1
     assert 'no dataset in the file has both a training grid and test observations' in capsys.readouterr().err
     rows.append(dict(rows[0], split='test', view='decode', query_id='q2', rewrite_id=0))
     (tmp_path / 'obs.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
     code = reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.jsonl'))
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1
+    assert code == 1 and len(err.splitlines()) == 1
     assert "query_text" in err
+
+
+def test_quiet_prints_nothing_but_the_error(tmp_path, capsys):
+    (tmp_path / 'obs.txt').write_text('whatever')
+    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.txt'), quiet=True) == 1
+    captured = capsys.readouterr()
+    assert captured.out == '' and captured.err.startswith('dars reproduce: error: unknown observation file type')
+
+
+def test_without_torch_the_default_run_stops_at_once(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a, **k: None if name == 'torch' else real(name, *a, **k))
+    assert reproduce_main(str(tmp_path / 'out'), quick=True) == 1
+    err = capsys.readouterr().err
+    assert err == "dars reproduce: error: the routers MIRT, EmbedLLM, RM-Softmax, GraphRouter need torch: pip install 'dars_nb[torch]'\n"
+    assert not (tmp_path / 'out').exists()

@@ -449,7 +449,7 @@ class Client:
                 ):
         "A tqdm bar that advances with every finished call and shows spend, retries and failures."
         from tqdm import tqdm
-        bar = tqdm(total=total, desc=desc, unit='call', **kwargs)
+        bar = tqdm(total=total, desc=desc, unit='call', **({'disable': None} | kwargs))   # no bar when stderr is no terminal
         self._bars.append(bar)
         try: yield bar
         finally:

@@ -28,8 +28,8 @@ from .client import ModelSpec, Pool, Limits
 # %% auto #0
 __all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModelError', 'LocalModel', 'sha256_file', 'cache_dir',
            'smollm2_path', 'gemma3_path', 'model_path', 'Request', 'http_response', 'LoopbackServer',
-           'chat_completion_body', 'FixedEndpoint', 'forward', 'FaultProxy', 'free_port', 'LocalServer',
-           'start_local_server', 'serve_main']
+           'chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'forward', 'FaultProxy', 'free_port',
+           'LocalServer', 'start_local_server', 'serve_main']
 
 # %% ../../nbs/32_local.ipynb #3e6268c9
 SMOLLM2_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
@@ -247,8 +247,20 @@ def chat_completion_body(text: str, model: str = 'fixed', prompt_tokens: int = 1
                             'total_tokens': prompt_tokens + completion_tokens}
     return json.dumps(d).encode()
 
+def chat_completion_events(text: str, model: str = 'fixed', prompt_tokens: int = 10, completion_tokens: int = 5,
+                           usage: bool = True) -> bytes:
+    "A streamed chat completion as server-sent events: the text word by word, a stop chunk, a usage chunk, [DONE]."
+    base = {'id': 'chatcmpl-fixed', 'object': 'chat.completion.chunk', 'created': 0, 'model': model}
+    words = text.split(' ')
+    chunks = [{**base, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': w} if i == 0 else {'content': ' ' + w},
+                                    'finish_reason': None}]} for i, w in enumerate(words)]
+    chunks.append({**base, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})
+    if usage: chunks.append({**base, 'choices': [], 'usage': {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
+                                                             'total_tokens': prompt_tokens + completion_tokens}})
+    return ''.join(f'data: {json.dumps(c)}\n\n' for c in chunks).encode() + b'data: [DONE]\n\n'
+
 class FixedEndpoint(LoopbackServer):
-    "An OpenAI-compatible endpoint that gives the same answer after a fixed delay."
+    "An OpenAI-compatible endpoint that gives the same answer after a fixed delay (streamed when asked)."
     def __init__(self, text: str = 'Final Answer: 42', # the answer to every request
                  delay_s: float = 0.05, # seconds before answering
                  prompt_tokens: int = 10, # usage reported
@@ -257,9 +269,11 @@ class FixedEndpoint(LoopbackServer):
                  port: int | None = None, # port (None: a free one)
                 ):
         super().__init__(port)
-        self.delay_s, self.requests, self.in_flight, self.max_in_flight = delay_s, 0, 0, 0
+        self.delay_s, self.requests, self.in_flight, self.max_in_flight, self._usage = delay_s, 0, 0, 0, usage
         self._body = chat_completion_body(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, usage=usage)
         self._reply = http_response(200, self._body)
+        events = lambda u: chat_completion_events(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, usage=u)
+        self._streams = {u: http_response(200, events(u), 'text/event-stream') for u in (False, True)}
 
     async def handle(self, req, reader):
         if req.method == 'GET' and req.path.rstrip('/').endswith('/models'):
@@ -270,7 +284,11 @@ class FixedEndpoint(LoopbackServer):
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try: await asyncio.sleep(self.delay_s)
         finally: self.in_flight -= 1
-        return self._reply
+        if b'"stream"' not in req.body: return self._reply
+        body = req.json() if isinstance(req.json(), dict) else {}
+        if body.get('stream') is not True: return self._reply
+        opts = body.get('stream_options') if isinstance(body.get('stream_options'), dict) else {}
+        return self._streams[self._usage and opts.get('include_usage') is True]
 
 # %% ../../nbs/32_local.ipynb #08acbf75
 async def forward(upstream: str, # base URL of the upstream endpoint

@@ -172,7 +172,7 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           temperature: float = 0.7, # rewriter sampling temperature
                           attempts: int = 2, # rounds: one call for all missing rewrites, then one call per rewrite still missing
                           fill_with_original: bool = True, # store the original wording for rewrites still missing
-                          progress: bool = False, # show a progress bar
+                          progress: bool = False, # show a progress bar (on stderr, only when it is a terminal)
                          ) -> dict:
     "Ask the rewriter for every missing rewrite of `tasks` and store it; returns counts of calls, stored and filled rewrites."
     if 'n_rewrites' not in tasks.columns: raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")

@@ -28,12 +28,12 @@ from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
 __all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT_OK', 'EXIT_ERROR', 'EXIT_BUDGET', 'DatasetSpec',
            'CollectConfig', 'load_config', 'load_task_file', 'load_tasks', 'plan_calls', 'plan_rewrites',
            'estimate_cost', 'EndpointError', 'check_endpoints', 'CollectResult', 'acollect', 'collect', 'describe_plan',
-           'collect_main', 'diagnose_main']
+           'collect_main']
 
 # %% ../../nbs/35_collect.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train', 'drop': 'load_drop',
            'gpqa': 'load_gpqa'}
-_POOL_KEYS = ('models', 'rewriter', 'limits')
+_POOL_KEYS = ('models', 'rewriter', 'limits')   # ([serve] is read by `dars serve`, so one file can drive both)
 _COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
                             top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
                             rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
@@ -122,8 +122,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
         base = path.resolve().parent
     elif isinstance(config, dict): d = config
     else: raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
-    extra = [k for k in d if k not in _POOL_KEYS + ('collection', 'datasets')]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(_POOL_KEYS + ('collection', 'datasets'))})")
+    extra = [k for k in d if k not in _POOL_KEYS + ('collection', 'datasets', 'serve')]
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(_POOL_KEYS + ('collection', 'datasets', 'serve'))})")
     pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
     col = d.get('collection', {})
     if not isinstance(col, dict): raise ConfigError("[collection] must be a table")
@@ -379,15 +379,13 @@ def _call_seed(seed: int, key: tuple) -> int:
     "A per-observation sampling seed, stable across restarts."
     return zlib.crc32(json.dumps([seed, *map(str, key)]).encode()) & 0x7FFFFFFF
 
-def _answer(text):
-    from dars_nb.scoring import extract_final_answer
-    try: return extract_final_answer(text)
-    except Exception: return None
-
 def _score(kind, text, gold):
-    from dars_nb.scoring import score_response
-    try: return score_response(kind, text, gold)
-    except Exception: return 0.0, False        # a scorer crash on a strange answer counts as unparseable
+    "(score, parsed, answer the scorer read) of one response."
+    from dars_nb.scoring import find_answer, score_with_answer
+    try: return score_with_answer(kind, text, gold)
+    except Exception:                           # a scorer crash on a strange answer counts as unparseable
+        try: return 0.0, False, find_answer(text)
+        except Exception: return 0.0, False, None
 
 def _split_tokens(total: int, texts) -> list[int]:
     "Share `total` completion tokens among `texts` in proportion to their length (integers summing to `total`)."
@@ -418,7 +416,7 @@ async def _collect_observations(cfg, client, store, tasks, todo: pd.DataFrame, p
 
     def save(job, key, task, wording, comp, text, completion_tokens, n):
         spec = cfg.pool.models[job.model]
-        score, parsed = _score(job.kind, text, task['gold'])
+        score, parsed, answer = _score(job.kind, text, task['gold'])
         # with n > 1 each observation is charged its full prompt (what one call would cost) and its share of the output
         cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
         extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated or None), ('n', n if n > 1 else None)) if v}
@@ -426,7 +424,7 @@ async def _collect_observations(cfg, client, store, tasks, todo: pd.DataFrame, p
                           prompt_tokens=int(comp.prompt_tokens), completion_tokens=int(completion_tokens),
                           latency_s=float(comp.latency_s), temperature=cfg.temperature, parsed=bool(parsed),
                           response=text, query_text=wording if wording is not None else str(task['question']),
-                          top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=_answer(text),
+                          top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=answer,
                           finish_reason=comp.finish_reason, attempts=int(comp.attempts), extra=extra or None))
         state['collected'] += 1
 
@@ -616,19 +614,24 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
                      f"spend cap {'$%g' % lim.spend_cap_usd if lim.spend_cap_usd is not None else 'none'}")
     return '\n'.join(lines)
 
+_PREFIX = 'dars collect: '
+
 def collect_main(config: str, # path of the collection TOML file
                  dry_run: bool = False, # print the plan and the cost estimate only
+                 quiet: bool = False, # no progress bars and no report; errors are still printed
                 ) -> int:
     "`dars collect`: run (or with `dry_run`, plan and price) a collection; returns the exit code."
     try:
         if dry_run:
             print(describe_plan(config)); return EXIT_OK
-        res = collect(config, progress=True, validity=True)
+        res = collect(config, progress=not quiet, validity=not quiet)
     except KeyboardInterrupt:
-        print("interrupted: every finished observation is stored; run the same command again to continue", file=sys.stderr)
+        print(f"{_PREFIX}interrupted: every finished observation is stored; run the same command again to continue",
+              file=sys.stderr)
         return 130
     except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
+        print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
+    if quiet: return _exit_status(res)
     c = res.counters
     print(f"{res.collected} observation(s) collected, {res.skipped} already stored, {res.missing} missing "
           f"of {res.planned} planned; rewriter: {res.rewrites['calls']} call(s), {res.rewrites['filled']} rewrite(s) "
@@ -640,31 +643,11 @@ def collect_main(config: str, # path of the collection TOML file
         from dars_nb.scoring import scoring_validity
         print('\nscoring validity\n' + _fmt_table(scoring_validity(res.table)))
     if res.output is not None: print(f"\nobservations: {res.output}")
-    if res.status == 'complete': return EXIT_OK
-    print(f"error: run incomplete ({res.missing} observation(s) missing): {res.message}; run the same command again to continue",
-          file=sys.stderr)
-    return EXIT_BUDGET if res.status == 'budget' else EXIT_ERROR
+    return _exit_status(res)
 
-# %% ../../nbs/35_collect.ipynb #bb2e5311
-def diagnose_main(obs_path: str, # an observation file (.parquet, .jsonl or .csv)
-                  out: str | None = None, # folder for diagnostics.csv, diagnostics.md and the two charts (PNG and SVG)
-                 ) -> int:
-    "`dars diagnose`: print the four diagnostics per dataset and, with `out`, write tables and charts; returns the exit code."
-    from dars_nb.diagnostics import diagnose, plot_instability, plot_uncertainty
-    try:
-        obs = read_observations(obs_path)
-        table = diagnose(obs)
-    except (ValueError, OSError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
-    print(_fmt_table(table))
-    if out is not None:
-        try:
-            d = Path(out); d.mkdir(parents=True, exist_ok=True)
-            table.to_csv(d / 'diagnostics.csv')
-            (d / 'diagnostics.md').write_text(f"# Diagnostics of {Path(obs_path).name}\n\n{_fmt_table(table)}\n")
-            for name, chart in (('instability', plot_instability(table)), ('uncertainty', plot_uncertainty(table))):
-                chart.save(str(d / f'{name}.png'), scale_factor=2); chart.save(str(d / f'{name}.svg'))
-        except (OSError, ValueError) as e:
-            print(f"error: cannot write the report to {out}: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
-        print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, instability.png/.svg, uncertainty.png/.svg")
-    return EXIT_OK
+def _exit_status(res: CollectResult) -> int:
+    "The exit code of a finished run; an incomplete run also says why on stderr."
+    if res.status == 'complete': return EXIT_OK
+    print(f"{_PREFIX}error: run incomplete ({res.missing} observation(s) missing): {res.message}; "
+          "run the same command again to continue", file=sys.stderr)
+    return EXIT_BUDGET if res.status == 'budget' else EXIT_ERROR

@@ -189,6 +189,7 @@ def plot_figure3(efficiency: pd.DataFrame, # output of `run_sample_efficiency`
                  betas: pd.DataFrame, # output of `run_beta_sweep`
                 ) -> alt.Chart:
     "Paper Fig. 3: (a) sample efficiency, (b) decoding temperature, (c) β sensitivity."
-    return alt.hconcat(plot_sample_efficiency(efficiency, '(a) Sample efficiency of DARS'),
-                       plot_temperature_study(study).properties(title='(b) Decoding temperature'),
-                       plot_beta_sweep(betas, '(c) Risk coefficient β')).resolve_scale(color='independent')
+    top = alt.hconcat(plot_sample_efficiency(efficiency, '(a) Sample efficiency of DARS'),
+                      plot_temperature_study(study).properties(title='(b) Decoding temperature'))
+    return alt.vconcat(top.resolve_scale(color='independent'), plot_beta_sweep(betas, '(c) Risk coefficient β')
+                       ).resolve_scale(color='independent')   # two rows: fits a text column

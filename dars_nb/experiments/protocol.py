@@ -19,14 +19,16 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from ..observations import ensure_valid, select, model_order
 from ..stats import supervision, normalize_cost, MODES
-from ..evaluate import per_query_view_utility, bootstrap_ci, router_variance, plot_router_variance, true_utility, true_regret
+from ..evaluate import (per_query_view_utility, bootstrap_ci, router_variance, plot_router_variance, true_utility,
+                              true_regret, best_fixed_model, best_fixed_model_from_training)
 from ..routers.base import align
 
 # %% auto #0
-__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'VIEW_LABELS', 'Dataset', 'make_dataset', 'datasets_from',
-           'simulated_datasets', 'available_routers', 'resolve_routers', 'derive_seed', 'single_threaded', 'Spec',
-           'run_unit', 'scalars', 'as_datasets', 'run_experiments', 'run_protocol', 'compare_supervision', 'Wins',
-           'count_wins', 'Table', 'table1', 'table5', 'regret_table', 'protocol_draws', 'protocol_variance',
+__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'BASELINES', 'ARRAY_COLUMNS', 'VIEW_LABELS', 'Dataset', 'make_dataset',
+           'datasets_from', 'simulated_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
+           'single_threaded', 'Spec', 'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'as_datasets',
+           'run_experiments', 'run_protocol', 'compare_supervision', 'Wins', 'Verdict', 'count_verdicts', 'count_wins',
+           'Table', 'table1', 'table_vs_fixed', 'table5', 'regret_table', 'protocol_draws', 'protocol_variance',
            'plot_protocol_variance', 'plot_protocol']
 
 # %% ../../nbs/21_protocol.ipynb #2511a68d
@@ -210,7 +212,9 @@ def run_unit(ds: Dataset, # the dataset
 
 # %% ../../nbs/21_protocol.ipynb #ccc3cdf3
 RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low', 'ci_high',
+                  'best_fixed', 'vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high',
                   'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']
+BASELINES = ('best fixed model (training)', 'best fixed model (test, optimistic)', 'oracle', 'random')
 ARRAY_COLUMNS = ['draw_utilities', 'per_query']
 
 def scalars(results: pd.DataFrame, # output of `run_experiments` / `run_protocol`
@@ -236,13 +240,57 @@ def _reusable(reuse, units, n_draws) -> dict:
         if key in groups: found[i] = groups[key].to_dict('records')
     return found
 
-def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int) -> pd.DataFrame:
-    "Paired bootstrap intervals: all rows of a (dataset, view) share one set of resampled test queries."
+def baseline_values(ds: Dataset, # the dataset
+                    lam: float = 0.05, # cost weight λ
+                    views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+                   ) -> dict:
+    "Per view: the baselines' per-query utilities (a DataFrame, columns `BASELINES`) and the models the fixed ones pick."
+    models = model_order(ds.obs)
+    fixed, _ = best_fixed_model_from_training(ds.obs, lam, models)
+    out = {}
+    for v in views:
+        if not ((ds.obs['split'] == 'test') & (ds.obs['view'] == v)).any(): continue
+        t = per_query_view_utility(ds.obs, v, lam, models)
+        if t[fixed].isna().any():
+            raise ValueError(f"{ds.name}: the training-chosen model {fixed!r} has no {v!r} observation of query {t.index[t[fixed].isna()][0]!r}")
+        on_test, _ = best_fixed_model(t)
+        T = t.to_numpy(float)
+        vals = pd.DataFrame(dict(zip(BASELINES, (T[:, models.index(fixed)], T[:, models.index(on_test)],
+                                                 np.nanmax(T, 1), np.nanmean(T, 1)))), index=t.index)
+        out[v] = (vals, {BASELINES[0]: fixed, BASELINES[1]: on_test})
+    return out
+
+def protocol_baselines(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+                       lam: float = 0.05, # cost weight λ
+                       views=('rewrite', 'decode'), # evaluation views
+                       n_boot: int = 1000, # bootstrap resamples
+                       alpha: float = 0.05, # 1 − confidence level
+                       seed: int = 0, # the run's seed (the same resamples as the routers' intervals)
+                      ) -> pd.DataFrame:
+    "Best fixed model (chosen on training data, and on test: optimistic), oracle and random per dataset and view."
+    rows = []
+    for d in as_datasets(datasets):
+        for v, (vals, names) in baseline_values(d, lam, views).items():
+            e = bootstrap_ci(vals.to_numpy(), n_boot, alpha, derive_seed(seed, 'bootstrap', d.name, v))
+            rows += [dict(dataset=d.name, view=v, policy=p, model=names.get(p, ''), utility=e.estimate[i],
+                          ci_low=e.low[i], ci_high=e.high[i]) for i, p in enumerate(BASELINES)]
+    return pd.DataFrame(rows)
+
+def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int, baselines: dict | None = None) -> pd.DataFrame:
+    "Paired bootstrap intervals (all rows of a (dataset, view) share one set of resampled test queries), and each row's difference to the training-chosen best fixed model."
     table = table.copy()
+    for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
+    table['best_fixed'] = ''
     for (d, v), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
-        e = bootstrap_ci(np.column_stack(table.loc[idx, 'per_query'].to_list()), n_boot, alpha,
-                         derive_seed(seed, 'bootstrap', d, v))
+        P, s = np.column_stack(table.loc[idx, 'per_query'].to_list()), derive_seed(seed, 'bootstrap', d, v)
+        e = bootstrap_ci(P, n_boot, alpha, s)
         table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = e.low, e.high
+        if baselines is None or v not in baselines.get(d, {}): continue
+        vals, names = baselines[d][v]
+        ref = vals[BASELINES[0]].to_numpy()
+        f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)          # paired: the same queries for router and baseline
+        table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'], table.loc[idx, 'vs_best_fixed_high'] = f
+        table.loc[idx, 'best_fixed'] = names[BASELINES[0]]
     return table
 
 def as_datasets(datasets) -> list[Dataset]:
@@ -264,7 +312,7 @@ def run_experiments(datasets, # a `Dataset`, a list of them, or a mapping name -
                     alpha: float = 0.05, # 1 − confidence level
                     views=('rewrite', 'decode'), # evaluation views
                     n_jobs: int | None = None, # joblib workers (None: the active parallel_config's default)
-                    progress: bool = True, # show a progress bar
+                    progress: bool = True, # show a progress bar (on a terminal only)
                     desc: str = 'units', # label of the progress bar
                     reuse: pd.DataFrame | None = None, # earlier results of the same run (datasets, λ, seed): matching units are not rerun
                    ) -> pd.DataFrame:
@@ -280,10 +328,11 @@ def run_experiments(datasets, # a `Dataset`, a list of them, or a mapping name -
     jobs = (delayed(run_unit)(d, name, rs[name], s, n_draws, lam, seed, 0, alpha, views)
             for d, name, s in (units[i] for i in order))
     results = Parallel(n_jobs=n_jobs, return_as='generator')(jobs) if order else []
-    for i, rows in zip(order, tqdm(results, total=len(order), desc=desc, disable=not progress, leave=False)):
+    for i, rows in zip(order, tqdm(results, total=len(order), desc=desc, disable=None if progress else True, leave=False)):
         out[i] = rows
     table = pd.DataFrame([r for rows in out for r in rows])
-    return _add_intervals(table, n_boot, alpha, seed)[RESULT_COLUMNS]
+    baselines = {d.name: baseline_values(d, lam, views) for d in dss}
+    return _add_intervals(table, n_boot, alpha, seed, baselines)[RESULT_COLUMNS]
 
 def run_protocol(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
                  routers=None, # mapping name -> router, a list, or None for every family
@@ -293,7 +342,7 @@ def run_protocol(datasets, # a `Dataset`, a list of them, or a mapping name -> (
                  seed: int = 0, # the run's seed
                  n_boot: int = 1000, # bootstrap resamples
                  n_jobs: int | None = None, # joblib workers (None: the active parallel_config's default)
-                 progress: bool = True, # show a progress bar
+                 progress: bool = True, # show a progress bar (on a terminal only)
                 ) -> pd.DataFrame:
     "The paper's comparison: every router under R single-shot draws and under DARS, both views, one tidy table."
     return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws, lam, seed,
@@ -317,6 +366,12 @@ def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or an
     out = pd.DataFrame({'single': w[baseline], 'single_std': std.reindex(w.index), 'dars': w[treatment]})
     out['difference'] = out['dars'] - out['single']
     out['win'] = out['difference'] > 0
+    if 'vs_best_fixed' in part.columns:
+        for side, sup in (('single', baseline), ('dars', treatment)):
+            s = part[part['supervision'] == sup].set_index(keys)
+            for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'), ('vs_fixed_high', 'vs_best_fixed_high')):
+                out[f'{side}_{col}'] = s[src].reindex(out.index)
+        out['best_fixed'] = part.set_index(keys)['best_fixed'].groupby(level=keys).first().reindex(out.index)
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     return out.dropna(subset=['single', 'dars']).reindex(pd.MultiIndex.from_tuples(
         sorted(out.dropna(subset=['single', 'dars']).index, key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))),
@@ -327,6 +382,32 @@ class Wins(NamedTuple):
     wins: int
     settings: int
     def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
+
+class Verdict(NamedTuple):
+    "DARS against single-shot, and both against the best fixed model chosen on training data."
+    settings: int            # router–dataset–view settings
+    dars_beats_single: int   # DARS utility above the single-shot mean
+    dars_beats_fixed: int    # DARS router: interval of the difference to the best fixed model above 0
+    dars_below_fixed: int    # DARS router: that interval below 0
+    single_beats_fixed: int  # single-shot routers (mean over draws): interval above 0
+    def __str__(self):
+        n = self.settings
+        return (f"DARS beats single-shot in {self.dars_beats_single} of {n} router–dataset–view settings; "
+                f"it beats the best fixed model (chosen on training data, interval above 0) in {self.dars_beats_fixed} of {n}"
+                f" (single-shot: {self.single_beats_fixed} of {n}) and falls below it in {self.dars_below_fixed} of {n}")
+
+def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
+                   by=None, # None for one count, or column(s) among dataset/router/view to count per group
+                  ) -> Verdict | pd.DataFrame:
+    "Both counts, never one without the other: DARS vs single-shot, and routers vs the training-chosen best fixed model."
+    c = results if 'win' in results.columns else compare_supervision(results)
+    if 'dars_vs_fixed' not in c.columns or c['dars_vs_fixed'].isna().any():
+        raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    flags = pd.DataFrame({'dars_beats_single': c['win'], 'dars_beats_fixed': c['dars_vs_fixed_low'] > 0,
+                          'dars_below_fixed': c['dars_vs_fixed_high'] < 0, 'single_beats_fixed': c['single_vs_fixed_low'] > 0})
+    if by is None: return Verdict(len(c), *(int(flags[k].sum()) for k in Verdict._fields[1:]))
+    g = flags.groupby(level=by, sort=False)
+    return g.sum().astype(int).assign(settings=g.size())[list(Verdict._fields)]
 
 def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                by=None, # None for one count, or column(s) among dataset/router/view to count per group
@@ -339,6 +420,7 @@ def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare
 
 # %% ../../nbs/21_protocol.ipynb #56f774e5
 def _fmt(v, digits):
+    if isinstance(v, str): return v
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool): return str(v)
     return '' if pd.isna(v) else f'{v:.{digits}f}'
 
@@ -346,10 +428,12 @@ def _header(c) -> str:
     return ' '.join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c)
 
 class Table(NamedTuple):
-    "A results table: values, optional ± std per cell, and which cells to show in bold."
+    "A results table: values, optional ± std or [low, high] interval per cell, and which cells to show in bold."
     values: pd.DataFrame
     bold: pd.DataFrame
     std: pd.DataFrame | None = None
+    low: pd.DataFrame | None = None
+    high: pd.DataFrame | None = None
 
     def to_markdown(self, digits: int = 3) -> str:
         "GitHub Markdown, highlighted cells in bold, `mean ± std` where a std is given."
@@ -365,6 +449,8 @@ class Table(NamedTuple):
             for j in range(v.shape[1]):
                 s = _fmt(v.iat[i, j], digits)
                 if self.std is not None and pd.notna(self.std.iat[i, j]): s += f' ± {self.std.iat[i, j]:.{digits}f}'
+                if self.low is not None and pd.notna(v.iat[i, j]):
+                    s = f'{v.iat[i, j]:+.{digits}f} [{self.low.iat[i, j]:+.{digits}f}, {self.high.iat[i, j]:+.{digits}f}]'
                 cells.append(f'**{s}**' if s and bool(self.bold.iat[i, j]) else s)
             lines.append('| ' + ' | '.join(shown + cells) + ' |')
             prev = key
@@ -377,11 +463,14 @@ class Table(NamedTuple):
         if self.std is not None:
             s = self.std.copy(); s.columns = [_header(c) + ' std' for c in s.columns]
             v = pd.concat([v, s.loc[:, s.notna().any()]], axis=1)
+        for name, b in (('low', self.low), ('high', self.high)):
+            if b is not None: v = pd.concat([v, b.set_axis([_header(c) + f' {name}' for c in b.columns], axis=1)], axis=1)
         return v.reset_index()
 
 def table1(results: pd.DataFrame, # output of `run_protocol`
+           baselines: pd.DataFrame | None = None, # output of `protocol_baselines`: adds its rows below the routers
           ) -> Table:
-    "Paper Table 1: rows router / + DARS, columns dataset × view; DARS cells that beat single-shot in bold."
+    "Paper Table 1: rows router / + DARS (then the baselines), columns dataset × view; DARS cells that beat single-shot in bold."
     c = compare_supervision(results)
     routers, datasets = list(dict.fromkeys(c.index.get_level_values('router'))), list(dict.fromkeys(c.index.get_level_values('dataset')))
     views = list(dict.fromkeys(c.index.get_level_values('view')))
@@ -392,7 +481,27 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
         col = (d, VIEW_LABELS.get(v, v))
         vals.loc[(r, 'single-shot'), col], vals.loc[(r, '+ DARS'), col] = row['single'], row['dars']
         bold.loc[(r, '+ DARS'), col] = bool(row['win'])
+    if baselines is not None:
+        b = baselines.assign(col=[(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'], baselines['view'])])
+        b = b.pivot(index='policy', columns='col', values='utility').reindex(index=list(BASELINES), columns=cols)
+        b.index = pd.MultiIndex.from_tuples([('baseline', p) for p in b.index], names=rows.names)
+        vals, bold = pd.concat([vals, b]), pd.concat([bold, pd.DataFrame(False, b.index, cols)])
     return Table(vals, bold)
+
+def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
+                  ) -> Table:
+    "Difference to the best fixed model chosen on training data, [interval], per router / + DARS and dataset × view; above 0 in bold."
+    c = compare_supervision(results)
+    if 'dars_vs_fixed' not in c.columns: raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    routers = list(dict.fromkeys(c.index.get_level_values('router')))
+    cols = pd.MultiIndex.from_tuples(list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
+    rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')], names=['router', 'supervision'])
+    frames = {k: pd.DataFrame(np.nan, rows, cols) for k in ('vs', 'low', 'high')}
+    for (d, r, v), row in c.iterrows():
+        for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
+            for k, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
+                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
+    return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
 def table5(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/24_reproduce.ipynb #b52ed3be
 from __future__ import annotations
+import importlib.util
 import os
 import resource
 import sys
@@ -16,9 +17,9 @@ import altair as alt
 from ..observations import read_observations, validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
-from .protocol import (PAPER_TEST_SIZES, Table, datasets_from, simulated_datasets,
-                                          resolve_routers, run_protocol, count_wins, table1,
-                                          table5, regret_table, protocol_draws, protocol_variance,
+from .protocol import (PAPER_TEST_SIZES, VIEW_LABELS, Table, datasets_from, simulated_datasets,
+                                          resolve_routers, run_protocol, compare_supervision, count_wins, count_verdicts, table1,
+                                          table_vs_fixed, protocol_baselines, BASELINES, table5, regret_table, protocol_draws, protocol_variance,
                                           plot_protocol_variance, plot_protocol, scalars)
 from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations, ablation_table,
                                            plot_ablations, run_sample_efficiency, run_beta_sweep,
@@ -27,8 +28,8 @@ from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations, ablation_tabl
                                            plot_figure3)
 
 # %% auto #0
-__all__ = ['FULL', 'QUICK', 'Settings', 'features_from_text', 'read_features', 'load_data', 'write_table', 'write_chart',
-           'reproduce', 'reproduce_main']
+__all__ = ['FULL', 'QUICK', 'TORCH_ROUTERS', 'Settings', 'features_from_text', 'read_features', 'load_data', 'write_table',
+           'write_chart', 'reproduce', 'reproduce_main']
 
 # %% ../../nbs/24_reproduce.ipynb #cbd81ac7
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
               features=None, # features file for `data` (default: from its query_text column)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed
+              log=print, # where the note about skipped datasets goes
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
@@ -97,7 +99,7 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
     if not usable: raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")
     skipped = sorted(set(obs['dataset'].cat.categories) - set(usable))
-    if skipped: print(f"      skipping dataset(s) without a training grid or test views: {', '.join(skipped)}", flush=True)
+    if skipped: log(f"      skipping dataset(s) without a training grid or test views: {', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
     feats = read_features(features) if features is not None else features_from_text(obs)
     return datasets_from(obs, feats), obs
@@ -183,6 +185,8 @@ def _best_routers(results: pd.DataFrame) -> pd.DataFrame:
     best = m.loc[m.groupby('dataset', sort=False)['utility'].idxmax()]
     return best.set_index('dataset')
 
+TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')   # the default families that need the `torch` extra
+
 def _fmt_seconds(s: float) -> str:
     return f'{s:.0f} s' if s < 120 else f'{s / 60:.1f} min'
 
@@ -197,6 +201,8 @@ def reproduce(out, # folder for the report (created if needed)
               verbose: bool = True, # print progress and the final summary
              ) -> dict:
     "Run every study of the paper and write tables, charts and report.md to `out`; return a summary."
+    if routers is None and importlib.util.find_spec('torch') is None:
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: pip install 'dars_nb[torch]'")
     st = settings or (QUICK if quick else FULL)
     if n_jobs is None: n_jobs = 1 if quick else -1   # starting worker processes costs more than a quick run gains
     log = (lambda *a: print(*a, flush=True)) if verbose else (lambda *a: None)
@@ -208,8 +214,8 @@ def reproduce(out, # folder for the report (created if needed)
     common = dict(seed=seed, n_boot=st.n_boot, n_jobs=n_jobs, progress=verbose)
 
     log(f"[1/8] data: {'simulator (' + ', '.join(f'{p} {n}' for p, n in st.test_sizes.items()) + ' test queries)' if data is None else data}")
-    dss, obs = load_data(data, features, st, seed)
     rs = resolve_routers(routers)
+    dss, obs = load_data(data, features, st, seed, log)
     log(f"      {len(dss)} dataset(s), {len(rs)} router(s): {', '.join(rs)}")
     step('data')
 
@@ -223,10 +229,13 @@ def reproduce(out, # folder for the report (created if needed)
     res = run_protocol(dss, rs, st.n_draws, st.lam, st.beta, **common)
     scalars(res).to_csv(out / 'protocol_results.csv', index=False)
     if st.n_draws > 1: protocol_draws(res).to_csv(out / 'protocol_draws.csv', index=False)
-    wins = count_wins(res)
-    md['table1'] = write_table(table1(res), out, 'table1')
+    wins, verdict = count_wins(res), count_verdicts(res)
+    base = protocol_baselines(dss, st.lam, n_boot=st.n_boot, seed=seed)
+    md['baselines'] = write_table(base.set_index(['dataset', 'view', 'policy']), out, 'baselines', 3)
+    md['table1'] = write_table(table1(res, base), out, 'table1')
+    md['table1_vs_fixed'] = write_table(table_vs_fixed(res), out, 'table1_vs_best_fixed')
     md['table5'] = write_table(table5(res), out, 'table5')
-    md['wins_by'] = write_table(count_wins(res, by='dataset'), out, 'wins_by_dataset', 0)
+    md['wins_by'] = write_table(count_verdicts(res, by='dataset'), out, 'verdicts_by_dataset', 0)
     has_truth = res['true_regret'].notna().any()
     if has_truth: md['regret'] = write_table(regret_table(res), out, 'true_regret', 4)
     if st.n_draws > 1:
@@ -290,7 +299,8 @@ def reproduce(out, # folder for the report (created if needed)
     best = _best_routers(res)
     seconds = time.perf_counter() - t_start
     mem_main, mem_workers = _peak_memory_mb()
-    summary = dict(out=str(out), wins=wins, wins_text=str(wins), seconds=seconds, peak_memory_mb=mem_main,
+    summary = dict(out=str(out), wins=wins, wins_text=str(wins), verdict=verdict, verdict_text=str(verdict),
+                   baselines=base, seconds=seconds, peak_memory_mb=mem_main,
                    worker_memory_mb=mem_workers, n_jobs=n_jobs, cpus=os.cpu_count(),
                    timings=dict(timings), best={d: (r['router'], r['supervision'], float(r['utility'])) for d, r in best.iterrows()},
                    routers=list(rs), datasets=[d.name for d in dss], grid_sides=dict(zip([d.name for d in dss], sides)))
@@ -304,7 +314,7 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
     "The text of report.md."
     src = ('the embedded simulator (' + ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 grids, {n} test queries'
            for p, n in st.test_sizes.items()) + ')') if data is None else f'`{data}`'
-    per_ds = count_wins(res, by='dataset')
+    per_ds = count_verdicts(res, by='dataset')
     one_cell = [d for d, (n, m) in s['grid_sides'].items() if n * m == 1]
     lines = [
         '# DARS reproduction report', '',
@@ -317,17 +327,26 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
         lines += [f'Note: {", ".join(one_cell)} {"has" if len(one_cell) == 1 else "have"} one observation per (query, model) pair (a 1×1 grid), so DARS and '
                   'single-shot supervision see the same numbers there; their differences are router randomness only.', '']
     lines += [
-        '## Headline', '', f'**{s["wins_text"]}.** Per dataset: ' +
-        '; '.join(f'{d} {int(r.wins)}/{int(r.settings)}' for d, r in per_ds.iterrows()) + '.', '',
-        'Best policy per dataset (mean over the evaluated views): ' +
-        '; '.join(f'{d}: {r} ({"DARS" if sup == "dars" else "single-shot"}, {u:.3f})' for d, (r, sup, u) in s['best'].items()) + '.', '',
+        '## Headline', '', f'**{s["verdict_text"]}.**' + _no_router_text(s['verdict']), '',
+        'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / single-shot beats it / '
+        'DARS falls below it: ' + '; '.join(f'{d} {r.dars_beats_single}/{r.dars_beats_fixed}/{r.single_beats_fixed}/'
+                                            f'{r.dars_below_fixed} of {r.settings}' for d, r in per_ds.iterrows()) + '.', '',
+        f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query difference lies above 0 '
+        '(the same test queries resampled for router and baseline). The best fixed model is the one model with the best '
+        'mean training-grid utility — what one would deploy without a router; the one chosen on the test set is shown '
+        'too, labelled optimistic.', '', *_baseline_lines(s['baselines'], md=True), '',
+        'Best policy per dataset (mean over the evaluated views), against the best fixed model chosen on training data: ' +
+        '; '.join(_best_text(d, b, res) for d, b in s['best'].items()) + '.', '',
         '## 1. Diagnostics (paper Fig. 2a, 2b)', '',
         'How unstable single-shot labels are before any router is trained: share of unstable (query, model) pairs, '
         'of queries whose winner flips across grid cells, of cells whose winner disagrees with the distribution-aware '
         'label, and the input-side / output-side variance of the score.', '', md['diagnostics'], md['fig2ab'], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
         f'Each router trained on {st.n_draws} single-shot draws (mean, and ± std over draws in Table 5) and once on DARS '
-        'supervision. Bold: DARS beats the single-shot mean.', '', md['table1'], '', md['table5'], '', md['fig_protocol'], '']
+        'supervision, then the baselines. Bold: DARS beats the single-shot mean.', '', md['table1'], '',
+        'Difference to the best fixed model chosen on training data, with its paired-bootstrap interval (single-shot: '
+        'the per-query mean over the draws). Bold: the interval lies above 0.', '', md['table1_vs_fixed'], '',
+        md['table5'], '', md['fig_protocol'], '']
     if truth:
         lines += ['### True regret', '',
                   'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, so each router can be scored '
@@ -359,17 +378,65 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
               'Time per study: ' + ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in s['timings'].items()) + '.', '']
     return '\n'.join(lines)
 
+def _no_router_text(v) -> str:
+    "A sentence when no router beats the best fixed model anywhere."
+    if v.dars_beats_fixed or v.single_beats_fixed: return ''
+    return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
+
+def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
+    "One line per dataset: the baselines' utilities per view (and the fixed models' names)."
+    views = list(dict.fromkeys(base['view']))
+    head = 'Baselines (' + ' / '.join(VIEW_LABELS.get(v, v) for v in views) + '):'
+    lines = [head]
+    for d, g in base.groupby('dataset', sort=False):
+        u = g.set_index(['policy', 'view'])
+        def vals(p): return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
+        def model(p): return ' / '.join(dict.fromkeys(u.xs(p, level='policy')['model']))
+        text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) {vals(BASELINES[0])}; "
+                f"chosen on test, optimistic ({model(BASELINES[1])}) {vals(BASELINES[1])}; "
+                f"oracle {vals('oracle')}; random {vals('random')}")
+        lines.append(f'- {d}: {text}' if md else f'  {d:<16} {text}')
+    return lines
+
+def _best_text(d: str, b, res: pd.DataFrame) -> str:
+    "The best policy of a dataset, its utility and its difference to the training-chosen best fixed model per view."
+    r, sup, u = b
+    rows = res[(res['dataset'] == d) & (res['router'] == r) & (res['supervision'] == sup)]
+    diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} [{x.vs_best_fixed_low:+.3f}, {x.vs_best_fixed_high:+.3f}]"
+                      for x in rows.itertuples())
+    return f"{d}: {r} ({'DARS' if sup == 'dars' else 'single-shot'}) {u:.3f}, difference {diffs}"
+
+def _router_lines(res: pd.DataFrame) -> list[str]:
+    "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
+    c = compare_supervision(res)
+    def cell(x, side): 
+        lo, hi = x[f'{side}_vs_fixed_low'], x[f'{side}_vs_fixed_high']
+        return f"{x[f'{side}_vs_fixed']:+.3f} [{lo:+.3f}, {hi:+.3f}]{'*' if lo > 0 else ' '}"
+    views = list(dict.fromkeys(c.index.get_level_values('view')))
+    lines = ['Difference to the best fixed model chosen on training data, ' + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
+             + ' (* interval above 0):']
+    for d, part in c.groupby(level='dataset', sort=False):
+        lines.append(f'  {d}')
+        for r, g in part.droplevel('dataset').groupby(level='router', sort=False):
+            g = g.droplevel('router')
+            lines.append(f"    {r:<12} single-shot " + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
+                         + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
+    return lines
+
 def _memory_text(s: dict) -> str:
     text = f"peak memory {s['peak_memory_mb']:.0f} MiB"
     return text + (f" + {s['worker_memory_mb']:.0f} MiB in worker processes" if s['worker_memory_mb'] else '')
 
 def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
     "The one-screen summary printed at the end of a run."
-    lines = ['', '=' * 72, f"{s['wins_text']}."]
-    for d, r in count_wins(res, by='dataset').iterrows(): lines.append(f"  {d:<16} {int(r.wins)}/{int(r.settings)} settings")
-    lines.append('Best policy per dataset (mean over the evaluated views):')
-    for d, (r, sup, u) in s['best'].items():
-        lines.append(f"  {d:<16} {r} ({'DARS' if sup == 'dars' else 'single-shot'}) {u:.3f}")
+    lines = ['', '=' * 72, f"{s['verdict_text']}.{_no_router_text(s['verdict'])}",
+             'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / DARS < best fixed:']
+    for d, r in count_verdicts(res, by='dataset').iterrows():
+        lines.append(f"  {d:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / {r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")
+    lines += _baseline_lines(s['baselines'])
+    lines += _router_lines(res)
+    lines.append('Best policy per dataset (mean over the views), difference to the training-chosen best fixed model [interval]:')
+    lines += ['  ' + _best_text(d, b, res) for d, b in s['best'].items()]
     if truth:
         reg = res.drop_duplicates(['dataset', 'router', 'supervision']).groupby('supervision')['true_regret'].mean()
         lines.append(f"Mean true regret: single-shot {reg.get('single', np.nan):.4f}, DARS {reg.get('dars', np.nan):.4f}")
@@ -382,11 +449,12 @@ def reproduce_main(out: str, # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
+                   quiet: bool = False, # no progress lines, bars or summary; errors still go to stderr
                   ) -> int:
-    "Entry point of `dars reproduce`: run `reproduce`, return 0, or 2 with a one-line error on stderr."
-    try: reproduce(out, data=data, quick=quick, features=features)
+    "Entry point of `dars reproduce`: run `reproduce`, return 0, or 1 with a one-line error on stderr."
+    try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
     except (ValueError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f'dars reproduce: error: {msg}', file=sys.stderr)
-        return 2
+        return 1
     return 0

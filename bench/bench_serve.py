@@ -1,0 +1,199 @@
+"""Routing endpoint: the routing decision's latency, and the endpoint's throughput against a 50 ms upstream.
+
+Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 2000] [--reps 3]
+
+1. The routing decision (featurize one question + predict + rank) with a saved TF-IDF bundle and a saved
+   sentence-embedding bundle (an MLP router on DARS supervision, loaded back with `load_bundle`), timed one
+   question at a time, as a lone request sees it: p50 and p99. Goals: p50 <= 10 ms (TF-IDF), <= 30 ms (sentence).
+2. The endpoint (`dars_nb.serve` under uvicorn, routing with the TF-IDF bundle) in front of a `FixedEndpoint`
+   that answers after 50 ms, against calling that `FixedEndpoint` directly, at concurrency 1 and 32. The
+   upstream and the endpoint run in processes of their own; the load comes from this process (one httpx2
+   client). Direct and routed runs alternate, and medians of the repetitions are reported.
+   Goal: throughput at concurrency 32 >= 0.9 x direct. Added latency at concurrency 1 is reported.
+Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
+"""
+import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time, urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from summary import emit
+
+
+def question_texts(n):
+    "n question texts: MATH-500 problems from $DARS_DATA, else made-up ones; and where they came from."
+    if os.environ.get('DARS_DATA'):
+        from dars_nb.datasets import load_math500
+        q = load_math500()['question'].tolist()
+        return (q * (n // len(q) + 1))[:n], 'MATH-500 problems'
+    topics = ['algebra', 'geometry', 'probability', 'number theory', 'calculus', 'combinatorics']
+    return [f'Question {i}: a problem in {topics[i % 6]} about {i * 7 % 97} and {i * 13 % 89}; find the value.' for i in range(n)], \
+        'made-up questions (DARS_DATA is not set)'
+
+
+def build_bundle(kind, texts, path):
+    "Fit a `kind` featurizer and an MLP router on simulated DARS supervision for `texts`; save it to `path`."
+    from dars_nb.bundle import RouterBundle, save_bundle
+    from dars_nb.features import make_featurizer
+    from dars_nb.routers import ROUTERS
+    from dars_nb.simulate import simulate
+    from dars_nb.stats import supervision
+    obs, _, _ = simulate('gpqa_like', n_train=len(texts), n_test=5, seed=0)
+    sup = supervision(obs, 'dars')
+    feat = make_featurizer(kind).fit(texts)
+    router = ROUTERS['MLP'](random_state=0).fit(feat.transform(texts), sup)
+    prices = {m: (0.1 * (i + 1), 0.2 * (i + 1)) for i, m in enumerate(sup.models)}
+    save_bundle(RouterBundle(models=list(sup.models), prices=prices, lam=0.05, beta=0.2, mode='dars', featurizer=feat,
+                             router=router), path)
+    return path
+
+
+def decision_times(path, texts, warm):
+    "Milliseconds per routing decision, one text per call, with the bundle loaded from `path` (after `warm` texts)."
+    from dars_nb.bundle import load_bundle
+    b = load_bundle(path)
+    if hasattr(b.featurizer, 'cache'): b.featurizer.cache = False   # as `dars serve` runs it: in memory, nothing written
+    for t in warm: b.rank([t])
+    out = []
+    for t in texts:
+        t0 = time.perf_counter()
+        b.rank([t])
+        out.append((time.perf_counter() - t0) * 1e3)
+    return np.array(out)
+
+
+def encoder_times(texts):
+    "Milliseconds per question for the sentence encoder alone, loaded once (no disk cache)."
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    from sentence_transformers import SentenceTransformer
+    from dars_nb.features import sentence_model_path
+    enc = SentenceTransformer(str(sentence_model_path()), device='cpu')
+    for t in texts[:5]: enc.encode([t], show_progress_bar=False)
+    out = []
+    for t in texts:
+        t0 = time.perf_counter()
+        enc.encode([t], normalize_embeddings=True, show_progress_bar=False)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return np.array(out)
+
+
+def serve_fixed(port, delay):
+    from dars_nb.collect.local import FixedEndpoint
+    FixedEndpoint(text='The answer is 42.', delay_s=delay, port=port).serve_forever()
+
+
+def serve_router(port, upstream, bundle_path):
+    from dars_nb.bundle import load_bundle
+    from dars_nb.collect.client import ModelSpec, Pool
+    from dars_nb.serve import BackgroundServer, ServeSettings, create_app
+    b = load_bundle(bundle_path)
+    pool = Pool({m: ModelSpec(m, upstream, price_in=p[0], price_out=p[1], concurrency=8) for m, p in b.prices.items()})
+    srv = BackgroundServer(create_app(b.rank, pool, ServeSettings(port=port), lam=b.lam)).start()
+    threading.Event().wait()
+
+
+def wait_up(url):
+    for _ in range(600):
+        try: urllib.request.urlopen(url + '/models', timeout=1).read(); return
+        except OSError: time.sleep(0.05)
+    raise RuntimeError(f'{url} did not start')
+
+
+def cpu_seconds(pid):
+    "User + system CPU seconds of process `pid` so far (Linux /proc)."
+    with open(f'/proc/{pid}/stat') as f: fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+async def load(url, bodies, concurrency):
+    "Send every body at `concurrency`; (wall seconds, latencies in ms)."
+    import httpx2
+    lat, queue = [], list(reversed(bodies))
+    async with httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)) as c:
+        async def worker():
+            while queue:
+                body = queue.pop()
+                t0 = time.perf_counter()
+                r = await c.post(url + '/chat/completions', content=body, headers={'content-type': 'application/json'})
+                lat.append((time.perf_counter() - t0) * 1e3)
+                if r.status_code != 200: raise RuntimeError(f'{url}: HTTP {r.status_code}: {r.text[:200]}')
+        await asyncio.gather(*[worker() for _ in range(min(3, concurrency))])   # warm the connections
+        lat.clear(); queue[:] = list(reversed(bodies))
+        t = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        return time.perf_counter() - t, np.array(lat)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--quick', action='store_true', help='fewer decisions and calls')
+    ap.add_argument('--decisions', type=int, default=300, help='routing decisions timed per bundle')
+    ap.add_argument('--calls', type=int, default=2000, help='requests per run at concurrency 32')
+    ap.add_argument('--calls1', type=int, default=60, help='requests per run at concurrency 1')
+    ap.add_argument('--delay', type=float, default=0.05)
+    ap.add_argument('--reps', type=int, default=3)
+    ap.add_argument('--endpoint-only', action='store_true', help='skip the routing-decision timings')
+    a = ap.parse_args(argv)
+    if a.quick: a.decisions, a.calls, a.calls1, a.reps = 100, 640, 30, 2
+    texts, source = question_texts(305 + a.decisions)
+    train, warm, probe = texts[:300], texts[300:305], texts[305:]
+    tmp = Path(tempfile.mkdtemp(prefix='dars_bench_serve_'))
+    os.environ['DARS_CACHE'] = str(tmp / 'cache')   # a fresh embedding cache: every timed question is new to it
+    print(f"texts: {source}; bundles fitted on {len(train)}, timed on {len(probe)} others "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    goals = {'tfidf': 10.0, 'sentence': 30.0}
+    paths = {}
+    for kind in ('tfidf',) if a.endpoint_only else ('tfidf', 'sentence'):
+        paths[kind] = build_bundle(kind, train, tmp / f'{kind}.router')
+        if a.endpoint_only: break
+        ms = decision_times(paths[kind], probe, warm)
+        p50, p99 = np.percentile(ms, 50), np.percentile(ms, 99)
+        print(f"routing decision, {kind} bundle: p50 {p50:.2f} ms, p99 {p99:.2f} ms (goal: p50 <= {goals[kind]:g} ms)")
+        emit(f"routing decision (featurize + predict), {kind} bundle, one question", f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
+             f"p50 <= {goals[kind]:g} ms", bool(p50 <= goals[kind]))
+    enc = encoder_times(probe) if not a.endpoint_only else np.array([np.nan])
+    if not a.endpoint_only: print(f"  for reference, all-MiniLM-L6-v2 alone, loaded once and kept in memory: p50 {np.percentile(enc, 50):.2f} ms, "
+          f"p99 {np.percentile(enc, 99):.2f} ms per question")
+
+    from dars_nb.collect.local import free_port
+    ctx = mp.get_context('spawn')
+    fport, rport = free_port(), free_port()
+    fixed = ctx.Process(target=serve_fixed, args=(fport, a.delay), daemon=True); fixed.start()
+    direct = f'http://127.0.0.1:{fport}/v1'
+    router = ctx.Process(target=serve_router, args=(rport, direct, str(paths['tfidf'])), daemon=True); router.start()
+    routed = f'http://127.0.0.1:{rport}/v1'
+    results = {(w, c): [] for w in ('direct', 'routed') for c in (1, 32)}
+    cpu = []
+    try:
+        wait_up(direct); wait_up(routed)
+        ask = lambda t: json.dumps({'model': 'dars-router', 'max_tokens': 16,
+                                    'messages': [{'role': 'user', 'content': t}]}).encode()
+        for rep in range(a.reps):
+            for c, n in ((1, a.calls1), (32, a.calls)):
+                bodies = [ask(texts[i % len(texts)]) for i in range(n)]
+                for who in (('direct', 'routed') if rep % 2 == 0 else ('routed', 'direct')):
+                    c0 = cpu_seconds(router.pid)
+                    wall, lat = asyncio.run(load(direct if who == 'direct' else routed, bodies, c))
+                    if who == 'routed' and c == 32: cpu.append((cpu_seconds(router.pid) - c0) / n * 1e3)
+                    results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
+    finally:
+        router.terminate(); fixed.terminate(); router.join(); fixed.join()
+    med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
+    print(f"endpoint vs direct, FixedEndpoint answering after {a.delay * 1e3:.0f} ms "
+          f"({a.calls1} / {a.calls} requests at concurrency 1 / 32, median of {a.reps}):")
+    print(f"  {'':10s} {'concurrency':>11s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    for (who, c), (thr, p50, p99) in sorted(med.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        print(f"  {who:10s} {c:11d} {thr:8.1f} {p50:8.1f} {p99:8.1f}")
+    added = med[('routed', 1)][1] - med[('direct', 1)][1]
+    ratio = med[('routed', 32)][0] / med[('direct', 32)][0]
+    print(f"  added latency at concurrency 1: {added:+.1f} ms (p50)")
+    print(f"  throughput at concurrency 32: {ratio:.2f} x direct (goal >= 0.9)")
+    print(f"  endpoint CPU per routed request at concurrency 32: {statistics.median(cpu):.2f} ms")
+    emit(f"routing endpoint vs direct, concurrency 32, {a.delay * 1e3:.0f} ms upstream",
+         f"{med[('routed', 32)][0]:.0f} vs {med[('direct', 32)][0]:.0f} req/s ({ratio:.2f}x)", '>= 0.9x direct', bool(ratio >= 0.9))
+    emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
