@@ -1,28 +1,31 @@
-# The three commands the README promises, plus the maintainer loop.
+# The README's two commands (`make reproduce`, `make test`) each set up .venv first when it is missing
+# or older than the files that define it; the others are the maintainer loop.
 .PHONY: setup test reproduce export readme docs bench
 
-setup:            ## one command: .venv with everything the library, its tests and docs need
+VENV = .venv/.setup-done
+
+$(VENV): pyproject.toml tools/setup.sh tools/constraints.txt
 	bash tools/setup.sh
+	touch $@
 
-# the tests and the docs run the tutorials on the benchmark data: say so at once when it is missing
-NEEDS_DATA = @test -n "$$DARS_DATA" -a -d "$$DARS_DATA" || { echo "DARS_DATA must name the benchmark data folder (README: Set up, reproduce, test)" >&2; exit 2; }
+setup:            ## (re)create .venv: the library with every extra, its tests and docs tools
+	bash tools/setup.sh
+	touch $(VENV)
 
-test:             ## every notebook (through nbdev's runner, honouring tst_flags) and tests/
-	$(NEEDS_DATA)
-	.venv/bin/python -m pytest
-
-reproduce:        ## the main job on the embedded default
+reproduce: $(VENV) ## the main job on the embedded simulator default
 	.venv/bin/dars reproduce --out report
 
-export:           ## regenerate dars_nb/ from the notebooks and clean them
+test: $(VENV)     ## every notebook (through nbdev's runner, honouring tst_flags) and tests/
+	.venv/bin/python -m pytest
+
+export: $(VENV)   ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean
 
-readme:           ## README.md (and its charts in docs_assets/) from nbs/index.ipynb
+readme: $(VENV)   ## README.md (and its charts in docs_assets/) from nbs/index.ipynb
 	.venv/bin/python -c "from dars_nb.docs import build_readme; build_readme()"
 
-docs:             ## static, offline HTML site in _site/
-	$(NEEDS_DATA)
+docs: $(VENV)     ## static, offline HTML site in _site/
 	.venv/bin/dars docs --out _site
 
-bench:            ## benchmarks with measured figures and ratios
+bench: $(VENV)    ## benchmarks with measured figures and ratios (the full sets are read from DARS_DATA)
 	.venv/bin/python bench/run_all.py

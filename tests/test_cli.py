@@ -1,20 +1,52 @@
 "The `dars` console command, run the way a user runs it: a subprocess, exit codes, no tracebacks."
-import subprocess, sys, json
+import subprocess, sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
+
+from dars_nb.cli import COMMANDS
 
 DARS = [str(Path(sys.executable).with_name('dars'))]
 
 
-def run(*args, timeout=600):
-    return subprocess.run(DARS + list(args), capture_output=True, text=True, timeout=timeout)
+def run(*args, timeout=600, cmd=DARS):
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(res, command, code=1):
+    assert res.returncode == code, (res.returncode, res.stderr)
+    assert 'Traceback' not in res.stderr
+    assert res.stderr.strip().count('\n') == 0, res.stderr
+    assert res.stderr.startswith(f'dars {command}: error: '), res.stderr
 
 
 def test_help_lists_every_command():
-    out = run('--help').stdout
-    for cmd in ('reproduce', 'collect', 'diagnose', 'docs'): assert cmd in out
+    res = run('--help')
+    assert res.returncode == 0
+    for cmd in ('reproduce', 'collect', 'diagnose', 'docs', 'train', 'route', 'serve', 'local'): assert cmd in res.stdout
+    assert set(COMMANDS) == {'reproduce', 'collect', 'diagnose', 'docs', 'train', 'route', 'serve', 'local'}
+
+
+@pytest.mark.parametrize('command', sorted(COMMANDS))
+def test_every_subcommand_has_help_and_quiet(command):
+    res = run(command, '--help')
+    assert res.returncode == 0, res.stderr
+    assert '--quiet' in res.stdout and res.stdout.startswith(f'usage: dars {command}')
+
+
+def test_version_and_python_m():
+    from dars_nb import __version__
+    for cmd in (DARS, [sys.executable, '-m', 'dars_nb']):
+        res = run('--version', cmd=cmd)
+        assert res.returncode == 0 and res.stdout.strip() == f'dars {__version__}'
+
+
+@pytest.mark.parametrize('args', [[], ['no-such-command'], ['reproduce'], ['diagnose'], ['route', 'r.dars', '--lam', 'high'],
+                                  ['serve', '--router', 'r.dars'], ['local', '--port', 'eighty']])
+def test_usage_error_exits_2(args):
+    res = run(*args)
+    assert res.returncode == 2, res
+    assert 'usage: dars' in res.stderr and 'Traceback' not in res.stderr
 
 
 @pytest.mark.parametrize('content,problem', [
@@ -22,15 +54,28 @@ def test_help_lists_every_command():
     ('{"dataset": "d", "score": 1}\n', 'missing column(s)'),
     ('not json at all\n', 'cannot read'),
 ])
-def test_bad_observation_file_is_one_line_and_nonzero(tmp_path, content, problem):
+def test_bad_observation_file_is_one_line_and_exit_1(tmp_path, content, problem):
     path = tmp_path / 'obs.jsonl'
     if content is not None: path.write_text(content)
-    for cmd in (['diagnose', str(path)], ['reproduce', '--out', str(tmp_path / 'r'), '--data', str(path)]):
-        res = run(*cmd)
-        assert res.returncode != 0
-        assert 'Traceback' not in res.stderr
-        assert res.stderr.strip().count('\n') == 0, res.stderr
-        assert problem in res.stderr
+    res = run('diagnose', str(path))
+    assert_one_line_error(res, 'diagnose')
+    assert problem in res.stderr
+
+
+def test_reproduce_bad_file_exit_1(tmp_path):
+    res = run('reproduce', '--out', str(tmp_path / 'r'), '--data', str(tmp_path / 'missing.jsonl'))
+    assert_one_line_error(res, 'reproduce')
+    assert 'no observation file' in res.stderr
+
+
+@pytest.mark.parametrize('args', [
+    ['train', 'missing.toml', '--out', 'r.dars'],
+    ['route', 'missing.dars', 'What is 2 + 2?'],
+    ['collect', 'missing.toml', '--dry-run'],
+])
+def test_missing_input_file_is_one_line_and_exit_1(tmp_path, args):
+    res = subprocess.run(DARS + args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert_one_line_error(res, args[0])
 
 
 def test_diagnose_a_real_file(tmp_path):
@@ -40,14 +85,27 @@ def test_diagnose_a_real_file(tmp_path):
     obs.to_parquet(path)
     res = run('diagnose', str(path), '--out', str(tmp_path / 'diag'))
     assert res.returncode == 0, res.stderr
-    assert 'winner_flip_rate' in res.stdout or 'Winner flip' in res.stdout
+    assert '| dataset |' in res.stdout and 'winner_flip_rate' in res.stdout and 'written:' in res.stdout
+    quiet = run('diagnose', str(path), '--out', str(tmp_path / 'diag2'), '--quiet')
+    assert quiet.returncode == 0 and 'written:' not in quiet.stdout and '| dataset |' in quiet.stdout
+    assert (tmp_path / 'diag2' / 'instability.svg').exists()
 
 
-def test_reproduce_quick_end_to_end(tmp_path):
-    out = tmp_path / 'report'
-    res = run('reproduce', '--out', str(out), '--quick')
+@pytest.fixture(scope='module')
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp('reproduce') / 'report'
+    return out, run('reproduce', '--out', str(out), '--quick', '--quiet')
+
+
+def test_reproduce_quick_end_to_end(quick_report):
+    out, res = quick_report
     assert res.returncode == 0, res.stderr[-2000:]
     report = (out / 'report.md').read_text()
     from dars_nb.routers import ROUTER_CLASSES
     for router in ROUTER_CLASSES: assert router in report, router
     assert list(out.glob('*.png')) and list(out.glob('*.svg')) and list(out.glob('*.csv'))
+
+
+def test_reproduce_quiet_shows_no_progress_bar(quick_report):
+    _, res = quick_report
+    assert '%|' not in res.stderr    # no progress bar: stderr is not a terminal, and --quiet
