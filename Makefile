@@ -1,6 +1,6 @@
 # The README's two commands (`make reproduce`, `make test`) each set up .venv first when it is missing
 # or older than the files that define it; the others are the maintainer loop.
-.PHONY: setup test reproduce export readme docs bench
+.PHONY: setup test reproduce export readme docs bench outputs
 
 VENV = .venv/.setup-done
 
@@ -29,3 +29,6 @@ docs: $(VENV)     ## static, offline HTML site in _site/
 
 bench: $(VENV)    ## benchmarks with measured figures and ratios (the full sets are read from DARS_DATA)
 	.venv/bin/python bench/run_all.py
+
+outputs: $(VENV)  ## run index.ipynb and the tutorials and keep their static outputs (SVG/PNG/text/tables) in the notebooks
+	.venv/bin/python -c "from dars_nb.docs import save_outputs; save_outputs()"

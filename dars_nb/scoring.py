@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linear_sum_assignment
 from .observations import KEY_COLUMNS
+from .extras import require
 
 # %% auto #0
 __all__ = ['KINDS', 'clean_answer', 'extract_final_answer', 'find_answer', 'parse_choice', 'score_choice', 'score_math',
@@ -147,8 +148,8 @@ def _score_math(text, gold):
     ans = find_answer(text)
     if ans is None: return 0.0, False
     threaded = threading.current_thread() is not threading.main_thread()
+    verify = require('math_verify', 'collect', 'math scoring').verify   # a missing package is an error, never a score of 0
     try:
-        from math_verify import verify
         pred = _math_parse(ans, threaded)
         if not pred: return 0.0, False
         ok = verify(list(_math_gold(gold.strip(), threaded)), pred, **(dict(timeout_seconds=None) if threaded else {}))
