@@ -310,19 +310,21 @@ def bundle_file(tmp_path_factory):
 def test_a_saved_bundle_routes_each_request_as_it_routes_the_text(bundle_file, fixed):
     b = load_bundle(bundle_file)
     lams = (0.0, 0.5, 10.0)
-    # on this bundle the choice for TEXTS[1] moves with λ (measured: deepseek-v3.1, qwen3-32b, gemma-3-12b)
-    assert len({b.route([TEXTS[1]], lam)[0] for lam in lams}) > 1
+    # the requests must include questions whose choice moves with λ, or the check below could not tell λ was used
+    moving = [t for t in TEXTS if len({b.route([t], lam)[0] for lam in lams}) > 1]
+    assert moving, 'no question of this bundle changes model with λ'
+    asked = list(dict.fromkeys(moving[:3] + TEXTS[:5]))
     pool = Pool({m: ModelSpec(m, fixed.base_url, price_in=1.0, price_out=2.0) for m in b.models})
     got, want = [], []
     with serving(b.rank, pool, lam=b.lam) as (_, http):
-        default = http.post('/v1/chat/completions', json={'messages': [{'role': 'user', 'content': TEXTS[1]}]})
+        default = http.post('/v1/chat/completions', json={'messages': [{'role': 'user', 'content': moving[0]}]})
         for lam in lams:
-            for t in TEXTS[:8]:
+            for t in asked:
                 r = http.post('/v1/chat/completions', json={'model': 'dars-router', 'dars_lambda': lam,
                                                              'messages': [{'role': 'user', 'content': t}]})
                 got.append((r.headers['x-dars-model'], r.json()['model'])); want.append((b.route([t], lam)[0],) * 2)
     assert got == want
-    assert (default.headers['x-dars-model'], default.headers['x-dars-lambda']) == (b.route([TEXTS[1]])[0], '0.05')
+    assert (default.headers['x-dars-model'], default.headers['x-dars-lambda']) == (b.route([moving[0]])[0], '0.05')
     assert [body['model'] for _, body in fixed.seen[1:]] == [m for m, _ in want]   # each went to the model it names
 
 
