@@ -21,7 +21,7 @@ test: $(VENV)     ## every notebook (through nbdev's runner, honouring tst_flags
 export: $(VENV)   ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean
 
-readme: $(VENV)   ## README.md (and its charts in docs_assets/) from nbs/index.ipynb
+readme: $(VENV)   ## README.md from nbs/index.ipynb
 	.venv/bin/python -c "from dars_nb.docs import build_readme; build_readme()"
 
 docs: $(VENV)     ## static, offline HTML site in _site/

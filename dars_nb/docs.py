@@ -306,11 +306,13 @@ _SITE_TEMPLATE = _CODE_INPUT + r"""{% block data_svg %}
 {% endblock data_html %}
 """
 
+_README_NO_IMAGE = "*(This cell draws a chart: run the notebook, or see the home page of the documentation site.)*"
+
 _README_TEMPLATE = _CODE_INPUT + r"""{% block data_svg %}
-![chart]({{ output.metadata.filenames['image/svg+xml'] | path2url }})
+""" + _README_NO_IMAGE + r"""
 {% endblock data_svg %}
 {% block data_png %}
-![image]({{ output.metadata.filenames['image/png'] | path2url }})
+""" + _README_NO_IMAGE + r"""
 {% endblock data_png %}
 {% block data_html scoped %}
 
@@ -338,14 +340,14 @@ def _plain_cell(c) -> dict:
 def to_markdown(cells: list, # cells from `markdown_ready`
                 key: str, # file-name stem for extracted images
                 files_dir: str, # folder (relative to the page) for extracted images
-                readme: bool = False, # README flavour: SVG charts extracted to files too
+                readme: bool = False, # README flavour: no image at all (a package index shows no file beside it)
                ) -> tuple[str, dict]:
     "Markdown text of `cells` and the extracted files {relative path: bytes}."
     from jinja2 import DictLoader
     from nbconvert import MarkdownExporter
     from nbformat import from_dict
     from traitlets.config import Config
-    types = {'image/png', 'image/jpeg'} | ({'image/svg+xml'} if readme else set())
+    types = set() if readme else {'image/png', 'image/jpeg'}
     c = Config({'ExtractOutputPreprocessor': {'enabled': True, 'extract_output_types': types}})
     name = 'readme.md.j2' if readme else 'site.md.j2'
     ex = MarkdownExporter(config=c, template_file=name,
@@ -634,7 +636,7 @@ def readme_link(target: str, # a link target in the index notebook
 
 def build_readme(root: str | Path | None = None, # project folder (default: found from the working directory)
                  execute: bool = True, # run the notebook's cells for their outputs
-                 assets: str = 'docs_assets', # folder (in the project) for the README's charts
+                 assets: str = 'docs_assets', # folder (in the project) where older README builds kept chart files (emptied)
                 ) -> Path:
     "Write README.md from the project's index notebook with nbdev's processors and nbconvert; return its path."
     cfg = get_config(Path(root) if root else None)
