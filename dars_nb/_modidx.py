@@ -959,6 +959,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'dars_nb.serve._bearer_ok': ('serve.html#_bearer_ok', 'dars_nb/serve.py'),
                                'dars_nb.serve._checked_max_tokens': ('serve.html#_checked_max_tokens', 'dars_nb/serve.py'),
                                'dars_nb.serve._error_response': ('serve.html#_error_response', 'dars_nb/serve.py'),
+                               'dars_nb.serve._first_answer': ('serve.html#_first_answer', 'dars_nb/serve.py'),
                                'dars_nb.serve._http_error': ('serve.html#_http_error', 'dars_nb/serve.py'),
                                'dars_nb.serve._internal_error': ('serve.html#_internal_error', 'dars_nb/serve.py'),
                                'dars_nb.serve._is_int': ('serve.html#_is_int', 'dars_nb/serve.py'),

@@ -475,27 +475,32 @@ async def chat_completions(request):
 def _all_failed(errors: list) -> RequestError:
     return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error', code='upstream_failed')
 
-async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
-    from starlette.responses import Response
+async def _first_answer(st, ranking: list, call, headers: dict, held: float = 0.0):
+    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error response)."
     errors = []
     for name in ranking:
         spec = st.pool.models[name]
-        try: data = await complete(st.upstreams, spec, req.body)
+        try: result = await call(spec)
         except UpstreamError as e:
             st.metrics.failed(name); errors.append(str(e))
-            if not e.retry_next:
-                st.metrics.refuse(e.status)
-                return _error_response(RequestError(e.status, str(e), kind='upstream_error'))
-            continue
-        text = ''.join(c.get('message', {}).get('content') or '' for c in data['choices'] if isinstance(c, dict)
-                       and isinstance(c.get('message'), dict) and isinstance(c['message'].get('content'), str))
-        pt, ct, cost, est = usage_and_cost(spec, data.get('usage'), req.body['messages'], text)
-        st.metrics.answered(name, pt, ct, cost, est)
+            if e.retry_next: continue
+            st.metrics.release(held); st.metrics.refuse(e.status)
+            return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
         if errors: st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
-        data['model'] = name
-        return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name}, media_type='application/json')
-    st.metrics.refuse(502)
-    return _error_response(_all_failed(errors))
+        return name, spec, result
+    st.metrics.release(held); st.metrics.refuse(502)
+    return None, None, _error_response(_all_failed(errors))
+
+async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
+    from starlette.responses import Response
+    name, spec, data = await _first_answer(st, ranking, lambda spec: complete(st.upstreams, spec, req.body), headers)
+    if name is None: return data
+    text = ''.join(c.get('message', {}).get('content') or '' for c in data['choices'] if isinstance(c, dict)
+                   and isinstance(c.get('message'), dict) and isinstance(c['message'].get('content'), str))
+    pt, ct, cost, est = usage_and_cost(spec, data.get('usage'), req.body['messages'], text)
+    st.metrics.answered(name, pt, ct, cost, est)
+    data['model'] = name
+    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name}, media_type='application/json')
 
 # %% ../nbs/36_serve.ipynb #b460fde9
 def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | None:
@@ -519,21 +524,10 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    errors = []
-    for name in ranking:
-        spec = st.pool.models[name]
-        try: resp = await open_stream(st.upstreams, spec, req.body)
-        except UpstreamError as e:
-            st.metrics.failed(name); errors.append(str(e))
-            if not e.retry_next:
-                st.metrics.release(held); st.metrics.refuse(e.status)
-                return _error_response(RequestError(e.status, str(e), kind='upstream_error'))
-            continue
-        if errors: st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
-        return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
-                                 {**headers, 'x-dars-model': name}, media_type='text/event-stream')
-    st.metrics.release(held); st.metrics.refuse(502)
-    return _error_response(_all_failed(errors))
+    name, spec, resp = await _first_answer(st, ranking, lambda spec: open_stream(st.upstreams, spec, req.body), headers, held)
+    if name is None: return resp
+    return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
+                             {**headers, 'x-dars-model': name}, media_type='text/event-stream')
 
 async def _relay(st, req, spec, resp, held, hide_usage):
     seen = {'usage': None, 'text': []}
