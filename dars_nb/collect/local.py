@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -503,8 +504,10 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
 def serve_main(port: int = 8080, # port of the OpenAI-compatible front on 127.0.0.1
                models: str = 'smollm2,gemma3', # comma-separated aliases from LOCAL_MODELS
               ) -> int:
-    "Serve the local models until interrupted; the exit code for the `dars serve` command."
+    "Serve the local models until interrupted (Ctrl-C or SIGTERM); the exit code for the `dars local` command."
     aliases = tuple(m.strip() for m in models.split(',') if m.strip())
+    def stop(signum, frame): raise KeyboardInterrupt   # SIGTERM stops the model processes too, as Ctrl-C does
+    if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, stop)
     with start_local_server(aliases, port=port) as server:
         print(f"serving {', '.join(server.models)} at {server.base_url} (Ctrl-C to stop)", flush=True)
         try:
