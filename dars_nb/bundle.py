@@ -9,7 +9,6 @@ import hashlib
 import importlib
 import io
 import json
-import sys
 import tomllib
 import zipfile
 from pathlib import Path

@@ -4,10 +4,6 @@
 
 # %% ../../nbs/10_routers_base.ipynb #9461ff18
 from __future__ import annotations
-import hashlib
-import importlib.util
-import os
-from pathlib import Path
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
