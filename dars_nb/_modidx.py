@@ -409,7 +409,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'dars_nb.docs.build_readme': ('docs.html#build_readme', 'dars_nb/docs.py'),
                               'dars_nb.docs.doc_notebooks': ('docs.html#doc_notebooks', 'dars_nb/docs.py'),
                               'dars_nb.docs.docs_main': ('docs.html#docs_main', 'dars_nb/docs.py'),
-                              'dars_nb.docs.drop_dead_links': ('docs.html#drop_dead_links', 'dars_nb/docs.py'),
                               'dars_nb.docs.error_box': ('docs.html#error_box', 'dars_nb/docs.py'),
                               'dars_nb.docs.failing_line': ('docs.html#failing_line', 'dars_nb/docs.py'),
                               'dars_nb.docs.failure_text': ('docs.html#failure_text', 'dars_nb/docs.py'),

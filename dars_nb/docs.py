@@ -19,11 +19,11 @@ from nbdev.process import NBProcessor, Processor
 from nbdev.processors import FilterDefaults, exec_show_docs
 
 # %% auto #0
-__all__ = ['yaml', 'DEAD_LINK_HOSTS', 'STATIC_TYPES', 'DocsError', 'doc_notebooks', 'page_path', 'failing_line',
-           'assertion_message', 'failure_text', 'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook',
-           'markdown_ready', 'site_link', 'resolve_doc_links', 'to_markdown', 'error_box', 'notebook_page',
-           'math_to_mathml', 'drop_dead_links', 'mkdocs_config', 'render_pages', 'build_docs', 'notebook_summary',
-           'feature_table', 'readme_link', 'build_readme', 'static_outputs', 'save_outputs', 'docs_main']
+__all__ = ['yaml', 'STATIC_TYPES', 'DocsError', 'doc_notebooks', 'page_path', 'failing_line', 'assertion_message', 'failure_text',
+           'runs_in_tests', 'ExecCells', 'DocFilter', 'processed_notebook', 'markdown_ready', 'site_link',
+           'resolve_doc_links', 'to_markdown', 'error_box', 'notebook_page', 'math_to_mathml', 'mkdocs_config',
+           'render_pages', 'build_docs', 'notebook_summary', 'feature_table', 'readme_link', 'build_readme',
+           'static_outputs', 'save_outputs', 'docs_main']
 
 # %% ../nbs/91_docs.ipynb #b3e7947a
 class DocsError(RuntimeError):
@@ -406,17 +406,6 @@ def math_to_mathml(page_html: str, # HTML of one page, as mkdocs renders it
         except Exception: return m.group(0)
     return _re_math.sub(sub, page_html)
 
-# %% ../nbs/91_docs.ipynb #65e20df9
-DEAD_LINK_HOSTS = ('dars-nb.github.io', 'github.com/dars-nb')   # addresses configured once, never published
-
-def drop_dead_links(page_html: str, # HTML of one page
-                    hosts=DEAD_LINK_HOSTS, # host (or host/path prefix) whose links are dropped
-                   ) -> str:
-    "`page_html` with every link to `hosts` replaced by its text; a link whose text is 'source' is removed."
-    alts = '|'.join(re.escape(h) for h in hosts)
-    pat = re.compile(rf'<a\s[^>]*?href="(?:https?:)?//(?:www\.)?(?:{alts})(?:[/?#"][^"]*)?"[^>]*>(.*?)</a>', re.S | re.I)
-    return pat.sub(lambda m: '' if m.group(1).strip().lower() == 'source' else m.group(1), page_html)
-
 # %% ../nbs/91_docs.ipynb #6d927c91
 _SITE_CSS = """
 .md-typeset .subtitle { font-size: 1.15em; color: var(--md-default-fg-color--light); margin-top: -0.6em; }
@@ -429,8 +418,7 @@ _SITE_CSS = """
 .md-typeset td:first-child code { white-space: nowrap; }
 """
 
-_HOOKS = ("from dars_nb.docs import drop_dead_links, math_to_mathml\n\n"
-          "def on_page_content(html, **kwargs):\n    return drop_dead_links(math_to_mathml(html))\n")
+_HOOKS = "from dars_nb.docs import math_to_mathml\n\ndef on_page_content(html, **kwargs):\n    return math_to_mathml(html)\n"
 
 def _section(page: Path) -> str:
     if page == Path('index.md'): return 'Home'
