@@ -259,15 +259,16 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
             cols['random'] = np.nanmean(t.to_numpy(float), 1)
             kinds.update({k: 'baseline' for k in cols if k not in policies})
         V = np.column_stack(list(cols.values()))
-        e = bootstrap_ci(V, n_boot, alpha, seed)
+        k = V.shape[1]
         if fixed is not None:
-            if np.isnan(t[fixed[0]].to_numpy(float)).any():
+            ref = t[fixed[0]].to_numpy(float)
+            if np.isnan(ref).any():
                 raise ValueError(f"the training-chosen model {fixed[0]!r} has no {view!r} observation of some test query")
-            d = bootstrap_ci(V - t[fixed[0]].to_numpy(float)[:, None], n_boot, alpha, seed)
-        else: d = Estimate(*(np.full(V.shape[1], np.nan),) * 3)
-        rows += [dict(policy=k, kind=kinds[k], view=view, utility=e.estimate[i], low=e.low[i], high=e.high[i],
-                      detail=detail.get(k, ''), vs_best_fixed=d.estimate[i], vs_low=d.low[i], vs_high=d.high[i])
-                 for i, k in enumerate(cols)]
+            V = np.column_stack([V, V - ref[:, None]])   # utilities and paired differences: one set of resamples
+        est, low, high = (np.asarray(a) for a in bootstrap_ci(V, n_boot, alpha, seed))
+        if fixed is None: est, low, high = (np.concatenate([a, np.full(k, np.nan)]) for a in (est, low, high))
+        rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i], high=high[i], detail=detail.get(name, ''),
+                      vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i]) for i, name in enumerate(cols)]
     return pd.DataFrame(rows)
 
 def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`

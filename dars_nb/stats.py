@@ -77,7 +77,7 @@ def training_grid(obs: pd.DataFrame, # observations, possibly with test views
     if not mask.any():
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         raise ValueError(f"no training grid: the table has no rows with split 'train' and view 'grid' (it has: {kinds})")
-    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
+    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]   # a table that is all grid is used as it is: no copy
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
 
 def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
