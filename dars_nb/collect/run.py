@@ -396,7 +396,9 @@ def _call_seed(seed: int, key: tuple) -> int:
 def _score(kind, text, gold):
     "(score, parsed, answer the scorer read) of one response."
     from dars_nb.scoring import find_answer, score_with_answer
+    from dars_nb.extras import MissingExtra
     try: return score_with_answer(kind, text, gold)
+    except MissingExtra: raise                  # a missing scorer package stops the run; it is not a wrong answer
     except Exception:                           # a scorer crash on a strange answer counts as unparseable
         try: return 0.0, False, find_answer(text)
         except Exception: return 0.0, False, None
