@@ -961,8 +961,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'dars_nb.serve._first_answer': ('serve.html#_first_answer', 'dars_nb/serve.py'),
                                'dars_nb.serve._http_error': ('serve.html#_http_error', 'dars_nb/serve.py'),
                                'dars_nb.serve._internal_error': ('serve.html#_internal_error', 'dars_nb/serve.py'),
-                               'dars_nb.serve._is_int': ('serve.html#_is_int', 'dars_nb/serve.py'),
-                               'dars_nb.serve._is_num': ('serve.html#_is_num', 'dars_nb/serve.py'),
                                'dars_nb.serve._listening_socket': ('serve.html#_listening_socket', 'dars_nb/serve.py'),
                                'dars_nb.serve._message_text': ('serve.html#_message_text', 'dars_nb/serve.py'),
                                'dars_nb.serve._parse_lambda': ('serve.html#_parse_lambda', 'dars_nb/serve.py'),

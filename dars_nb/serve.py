@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
-from .collect.client import ConfigError, Pool, ModelSpec, estimate_prompt_tokens
+from .collect.client import ConfigError, Pool, ModelSpec, estimate_prompt_tokens, _is_num, _is_int
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -35,9 +35,6 @@ def is_loopback(host: str, # an address or host name to listen on
     if host == 'localhost': return True
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
-
-def _is_num(v) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
 
 # %% ../nbs/36_serve.ipynb #30b5db01
 MIN_CLIENT_KEY_CHARS = 16
@@ -475,7 +472,7 @@ async def chat_completions(request):
 def _all_failed(errors: list) -> RequestError:
     return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error', code='upstream_failed')
 
-async def _first_answer(st, ranking: list, call, headers: dict, held: float = 0.0):
+async def _first_answer(st, ranking: list, call, headers: dict):
     "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error response)."
     errors = []
     for name in ranking:
@@ -484,11 +481,11 @@ async def _first_answer(st, ranking: list, call, headers: dict, held: float = 0.
         except UpstreamError as e:
             st.metrics.failed(name); errors.append(str(e))
             if e.retry_next: continue
-            st.metrics.release(held); st.metrics.refuse(e.status)
+            st.metrics.refuse(e.status)
             return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
         if errors: st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
         return name, spec, result
-    st.metrics.release(held); st.metrics.refuse(502)
+    st.metrics.refuse(502)
     return None, None, _error_response(_all_failed(errors))
 
 async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
@@ -524,8 +521,9 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    name, spec, resp = await _first_answer(st, ranking, lambda spec: open_stream(st.upstreams, spec, req.body), headers, held)
-    if name is None: return resp
+    name, spec, resp = await _first_answer(st, ranking, lambda spec: open_stream(st.upstreams, spec, req.body), headers)
+    if name is None:   # nothing streams: give the reservation back here (a plain answer's caller does it)
+        st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
 
@@ -539,11 +537,11 @@ async def _relay(st, req, spec, resp, held, hide_usage):
         st.metrics.failed(spec.name)
         err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}", kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
-    finally:
-        await resp.aclose()
+    finally:   # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation must still go
         pt, ct, cost, est = usage_and_cost(spec, seen['usage'], req.body['messages'], ''.join(seen['text']))
         st.metrics.answered(spec.name, pt, ct, cost, est)
         st.metrics.release(held)
+        await resp.aclose()
 
 # %% ../nbs/36_serve.ipynb #caafb18a
 async def list_models(request):
@@ -578,7 +576,7 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
-    if missing: raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install starlette uvicorn")
+    if missing: raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install 'dars_nb[serve]'")
     from contextlib import asynccontextmanager
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
