@@ -1,0 +1,50 @@
+"""House metrics of the notebooks and modules: export-cell size, definitions per cell, function length, long lines, `test_eq(bool)`.
+
+Run: python tools/house_metrics.py [--list]   (from the project root)"""
+import ast, json, re, statistics, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORT = re.compile(r'^#\|\s*export')
+
+def notebooks(): return sorted(p for p in (ROOT/'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts)
+
+def code_cells(nb):
+    for c in json.loads(nb.read_text())['cells']:
+        if c['cell_type'] == 'code': yield ''.join(c['source'])
+
+def body(src): return [l for l in src.splitlines() if not l.startswith('#|')]
+
+def definitions(src):
+    try: tree = ast.parse('\n'.join(l for l in body(src) if not l.lstrip().startswith(('%', '!'))))
+    except SyntaxError: return 0
+    return sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body)
+
+def functions(path):
+    tree = ast.parse(path.read_text())
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)): yield n.name, n.end_lineno - n.lineno + 1
+
+def main(listing=False):
+    sizes, defs, long_lines, code_lines, bool_eq, test_lines = [], [], 0, 0, 0, 0
+    for nb in notebooks():
+        for src in code_cells(nb):
+            lines = body(src)
+            code_lines += len(lines); long_lines += sum(len(l) > 100 for l in lines)
+            if src.splitlines() and EXPORT.match(src.splitlines()[0]):
+                sizes.append(len(lines)); defs.append(definitions(src))
+                if listing and (len(lines) > 40 or defs[-1] >= 3): print(f'  cell {len(lines):4d} lines {defs[-1]} defs  {nb.name}: {lines[0][:60] if lines else ""}')
+            else:
+                tl = [l for l in lines if re.search(r'\btest_\w+\(', l)]
+                test_lines += len(tl); bool_eq += sum(bool(re.search(r'test_eq\(.*,\s*(True|False)\)\s*$', l)) for l in tl)
+    fns = [(p.relative_to(ROOT), n, k) for p in sorted((ROOT/'dars_nb').rglob('*.py')) if p.name != '_modidx.py' for n, k in functions(p)]
+    if listing:
+        for p, n, k in sorted(fns, key=lambda t: -t[2]):
+            if k > 40: print(f'  function {k:4d} lines  {p}:{n}')
+    print(f"export cells: {len(sizes)}, median lines {statistics.median(sizes)}, over 40 lines {sum(s > 40 for s in sizes)/len(sizes):.0%}, "
+          f">= 3 definitions {sum(d >= 3 for d in defs)/len(defs):.0%}")
+    print(f"functions over 40 / over 60 lines: {sum(k > 40 for *_, k in fns)} / {sum(k > 60 for *_, k in fns)}")
+    print(f"notebook code lines over 100 characters: {long_lines/code_lines:.1%} of {code_lines}")
+    print(f"test_eq(<bool>, True/False) lines: {bool_eq} of {test_lines} test lines")
+
+if __name__ == '__main__': main('--list' in sys.argv)
