@@ -22,13 +22,13 @@ export: $(VENV)   ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean
 
 readme: $(VENV)   ## README.md from nbs/index.ipynb
-	.venv/bin/python -c "from dars_nb.docs import build_readme; build_readme()"
+	.venv/bin/python tools/docs.py --readme
 
 docs: $(VENV)     ## static, offline HTML site in _site/
-	.venv/bin/dars docs --out _site
+	.venv/bin/python tools/docs.py --out _site
 
-bench: $(VENV)    ## benchmarks with measured figures and ratios (the full sets are read from DARS_DATA)
-	.venv/bin/python bench/run_all.py
+bench: $(VENV)    ## benchmarks: figures and ratios, written with date and machine to bench/RESULTS.md
+	.venv/bin/python bench/run_all.py --markdown bench/RESULTS.md
 
 outputs: $(VENV)  ## run index.ipynb and the tutorials and keep their static outputs (SVG/PNG/text/tables) in the notebooks
-	.venv/bin/python -c "from dars_nb.docs import save_outputs; save_outputs()"
+	.venv/bin/python tools/docs.py --outputs

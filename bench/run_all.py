@@ -51,7 +51,10 @@ def main(argv=None):
     for script, state, secs in status: print(f"{script:24s} {state:10s} {secs:8.1f} s")
     table = summary_table(rows, machine())
     print("\n=== figures ===\n" + table)
-    if a.markdown: Path(a.markdown).write_text(table + "\n")
+    if a.markdown:
+        head = ("# Benchmark figures\n\nWritten by `make bench` (`bench/run_all.py --markdown bench/RESULTS.md`); "
+                "each figure is a median of repeated runs, each comparison measured side by side in one process.\n\n")
+        Path(a.markdown).write_text(head + table + "\n")
     return 0 if all(s == 'ok' for _, s, _ in status) else 1
 
 

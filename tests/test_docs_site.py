@@ -2,7 +2,7 @@
 internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
 column at 1280 px, and no page links to the hosts the project never published.
 
-The site is built once per session with `dars_nb.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
+The site is built once per session with `tools.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
 system's chromium and chromedriver (Debian packages `chromium`, `chromium-driver`; `make setup`
 installs them). Screenshots of the home page and a tutorial go to `test-artifacts/`.
@@ -42,7 +42,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 def site(tmp_path_factory):
     "The built site: `DARS_DOCS_SITE` if set, else built once for this session."
     if os.environ.get('DARS_DOCS_SITE'): return Path(os.environ['DARS_DOCS_SITE'])
-    from dars_nb.docs import build_docs
+    from tools.docs import build_docs
     t = time.time()
     out = build_docs(tmp_path_factory.mktemp('docs') / '_site', root=ROOT, quiet=True)
     print(f'docs site built in {time.time() - t:.0f}s')
@@ -116,7 +116,7 @@ def _has_anchor(page_html, frag):
 
 def test_one_page_per_notebook(site):
     from nbdev.config import get_config
-    from dars_nb.docs import doc_notebooks, page_path
+    from tools.docs import doc_notebooks, page_path
     nbs = get_config(ROOT).nbs_path
     expected = sorted(page_path(p.relative_to(nbs)).with_suffix('.html').as_posix() for p in doc_notebooks(nbs))
     assert _pages(site) == expected

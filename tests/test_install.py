@@ -2,11 +2,9 @@
 
 Builds the wheel of this checkout, installs it without extras into a new virtualenv in a temporary
 folder (pip's cache and the configured package index are used; nothing else is fetched), then runs
-simulate → diagnose → supervision → KNNRouter there, and checks that the neural routers, `dars docs`
-and `dars reproduce` each name the extra they need. Measured: about 70 s on 2 cores with a warm
-pip cache (about 50 s of it is the install). The core install measured 661 MB with `du -sh` of site-packages
-(625 MB of file sizes; 635 MB by `du` without the virtualenv's own pip and setuptools; about 130 MB of
-it is the bytecode pip compiles at install time).
+simulate → diagnose → supervision → KNNRouter there, and checks that the neural routers,
+`dars collect` and `dars reproduce` each name the extra they need. The size of the core install is a
+benchmark figure, not a test: this only catches a heavy extra leaking into the core.
 Marked `slow` (a heavier check, run by `make test` like the others).
 """
 import os, shutil, subprocess, sys, tempfile, textwrap, venv
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_LIMIT_MB = 700   # the goal is 600 MB; measured 625 MB of files (see the module docstring), so this only catches a heavy extra leaking into the core
+CORE_LIMIT_MB = 700   # well above the core's own size; an extra leaking into the core (torch alone) is several times more
 
 
 def _run(*cmd, cwd=None):
@@ -80,7 +78,6 @@ def test_core_pipeline_runs_without_extras(core_venv):
 @pytest.mark.parametrize('code,message', [
     ('from dars_nb.routers import MIRTRouter', "MIRTRouter needs torch: pip install 'dars_nb[torch]'"),
     ('from dars_nb.routers import GraphRouter', "GraphRouter needs torch: pip install 'dars_nb[torch]'"),
-    ('import dars_nb.docs', "pip install 'dars_nb[docs]'"),
 ])
 def test_missing_extra_import_names_the_extra(core_venv, code, message):
     res = _run(core_venv / 'bin' / 'python', '-c', code)
@@ -90,7 +87,6 @@ def test_missing_extra_import_names_the_extra(core_venv, code, message):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('argv,extra', [
-    (['docs', '--out', 'site'], 'docs'),
     (['reproduce', '--out', 'report', '--quick'], 'torch'),
     (['collect', 'pool.toml', '--dry-run'], 'collect'),
 ])

@@ -1,0 +1,305 @@
+"""The docs and README builder (`tools/docs.py`): pages, failure reports, links, math, the site, the README, saved outputs.
+
+Each test builds what it needs in a temporary folder: a toy notebook, or a toy project with an index and two pages."""
+import contextlib
+import io
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fastcore.nbio import mk_cell, new_nb, read_nb, write_nb
+from fastcore import test as fc
+from fastcore.xtras import working_directory
+
+from tools.docs import (_EXPORT_CALL, _README_NO_IMAGE, _anchor_headings, _joined, _relink, assertion_message,
+                        build_docs, build_readme, doc_notebooks, docs_main, error_box, failing_line, failure_text,
+                        feature_table, markdown_ready, math_to_mathml, mkdocs_config, notebook_page,
+                        notebook_summary, page_path, processed_notebook, readme_link, resolve_doc_links,
+                        runs_in_tests, save_outputs, site_link, static_outputs, to_markdown)
+
+DOC = 'https://docs.example.org/toy/'
+
+
+def toy_nb(folder):
+    "A notebook with an export, a hidden cell, a link, a slow cell and a chart."
+    nb = new_nb([mk_cell('#| default_exp toy'),
+                 mk_cell('#| export\ndef double(x: int, # a number\n          ) -> int:\n    "Twice `x`."\n    return 2 * x'),
+                 mk_cell('# Toy\n> A notebook to test the docs build', cell_type='markdown'),
+                 mk_cell('#| hide\nsecret = 41'),
+                 mk_cell('`double` doubles; see [the next page](02_next.ipynb).', cell_type='markdown'),
+                 mk_cell('double(secret + 1)'),
+                 mk_cell('#| slow\nprint("slow")'),
+                 mk_cell('import altair as alt, pandas as pd\n'
+                         'alt.Chart(pd.DataFrame({"a": [1, 2]}), title="Two bars").mark_bar().encode(x="a:Q")')])
+    nb.metadata = {'kernelspec': {'name': 'python3', 'language': 'python', 'display_name': 'Python 3'}}
+    write_nb(nb, Path(folder)/'01_toy.ipynb')
+    return Path(folder)/'01_toy.ipynb'
+
+
+def toy_project(folder):
+    "A project with an index, the toy notebook and a second page."
+    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    (folder/'pyproject.toml').write_text('[project]\nname = "toy"\ndescription = "A toy"\n'
+                                         '[tool.nbdev]\nlib_path = "toy"\ntst_flags = "notest slow"\n')
+    (folder/'nbs').mkdir()
+    toy_nb(folder/'nbs')
+    write_nb(new_nb([mk_cell('# toy\n> The home page', cell_type='markdown'),
+                     mk_cell('Start with [the toy](01_toy.ipynb).', cell_type='markdown')]), folder/'nbs'/'index.ipynb')
+    write_nb(new_nb([mk_cell('# Next\n> A second page', cell_type='markdown'), mk_cell('1 + 1')]),
+             folder/'nbs'/'02_next.ipynb')
+    return folder
+
+
+@pytest.fixture(scope='module')
+def toy(tmp_path_factory):
+    "(folder, the toy notebook processed with execution)."
+    folder = tmp_path_factory.mktemp('toy')
+    return folder, processed_notebook(toy_nb(folder))
+
+
+def test_pages_and_notebooks(tmp_path):
+    fc.test_eq(page_path(Path('01_stats.ipynb')), Path('stats.md'))
+    fc.test_eq(page_path(Path('tutorials/01_why_single_shot_labels_flip.ipynb')),
+            Path('tutorials/why_single_shot_labels_flip.md'))
+    fc.test_eq(page_path(Path('index.ipynb')), Path('index.md'))
+    for p in ['00_a.ipynb', 'tutorials/01_b.ipynb', '_hidden/x.ipynb', '.ipynb_checkpoints/00_a-checkpoint.ipynb', '_c.ipynb']:
+        (tmp_path/p).parent.mkdir(parents=True, exist_ok=True); (tmp_path/p).write_text('{}')
+    fc.test_eq([p.relative_to(tmp_path).as_posix() for p in doc_notebooks(tmp_path)], ['00_a.ipynb', 'tutorials/01_b.ipynb'])
+
+
+def test_failure_report():
+    from execnb.shell import CaptureShell
+    sh = CaptureShell()
+    sh.run('from fastcore.test import test_close, test_eq\nimport numpy as np\ndef check(x): test_eq(x, 2)')
+    src = 'x = np.array([1., 2., 3.])\ntest_close(x, x + [0, 0.5, 0.25], eps=1e-3)\ny = 2'
+    sh.run(src)
+    fc.test_eq(failing_line(sh.exc, src), (2, 'test_close(x, x + [0, 0.5, 0.25], eps=1e-3)'))
+    fc.test_eq(assertion_message(sh.exc), 'test_close: largest difference 0.5 > eps 0.001')
+    src = 'a = 1\ncheck([3, 4] * 40)'                      # the check fails inside a function of an earlier cell
+    sh.run(src)
+    fc.test_eq(failing_line(sh.exc, src), (2, 'check([3, 4] * 40)'))
+    msg = assertion_message(sh.exc)
+    assert msg.startswith('test_eq: [3, 4, 3, 4') and msg.endswith('… vs 2'), msg
+    assert len(msg) < 140                                 # both values shortened
+    sh.run('z = 1\n1/0')
+    fc.test_eq((failing_line(sh.exc, 'z = 1\n1/0'), assertion_message(sh.exc)), ((2, '1/0'), 'ZeroDivisionError: division by zero'))
+    sh.run('def f(:\n    pass')
+    fc.test_eq(failing_line(sh.exc, 'def f(:\n    pass'), (1, 'def f(:'))
+    fc.test_eq(failure_text(dict(notebook='02_a.ipynb', cell=3, line=2, code='1/0', message='ZeroDivisionError: division by zero')),
+            '02_a.ipynb: cell 3, line 2 `1/0`: ZeroDivisionError: division by zero')
+    sh.close()
+
+
+def _cell(src, **directives):
+    c = mk_cell(src); c.directives_ = directives; return c
+
+
+def test_runs_in_tests():
+    assert runs_in_tests(_cell('x = 1'))
+    assert not runs_in_tests(_cell('x = 1', slow=''), skip_flags=['notest', 'slow'])
+    assert runs_in_tests(_cell('x = 1', slow=''), skip_flags=['notest'])     # flag forced on
+    assert not runs_in_tests(_cell('x = 1', eval='false'))
+    assert not runs_in_tests(_cell('import nbdev; nbdev.' + _EXPORT_CALL + ')'))
+    assert not runs_in_tests(mk_cell('# Title', cell_type='markdown'))
+
+
+def test_processed_notebook(toy):
+    _, nb = toy
+    srcs = [c.source for c in nb.cells]
+    fc.test_eq(nb.frontmatter_['title'], 'Toy')
+    assert not any('secret = 41' in s for s in srcs)                     # hidden cell gone
+    assert not any('return 2 * x' in s for s in srcs)                    # exported source gone
+    sd = [c for c in nb.cells if 'show_doc(double)' in c.source][0]      # show_doc added and run
+    assert '### double' in _joined(sd.outputs[0]['data']['text/markdown'])
+    fc.test_eq(_joined([c for c in nb.cells if 'double(secret' in c.source][0].outputs[0]['data']['text/plain']), '84')
+    fc.test_eq([c for c in nb.cells if 'print("slow")' in c.source][0].get('outputs', []), [])
+    assert 'image/svg+xml' in [c for c in nb.cells if 'alt.Chart' in c.source][0].outputs[0]['data']
+
+
+def test_failing_notebook_stops_and_names_the_line(tmp_path):
+    bad = tmp_path/'02_bad.ipynb'
+    write_nb(new_nb([mk_cell('# Bad', cell_type='markdown'), mk_cell('#| hide\nx = 1\n1/0'), mk_cell('print("after")')]), bad)
+    nb_bad = processed_notebook(bad)
+    fc.test_eq(failure_text(nb_bad.failure_), '02_bad.ipynb: cell 1, line 3 `1/0`: ZeroDivisionError: division by zero')
+    fc.test_eq([c for c in nb_bad.cells if 'after' in c.source][0].get('outputs', []), [])
+    fc.test_eq(processed_notebook(bad, skip_flags=(), execute=False).failure_, None)   # saved outputs only: no run
+
+
+def test_markdown_ready(toy):
+    cells = markdown_ready(toy[1])
+    sd = [c for c in cells if 'show_doc(double)' in c.source][0]
+    fc.test_eq(sd.source, 'show_doc(double)')
+    fc.test_eq(sd.metadata['transient'], {'remove_source': True})
+    assert not any(c.cell_type == 'raw' for c in cells)
+    import altair as alt, pandas as pd
+    vl = alt.Chart(pd.DataFrame({'a': [1, 2]})).mark_bar().encode(x='a:Q').to_dict()
+    c = mk_cell('chart'); c.outputs = [dict(output_type='display_data', metadata={},
+                                            data={'application/vnd.vegalite.v5+json': vl, 'text/plain': '<Chart>'})]
+    markdown_ready(SimpleNamespace(cells=[c]))
+    assert c.outputs[0]['data']['image/svg+xml'].startswith('<svg')
+    assert not any(k.startswith('application/vnd.vegalite') for k in c.outputs[0]['data'])
+
+
+def test_links():
+    fc.test_eq(site_link('01_stats.ipynb', Path('index.md'), DOC), 'stats.md')
+    fc.test_eq(site_link('../02_diagnostics.ipynb#charts', Path('tutorials/why.md'), DOC), '../diagnostics.md#charts')
+    fc.test_eq(site_link(DOC + 'stats.html#capability_stats', Path('tutorials/why.md'), DOC), '../stats.md#capability_stats')
+    fc.test_eq(site_link('https://example.org/a.html', Path('index.md'), DOC), 'https://example.org/a.html')
+    fc.test_eq(site_link('#section', Path('index.md'), DOC), '#section')
+    index_link = lambda t: site_link(t, Path('index.md'), DOC)
+    fc.test_eq(_relink('see [a](01_stats.ipynb) and [b](https://x.org)', index_link), 'see [a](stats.md) and [b](https://x.org)')
+    fc.test_eq(_relink('[`grid_stats`](01_stats.ipynb), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```', index_link),
+            '[`grid_stats`](stats.md), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```')   # code untouched
+    fc.test_eq(_anchor_headings('---\n\n### Supervision.labels\n\ntext'),
+            '---\n\n### Supervision.labels { #supervision.labels }\n\ntext')
+    have = {Path('stats.md'): {'supervision', 'supervision.soft'}, Path('index.md'): set()}
+    made = {t: DOC + t.replace('../', '').replace('.md', '.html') for t in
+            ['../stats.md#supervision.labels', '../stats.md#supervision.soft', '../stats.md#_helper', '../store.md#pool']}
+    fc.test_eq(resolve_doc_links('[a](../stats.md#supervision.labels) [b](../stats.md#supervision.soft) '
+                              '[c](../stats.md#_helper) [d](../store.md#pool) [e](../stats.md#by-hand)',
+                              Path('tutorials/why.md'), have, made),
+            '[a](../stats.md#supervision) [b](../stats.md#supervision.soft) [c](../stats.md) '
+            f'[d]({DOC}store.html#pool) [e](../stats.md#by-hand)')
+
+
+def test_markdown_and_page(toy):
+    folder, nb = toy
+    md, _ = to_markdown(markdown_ready(nb), 'toy', 'toy_files')
+    assert '<div class="chart-output">\n<svg' in md
+    assert '```python\ndouble(secret + 1)\n```' in md
+    assert 'show_doc(' not in md                                     # echo: false
+    assert '### double' in md
+    md_r, files_r = to_markdown(markdown_ready(processed_notebook(toy_nb(folder))), 'toy', 'docs_assets', readme=True)
+    fc.test_eq(files_r, {})                                             # no image file: the README is read without the repository
+    assert _README_NO_IMAGE in md_r and '<svg' not in md_r and '![' not in md_r
+    p = notebook_page(folder/'01_toy.ipynb', folder, doc_url=DOC)
+    fc.test_eq((p['page'], p['title']), (Path('toy.md'), 'Toy'))
+    assert p['markdown'].startswith('# Toy\n\nA notebook to test the docs build\n{: .subtitle }')
+    assert '[the next page](next.md)' in p['markdown']
+    assert '### double { #double }' in p['markdown']
+    fc.test_eq(p['error'], None)
+    assert 'a &lt; b' in error_box('a < b')
+
+
+def test_math_and_config():
+    out = math_to_mathml(r'<p>risk <span class="arithmatex">\(\sigma_q\)</span></p>'
+                         r'<div class="arithmatex">\[U = \mu_q - \lambda\,\mu_c\]</div>')
+    fc.test_eq(out.count('<math'), 2)
+    assert 'display="block"' in out and 'arithmatex' not in out
+    cfg = mkdocs_config([('dars_nb', 'index.md'), ('Statistics', 'stats.md'), ('Why labels flip', 'tutorials/why.md')], 'x')
+    fc.test_eq(cfg['nav'], [{'Home': 'index.md'}, {'Tutorials': [{'Why labels flip': 'tutorials/why.md'}]},
+                         {'Library': [{'Statistics': 'stats.md'}]}])
+    fc.test_eq(cfg['theme']['font'], False)
+
+
+def test_site(tmp_path):
+    proj = toy_project(tmp_path/'proj')
+    site = build_docs(proj/'_site', root=proj)
+    fc.test_eq(sorted(p.name for p in site.glob('*.html')), ['404.html', 'index.html', 'next.html', 'toy.html'])
+    page = (site/'toy.html').read_text()
+    assert '<div class="chart-output">' in page and '<svg' in page
+    assert 'href="next.html"' in page
+    assert 'fonts.googleapis' not in page
+    assert (site/'search'/'search_index.json').exists()
+    fc.test_eq(re.findall(r'<script[^>]+src="(https?:[^"]+)"', page), [])      # no script from another host
+    fc.test_fail(lambda: build_docs(proj/'nbs', root=proj), contains='refusing to overwrite')
+    # a broken link to another notebook fails the build with mkdocs' message
+    write_nb(new_nb([mk_cell('# Next\n> A second page', cell_type='markdown'),
+                     mk_cell('See [gone](09_gone.ipynb).', cell_type='markdown')]), proj/'nbs'/'02_next.ipynb')
+    fc.test_fail(lambda: build_docs(proj/'_site', root=proj, quiet=True, n_workers=1), contains='gone.md')
+
+
+def test_feature_table(tmp_path):
+    toy_nb(tmp_path)
+    (tmp_path/'tutorials').mkdir()
+    write_nb(new_nb([mk_cell('# First steps\n> Start here', cell_type='markdown')]), tmp_path/'tutorials'/'01_first.ipynb')
+    fc.test_eq(feature_table(tmp_path).splitlines()[2], '| [`dars_nb.toy`](01_toy.ipynb) | Toy | A notebook to test the docs build |')
+    fc.test_eq(feature_table(tmp_path, tutorials=True).splitlines()[2], '| [First steps](tutorials/01_first.ipynb) | Start here |')
+    fc.test_eq(notebook_summary(tmp_path/'tutorials'/'01_first.ipynb')['module'], None)
+
+
+def test_readme(tmp_path):
+    proj = toy_project(tmp_path/'proj')
+    (proj/'nbs'/'index.ipynb').unlink()
+    toy_nb(proj/'nbs').rename(proj/'nbs'/'index.ipynb')
+    text = build_readme(proj).read_text()
+    assert text.startswith('# Toy\n\n<!-- WARNING')
+    assert '> A notebook to test the docs build' in text
+    assert _README_NO_IMAGE in text and '![' not in text                 # the chart is named, not linked
+    assert not list((proj/'docs_assets').glob('index_*'))
+    assert 'secret = 41' not in text
+    assert '[the next page](nbs/02_next.ipynb)' in text
+    fc.test_eq(readme_link('tutorials/01_a.ipynb#x', Path('nbs')), 'nbs/tutorials/01_a.ipynb#x')
+    fc.test_eq(readme_link('https://x.org/a.ipynb', Path('nbs')), 'https://x.org/a.ipynb')
+
+
+def test_saved_outputs(tmp_path):
+    proj = tmp_path
+    (proj/'pyproject.toml').write_text('[project]\nname = "toy"\n[tool.nbdev]\nlib_path = "toy"\ntst_flags = "notest slow"\n')
+    (proj/'nbs').mkdir()
+    write_nb(new_nb([mk_cell('# Outputs\n> Kept or not', cell_type='markdown'),
+                     mk_cell('import altair as alt, pandas as pd\ndf = pd.DataFrame({"a": [1, 2]})\n'
+                             'alt.Chart(df, title="Two bars").mark_bar().encode(x=alt.X("a:Q", title="A number"))'),
+                     mk_cell('df'),
+                     mk_cell('from IPython.display import HTML\nHTML("<script>alert(1)</script><b>moving</b>")'),
+                     mk_cell('#| slow\nprint("slow, yet run")'),
+                     mk_cell('#| notest\nprint("never run")')]), proj/'nbs'/'index.ipynb')
+    save_outputs(root=proj)
+    saved = read_nb(proj/'nbs'/'index.ipynb')
+    outs = [c.get('outputs', []) for c in saved.cells if c.cell_type == 'code']
+    fc.test_eq(sorted(outs[0][0]['data']), ['image/svg+xml', 'text/plain'])                 # the chart as SVG, no Vega-Lite
+    fc.test_eq(sorted(outs[1][0]['data']), ['text/html', 'text/plain'])                     # the table
+    fc.test_eq(sorted(outs[2][0]['data']), ['text/plain'])                                  # HTML with a script is dropped
+    fc.test_eq(_joined(outs[3][0]['text']), 'slow, yet run\n')                             # slow cells are forced on
+    fc.test_eq(outs[4], [])                                                                 # notest cells are not
+    text = (proj/'nbs'/'index.ipynb').read_text()
+    fc.test_eq(('vegalite' in text, '<script' in str(outs), '"execution_count": null' in text), (False, False, True))
+    vl = {'output_type': 'display_data', 'metadata': {},
+          'data': {'application/vnd.vegalite.v5+json': {}, 'text/html': '<div id="vis"></div><script>x</script>'}}
+    stream = {'output_type': 'stream', 'name': 'stdout', 'text': 'hi'}
+    fc.test_eq(static_outputs([vl, stream]), [stream])
+    # a failing cell writes nothing
+    write_nb(new_nb([mk_cell('x = 1\nassert x == 2, "x is not 2"')]), proj/'nbs'/'bad.ipynb')
+    before = (proj/'nbs'/'bad.ipynb').read_text()
+    fc.test_fail(lambda: save_outputs([proj/'nbs'/'bad.ipynb'], root=proj, quiet=True),
+              contains='bad.ipynb: cell 0, line 2 `assert x == 2, "x is not 2"`: AssertionError: x is not 2')
+    fc.test_eq((proj/'nbs'/'bad.ipynb').read_text(), before)
+
+
+def test_command_reports_broken_pages_and_builds_the_rest(tmp_path):
+    proj = tmp_path
+    (proj/'pyproject.toml').write_text('[project]\nname = "toy"\n[tool.nbdev]\nlib_path = "toy"\n')
+    (proj/'nbs').mkdir()
+    write_nb(new_nb([mk_cell('# toy\n> The home page', cell_type='markdown'), mk_cell('1 + 1')]), proj/'nbs'/'index.ipynb')
+    write_nb(new_nb([mk_cell('# Broken\n> A failing check', cell_type='markdown'),
+                     mk_cell('from fastcore.test import test_close\nimport numpy as np\n'
+                             'test_close(np.array([1.0, 2.0]), np.array([1.0, 2.25]), eps=0.01)'),
+                     mk_cell('print("not run")')]), proj/'nbs'/'02_broken.ipynb')
+    (proj/'nbs'/'03_unreadable.ipynb').write_text('{"cells": [')          # not a notebook at all
+    err = io.StringIO()
+    with working_directory(proj), contextlib.redirect_stderr(err): code = docs_main(str(proj/'_site'), quiet=True)
+    fc.test_eq(code, 1)
+    lines = err.getvalue().strip().splitlines()
+    assert lines[-1].startswith('docs: error: DocsError: 2 of 3 pages broken'), lines[-1]
+    assert lines[1].startswith('  broken: unreadable.html: 03_unreadable.ipynb: JSONDecodeError'), lines[1]
+    assert 'broken.html: 02_broken.ipynb: cell 1, line 3 `test_close(' in lines[0]
+    assert lines[0].endswith('test_close: largest difference 0.25 > eps 0.01')
+    assert 'The home page' in (proj/'_site'/'index.html').read_text()       # the good page is built
+    page = (proj/'_site'/'broken.html').read_text()
+    assert page.index('build-error') < page.index('test_close(np.array')     # the box comes before the cells
+    assert 'largest difference 0.25 &gt; eps 0.01' in page
+    assert 'could not be read or rendered' in (proj/'_site'/'unreadable.html').read_text()
+    keep = tmp_path/'not_a_site'; keep.mkdir(); (keep/'keep.txt').write_text('x')
+    fc.test_eq(docs_main(str(keep)), 1)        # refuses a folder that is not a site
+
+
+def test_home_page_lists_every_notebook():
+    "The home page's tables of tutorials and modules are the current ones (`make readme` rewrites them)."
+    import json
+    from tools.docs import ROOT, index_tables
+    cells = json.loads((ROOT/'nbs'/'index.ipynb').read_text())['cells']
+    text = '\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
+    for name, table in index_tables(ROOT/'nbs').items():
+        assert table in text, f'the {name} table of nbs/index.ipynb is out of date: run make readme'
