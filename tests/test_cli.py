@@ -21,17 +21,11 @@ def assert_one_line_error(res, command, code=1):
 
 
 def test_help_lists_every_command():
+    "The installed `dars` script lists every subcommand (each one's `--help` is checked in nbs/90_cli.ipynb)."
     res = run('--help')
     assert res.returncode == 0
-    for cmd in ('reproduce', 'collect', 'diagnose', 'docs', 'train', 'route', 'serve', 'local'): assert cmd in res.stdout
-    assert set(COMMANDS) == {'reproduce', 'collect', 'diagnose', 'docs', 'train', 'route', 'serve', 'local'}
-
-
-@pytest.mark.parametrize('command', sorted(COMMANDS))
-def test_every_subcommand_has_help_and_quiet(command):
-    res = run(command, '--help')
-    assert res.returncode == 0, res.stderr
-    assert '--quiet' in res.stdout and res.stdout.startswith(f'usage: dars {command}')
+    for cmd in COMMANDS: assert f'\n    {cmd} ' in res.stdout or f'\n    {cmd}\n' in res.stdout, cmd
+    assert {'reproduce', 'collect', 'diagnose', 'train', 'route', 'serve', 'local'} <= set(COMMANDS)
 
 
 def test_version_and_python_m():
