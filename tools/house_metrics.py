@@ -25,6 +25,44 @@ def functions(path):
     for n in ast.walk(tree):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)): yield n.name, n.end_lineno - n.lineno + 1
 
+def _module_name(path):
+    rel = path.relative_to(ROOT).with_suffix('')
+    return '.'.join(rel.parts[:-1] if rel.name == '__init__' else rel.parts)
+
+def import_graph():
+    "{module: modules of the package it imports} (every import statement, at any depth)."
+    graph = {}
+    for p in (ROOT/'dars_nb').rglob('*.py'):
+        name, deps = _module_name(p), set()
+        pkg = name if p.name == '__init__.py' else name.rsplit('.', 1)[0]
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Import): deps |= {a.name for a in n.names if a.name.startswith('dars_nb')}
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ''
+                if n.level: base = '.'.join(pkg.split('.')[:len(pkg.split('.')) - n.level + 1] + ([base] if base else []))
+                if base.startswith('dars_nb'): deps.add(base)
+        graph[name] = {d for d in deps if d != name}
+    return graph
+
+def import_cycles(graph):
+    "Strongly connected groups of more than one module (Tarjan)."
+    index, low, stack, on, out, i = {}, {}, [], set(), [], [0]
+    def visit(v):
+        index[v] = low[v] = i[0]; i[0] += 1; stack.append(v); on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph: continue
+            if w not in index: visit(w); low[v] = min(low[v], low[w])
+            elif w in on: low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop(); on.discard(w); comp.append(w)
+                if w == v: break
+            if len(comp) > 1: out.append(sorted(comp))
+    for v in graph:
+        if v not in index: visit(v)
+    return out
+
 def main(listing=False):
     sizes, defs, long_lines, code_lines, bool_eq, test_lines = [], [], 0, 0, 0, 0
     for nb in notebooks():
@@ -46,5 +84,7 @@ def main(listing=False):
     print(f"functions over 40 / over 60 lines: {sum(k > 40 for *_, k in fns)} / {sum(k > 60 for *_, k in fns)}")
     print(f"notebook code lines over 100 characters: {long_lines/code_lines:.1%} of {code_lines}")
     print(f"test_eq(<bool>, True/False) lines: {bool_eq} of {test_lines} test lines")
+    cycles = import_cycles(import_graph())
+    print(f"import cycles in dars_nb: {cycles if cycles else 'none'}")
 
 if __name__ == '__main__': main('--list' in sys.argv)
