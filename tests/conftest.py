@@ -34,7 +34,7 @@ def llama_server(local_server):
 
 @pytest.fixture
 def fault_proxy(llama_server):
-    from dars_nb.collect.local import FaultProxy
+    from dars_nb.testing import FaultProxy
     made = []
 
     def make(plan=None, **kwargs):

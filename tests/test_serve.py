@@ -18,7 +18,8 @@ import pytest
 
 from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
 from dars_nb.collect.client import ConfigError, ModelSpec, Pool
-from dars_nb.collect.local import FaultProxy, FixedEndpoint, free_port
+from dars_nb.collect.local import free_port
+from dars_nb.testing import FaultProxy, FixedEndpoint
 from dars_nb.serve import BackgroundServer, ServeSettings, create_app, load_serve_config, serve_main
 
 KEY = 'client-key-0123456789abcdef'
