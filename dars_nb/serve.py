@@ -11,22 +11,23 @@ import ipaddress
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
-from .collect.client import ConfigError, Pool, ModelSpec, estimate_prompt_tokens, _is_num, _is_int
+from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens, read_toml, redact,
+                                     fmt_usd, _unknown, _is_num, _is_int)
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
            'RequestError', 'ChatRequest', 'parse_chat_request', 'ServeMetrics', 'RankBatcher', 'UpstreamError',
-           'usage_and_cost', 'Upstreams', 'complete', 'open_stream', 'ClientKeyCheck', 'chat_completions',
-           'list_models', 'show_metrics', 'create_app', 'BackgroundServer', 'serve_main']
+           'Upstreams', 'send', 'ClientKeyCheck', 'chat_completions', 'list_models', 'show_metrics', 'create_app',
+           'BackgroundServer', 'serve_main']
 
 # %% ../nbs/36_serve.ipynb #ab11fe30
 def is_loopback(host: str, # an address or host name to listen on
@@ -35,6 +36,19 @@ def is_loopback(host: str, # an address or host name to listen on
     if host == 'localhost': return True
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
+
+# %% ../nbs/36_serve.ipynb #30b5db00
+def _check_listen(host, port, keys):
+    "Raise `ConfigError` for a bad address, port or client key, or an open address without keys."
+    if not isinstance(host, str) or not host: raise ConfigError(f"serve: host must be an address, got {host!r}")
+    if not _is_int(port) or not 0 <= port < 65536: raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
+    if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError("serve: client_keys must be a sequence of strings")
+    short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
+    if short: raise ConfigError(f"serve: client key {short[0] + 1} is shorter than {MIN_CLIENT_KEY_CHARS} characters")
+    if not keys and not is_loopback(host):
+        raise ConfigError(f"serve: refusing to listen on {host} without client keys "
+                          "(set [serve] client_keys_env to a variable holding them, or listen on 127.0.0.1)")
 
 # %% ../nbs/36_serve.ipynb #30b5db01
 MIN_CLIENT_KEY_CHARS = 16
@@ -48,58 +62,49 @@ class ServeSettings:
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
     max_tokens: int = 2048 # completion-token cap per request; a larger or missing `max_tokens` is set to it
     daily_spend_usd: float | None = None # dollars the endpoint may spend per UTC day (None: no limit)
-    request_timeout_s: float = 120.0 # seconds one upstream attempt may take before the next model is tried
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
 
     def __post_init__(self):
-        if not isinstance(self.host, str) or not self.host: raise ConfigError(f"serve: host must be an address, got {self.host!r}")
-        if not _is_int(self.port) or not 0 <= self.port < 65536: raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {self.port!r}")
-        keys = self.client_keys
-        if isinstance(keys, str) or not all(isinstance(k, str) for k in keys): raise ConfigError("serve: client_keys must be a sequence of strings")
-        short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
-        if short: raise ConfigError(f"serve: client key {short[0] + 1} is shorter than {MIN_CLIENT_KEY_CHARS} characters")
-        object.__setattr__(self, 'client_keys', tuple(keys))
-        if not keys and not is_loopback(self.host):
-            raise ConfigError(f"serve: refusing to listen on {self.host} without client keys "
-                              "(set [serve] client_keys_env to a variable holding them, or listen on 127.0.0.1)")
+        _check_listen(self.host, self.port, self.client_keys)
+        object.__setattr__(self, 'client_keys', tuple(self.client_keys))
         for k in ('max_body_bytes', 'max_tokens'):
             v = getattr(self, k)
             if not _is_int(v) or v < 1: raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
-        if self.daily_spend_usd is not None and (not _is_num(self.daily_spend_usd) or self.daily_spend_usd < 0):
-            raise ConfigError(f"serve: daily_spend_usd must be a non-negative number of dollars, got {self.daily_spend_usd!r}")
-        if not _is_num(self.request_timeout_s) or self.request_timeout_s <= 0:
-            raise ConfigError(f"serve: request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
+        d = self.daily_spend_usd
+        if d is not None and (not _is_num(d) or d < 0):
+            raise ConfigError(f"serve: daily_spend_usd must be a non-negative number of dollars, got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model: raise ConfigError("serve: router_model must be a non-empty name")
 
 # %% ../nbs/36_serve.ipynb #c479df69
-_SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'request_timeout_s', 'router_model')
-_POOL_KEYS = ('models', 'rewriter', 'limits')
-_IGNORED_KEYS = ('collection', 'datasets')   # a `dars collect` configuration serves as it is
+_SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'router_model')
+_OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as it is
 
+def _client_keys(serve: dict, env) -> tuple:
+    "The client keys in the variable `client_keys_env` names (none when the file names no variable)."
+    if 'client_keys_env' not in serve: return ()
+    var = serve['client_keys_env']
+    if not isinstance(var, str) or not var:
+        raise ConfigError(f"[serve] client_keys_env must name an environment variable, got {var!r}")
+    keys = tuple(k.strip() for k in env.get(var, '').split(',') if k.strip())
+    if not keys: raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
+    return keys
+
+# %% ../nbs/36_serve.ipynb #c479df6a
 def load_serve_config(path, # a pool TOML file with an optional [serve] table
                       host: str = '127.0.0.1', # address to listen on
                       port: int = 8000, # port to listen on
                       env: dict | None = None, # where key variables are read (default: os.environ)
                      ) -> tuple:
     "The pool and the `ServeSettings` of a pool TOML file."
-    path, env = Path(path), os.environ if env is None else env
-    if not path.is_file(): raise ConfigError(f"pool file not found: {path}")
-    try: d = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-    allowed = _POOL_KEYS + _IGNORED_KEYS + ('serve',)
-    extra = [k for k in d if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {path.name} (expected one of {', '.join(allowed)})")
+    d, env = read_toml(path), os.environ if env is None else env
     serve = d.get('serve', {})
     if not isinstance(serve, dict): raise ConfigError("[serve] must be a table of settings")
-    extra = [k for k in serve if k not in _SERVE_KEYS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [serve] (expected one of {', '.join(_SERVE_KEYS)})")
-    keys = ()
-    if 'client_keys_env' in serve:
-        var = serve['client_keys_env']
-        if not isinstance(var, str) or not var: raise ConfigError(f"[serve] client_keys_env must name an environment variable, got {var!r}")
-        keys = tuple(k.strip() for k in env.get(var, '').split(',') if k.strip())
-        if not keys: raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
-    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d})
+    if 'request_timeout_s' in serve:
+        raise ConfigError("[serve] request_timeout_s is not a setting: the time per upstream attempt is "
+                          "[limits] timeout_s (or a model's own timeout_s)")
+    _unknown(serve, _SERVE_KEYS, '[serve]')
+    keys = _client_keys(serve, env)
+    pool = Pool.from_dict(d, also=_OTHER_TABLES, source=str(path))
     opts = {k: v for k, v in serve.items() if k != 'client_keys_env'}
     return pool, ServeSettings(host=host, port=port, client_keys=keys, **opts)
 
@@ -228,9 +233,10 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            raise RequestError(429, f"daily spend limit of ${lim:g} reached (spent ${self.spend_today_usd:.4f} today, "
-                                    f"${self.reserved_usd:.4f} in flight, this request may cost up to ${worst_case_usd:.4f}); "
-                                    "it resets at 00:00 UTC", kind='insufficient_quota', code='daily_spend_limit',
+            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} today, "
+                   f"{fmt_usd(self.reserved_usd)} in flight, this request may cost up to {fmt_usd(worst_case_usd)}); "
+                   "it resets at 00:00 UTC")
+            raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
                                headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})
         self.reserved_usd += worst_case_usd
         return worst_case_usd
@@ -323,36 +329,30 @@ class UpstreamError(RuntimeError):
         super().__init__(message)
         self.status, self.retry_next = status, retry_next
 
-def _status_error(spec: ModelSpec, status: int, raw: bytes) -> UpstreamError:
+def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> UpstreamError:
+    "The `UpstreamError` of a non-200 answer, its detail quoted with every configured key blanked out."
     try: detail = json.loads(raw)['error']['message']
     except (ValueError, KeyError, TypeError): detail = raw[:200].decode('utf-8', 'replace')
     retry = status >= 500 or status in (401, 403, 408, 429)
-    return UpstreamError(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", status, retry)
-
-def usage_and_cost(spec: ModelSpec, # the model that answered
-                   usage, # the `usage` object it reported (None or malformed: estimated)
-                   messages: list, # the request's messages (for an estimate)
-                   completion_text: str, # everything it generated (for an estimate)
-                  ) -> tuple:
-    "(prompt tokens, completion tokens, dollars, whether estimated) of one answer."
-    pt, ct = (usage.get('prompt_tokens'), usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
-    estimated = not (_is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0)
-    if estimated: pt, ct = estimate_prompt_tokens(messages), len(completion_text.encode()) // 3 + 1
-    return pt, ct, spec.cost(pt, ct), estimated
+    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", pool), status, retry)
 
 # %% ../nbs/36_serve.ipynb #16e29b63
 class Upstreams:
     "HTTP clients for the pool's endpoints, created on the serving event loop."
-    def __init__(self, pool: Pool, # the models and where they are served
-                 timeout_s: float, # seconds per attempt
-                ):
+    def __init__(self, pool: Pool): # the models and where they are served
         import httpx2
-        self.httpx, self.pool, self.timeout_s = httpx2, pool, timeout_s
-        slots = {}
-        for s in pool.models.values(): slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
-        self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(timeout_s),
+        self.httpx, self.pool = httpx2, pool
+        slots, wait = {}, {}
+        for s in pool.models.values():
+            slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
+            wait[s.base_url] = max(wait.get(s.base_url, 0), self.timeout(s))
+        self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(wait[url]),
                                                 limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n))
                         for url, n in slots.items()}
+
+    def timeout(self, spec: ModelSpec) -> float:
+        "Seconds one attempt on `spec` may take: its own `timeout_s`, else the pool's."
+        return spec.timeout_s or self.pool.limits.timeout_s
 
     def request(self, spec: ModelSpec, body: dict):
         "The upstream request for `body` sent to `spec` (model id and key from the pool)."
@@ -366,41 +366,31 @@ class Upstreams:
                                                          content=data, headers=headers)
 
     async def aclose(self):
+        "Close every client."
         for c in self.clients.values(): await c.aclose()
 
 # %% ../nbs/36_serve.ipynb #94c2c365
-async def complete(ups: Upstreams, # the pool's clients
-                   spec: ModelSpec, # the model to ask
-                   body: dict, # the checked request fields
-                  ) -> dict:
-    "One non-streamed chat completion from `spec`; raises `UpstreamError`."
+async def send(ups: Upstreams, # the pool's clients
+               spec: ModelSpec, # the model to ask
+               body: dict, # the checked request fields
+               stream: bool = False, # return the response with its events unread
+              ):
+    "One upstream attempt: a chat completion as a dict, or the streamed response; raises `UpstreamError`."
     try:
-        async with asyncio.timeout(ups.timeout_s):
-            resp = await ups.clients[spec.base_url].send(ups.request(spec, body))
+        async with asyncio.timeout(ups.timeout(spec)):
+            resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
     except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        raise UpstreamError(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()) from None
-    if resp.status_code != 200: raise _status_error(spec, resp.status_code, resp.content)
+        raise UpstreamError(redact(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip(), ups.pool)) from None
+    if resp.status_code != 200:
+        raw = await resp.aread()
+        await resp.aclose()
+        raise _status_error(spec, resp.status_code, raw, ups.pool)
+    if stream: return resp
     try: data = json.loads(resp.content)
     except (ValueError, UnicodeDecodeError): data = None
     if not isinstance(data, dict) or not isinstance(data.get('choices'), list) or not data['choices']:
         raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion")
     return data
-
-async def open_stream(ups: Upstreams, # the pool's clients
-                      spec: ModelSpec, # the model to ask
-                      body: dict, # the checked request fields (with stream = true)
-                     ):
-    "An upstream response whose server-sent events are ready to read; raises `UpstreamError`."
-    try:
-        async with asyncio.timeout(ups.timeout_s):
-            resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=True)
-    except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        raise UpstreamError(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()) from None
-    if resp.status_code != 200:
-        raw = await resp.aread()
-        await resp.aclose()
-        raise _status_error(spec, resp.status_code, raw)
-    return resp
 
 # %% ../nbs/36_serve.ipynb #90d2ea8c
 def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
@@ -469,6 +459,11 @@ async def chat_completions(request):
     finally: st.metrics.release(held)
 
 # %% ../nbs/36_serve.ipynb #a1008605
+def _charge(st, spec: ModelSpec, usage, messages: list, texts: list):
+    "Count one answer with its tokens and cost (estimated when the upstream reported no usage)."
+    pt, ct, estimated = usage_tokens(usage, messages, texts)
+    st.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
+
 def _all_failed(errors: list) -> RequestError:
     return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error', code='upstream_failed')
 
@@ -490,12 +485,11 @@ async def _first_answer(st, ranking: list, call, headers: dict):
 
 async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
     from starlette.responses import Response
-    name, spec, data = await _first_answer(st, ranking, lambda spec: complete(st.upstreams, spec, req.body), headers)
+    name, spec, data = await _first_answer(st, ranking, lambda spec: send(st.upstreams, spec, req.body), headers)
     if name is None: return data
-    text = ''.join(c.get('message', {}).get('content') or '' for c in data['choices'] if isinstance(c, dict)
-                   and isinstance(c.get('message'), dict) and isinstance(c['message'].get('content'), str))
-    pt, ct, cost, est = usage_and_cost(spec, data.get('usage'), req.body['messages'], text)
-    st.metrics.answered(name, pt, ct, cost, est)
+    messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
+    texts = [m['content'] for m in messages if isinstance(m, dict) and isinstance(m.get('content'), str)]
+    _charge(st, spec, data.get('usage'), req.body['messages'], texts)
     data['model'] = name
     return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name}, media_type='application/json')
 
@@ -521,7 +515,7 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    name, spec, resp = await _first_answer(st, ranking, lambda spec: open_stream(st.upstreams, spec, req.body), headers)
+    name, spec, resp = await _first_answer(st, ranking, lambda spec: send(st.upstreams, spec, req.body, stream=True), headers)
     if name is None:   # nothing streams: give the reservation back here (a plain answer's caller does it)
         st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
@@ -538,8 +532,7 @@ async def _relay(st, req, spec, resp, held, hide_usage):
         err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}", kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
     finally:   # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation must still go
-        pt, ct, cost, est = usage_and_cost(spec, seen['usage'], req.body['messages'], ''.join(seen['text']))
-        st.metrics.answered(spec.name, pt, ct, cost, est)
+        _charge(st, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])
         st.metrics.release(held)
         await resp.aclose()
 
@@ -590,7 +583,7 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
 
     @asynccontextmanager
     async def lifespan(app):
-        app.state.upstreams, app.state.rank = Upstreams(pool, settings.request_timeout_s), RankBatcher(rank)
+        app.state.upstreams, app.state.rank = Upstreams(pool), RankBatcher(rank)
         try: yield
         finally: await app.state.upstreams.aclose()
 
@@ -654,6 +647,17 @@ class BackgroundServer:
     def __exit__(self, *exc): self.stop()
 
 # %% ../nbs/36_serve.ipynb #fda8613d
+def _run_until_signal(server, sock):
+    "Run a uvicorn server until SIGINT, SIGTERM or SIGHUP, each a graceful shutdown."
+    from dars_nb.collect.local import stop_signals
+    main = threading.current_thread() is threading.main_thread()
+    if main: hup = signal.signal(signal.SIGHUP, lambda signum, frame: server.handle_exit(signal.SIGINT, frame))
+    try:
+        with stop_signals((signal.SIGINT, signal.SIGTERM)): server.run(sockets=[sock])
+    except KeyboardInterrupt: pass   # uvicorn raises the signal it stopped on again once it has shut down
+    finally:
+        if main: signal.signal(signal.SIGHUP, hup)
+
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
                host: str = '127.0.0.1', # address to listen on (anything but loopback needs client keys)
@@ -676,6 +680,5 @@ def serve_main(router, # a router bundle file (`dars train --out`)
         limit = f"${settings.daily_spend_usd:g} a day" if settings.daily_spend_usd is not None else "no daily spend limit"
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; {keys}; {limit} (Ctrl-C to stop)", flush=True)
     config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet, lifespan='on')
-    try: uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt: pass   # uvicorn stops on Ctrl-C, then raises it again
+    _run_until_signal(uvicorn.Server(config), sock)
     return 0
