@@ -40,12 +40,16 @@ def is_loopback(host: str, # an address or host name to listen on
 # %% ../nbs/36_serve.ipynb #30b5db00
 def _check_listen(host, port, keys):
     "Raise `ConfigError` for a bad address, port or client key, or an open address without keys."
-    if not isinstance(host, str) or not host: raise ConfigError(f"serve: host must be an address, got {host!r}")
-    if not _is_int(port) or not 0 <= port < 65536: raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"serve: host must be an address, got {host!r}")
+    if not _is_int(port) or not 0 <= port < 65536:
+        raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise ConfigError("serve: client_keys must be a sequence of strings")
     short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
-    if short: raise ConfigError(f"serve: client key {short[0] + 1} is shorter than {MIN_CLIENT_KEY_CHARS} characters")
+    if short:
+        raise ConfigError(f"serve: client key {short[0] + 1} is shorter than "
+                          f"{MIN_CLIENT_KEY_CHARS} characters")
     if not keys and not is_loopback(host):
         raise ConfigError(f"serve: refusing to listen on {host} without client keys "
                           "(set [serve] client_keys_env to a variable holding them, or listen on 127.0.0.1)")
@@ -69,11 +73,14 @@ class ServeSettings:
         object.__setattr__(self, 'client_keys', tuple(self.client_keys))
         for k in ('max_body_bytes', 'max_tokens'):
             v = getattr(self, k)
-            if not _is_int(v) or v < 1: raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
         d = self.daily_spend_usd
         if d is not None and (not _is_num(d) or d < 0):
-            raise ConfigError(f"serve: daily_spend_usd must be a non-negative number of dollars, got {d!r}")
-        if not isinstance(self.router_model, str) or not self.router_model: raise ConfigError("serve: router_model must be a non-empty name")
+            raise ConfigError("serve: daily_spend_usd must be a non-negative number of dollars, "
+                              f"got {d!r}")
+        if not isinstance(self.router_model, str) or not self.router_model:
+            raise ConfigError("serve: router_model must be a non-empty name")
 
 # %% ../nbs/36_serve.ipynb #c479df69
 _SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'router_model')
@@ -86,7 +93,8 @@ def _client_keys(serve: dict, env) -> tuple:
     if not isinstance(var, str) or not var:
         raise ConfigError(f"[serve] client_keys_env must name an environment variable, got {var!r}")
     keys = tuple(k.strip() for k in env.get(var, '').split(',') if k.strip())
-    if not keys: raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
+    if not keys:
+        raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
     return keys
 
 # %% ../nbs/36_serve.ipynb #c479df6a
@@ -123,7 +131,8 @@ class RequestError(ValueError):
 
     def body(self) -> dict:
         "The error in OpenAI's JSON shape."
-        return {'error': {'message': str(self), 'type': self.kind, 'param': self.param, 'code': self.code}}
+        return {'error': {'message': str(self), 'type': self.kind, 'param': self.param,
+                          'code': self.code}}
 
 @dataclass
 class ChatRequest:
@@ -148,14 +157,21 @@ def _message_text(content) -> str | None:
 def _parse_lambda(body_value, header_value) -> float | None:
     vals = []
     if body_value is not None:
-        if not _is_num(body_value): raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}", 'dars_lambda')
+        if not _is_num(body_value):
+            raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}",
+                               'dars_lambda')
         vals.append(float(body_value))
     if header_value is not None:
         try: vals.append(float(header_value))
-        except ValueError: raise RequestError(400, f"the x-dars-lambda header must be a number, got {header_value!r}", 'dars_lambda') from None
+        except ValueError:
+            raise RequestError(400,
+                               f"the x-dars-lambda header must be a number, got {header_value!r}", 'dars_lambda') from None
     if not vals: return None
-    if len(vals) == 2 and vals[0] != vals[1]: raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
-    if not math.isfinite(vals[0]) or vals[0] < 0: raise RequestError(400, f"dars_lambda must be a finite number >= 0, got {vals[0]:g}", 'dars_lambda')
+    if len(vals) == 2 and vals[0] != vals[1]:
+        raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
+    if not math.isfinite(vals[0]) or vals[0] < 0:
+        raise RequestError(400, f"dars_lambda must be a finite number >= 0, got {vals[0]:g}",
+                           'dars_lambda')
     return vals[0]
 
 # %% ../nbs/36_serve.ipynb #b4b2936b
@@ -163,7 +179,8 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     "(effective max tokens, whether it was capped), with every max-token field of `body` set to it."
     given = [k for k in ('max_tokens', 'max_completion_tokens') if body.get(k) is not None]
     for k in given:
-        if not _is_int(body[k]) or body[k] < 1: raise RequestError(400, f"{k} must be a positive integer, got {json.dumps(body[k])}", k)
+        if not _is_int(body[k]) or body[k] < 1:
+            raise RequestError(400, f"{k} must be a positive integer, got {json.dumps(body[k])}", k)
     if not given:
         body['max_tokens'] = cap
         return cap, True
@@ -179,17 +196,24 @@ def parse_chat_request(raw: bytes, # the request body
                       ) -> ChatRequest:
     "Check a chat-completion body and say how to route it; raises `RequestError`."
     try: body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e: raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
-    if not isinstance(body, dict): raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
-    if bad: raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream and its key", bad[0])
+    if bad:
+        raise RequestError(400,
+                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream and its key", bad[0])
     messages = body.get('messages')
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestError(400, "messages must be a non-empty list of {role, content} objects", 'messages')
+    if not isinstance(messages,
+                      list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestError(400, "messages must be a non-empty list of {role, content} objects",
+                           'messages')
     users = [m for m in messages if m.get('role') == 'user']
     if not users: raise RequestError(400, "messages has no user message to route on", 'messages')
     text = _message_text(users[-1].get('content'))
-    if text is None: raise RequestError(400, "the last user message has no text content", 'messages')
+    if text is None:
+        raise RequestError(400, "the last user message has no text content", 'messages')
     model = body.pop('model', None)
     if model in (None, settings.router_model): model = None
     elif model not in models:
@@ -197,10 +221,13 @@ def parse_chat_request(raw: bytes, # the request body
                            'model', code='model_not_found')
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
     stream = body.get('stream', False)
-    if not isinstance(stream, bool): raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
+    if not isinstance(stream, bool):
+        raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
     n = body.get('n', 1)
     if n is None: n = 1
-    if not _is_int(n) or not 1 <= n <= MAX_CHOICES: raise RequestError(400, f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(400,
+                           f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n)
 
@@ -313,7 +340,9 @@ class RankBatcher:
                         if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
                         else: ranks = await asyncio.to_thread(self.rank, texts, lam)
                         self.last_s = time.perf_counter() - t0
-                        if len(ranks) != len(texts): raise RuntimeError(f"the router returned {len(ranks)} rankings for {len(texts)} texts")
+                        if len(ranks) != len(texts):
+                            raise RuntimeError(f"the router returned {len(ranks)} rankings for "
+                                               f"{len(texts)} texts")
                     except Exception as e:
                         for _, fut in items:
                             if not fut.done(): fut.set_exception(e)
@@ -334,7 +363,8 @@ def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> Upstr
     try: detail = json.loads(raw)['error']['message']
     except (ValueError, KeyError, TypeError): detail = raw[:200].decode('utf-8', 'replace')
     retry = status >= 500 or status in (401, 403, 408, 429)
-    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", pool), status, retry)
+    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", pool),
+                         status, retry)
 
 # %% ../nbs/36_serve.ipynb #16e29b63
 class Upstreams:
@@ -359,7 +389,9 @@ class Upstreams:
         headers = {'content-type': 'application/json'}
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
-            if not key: raise UpstreamError(f"model {spec.name!r}: environment variable {spec.api_key_env} (api_key_env) is not set")
+            if not key:
+                raise UpstreamError(f"model {spec.name!r}: environment variable "
+                                    f"{spec.api_key_env} (api_key_env) is not set")
             headers['authorization'] = f'Bearer {key}'
         data = json.dumps({**body, 'model': spec.remote_name}).encode()
         return self.clients[spec.base_url].build_request('POST', spec.base_url.rstrip('/') + '/chat/completions',
@@ -388,7 +420,8 @@ async def send(ups: Upstreams, # the pool's clients
     if stream: return resp
     try: data = json.loads(resp.content)
     except (ValueError, UnicodeDecodeError): data = None
-    if not isinstance(data, dict) or not isinstance(data.get('choices'), list) or not data['choices']:
+    if not isinstance(data,
+                      dict) or not isinstance(data.get('choices'), list) or not data['choices']:
         raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion")
     return data
 
@@ -413,12 +446,14 @@ class ClientKeyCheck:
         err = RequestError(401, msg, kind='authentication_error', code='invalid_api_key')
         m = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
         if m is not None: m.refuse(401)
-        await JSONResponse(err.body(), 401, headers={'www-authenticate': 'Bearer'})(scope, receive, send)
+        await JSONResponse(err.body(), 401,
+                           headers={'www-authenticate': 'Bearer'})(scope, receive, send)
 
 # %% ../nbs/36_serve.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
     "The request body, or a 413 `RequestError` as soon as it passes `limit` bytes."
-    too_big = RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)", code='body_too_large')
+    too_big = RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)",
+                           code='body_too_large')
     declared = request.headers.get('content-length')
     if declared is not None and declared.isdigit() and int(declared) > limit: raise too_big
     chunks, size = [], 0
@@ -444,7 +479,9 @@ async def chat_completions(request):
         else:
             ranking = await st.rank(req.text, req.lam)
             unknown = [m for m in ranking if m not in st.pool.models]
-            if unknown: raise RequestError(500, f"the router ranked {unknown[0]!r}, which the pool does not have", kind='server_error')
+            if unknown:
+                raise RequestError(500,
+                                   f"the router ranked {unknown[0]!r}, which the pool does not have", kind='server_error')
         prompt_est = estimate_prompt_tokens(req.body['messages'])
         worst = max(st.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
         held = st.metrics.reserve(worst)
@@ -465,7 +502,8 @@ def _charge(st, spec: ModelSpec, usage, messages: list, texts: list):
     st.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
 
 def _all_failed(errors: list) -> RequestError:
-    return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error', code='upstream_failed')
+    return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error',
+                        code='upstream_failed')
 
 async def _first_answer(st, ranking: list, call, headers: dict):
     "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error response)."
@@ -478,20 +516,23 @@ async def _first_answer(st, ranking: list, call, headers: dict):
             if e.retry_next: continue
             st.metrics.refuse(e.status)
             return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
-        if errors: st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
+        if errors:
+            st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
         return name, spec, result
     st.metrics.refuse(502)
     return None, None, _error_response(_all_failed(errors))
 
 async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
     from starlette.responses import Response
-    name, spec, data = await _first_answer(st, ranking, lambda spec: send(st.upstreams, spec, req.body), headers)
+    name, spec, data = await _first_answer(st, ranking,
+                                           lambda spec: send(st.upstreams, spec, req.body), headers)
     if name is None: return data
     messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
     texts = [m['content'] for m in messages if isinstance(m, dict) and isinstance(m.get('content'), str)]
     _charge(st, spec, data.get('usage'), req.body['messages'], texts)
     data['model'] = name
-    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name}, media_type='application/json')
+    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name},
+                    media_type='application/json')
 
 # %% ../nbs/36_serve.ipynb #b460fde9
 def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | None:
@@ -542,7 +583,8 @@ async def list_models(request):
     st = request.app.state
     names = [st.settings.router_model] + list(st.pool.models)
     from starlette.responses import JSONResponse
-    return JSONResponse({'object': 'list', 'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
+    return JSONResponse({'object': 'list',
+                         'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
 
 async def show_metrics(request):
     "GET /metrics: counts and spend per model, as JSON."
@@ -557,8 +599,10 @@ async def _http_error(request, exc):
     return _error_response(RequestError(status, msg, kind='invalid_request_error'))
 
 async def _internal_error(request, exc):
-    print(f"dars serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return _error_response(RequestError(500, f"internal error ({type(exc).__name__})", kind='server_error'))
+    print(f"dars serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}",
+          file=sys.stderr)
+    return _error_response(RequestError(500, f"internal error ({type(exc).__name__})",
+                                        kind='server_error'))
 
 # %% ../nbs/36_serve.ipynb #04e60f60
 def create_app(rank, # rank(texts, lam) -> one list of model names per text, best first (e.g. `RouterBundle.rank`)
@@ -569,15 +613,19 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
-    if missing: raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install 'dars_nb[serve]'")
+    if missing:
+        raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install "
+                          "'dars_nb[serve]'")
     from contextlib import asynccontextmanager
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.routing import Route
     settings = settings or ServeSettings()
-    if not isinstance(settings, ServeSettings): raise ConfigError(f"settings must be a ServeSettings, got {type(settings).__name__}")
-    if not isinstance(pool, Pool): raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
+    if not isinstance(settings, ServeSettings):
+        raise ConfigError(f"settings must be a ServeSettings, got {type(settings).__name__}")
+    if not isinstance(pool, Pool):
+        raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
 
@@ -626,13 +674,16 @@ class BackgroundServer:
         s = self.app.state.settings
         sock = _listening_socket(s.host, s.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet, lifespan='on', timeout_graceful_shutdown=5)
+        config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet,
+                                lifespan='on', timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]}, daemon=True, name='dars-serve')
+        self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]},
+                                        daemon=True, name='dars-serve')
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline: raise RuntimeError("the routing endpoint did not start")
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the routing endpoint did not start")
             time.sleep(0.01)
         return self
 
@@ -651,10 +702,13 @@ def _run_until_signal(server, sock):
     "Run a uvicorn server until SIGINT, SIGTERM or SIGHUP, each a graceful shutdown."
     from dars_nb.collect.local import stop_signals
     main = threading.current_thread() is threading.main_thread()
-    if main: hup = signal.signal(signal.SIGHUP, lambda signum, frame: server.handle_exit(signal.SIGINT, frame))
+    if main:
+        hup = signal.signal(signal.SIGHUP, lambda signum,
+                            frame: server.handle_exit(signal.SIGINT, frame))
     try:
         with stop_signals((signal.SIGINT, signal.SIGTERM)): server.run(sockets=[sock])
-    except KeyboardInterrupt: pass   # uvicorn raises the signal it stopped on again once it has shut down
+    except KeyboardInterrupt:
+        pass   # uvicorn raises the signal it stopped on again once it has shut down
     finally:
         if main: signal.signal(signal.SIGHUP, hup)
 
@@ -669,16 +723,21 @@ def serve_main(router, # a router bundle file (`dars train --out`)
     pool_, settings = load_serve_config(pool, host=host, port=port)   # refuses an open address before anything loads
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
-    if hasattr(bundle.featurizer, 'cache'): bundle.featurizer.cache = False   # user questions are embedded in memory, never written
+    if hasattr(bundle.featurizer, 'cache'):
+        bundle.featurizer.cache = False   # user questions are embedded in memory, never written
     missing = [m for m in bundle.models if m not in pool_.models]
-    if missing: raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which {Path(pool).name} does not serve")
+    if missing:
+        raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which "
+                          f"{Path(pool).name} does not serve")
     app = create_app(bundle.rank, pool_, settings, lam=bundle.lam)
     sock = _listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     if not quiet:
         keys = f"{len(settings.client_keys)} client key(s)" if settings.client_keys else "no client key (loopback only)"
         limit = f"${settings.daily_spend_usd:g} a day" if settings.daily_spend_usd is not None else "no daily spend limit"
-        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; {keys}; {limit} (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet, lifespan='on')
+        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; "
+              f"{keys}; {limit} (Ctrl-C to stop)", flush=True)
+    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet,
+                            lifespan='on')
     _run_until_signal(uvicorn.Server(config), sock)
     return 0

