@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
-from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens, read_toml, redact,
+from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens,
+                                     read_toml, redact,
                                      fmt_usd, _unknown, _is_num, _is_int)
 
 # %% auto #0
@@ -52,7 +53,8 @@ def _check_listen(host, port, keys):
                           f"{MIN_CLIENT_KEY_CHARS} characters")
     if not keys and not is_loopback(host):
         raise ConfigError(f"serve: refusing to listen on {host} without client keys "
-                          "(set [serve] client_keys_env to a variable holding them, or listen on 127.0.0.1)")
+                          "(set [serve] client_keys_env to a variable holding them, "
+                          "or listen on 127.0.0.1)")
 
 # %% ../nbs/36_serve.ipynb #30b5db01
 MIN_CLIENT_KEY_CHARS = 16
@@ -62,10 +64,10 @@ class ServeSettings:
     "How the routing endpoint listens, whom it lets in and how much it may spend."
     host: str = '127.0.0.1' # address to listen on; anything but loopback needs client keys
     port: int = 8000 # TCP port (0: a free one)
-    client_keys: tuple = field(default=(), repr=False) # keys clients send as `Authorization: Bearer <key>` (empty: no check)
+    client_keys: tuple = field(default=(), repr=False) # keys clients send as Bearer tokens (empty: no check)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
-    max_tokens: int = 2048 # completion-token cap per request; a larger or missing `max_tokens` is set to it
-    daily_spend_usd: float | None = None # dollars the endpoint may spend per UTC day (None: no limit)
+    max_tokens: int = 2048 # completion tokens per request; a larger or missing `max_tokens` gets this
+    daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
 
     def __post_init__(self):
@@ -84,10 +86,10 @@ class ServeSettings:
 
 # %% ../nbs/36_serve.ipynb #c479df69
 _SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'router_model')
-_OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as it is
+_OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
 
 def _client_keys(serve: dict, env) -> tuple:
-    "The client keys in the variable `client_keys_env` names (none when the file names no variable)."
+    "The client keys in the variable `client_keys_env` names (none if the file names none)."
     if 'client_keys_env' not in serve: return ()
     var = serve['client_keys_env']
     if not isinstance(var, str) or not var:
@@ -108,7 +110,8 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
     serve = d.get('serve', {})
     if not isinstance(serve, dict): raise ConfigError("[serve] must be a table of settings")
     if 'request_timeout_s' in serve:
-        raise ConfigError("[serve] request_timeout_s is not a setting: the time per upstream attempt is "
+        raise ConfigError("[serve] request_timeout_s is not a setting: the time per upstream "
+                          "attempt is "
                           "[limits] timeout_s (or a model's own timeout_s)")
     _unknown(serve, _SERVE_KEYS, '[serve]')
     keys = _client_keys(serve, env)
@@ -124,10 +127,12 @@ MAX_CHOICES = 8
 
 class RequestError(ValueError):
     "A request the endpoint refuses, with its HTTP status and OpenAI error type."
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = 'invalid_request_error',
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = 'invalid_request_error',
                  code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.param, self.kind, self.code, self.headers = status, param, kind, code, headers or {}
+        self.status, self.param, self.kind, self.code = status, param, kind, code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         "The error in OpenAI's JSON shape."
@@ -165,7 +170,8 @@ def _parse_lambda(body_value, header_value) -> float | None:
         try: vals.append(float(header_value))
         except ValueError:
             raise RequestError(400,
-                               f"the x-dars-lambda header must be a number, got {header_value!r}", 'dars_lambda') from None
+                               f"the x-dars-lambda header must be a number, got {header_value!r}",
+                               'dars_lambda') from None
     if not vals: return None
     if len(vals) == 2 and vals[0] != vals[1]:
         raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
@@ -203,7 +209,8 @@ def parse_chat_request(raw: bytes, # the request body
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
     if bad:
         raise RequestError(400,
-                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream and its key", bad[0])
+                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
+                           "and its key", bad[0])
     messages = body.get('messages')
     if not isinstance(messages,
                       list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -217,7 +224,8 @@ def parse_chat_request(raw: bytes, # the request body
     model = body.pop('model', None)
     if model in (None, settings.router_model): model = None
     elif model not in models:
-        raise RequestError(404, f"model {model!r} does not exist (available: {settings.router_model}, {', '.join(models)})",
+        raise RequestError(404, f"model {model!r} does not exist "
+                                f"(available: {settings.router_model}, {', '.join(models)})",
                            'model', code='model_not_found')
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
     stream = body.get('stream', False)
@@ -241,14 +249,16 @@ def _seconds_to_utc_midnight(t: float) -> int:
 class ServeMetrics:
     "Requests, failures, tokens and spend per model, and the daily spend limit."
     def __init__(self, models, # the pool's model names
-                 daily_spend_usd: float | None = None, # dollars allowed per UTC day (None: no limit)
-                 clock=time.time, # seconds since the epoch (a parameter so that tests can move the day)
+                 daily_spend_usd: float | None = None, # dollars per UTC day (None: no limit)
+                 clock=time.time, # seconds since the epoch (tests move the day with it)
                 ):
         self.daily_spend_usd, self.clock = daily_spend_usd, clock
         self.started = clock()
-        self.day, self.spend_today_usd, self.reserved_usd, self.spend_total_usd = _utc_day(self.started), 0.0, 0.0, 0.0
+        self.day = _utc_day(self.started)
+        self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
         self.requests, self.fallbacks, self.refused = 0, 0, {}
-        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0, usage_estimated=0)
+        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0,
+                               usage_estimated=0)
                        for m in models}
 
     def _roll(self):
@@ -260,8 +270,9 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} today, "
-                   f"{fmt_usd(self.reserved_usd)} in flight, this request may cost up to {fmt_usd(worst_case_usd)}); "
+            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} "
+                   f"today, {fmt_usd(self.reserved_usd)} in flight, this request may cost up to "
+                   f"{fmt_usd(worst_case_usd)}); "
                    "it resets at 00:00 UTC")
             raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
                                headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})
@@ -285,7 +296,8 @@ def answered(self: ServeMetrics, model: str, # the model that answered
     "Count one answer and its spend."
     self._roll()
     m = self.models[model]
-    m['answered'] += 1; m['prompt_tokens'] += prompt_tokens; m['completion_tokens'] += completion_tokens
+    m['answered'] += 1
+    m['prompt_tokens'] += prompt_tokens; m['completion_tokens'] += completion_tokens
     m['spend_usd'] += cost_usd; m['usage_estimated'] += int(estimated)
     self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
 
@@ -305,7 +317,8 @@ def snapshot(self: ServeMetrics) -> dict:
     self._roll()
     return {'since': datetime.fromtimestamp(self.started, timezone.utc).isoformat(timespec='seconds'),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
-            'day': self.day, 'spend_today_usd': self.spend_today_usd, 'daily_spend_usd': self.daily_spend_usd,
+            'day': self.day, 'spend_today_usd': self.spend_today_usd,
+            'daily_spend_usd': self.daily_spend_usd,
             'in_flight_reserved_usd': self.reserved_usd, 'spend_total_usd': self.spend_total_usd,
             'models': {k: dict(v) for k, v in self.models.items()}}
 
@@ -313,9 +326,10 @@ def snapshot(self: ServeMetrics) -> dict:
 class RankBatcher:
     "Rankings for concurrent requests, computed together in a worker thread, one call per λ."
     def __init__(self, rank, # rank(texts, lam) -> one list of model names per text, best first
-                 inline_s: float = 0.002, # a call that took less than this last time runs on the event loop itself
+                 inline_s: float = 0.002, # a call faster than this last time runs on the event loop
                 ):
-        self.rank, self.inline_s, self._pending, self._task, self.calls, self.last_s = rank, inline_s, [], None, 0, math.inf
+        self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
+        self._pending, self._task = [], None
 
     async def __call__(self, text: str, # the text to rank the pool for
                        lam: float | None = None, # λ (None: the router's own)
@@ -359,7 +373,7 @@ class UpstreamError(RuntimeError):
         self.status, self.retry_next = status, retry_next
 
 def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> UpstreamError:
-    "The `UpstreamError` of a non-200 answer, its detail quoted with every configured key blanked out."
+    "The `UpstreamError` of a non-200 answer, its detail quoted with configured keys blanked out."
     try: detail = json.loads(raw)['error']['message']
     except (ValueError, KeyError, TypeError): detail = raw[:200].decode('utf-8', 'replace')
     retry = status >= 500 or status in (401, 403, 408, 429)
@@ -377,7 +391,8 @@ class Upstreams:
             slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
             wait[s.base_url] = max(wait.get(s.base_url, 0), self.timeout(s))
         self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(wait[url]),
-                                                limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n))
+                                                limits=httpx2.Limits(max_connections=n,
+                                                                     max_keepalive_connections=n))
                         for url, n in slots.items()}
 
     def timeout(self, spec: ModelSpec) -> float:
@@ -394,7 +409,8 @@ class Upstreams:
                                     f"{spec.api_key_env} (api_key_env) is not set")
             headers['authorization'] = f'Bearer {key}'
         data = json.dumps({**body, 'model': spec.remote_name}).encode()
-        return self.clients[spec.base_url].build_request('POST', spec.base_url.rstrip('/') + '/chat/completions',
+        url = spec.base_url.rstrip('/') + '/chat/completions'
+        return self.clients[spec.base_url].build_request('POST', url,
                                                          content=data, headers=headers)
 
     async def aclose(self):
@@ -407,12 +423,13 @@ async def send(ups: Upstreams, # the pool's clients
                body: dict, # the checked request fields
                stream: bool = False, # return the response with its events unread
               ):
-    "One upstream attempt: a chat completion as a dict, or the streamed response; raises `UpstreamError`."
+    "One upstream attempt: a chat completion as a dict, or the streamed response; or `UpstreamError`."
     try:
         async with asyncio.timeout(ups.timeout(spec)):
             resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
     except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        raise UpstreamError(redact(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip(), ups.pool)) from None
+        msg = f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()
+        raise UpstreamError(redact(msg, ups.pool)) from None
     if resp.status_code != 200:
         raw = await resp.aread()
         await resp.aclose()
@@ -427,14 +444,14 @@ async def send(ups: Upstreams, # the pool's clients
 
 # %% ../nbs/36_serve.ipynb #90d2ea8c
 def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
-    "Whether an Authorization header carries one of `keys`, compared in constant time against all of them."
+    "Whether an Authorization header carries one of `keys`, compared in constant time with all."
     if not header or not header.startswith(b'Bearer '): return False
     token, ok = header[7:].strip(), False
     for k in keys: ok |= hmac.compare_digest(token, k.encode())
     return ok
 
 class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a configured client key (no check when none is configured)."
+    "ASGI middleware: 401 unless the request carries a client key (no check when none is configured)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
@@ -442,7 +459,8 @@ class ClientKeyCheck:
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
-        msg = 'a client key is required: send Authorization: Bearer <key>' if header is None else 'the client key is not valid'
+        msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
+               else 'the client key is not valid')
         err = RequestError(401, msg, kind='authentication_error', code='invalid_api_key')
         m = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
         if m is not None: m.refuse(401)
@@ -473,7 +491,8 @@ async def chat_completions(request):
     st = request.app.state
     st.metrics.requests += 1
     try:
-        req = parse_chat_request(await _read_body(request, st.settings.max_body_bytes), st.settings, st.pool.models,
+        raw = await _read_body(request, st.settings.max_body_bytes)
+        req = parse_chat_request(raw, st.settings, st.pool.models,
                                  request.headers.get('x-dars-lambda'))
         if req.model is not None: ranking = [req.model]
         else:
@@ -481,7 +500,8 @@ async def chat_completions(request):
             unknown = [m for m in ranking if m not in st.pool.models]
             if unknown:
                 raise RequestError(500,
-                                   f"the router ranked {unknown[0]!r}, which the pool does not have", kind='server_error')
+                                   f"the router ranked {unknown[0]!r}, which the pool does not have",
+                                   kind='server_error')
         prompt_est = estimate_prompt_tokens(req.body['messages'])
         worst = max(st.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
         held = st.metrics.reserve(worst)
@@ -506,7 +526,7 @@ def _all_failed(errors: list) -> RequestError:
                         code='upstream_failed')
 
 async def _first_answer(st, ranking: list, call, headers: dict):
-    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error response)."
+    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error)."
     errors = []
     for name in ranking:
         spec = st.pool.models[name]
@@ -517,7 +537,8 @@ async def _first_answer(st, ranking: list, call, headers: dict):
             st.metrics.refuse(e.status)
             return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
         if errors:
-            st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
+            st.metrics.fallbacks += 1
+            headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
         return name, spec, result
     st.metrics.refuse(502)
     return None, None, _error_response(_all_failed(errors))
@@ -528,7 +549,8 @@ async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
                                            lambda spec: send(st.upstreams, spec, req.body), headers)
     if name is None: return data
     messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
-    texts = [m['content'] for m in messages if isinstance(m, dict) and isinstance(m.get('content'), str)]
+    texts = [m['content'] for m in messages
+             if isinstance(m, dict) and isinstance(m.get('content'), str)]
     _charge(st, spec, data.get('usage'), req.body['messages'], texts)
     data['model'] = name
     return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name},
@@ -536,7 +558,7 @@ async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
 
 # %% ../nbs/36_serve.ipynb #b460fde9
 def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | None:
-    "One SSE line to send on (None: drop it), with the chunk's model renamed; notes usage and text in `seen`."
+    "One SSE line to send on (None: drop it), its model renamed; notes usage and text in `seen`."
     if not line.startswith('data:'): return line
     payload = line[5:].strip()
     if not payload or payload == '[DONE]': return line
@@ -547,7 +569,8 @@ def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | Non
     if isinstance(chunk.get('usage'), dict): seen['usage'] = chunk['usage']
     for c in chunk.get('choices') or []:
         delta = c.get('delta') if isinstance(c, dict) else None
-        if isinstance(delta, dict) and isinstance(delta.get('content'), str): seen['text'].append(delta['content'])
+        if isinstance(delta, dict) and isinstance(delta.get('content'), str):
+            seen['text'].append(delta['content'])
     if hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
     if hide_usage: chunk.pop('usage', None)
     return 'data: ' + json.dumps(chunk)
@@ -556,8 +579,9 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    name, spec, resp = await _first_answer(st, ranking, lambda spec: send(st.upstreams, spec, req.body, stream=True), headers)
-    if name is None:   # nothing streams: give the reservation back here (a plain answer's caller does it)
+    open_stream = lambda spec: send(st.upstreams, spec, req.body, stream=True)
+    name, spec, resp = await _first_answer(st, ranking, open_stream, headers)
+    if name is None:   # nothing streams: the reservation goes back here (for a plain answer, the caller's)
         st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
@@ -570,9 +594,12 @@ async def _relay(st, req, spec, resp, held, hide_usage):
             if out is not None: yield out + '\n'
     except (st.upstreams.httpx.HTTPError, OSError) as e:
         st.metrics.failed(spec.name)
-        err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}", kind='upstream_error')
+        err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}",
+                           kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
-    finally:   # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation must still go
+    # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation
+    # must still go back
+    finally:
         _charge(st, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])
         st.metrics.release(held)
         await resp.aclose()
@@ -594,7 +621,8 @@ async def show_metrics(request):
 async def _http_error(request, exc):
     status = getattr(exc, 'status_code', 500)
     msg = {404: f"no route for {request.method} {request.url.path}",
-           405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, getattr(exc, 'detail', 'error'))
+           405: f"method {request.method} is not allowed on {request.url.path}"
+           }.get(status, getattr(exc, 'detail', 'error'))
     request.app.state.metrics.refuse(status)
     return _error_response(RequestError(status, msg, kind='invalid_request_error'))
 
@@ -605,9 +633,9 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../nbs/36_serve.ipynb #04e60f60
-def create_app(rank, # rank(texts, lam) -> one list of model names per text, best first (e.g. `RouterBundle.rank`)
+def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g. `RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
-               settings: ServeSettings | None = None, # caps, client keys, spend limit (default: `ServeSettings()`)
+               settings: ServeSettings | None = None, # caps, client keys, spend limit (None: the defaults)
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
               ):
@@ -636,9 +664,11 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
         finally: await app.state.upstreams.aclose()
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
-              Route('/v1/models', list_models, methods=['GET']), Route('/metrics', show_metrics, methods=['GET'])]
+              Route('/v1/models', list_models, methods=['GET']),
+              Route('/metrics', show_metrics, methods=['GET'])]
     app = Starlette(routes=routes, middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
-                    exception_handlers={HTTPException: _http_error, Exception: _internal_error}, lifespan=lifespan)
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     return app
@@ -646,7 +676,8 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
 # %% ../nbs/36_serve.ipynb #7eb7b5a3
 def _listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets
+    # asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((host, port))
     except OSError as e:
@@ -714,13 +745,13 @@ def _run_until_signal(server, sock):
 
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
-               host: str = '127.0.0.1', # address to listen on (anything but loopback needs client keys)
+               host: str = '127.0.0.1', # address to listen on (beyond loopback, client keys are needed)
                port: int = 8000, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve the routing endpoint until interrupted; the exit code for the `dars serve` command."
     import uvicorn
-    pool_, settings = load_serve_config(pool, host=host, port=port)   # refuses an open address before anything loads
+    pool_, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
     if hasattr(bundle.featurizer, 'cache'):
@@ -733,8 +764,10 @@ def serve_main(router, # a router bundle file (`dars train --out`)
     sock = _listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     if not quiet:
-        keys = f"{len(settings.client_keys)} client key(s)" if settings.client_keys else "no client key (loopback only)"
-        limit = f"${settings.daily_spend_usd:g} a day" if settings.daily_spend_usd is not None else "no daily spend limit"
+        n_keys = len(settings.client_keys)
+        keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
+        daily = settings.daily_spend_usd
+        limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; "
               f"{keys}; {limit} (Ctrl-C to stop)", flush=True)
     config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet,

@@ -24,7 +24,8 @@ def chat_completion_body(text: str, # the answer
                         ) -> bytes:
     "A chat-completion JSON body with one choice."
     d = {'id': 'chatcmpl-fixed', 'object': 'chat.completion', 'created': 0, 'model': model,
-         'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': text}, 'finish_reason': finish_reason}]}
+         'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': text},
+                      'finish_reason': finish_reason}]}
     if usage: d['usage'] = {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
                             'total_tokens': prompt_tokens + completion_tokens}
     return json.dumps(d).encode()
@@ -36,7 +37,7 @@ def chat_completion_events(text: str, # the answer, sent word by word
                            completion_tokens: int = 5, # usage reported
                            usage: bool = True, # end with a usage chunk
                           ) -> bytes:
-    "A streamed chat completion as server-sent events: the words, a stop chunk, a usage chunk, [DONE]."
+    "A streamed chat completion as server-sent events: words, a stop chunk, a usage chunk, [DONE]."
     base = {'id': 'chatcmpl-fixed', 'object': 'chat.completion.chunk', 'created': 0, 'model': model}
     deltas = [{'role': 'assistant', 'content': w} if i == 0 else {'content': ' ' + w} for i,
               w in enumerate(text.split(' '))]
@@ -50,7 +51,7 @@ def chat_completion_events(text: str, # the answer, sent word by word
 
 # %% ../nbs/39_testing.ipynb #39a0000a
 class FixedEndpoint(LoopbackServer):
-    "An OpenAI-compatible endpoint that gives the same answer after a fixed delay (streamed when asked)."
+    "An OpenAI-compatible endpoint giving the same answer after a fixed delay (streamed when asked)."
     def __init__(self, text: str = 'Final Answer: 42', # the answer to every request
                  delay_s: float = 0.05, # seconds before answering
                  prompt_tokens: int = 10, # usage reported
@@ -59,10 +60,11 @@ class FixedEndpoint(LoopbackServer):
                  port: int | None = None, # port (None: a free one)
                 ):
         super().__init__(port)
-        self.delay_s, self.requests, self.in_flight, self.max_in_flight, self._usage = delay_s, 0, 0, 0, usage
-        self._reply = http_response(200, chat_completion_body(text, prompt_tokens=prompt_tokens,
-                                                              completion_tokens=completion_tokens, usage=usage))
-        events = lambda u: chat_completion_events(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, usage=u)
+        self.delay_s, self._usage = delay_s, usage
+        self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
+        tokens = dict(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        self._reply = http_response(200, chat_completion_body(text, usage=usage, **tokens))
+        events = lambda u: chat_completion_events(text, usage=u, **tokens)
         self._streams = {u: http_response(200, events(u),
                                           'text/event-stream') for u in (False, True)}
 
@@ -70,7 +72,7 @@ class FixedEndpoint(LoopbackServer):
 _MODELS_LIST = json.dumps({'object': 'list', 'data': [{'id': 'fixed', 'object': 'model'}]}).encode()
 
 def _wants_stream(raw: bytes) -> tuple:
-    "(streamed?, usage chunk asked for?) of a request body, parsed once and only when it mentions a stream."
+    "(streamed?, usage chunk asked for?) of a request body, parsed once, only if it names a stream."
     if b'"stream"' not in raw: return False, False
     body = Request('POST', '', {}, raw).json()
     if not isinstance(body, dict) or body.get('stream') is not True: return False, False
@@ -109,15 +111,16 @@ def _strip_final_answer(raw: bytes) -> bytes:
     for c in d.get('choices') or []:
         m = c.get('message') or {}
         if isinstance(m.get('content'), str):
-            m['content'] = '\n'.join(l for l in m['content'].splitlines() if 'final answer' not in l.lower())
+            lines = m['content'].splitlines()
+            m['content'] = '\n'.join(l for l in lines if 'final answer' not in l.lower())
     return http_response(int(head.split(b' ')[1]), json.dumps(d).encode())
 
 # %% ../nbs/39_testing.ipynb #39a00013
 class FaultProxy(LoopbackServer):
-    "A loopback proxy in front of an OpenAI-compatible endpoint that injects faults by plan or by chance."
+    "A loopback proxy in front of an OpenAI-compatible endpoint, injecting faults by plan or chance."
     def __init__(self, upstream: str, # base URL of the real endpoint, e.g. a LocalServer's
                  plan: list | None = None, # actions for the first chat requests, in order
-                 probabilities: dict | None = None, # action -> probability for requests after the plan
+                 probabilities: dict | None = None, # action -> probability after the plan
                  retry_after: float = 1.0, # seconds announced with each 429
                  slow_s: float = 30.0, # how long a 'slow' request stalls
                  seed: int = 0, # seed of the random draws

@@ -41,7 +41,7 @@ def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
 
 # %% ../../nbs/30_client.ipynb #5c1e0a01
 def _check_counts(who: str, m):
-    "Raise `ConfigError` unless the model's count settings are positive integers (or None where allowed)."
+    "Raise `ConfigError` unless the model's counts and time limits are in range."
     for p in ('concurrency', 'rpm', 'tpm'):
         v = getattr(m, p)
         if (v is not None or p == 'concurrency') and (not _is_int(v) or v < 1):
@@ -68,8 +68,10 @@ def _check_model(m):
     if not isinstance(m.name, str) or not m.name.strip():
         raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
     if not isinstance(m.base_url, str) or not m.base_url.startswith(('http://', 'https://')):
-        raise ConfigError(f"{who}: base_url must start with http:// or https://, got {m.base_url!r}")
-    if m.api_key_env is not None and (not isinstance(m.api_key_env, str) or not m.api_key_env.strip()):
+        raise ConfigError(f"{who}: base_url must start with http:// or https://, "
+                          f"got {m.base_url!r}")
+    env = m.api_key_env
+    if env is not None and (not isinstance(env, str) or not env.strip()):
         raise ConfigError(f"{who}: api_key_env must name an environment variable, got "
                           f"{m.api_key_env!r}")
     for p in ('price_in', 'price_out'):
@@ -89,15 +91,15 @@ class ModelSpec:
     "One model of the pool: where it is served, what it costs and how hard to push it."
     name: str # the model's name in the observation table
     base_url: str # OpenAI-compatible base URL, e.g. https://api.openai.com/v1
-    api_key_env: str | None = None # environment variable that holds the key (None: the endpoint needs none)
+    api_key_env: str | None = None # variable that holds the key (None: the endpoint needs none)
     price_in: float = 0.0 # dollars per million prompt tokens
     price_out: float = 0.0 # dollars per million completion tokens
-    max_tokens: dict = field(default_factory=dict) # dataset kind -> max completion tokens (paper defaults fill the rest)
-    concurrency: int = 4 # requests in flight at once for this model (each model of a shared base_url has its own)
+    max_tokens: dict = field(default_factory=dict) # dataset kind -> most completion tokens
+    concurrency: int = 4 # requests in flight at once for this model (not shared with others)
     remote_name: str | None = None # model id sent to the endpoint (default: `name`)
     honours_n: bool = False # whether the endpoint returns `n` choices when asked for n > 1
-    timeout_s: float | None = None # seconds before one request is abandoned (None: [limits] timeout_s)
-    max_retries: int | None = None # retries per call after the first attempt (None: [limits] max_retries)
+    timeout_s: float | None = None # seconds before a request is abandoned (None: [limits])
+    max_retries: int | None = None # retries per call after the first attempt (None: [limits])
     rpm: int | None = None # requests per minute this model may receive (None: no limit)
     tpm: int | None = None # tokens per minute, prompt estimate plus max_tokens (None: no limit)
 
@@ -155,7 +157,7 @@ class Limits:
 _TOP_KEYS = ('models', 'rewriter', 'limits')
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
-_OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # left out of `to_dict` when unset
+_OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # not in `to_dict` when unset
 
 def _unknown(keys, allowed, where):
     "Raise `ConfigError` naming the first of `keys` that is not in `allowed`."
@@ -189,9 +191,9 @@ def read_toml(path, # a TOML file
 class Pool:
     "The models to route between, the rewriter and the run's limits."
     models: dict # model name -> ModelSpec
-    rewriter: ModelSpec | None = None # the model that writes query rewrites (may also be in `models`)
+    rewriter: ModelSpec | None = None # the model that writes rewrites (may also be in `models`)
     limits: Limits = field(default_factory=Limits) # timeouts, retries, call budget, spend cap
-    source: str | None = field(default=None, compare=False) # the file it was read from, named in stop messages
+    source: str | None = field(default=None, compare=False) # the file it was read from
 
     def __post_init__(self):
         if not isinstance(self.models, dict) or not self.models:
@@ -254,7 +256,7 @@ def from_toml(cls: Pool, path, # a TOML file laid out as above
 # %% ../../nbs/30_client.ipynb #da702e33
 @patch
 def specs(self: Pool) -> list:
-    "Every model spec the pool may call: the routed models, then the rewriter if it is not one of them."
+    "Every model the pool may call: the routed models, then the rewriter if it is not one of them."
     out = list(self.models.values())
     if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter:
         out.append(self.rewriter)
@@ -271,7 +273,7 @@ def spec(self: Pool, name: str, # a routed model's or the rewriter's name
 
 @patch
 def check_env(self: Pool):
-    "Raise `ConfigError` if a model names a key variable that is not set (the value itself is never read here)."
+    "Raise `ConfigError` if a model names a key variable that is not set (its value is not read)."
     for s in self.specs():
         if s.api_key_env is not None and not os.environ.get(s.api_key_env):
             raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} "
@@ -279,7 +281,7 @@ def check_env(self: Pool):
 
 # %% ../../nbs/30_client.ipynb #da702e34
 def _spec_dict(m: ModelSpec) -> dict:
-    "A model's settings without its name; optional settings left out when unset, so fingerprints stay stable."
+    "A model's settings without its name; unset optional ones left out (stable fingerprints)."
     return {k: v for k,
             v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
 
@@ -290,7 +292,8 @@ def to_dict(self: Pool) -> dict:
          'limits': asdict(self.limits)}
     rw = self.rewriter
     if rw is not None:
-        d['rewriter'] = rw.name if self.models.get(rw.name) == rw else {'name': rw.name, **_spec_dict(rw)}
+        shared = self.models.get(rw.name) == rw
+        d['rewriter'] = rw.name if shared else {'name': rw.name, **_spec_dict(rw)}
     return d
 
 @patch
@@ -338,7 +341,7 @@ class PermanentError(RuntimeError):
 # %% ../../nbs/30_client.ipynb #8b3a2f42
 def parse_retry_after(headers, # response headers (a mapping with lower-case lookups)
                      ) -> float | None:
-    "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date); None if absent."
+    "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or a date); None if absent."
     if headers is None: return None
     ms = headers.get('retry-after-ms')
     if ms is not None:
@@ -354,7 +357,7 @@ def parse_retry_after(headers, # response headers (a mapping with lower-case loo
 # %% ../../nbs/30_client.ipynb #240aeb78
 def classify_error(exc: BaseException, # what a request raised
                   ) -> tuple:
-    "(kind, transient, retry_after_s, status) of a failed request; kind is None for errors not the endpoint's."
+    "(kind, transient, retry_after_s, status) of a failed request; kind None: not the endpoint's."
     import openai
     if isinstance(exc, openai.APIStatusError):
         s = exc.status_code
@@ -366,7 +369,8 @@ def classify_error(exc: BaseException, # what a request raised
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
     if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
     if isinstance(exc,
-                  (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
+                  (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError,
+                   openai.APIResponseValidationError)):
         return 'malformed', True, None, None
     return None, False, None, None
 
@@ -394,9 +398,9 @@ def redact(text: str, # a message that may quote an endpoint's reply
 class SpendLedger(Protocol):
     "Where a client records what each request may cost before it is sent, and what it cost after."
     def spent(self) -> tuple:
-        "(requests so far, dollars so far) over all runs: settled costs plus open reservations at their max."
+        "(requests, dollars) over all runs: settled costs plus open reservations at their max."
     def reserve(self, model: str, kind: str, max_usd: float) -> int:
-        "Record a request about to be sent ('generation' or 'rewrite'), durably; returns the entry id."
+        "Record a request about to be sent ('generation' or 'rewrite'), durably; its entry id."
     def settle(self, entry: int, cost_usd: float, status: str) -> None:
         "Close an entry with its cost; status is 'ok', 'failed' or 'lost'."
 
@@ -406,7 +410,7 @@ SETTLED = ('ok', 'failed', 'lost')
 class MemoryLedger:
     "A `SpendLedger` in memory: the default, whose totals last as long as the client."
     def __init__(self):
-        self.entries: list = []   # one dict per request: model, kind, max_usd, cost_usd, status (None while open)
+        self.entries: list = []   # per request: model, kind, max_usd, cost_usd, status (None: open)
         self._settled_usd, self._open_usd = 0.0, 0.0
 
     def spent(self) -> tuple:
@@ -440,7 +444,7 @@ def settle(self: MemoryLedger, entry: int, # an id from `reserve`
 
 # %% ../../nbs/30_client.ipynb #4a7e0002
 class _Window:
-    "At most `size` requests in flight; `size` halves on a rate limit and grows back by one per success."
+    "At most `size` requests in flight; `size` halves on a 429 and grows back by one per success."
     def __init__(self, limit: int):
         self.size = self.limit = limit
         self.busy, self._cond = 0, asyncio.Condition()
@@ -469,7 +473,7 @@ class _PerMinute:
         "0 and take `amount` if it is there; else the seconds until it will be."
         now = self.clock()
         self.level, self.t = min(self.rate, self.level + (now - self.t) * self.rate / 60), now
-        amount = min(amount, self.rate)   # a request larger than a minute's worth waits for a full bucket
+        amount = min(amount, self.rate)   # more than a minute's worth waits for a full bucket
         if self.level >= amount:
             self.level -= amount
             return 0.0
@@ -541,7 +545,7 @@ class Counters:
     lost_usd: float = 0.0 # dollars reserved by requests lost in flight (they may have been billed)
     prompt_tokens: int = 0 # input tokens of completed requests
     completion_tokens: int = 0 # output tokens of completed requests
-    by_kind: dict = field(default_factory=dict) # failed requests per kind ('rate_limit', 'server', 'timeout', ...)
+    by_kind: dict = field(default_factory=dict) # failed requests per kind ('rate_limit', ...)
 
 # %% ../../nbs/30_client.ipynb #f0ded4f7
 class _Endpoint:
@@ -549,7 +553,7 @@ class _Endpoint:
     def __init__(self, base_url: str, timeout_s: float):
         import httpx2
         from openai import AsyncOpenAI, Omit
-        # the key is sent per request (read from the environment then); the client holds only a placeholder
+        # the key is read from the environment and sent per request; the client holds a placeholder
         self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
                                   timeout=timeout_s)
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
@@ -560,25 +564,29 @@ def _warn_shared(specs: list):
     for s in specs: by_url.setdefault(s.base_url, []).append(s)
     for url, ss in by_url.items():
         if len({s.concurrency for s in ss}) > 1:
-            warnings.warn(f"models {', '.join(s.name for s in ss)} share {url} with different concurrency; each keeps "
-                          f"its own, so up to {sum(s.concurrency for s in ss)} requests go there at once", stacklevel=3)
+            names, total = ', '.join(s.name for s in ss), sum(s.concurrency for s in ss)
+            warnings.warn(f"models {names} share {url} with different concurrency; each keeps its "
+                          f"own, so up to {total} requests go there at once", stacklevel=3)
 
 # %% ../../nbs/30_client.ipynb #2d425d08
 class Client:
-    "Async chat completions over a model pool, with retries, rate limits, a call budget and a spend cap."
+    "Async chat completions over a pool, with retries, rate limits, a call budget and a spend cap."
     def __init__(self, pool: Pool, # the models, the rewriter and the limits
                  seed: int | None = None, # seed of the retry jitter (None: fresh randomness)
-                 ledger: SpendLedger | None = None, # where every request's spend is recorded (None: a `MemoryLedger`)
+                 ledger: SpendLedger | None = None, # records each request's spend (None: `MemoryLedger`)
                 ):
         if not all(hasattr(pool, a) for a in ('models', 'limits', 'specs', 'check_env')):
             raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
-        if ledger is not None and not all(callable(getattr(ledger, a, None)) for a in ('spent', 'reserve', 'settle')):
+        methods = ('spent', 'reserve', 'settle')
+        if ledger is not None and not all(callable(getattr(ledger, a, None)) for a in methods):
             raise ConfigError("the ledger needs spent, reserve and settle methods, got "
                               f"{type(ledger).__name__}")
         pool.check_env()
-        self.pool, self.counters, self.ledger = pool, Counters(), MemoryLedger() if ledger is None else ledger
+        self.pool, self.counters = pool, Counters()
+        self.ledger = MemoryLedger() if ledger is None else ledger
         self.stopped: str | None = None   # why the client stopped (budget or cap), once it has
-        self._rng, self._loop, self._endpoints, self._lanes, self._bars = random.Random(seed), None, {}, {}, []
+        self._rng, self._loop = random.Random(seed), None
+        self._endpoints, self._lanes, self._bars = {}, {}, []
         self._specs = {s.name: s for s in pool.specs()}
         _warn_shared(pool.specs())
 
@@ -597,10 +605,11 @@ def _lane(self: Client, spec: ModelSpec) -> tuple:
     if lane is None:
         ep = self._endpoints.get(spec.base_url)
         if ep is None:
-            timeout = max(s.timeout_s or self.pool.limits.timeout_s for s in self._specs.values() if s.base_url == spec.base_url)
+            shared = [s for s in self._specs.values() if s.base_url == spec.base_url]
+            timeout = max(s.timeout_s or self.pool.limits.timeout_s for s in shared)
             ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout)
-        lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), spec.rpm and _PerMinute(spec.rpm),
-                                         spec.tpm and _PerMinute(spec.tpm))
+        rpm, tpm = spec.rpm and _PerMinute(spec.rpm), spec.tpm and _PerMinute(spec.tpm)
+        lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), rpm, tpm)
     return lane
 
 @patch
@@ -630,8 +639,9 @@ def _reserve(self: Client, spec: ModelSpec, kind: str, worst_usd: float) -> int:
         self._stop(f"call budget of {lim.call_budget} requests reached ({requests} sent); "
                    f"raise [limits] call_budget in {where} to continue")
     if lim.spend_cap_usd is not None and dollars + worst_usd > lim.spend_cap_usd:
-        self._stop(f"spend cap of {fmt_usd(lim.spend_cap_usd)} reached ({fmt_usd(dollars)} spent or in flight, "
-                   f"next call up to {fmt_usd(worst_usd)}); raise [limits] spend_cap_usd in {where} to continue")
+        self._stop(f"spend cap of {fmt_usd(lim.spend_cap_usd)} reached ({fmt_usd(dollars)} spent "
+                   f"or in flight, next call up to {fmt_usd(worst_usd)}); "
+                   f"raise [limits] spend_cap_usd in {where} to continue")
     self.counters.calls += 1
     return self.ledger.reserve(spec.name, kind, worst_usd)
 
@@ -672,7 +682,7 @@ async def _send(self: Client, call: _Call, ep: _Endpoint, attempt: int) -> Compl
 
 @patch
 async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
-    "(Completion, None) or (None, _Failure) for one request, reserved in the ledger before and settled after."
+    "(Completion, None) or (None, _Failure) of one request, reserved before and settled after."
     ep, window, rpm, tpm = self._lane(call.spec)
     async with window:
         if rpm: await rpm.take(1)
@@ -721,7 +731,8 @@ def _retry_delay(self: Client, call: _Call, f: _Failure, attempt: int) -> float:
         return backoff_delay(attempt, self.pool.limits, f.retry_after, self._rng)
     c.failures += 1
     self._tick()
-    err = PermanentError(self._failure_message(spec, f, attempt), model=spec.name, kind=f.kind, status=f.status,
+    err = PermanentError(self._failure_message(spec, f, attempt), model=spec.name, kind=f.kind,
+                         status=f.status,
                          attempts=attempt)
     raise err from None   # the endpoint's own exception may quote a key: it is not chained
 
@@ -739,7 +750,8 @@ def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, p
         raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make "
                           "one call per sample")
     rw = self.pool.rewriter
-    kind = purpose or ('rewrite' if rw is not None and rw.name == model and model not in self.pool.models else 'generation')
+    rewrite = rw is not None and rw.name == model and model not in self.pool.models
+    kind = purpose or ('rewrite' if rewrite else 'generation')
     if kind not in ('generation', 'rewrite'):
         raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
     prompt = estimate_prompt_tokens(messages)
@@ -753,10 +765,10 @@ async def complete(self: Client, model: str, # a model name of the pool (or the 
                    top_p: float = 0.95, # nucleus sampling mass
                    max_tokens: int = 512, # longest completion
                    seed: int | None = None, # sampling seed, for endpoints that honour it
-                   purpose: str | None = None, # 'generation' or 'rewrite', for the ledger (None: from the pool)
+                   purpose: str | None = None, # 'generation' or 'rewrite' (None: from the pool)
                    **extra, # further body fields, e.g. n=5 or stop=[...]
                   ) -> Completion:
-    "One chat completion, retried on transient failures; raises `PermanentError` or `BudgetExceeded`."
+    "One chat completion, retried on transient failures; else `PermanentError` or `BudgetExceeded`."
     call = self._call(model, messages, temperature, top_p, max_tokens, seed, purpose, extra)
     attempt = 0
     while True:
@@ -794,7 +806,8 @@ def progress(self: Client, total: int | None = None, # calls expected (None: unk
             ):
     "A tqdm bar that advances with every finished call and shows spend, retries and failures."
     from tqdm import tqdm
-    bar = tqdm(total=total, desc=desc, unit='call', **({'disable': None} | kwargs))   # no bar when stderr is no terminal
+    # disable=None: no bar when stderr is not a terminal
+    bar = tqdm(total=total, desc=desc, unit='call', **({'disable': None} | kwargs))
     self._bars.append(bar)
     try: yield bar
     finally:

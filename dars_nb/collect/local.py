@@ -77,7 +77,8 @@ def sha256_file(path) -> str:
 def _verified(path: Path, expected: str, what: str) -> Path:
     got = sha256_file(path)
     if got != expected:
-        raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, expected {expected[:12]}…")
+        raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, "
+                              f"expected {expected[:12]}…")
     return path
 
 def cache_dir() -> Path:
@@ -94,7 +95,7 @@ def smollm2_path() -> Path:
         raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
     return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
 
-def gemma3_path(cache: Path | None = None, # folder for the reassembled file (default: `cache_dir()`)
+def gemma3_path(cache: Path | None = None, # folder for the reassembled file (None: `cache_dir()`)
                ) -> Path:
     "The verified Gemma-3-270M GGUF, reassembled once from its four PyPI part packages."
     target = Path(cache or cache_dir()) / 'gemma-3-270m-q4_k_m.gguf'
@@ -260,7 +261,7 @@ async def forward(upstream: str, # base URL of the upstream endpoint
                   req: Request, # the request to send on
                   timeout: float | None = None, # seconds to wait for the upstream (None: forever)
                  ) -> bytes:
-    "Send `req` to `upstream` over a fresh connection and return the response bytes (502 if unreachable)."
+    "Send `req` to `upstream` over a fresh connection; the response bytes (502 if unreachable)."
     u = urlsplit(upstream)
     host, port = u.hostname, u.port or 80
     skip = {'host', 'content-length', 'connection', 'transfer-encoding', 'keep-alive'}
@@ -276,7 +277,8 @@ async def forward(upstream: str, # base URL of the upstream endpoint
     try:
         writer.write(('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1') + req.body)
         await writer.drain()
-        first, headers, body = await asyncio.wait_for(_read_head_and_body(reader, request=False), timeout)
+        reply = _read_head_and_body(reader, request=False)
+        first, headers, body = await asyncio.wait_for(reply, timeout)
     except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
         return http_response(502,
                              error_body(502, f'upstream {host}:{port} failed: {type(e).__name__}'))
@@ -332,7 +334,7 @@ def _stop_processes(procs, # Popen objects, each the leader of its own process g
 
 # %% ../../nbs/32_local.ipynb #d4d055ec
 class LocalServer:
-    "Real local models behind one OpenAI-compatible base URL; stop it (or leave its `with` block) when done."
+    "Real local models behind one OpenAI-compatible base URL; stop it (or leave its `with`) when done."
     def __init__(self, models: dict, front: _ModelRouter, procs: dict, workdir: Path):
         self.models, self.front, self.procs, self.workdir = models, front, procs, workdir
 
@@ -341,7 +343,8 @@ class LocalServer:
         "The one base URL that serves every model."
         return self.front.base_url
 
-    def __repr__(self): return f"LocalServer({self.base_url}, models={list(self.models)}, running={self.running})"
+    def __repr__(self):
+        return f"LocalServer({self.base_url}, models={list(self.models)}, running={self.running})"
 
     @property
     def running(self) -> bool:
@@ -353,11 +356,12 @@ class LocalServer:
 
 # %% ../../nbs/32_local.ipynb #d4d055ed
 @patch
-def pool(self: LocalServer, concurrency: int = 1, # requests in flight per model (a llama.cpp process answers one at a time)
+def pool(self: LocalServer, concurrency: int = 1, # requests in flight per model (llama.cpp answers one by one)
          **limits, # Limits fields, e.g. timeout_s=60, call_budget=100
         ) -> Pool:
     "A `Pool` of the served models, priced at nominal rates so that cost is not always zero."
-    specs = {m: ModelSpec(m, self.base_url, None, LOCAL_MODELS[m].price_in, LOCAL_MODELS[m].price_out,
+    prices = {m: (LOCAL_MODELS[m].price_in, LOCAL_MODELS[m].price_out) for m in self.models}
+    specs = {m: ModelSpec(m, self.base_url, None, *prices[m],
                           concurrency=concurrency) for m in self.models}
     return Pool(specs, limits=Limits(**{'timeout_s': 300.0, **limits}))
 
@@ -392,8 +396,10 @@ def _launch(alias: str, path: Path, workdir: Path, n_ctx: int, threads: int, see
     cfg = workdir / f'{alias}.json'
     cfg.write_text(json.dumps({'host': '127.0.0.1', 'port': port, 'models': [settings]}))
     with open(workdir / f'{alias}.log', 'wb') as log:
-        proc = subprocess.Popen([sys.executable, '-m', 'llama_cpp.server', '--config_file', str(cfg)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        command = [sys.executable, '-m', 'llama_cpp.server', '--config_file', str(cfg)]
+        proc = subprocess.Popen(command,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     return proc, f'http://127.0.0.1:{port}/v1'
 
 def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
@@ -402,7 +408,8 @@ def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
     while waiting:
         for m in list(waiting):
             if procs[m].poll() is not None:
-                tail = (workdir / f'{m}.log').read_text(errors='replace').strip().splitlines()[-1:] or ['']
+                log = (workdir / f'{m}.log').read_text(errors='replace').strip()
+                tail = log.splitlines()[-1:] or ['']
                 raise LocalModelError(f"the {m} server exited with code {procs[m].returncode}: "
                                       f"{tail[0][:200]}")
             if _answers(waiting[m]): del waiting[m]
@@ -415,11 +422,11 @@ def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
 def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
                        port: int | None = None, # port of the front (None: a free one)
                        n_ctx: int = 2048, # context length per model
-                       n_threads: int | None = None, # CPU threads per model (None: the cores shared out)
+                       n_threads: int | None = None, # CPU threads per model (None: cores shared out)
                        startup_timeout: float = 180.0, # seconds to wait for every model to answer
-                       seed: int | None = None, # llama.cpp sampler seed per process (None: its default)
+                       seed: int | None = None, # llama.cpp sampler seed (None: its default)
                       ) -> LocalServer:
-    "Serve local GGUF models with llama-cpp-python behind one OpenAI-compatible base URL on 127.0.0.1."
+    "Serve local GGUF models with llama-cpp-python behind one OpenAI-compatible URL on 127.0.0.1."
     models = (models,) if isinstance(models, str) else tuple(models)
     if not models: raise ValueError("start_local_server needs at least one model")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
@@ -442,9 +449,9 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
 
 # %% ../../nbs/32_local.ipynb #5a9e0001
 @contextmanager
-def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), # the signals that stop
+def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), # what stops
                 ):
-    "Within the block, each of `signals` raises `KeyboardInterrupt` (main thread only; handlers restored after)."
+    "In the block, each of `signals` raises `KeyboardInterrupt` (main thread only; restored after)."
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -458,11 +465,12 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 def serve_main(port: int = 8080, # port of the OpenAI-compatible front on 127.0.0.1
                models: str = 'smollm2,gemma3', # comma-separated aliases from LOCAL_MODELS
               ) -> int:
-    "Serve the small local GGUF models behind an OpenAI-compatible endpoint until Ctrl-C, SIGTERM or SIGHUP."
+    "Serve the small local models behind an OpenAI-compatible endpoint until Ctrl-C, SIGTERM or SIGHUP."
     aliases = tuple(m.strip() for m in models.split(',') if m.strip())
     try:
         with stop_signals(), start_local_server(aliases, port=port) as server:
-            print(f"serving {', '.join(server.models)} at {server.base_url} (logs in {server.workdir}; "
+            print(f"serving {', '.join(server.models)} at {server.base_url} "
+                  f"(logs in {server.workdir}; "
                   "Ctrl-C to stop)", flush=True)
             while server.running: time.sleep(1)
     except KeyboardInterrupt: return 0
