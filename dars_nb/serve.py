@@ -139,6 +139,7 @@ class RequestError(ValueError):
         return {'error': {'message': str(self), 'type': self.kind, 'param': self.param,
                           'code': self.code}}
 
+# %% ../nbs/36_serve.ipynb #1aed0c79
 @dataclass
 class ChatRequest:
     "A checked chat request: what to forward and how to route it."
@@ -159,6 +160,7 @@ def _message_text(content) -> str | None:
         if all(isinstance(t, str) for t in parts) and parts: return '\n'.join(parts)
     return None
 
+# %% ../nbs/36_serve.ipynb #adb659d6
 def _parse_lambda(body_value, header_value) -> float | None:
     vals = []
     if body_value is not None:
@@ -195,6 +197,7 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
+# %% ../nbs/36_serve.ipynb #225cc854
 def parse_chat_request(raw: bytes, # the request body
                        settings: ServeSettings, # caps and the router's model name
                        models, # the pool's model names (a client may ask for one by name)
@@ -242,10 +245,12 @@ def parse_chat_request(raw: bytes, # the request body
 # %% ../nbs/36_serve.ipynb #d1f0e302
 def _utc_day(t: float) -> str: return datetime.fromtimestamp(t, timezone.utc).strftime('%Y-%m-%d')
 
+# %% ../nbs/36_serve.ipynb #f18bb08a
 def _seconds_to_utc_midnight(t: float) -> int:
     d = datetime.fromtimestamp(t, timezone.utc)
     return 86400 - (d.hour * 3600 + d.minute * 60 + d.second)
 
+# %% ../nbs/36_serve.ipynb #e40eedec
 class ServeMetrics:
     "Requests, failures, tokens and spend per model, and the daily spend limit."
     def __init__(self, models, # the pool's model names
@@ -286,6 +291,7 @@ def release(self: ServeMetrics, reserved_usd: float, # what `reserve` held
     "Give back a reservation."
     self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
 
+# %% ../nbs/36_serve.ipynb #6ce26f79
 @patch
 def answered(self: ServeMetrics, model: str, # the model that answered
              prompt_tokens: int, # its usage
@@ -301,16 +307,19 @@ def answered(self: ServeMetrics, model: str, # the model that answered
     m['spend_usd'] += cost_usd; m['usage_estimated'] += int(estimated)
     self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
 
+# %% ../nbs/36_serve.ipynb #bb94c8ac
 @patch
 def failed(self: ServeMetrics, model: str): # the model whose upstream failed
     "Count one upstream failure."
     self.models[model]['failures'] += 1
 
+# %% ../nbs/36_serve.ipynb #8abd485c
 @patch
 def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
     "Count one refused request."
     self.refused[str(status)] = self.refused.get(str(status), 0) + 1
 
+# %% ../nbs/36_serve.ipynb #93f489bf
 @patch
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
@@ -372,6 +381,7 @@ class UpstreamError(RuntimeError):
         super().__init__(message)
         self.status, self.retry_next = status, retry_next
 
+# %% ../nbs/36_serve.ipynb #0d474283
 def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> UpstreamError:
     "The `UpstreamError` of a non-200 answer, its detail quoted with configured keys blanked out."
     try: detail = json.loads(raw)['error']['message']
@@ -450,6 +460,7 @@ def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
     for k in keys: ok |= hmac.compare_digest(token, k.encode())
     return ok
 
+# %% ../nbs/36_serve.ipynb #dec08db8
 class ClientKeyCheck:
     "ASGI middleware: 401 unless the request carries a client key (no check when none is configured)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
@@ -481,6 +492,7 @@ async def _read_body(request, limit: int) -> bytes:
         chunks.append(chunk)
     return b''.join(chunks)
 
+# %% ../nbs/36_serve.ipynb #292e3ef1
 def _error_response(e: RequestError):
     from starlette.responses import JSONResponse
     return JSONResponse(e.body(), e.status, headers=e.headers)
@@ -521,10 +533,12 @@ def _charge(st, spec: ModelSpec, usage, messages: list, texts: list):
     pt, ct, estimated = usage_tokens(usage, messages, texts)
     st.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
 
+# %% ../nbs/36_serve.ipynb #422d4918
 def _all_failed(errors: list) -> RequestError:
     return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error',
                         code='upstream_failed')
 
+# %% ../nbs/36_serve.ipynb #5e185701
 async def _first_answer(st, ranking: list, call, headers: dict):
     "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error)."
     errors = []
@@ -543,6 +557,7 @@ async def _first_answer(st, ranking: list, call, headers: dict):
     st.metrics.refuse(502)
     return None, None, _error_response(_all_failed(errors))
 
+# %% ../nbs/36_serve.ipynb #d946f3d8
 async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
     from starlette.responses import Response
     name, spec, data = await _first_answer(st, ranking,
@@ -575,6 +590,7 @@ def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | Non
     if hide_usage: chunk.pop('usage', None)
     return 'data: ' + json.dumps(chunk)
 
+# %% ../nbs/36_serve.ipynb #d62b7a08
 async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, headers: dict):
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
@@ -586,6 +602,7 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
 
+# %% ../nbs/36_serve.ipynb #66c7e655
 async def _relay(st, req, spec, resp, held, hide_usage):
     seen = {'usage': None, 'text': []}
     try:
@@ -613,11 +630,13 @@ async def list_models(request):
     return JSONResponse({'object': 'list',
                          'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
 
+# %% ../nbs/36_serve.ipynb #bb18e017
 async def show_metrics(request):
     "GET /metrics: counts and spend per model, as JSON."
     from starlette.responses import JSONResponse
     return JSONResponse(request.app.state.metrics.snapshot())
 
+# %% ../nbs/36_serve.ipynb #b57731e8
 async def _http_error(request, exc):
     status = getattr(exc, 'status_code', 500)
     msg = {404: f"no route for {request.method} {request.url.path}",
@@ -626,6 +645,7 @@ async def _http_error(request, exc):
     request.app.state.metrics.refuse(status)
     return _error_response(RequestError(status, msg, kind='invalid_request_error'))
 
+# %% ../nbs/36_serve.ipynb #35d4e0b5
 async def _internal_error(request, exc):
     print(f"dars serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}",
           file=sys.stderr)
@@ -686,6 +706,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
+# %% ../nbs/36_serve.ipynb #6784fa1a
 class BackgroundServer:
     "A Starlette app served by uvicorn in a background thread; a context manager."
     def __init__(self, app, # an app from `create_app`
@@ -743,6 +764,7 @@ def _run_until_signal(server, sock):
     finally:
         if main: signal.signal(signal.SIGHUP, hup)
 
+# %% ../nbs/36_serve.ipynb #6e20b2fd
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
                host: str = '127.0.0.1', # address to listen on (beyond loopback, client keys are needed)

@@ -79,6 +79,7 @@ def _wants_stream(raw: bytes) -> tuple:
     opts = body.get('stream_options') if isinstance(body.get('stream_options'), dict) else {}
     return True, opts.get('include_usage') is True
 
+# %% ../nbs/39_testing.ipynb #cb1e5bc2
 @patch
 async def handle(self: FixedEndpoint, req, reader):
     "The fixed answer (or the model list), after the delay."
@@ -103,6 +104,7 @@ def _check_action(a):
     raise ValueError(f"unknown fault {a!r} (expected one of {', '.join(_ACTIONS)} or an HTTP "
                      "status 400-599)")
 
+# %% ../nbs/39_testing.ipynb #5ac2fb88
 def _strip_final_answer(raw: bytes) -> bytes:
     "A response with every 'Final Answer:' line removed from its message contents."
     head, _, body = raw.partition(b'\r\n\r\n')

@@ -33,10 +33,12 @@ DEFAULT_MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}
 class ConfigError(ValueError):
     "A problem with a model-pool configuration, stated in one line."
 
+# %% ../../nbs/30_client.ipynb #403bb95b
 def _is_num(v) -> bool:
     "Whether `v` is a finite number (not a bool)."
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
+# %% ../../nbs/30_client.ipynb #503af5a4
 def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
 
 # %% ../../nbs/30_client.ipynb #5c1e0a01
@@ -116,6 +118,7 @@ def cost(self: ModelSpec, prompt_tokens: int, # input tokens
     "Dollars for one call with this usage."
     return (prompt_tokens * self.price_in + completion_tokens * self.price_out) / 1e6
 
+# %% ../../nbs/30_client.ipynb #da1d41be
 @patch
 def max_tokens_for(self: ModelSpec, kind: str, # dataset kind: 'choice', 'math' or 'reading'
                   ) -> int:
@@ -166,6 +169,7 @@ def _unknown(keys, allowed, where):
         raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
                           f"{', '.join(allowed)})")
 
+# %% ../../nbs/30_client.ipynb #6e209bf3
 def _model_from(name, d, where):
     "A `ModelSpec` from one [models.NAME] (or [rewriter]) table."
     if not isinstance(d, dict):
@@ -223,6 +227,7 @@ def _rewriter_from(rw, models: dict) -> ModelSpec | None:
         return models[rw]
     return _model_from(None, rw, '[rewriter]')
 
+# %% ../../nbs/30_client.ipynb #9239a9c0
 @patch(cls_method=True)
 def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
               check_env: bool = True, # fail if a model's key variable is not set
@@ -245,6 +250,7 @@ def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
     if check_env: pool.check_env()
     return pool
 
+# %% ../../nbs/30_client.ipynb #882e04af
 @patch(cls_method=True)
 def from_toml(cls: Pool, path, # a TOML file laid out as above
               check_env: bool = True, # fail if a model's key variable is not set
@@ -262,6 +268,7 @@ def specs(self: Pool) -> list:
         out.append(self.rewriter)
     return out
 
+# %% ../../nbs/30_client.ipynb #d62e4a47
 @patch
 def spec(self: Pool, name: str, # a routed model's or the rewriter's name
         ) -> ModelSpec:
@@ -271,6 +278,7 @@ def spec(self: Pool, name: str, # a routed model's or the rewriter's name
     raise ConfigError(f"unknown model {name!r} (the pool has: "
                       f"{', '.join(s.name for s in self.specs())})")
 
+# %% ../../nbs/30_client.ipynb #91ba4822
 @patch
 def check_env(self: Pool):
     "Raise `ConfigError` if a model names a key variable that is not set (its value is not read)."
@@ -285,6 +293,7 @@ def _spec_dict(m: ModelSpec) -> dict:
     return {k: v for k,
             v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
 
+# %% ../../nbs/30_client.ipynb #c7e71daa
 @patch
 def to_dict(self: Pool) -> dict:
     "The configuration as a plain dictionary (names of key variables only, never keys)."
@@ -296,6 +305,7 @@ def to_dict(self: Pool) -> dict:
         d['rewriter'] = rw.name if shared else {'name': rw.name, **_spec_dict(rw)}
     return d
 
+# %% ../../nbs/30_client.ipynb #b265e7a3
 @patch
 def fingerprint(self: Pool) -> str:
     "A short hash of the configuration, e.g. to record in a store which pool produced it."
@@ -328,9 +338,11 @@ def fmt_usd(x: float, # dollars
 class MalformedResponse(ValueError):
     "The endpoint answered 2xx with a body that is not a chat completion."
 
+# %% ../../nbs/30_client.ipynb #eed6abd0
 class BudgetExceeded(RuntimeError):
     "The next request would go past the call budget or the spend cap; the run should stop."
 
+# %% ../../nbs/30_client.ipynb #f7bf2cd0
 class PermanentError(RuntimeError):
     "A call that will not succeed: a 4xx other than 429/408, or every retry used up."
     def __init__(self, message: str, model: str | None = None, kind: str | None = None,
@@ -428,6 +440,7 @@ def reserve(self: MemoryLedger, model: str, # the pool's name of the model
     self._open_usd += max_usd
     return len(self.entries) - 1
 
+# %% ../../nbs/30_client.ipynb #73fe3e17
 @patch
 def settle(self: MemoryLedger, entry: int, # an id from `reserve`
            cost_usd: float, # what the request cost
@@ -493,6 +506,7 @@ def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'conte
         n += len((c if isinstance(c, str) else json.dumps(c)).encode()) // 3 + 8
     return n
 
+# %% ../../nbs/30_client.ipynb #682c9a21
 def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)
                  messages: list, # the request's messages
                  texts, # every choice's text
@@ -516,6 +530,7 @@ def _message_texts(choices: list) -> list:
         texts.append(t or '')
     return texts
 
+# %% ../../nbs/30_client.ipynb #49c0709b
 def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
                       attempts: int) -> Completion:
     "A `Completion` from a chat-completion body; `MalformedResponse` if the body is not one."
@@ -558,6 +573,7 @@ class _Endpoint:
                                   timeout=timeout_s)
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
 
+# %% ../../nbs/30_client.ipynb #ae247014
 def _warn_shared(specs: list):
     "Warn, once per endpoint, when models sharing a base URL declare different concurrency."
     by_url = {}
@@ -612,6 +628,7 @@ def _lane(self: Client, spec: ModelSpec) -> tuple:
         lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), rpm, tpm)
     return lane
 
+# %% ../../nbs/30_client.ipynb #19638e5c
 @patch
 def _headers(self: Client, spec: ModelSpec, ep: _Endpoint) -> dict:
     "The Authorization header for a request, with the key read from the environment now."
@@ -629,6 +646,7 @@ def _stop(self: Client, why: str):
     self.stopped = why
     raise BudgetExceeded(why)
 
+# %% ../../nbs/30_client.ipynb #b2b3a200
 @patch
 def _reserve(self: Client, spec: ModelSpec, kind: str, worst_usd: float) -> int:
     "Check the call budget and the spend cap against the ledger, then reserve one request; or stop."
@@ -657,6 +675,7 @@ class _Call:
     tokens: int # worst-case tokens, for `tpm`
     worst_usd: float # worst-case cost, reserved before each attempt
 
+# %% ../../nbs/30_client.ipynb #0596fb72
 @dataclass
 class _Failure:
     "A failed attempt, classified."
@@ -680,6 +699,7 @@ async def _send(self: Client, call: _Call, ep: _Endpoint, attempt: int) -> Compl
         raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
     return comp
 
+# %% ../../nbs/30_client.ipynb #e856512f
 @patch
 async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
     "(Completion, None) or (None, _Failure) of one request, reserved before and settled after."
@@ -719,6 +739,7 @@ def _failure_message(self: Client, spec: ModelSpec, f: _Failure, attempt: int) -
     else: msg = f"model {spec.name!r}: {what} (not retried): {detail}"
     return redact(msg, self.pool)
 
+# %% ../../nbs/30_client.ipynb #c89f6d59
 @patch
 def _retry_delay(self: Client, call: _Call, f: _Failure, attempt: int) -> float:
     "Seconds to wait before the next attempt; `PermanentError` when there is none."
@@ -758,6 +779,7 @@ def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, p
     return _Call(spec, body, messages, n, kind, prompt + max_tokens * n,
                  spec.cost(prompt, max_tokens * n))
 
+# %% ../../nbs/30_client.ipynb #a04d1e43
 @patch
 async def complete(self: Client, model: str, # a model name of the pool (or the rewriter's)
                    messages: list, # chat messages [{'role': 'system'|'user'|..., 'content': ...}]
@@ -788,6 +810,7 @@ def _done(self: Client, comp: Completion) -> Completion:
     self._tick()
     return comp
 
+# %% ../../nbs/30_client.ipynb #023b96a5
 @patch
 def _tick(self: Client):
     "Advance every open progress bar by one finished call."
@@ -814,14 +837,17 @@ def progress(self: Client, total: int | None = None, # calls expected (None: unk
         self._bars.remove(bar)
         bar.close()
 
+# %% ../../nbs/30_client.ipynb #9974c419
 @patch
 async def aclose(self: Client):
     "Close the HTTP clients of the current event loop."
     eps, self._endpoints, self._lanes = self._endpoints, {}, {}
     for ep in eps.values(): await ep.client.close()
 
+# %% ../../nbs/30_client.ipynb #75f068d7
 @patch
 async def __aenter__(self: Client): return self
 
+# %% ../../nbs/30_client.ipynb #b37c98b5
 @patch
 async def __aexit__(self: Client, *exc): await self.aclose()

