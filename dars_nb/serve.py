@@ -197,13 +197,9 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
-# %% ../nbs/36_serve.ipynb #225cc854
-def parse_chat_request(raw: bytes, # the request body
-                       settings: ServeSettings, # caps and the router's model name
-                       models, # the pool's model names (a client may ask for one by name)
-                       lam_header: str | None = None, # the `x-dars-lambda` header, if sent
-                      ) -> ChatRequest:
-    "Check a chat-completion body and say how to route it; raises `RequestError`."
+# %% ../nbs/36_serve.ipynb #225cc850
+def _json_body(raw: bytes) -> dict:
+    "The request body as a JSON object without forbidden fields, or a 400 `RequestError`."
     try: body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
@@ -211,10 +207,13 @@ def parse_chat_request(raw: bytes, # the request body
         raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
     if bad:
-        raise RequestError(400,
-                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
-                           "and its key", bad[0])
-    messages = body.get('messages')
+        raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
+                                "and its key", bad[0])
+    return body
+
+# %% ../nbs/36_serve.ipynb #225cc851
+def _routing_text(messages) -> str:
+    "The text of the last user message, which the router ranks on; or a 400 `RequestError`."
     if not isinstance(messages,
                       list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError(400, "messages must be a non-empty list of {role, content} objects",
@@ -224,21 +223,42 @@ def parse_chat_request(raw: bytes, # the request body
     text = _message_text(users[-1].get('content'))
     if text is None:
         raise RequestError(400, "the last user message has no text content", 'messages')
-    model = body.pop('model', None)
-    if model in (None, settings.router_model): model = None
-    elif model not in models:
+    return text
+
+# %% ../nbs/36_serve.ipynb #225cc852
+def _asked_model(model, settings: ServeSettings, models) -> str | None:
+    "The pool model a request names (None: route), or a 404 `RequestError`."
+    if model in (None, settings.router_model): return None
+    if model not in models:
         raise RequestError(404, f"model {model!r} does not exist "
                                 f"(available: {settings.router_model}, {', '.join(models)})",
                            'model', code='model_not_found')
-    lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
-    stream = body.get('stream', False)
+    return model
+
+# %% ../nbs/36_serve.ipynb #d3654d0c
+def _stream_and_n(body: dict) -> tuple:
+    "(stream, n) of a request, checked."
+    stream, n = body.get('stream', False), body.get('n', 1)
     if not isinstance(stream, bool):
         raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
-    n = body.get('n', 1)
     if n is None: n = 1
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise RequestError(400,
                            f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+    return stream, n
+
+# %% ../nbs/36_serve.ipynb #225cc854
+def parse_chat_request(raw: bytes, # the request body
+                       settings: ServeSettings, # caps and the router's model name
+                       models, # the pool's model names (a client may ask for one by name)
+                       lam_header: str | None = None, # the `x-dars-lambda` header, if sent
+                      ) -> ChatRequest:
+    "Check a chat-completion body and say how to route it; raises `RequestError`."
+    body = _json_body(raw)
+    text = _routing_text(body.get('messages'))
+    model = _asked_model(body.pop('model', None), settings, models)
+    lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
+    stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n)
 
