@@ -360,39 +360,43 @@ class RankBatcher:
         self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
         self._pending, self._task = [], None
 
-    async def __call__(self, text: str, # the text to rank the pool for
-                       lam: float | None = None, # λ (None: the router's own)
-                      ) -> list:
-        "The pool's models for `text`, best first."
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((text, lam, fut))
-        if self._task is None: self._task = asyncio.create_task(self._drain())
-        return await fut
+# %% ../nbs/36_serve.ipynb #d173cfa9
+@patch
+async def __call__(self: RankBatcher, text: str, # the text to rank the pool for
+                   lam: float | None = None, # λ (None: the router's own)
+                  ) -> list:
+    "The pool's models for `text`, best first."
+    fut = asyncio.get_running_loop().create_future()
+    self._pending.append((text, lam, fut))
+    if self._task is None: self._task = asyncio.create_task(self._drain())
+    return await fut
 
-    async def _drain(self):
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                groups = {}
-                for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
-                for lam, items in groups.items():
-                    texts = [t for t, _ in items]
-                    self.calls += 1
-                    try:
-                        t0 = time.perf_counter()
-                        if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
-                        else: ranks = await asyncio.to_thread(self.rank, texts, lam)
-                        self.last_s = time.perf_counter() - t0
-                        if len(ranks) != len(texts):
-                            raise RuntimeError(f"the router returned {len(ranks)} rankings for "
-                                               f"{len(texts)} texts")
-                    except Exception as e:
-                        for _, fut in items:
-                            if not fut.done(): fut.set_exception(e)
-                        continue
-                    for (_, fut), r in zip(items, ranks):
-                        if not fut.done(): fut.set_result(list(r))
-        finally: self._task = None
+# %% ../nbs/36_serve.ipynb #1bdce62e
+@patch
+async def _drain(self: RankBatcher):
+    try:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            groups = {}
+            for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
+            for lam, items in groups.items():
+                texts = [t for t, _ in items]
+                self.calls += 1
+                try:
+                    t0 = time.perf_counter()
+                    if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
+                    else: ranks = await asyncio.to_thread(self.rank, texts, lam)
+                    self.last_s = time.perf_counter() - t0
+                    if len(ranks) != len(texts):
+                        raise RuntimeError(f"the router returned {len(ranks)} rankings for "
+                                           f"{len(texts)} texts")
+                except Exception as e:
+                    for _, fut in items:
+                        if not fut.done(): fut.set_exception(e)
+                    continue
+                for (_, fut), r in zip(items, ranks):
+                    if not fut.done(): fut.set_result(list(r))
+    finally: self._task = None
 
 # %% ../nbs/36_serve.ipynb #860db67b
 class UpstreamError(RuntimeError):
@@ -740,34 +744,38 @@ class BackgroundServer:
         host = self.app.state.settings.host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/v1"
 
-    def start(self):
-        "Bind, start serving, and wait until the server accepts requests; returns self."
-        import uvicorn
-        s = self.app.state.settings
-        sock = _listening_socket(s.host, s.port)
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet,
-                                lifespan='on', timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]},
-                                        daemon=True, name='dars-serve')
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the routing endpoint did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self):
-        "Stop serving and wait for the thread to end."
-        if self._thread is None: return
-        self._server.should_exit = True
-        self._thread.join(15)
-        self._thread = None
-
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
+
+# %% ../nbs/36_serve.ipynb #1a72ef83
+@patch
+def start(self: BackgroundServer):
+    "Bind, start serving, and wait until the server accepts requests; returns self."
+    import uvicorn
+    s = self.app.state.settings
+    sock = _listening_socket(s.host, s.port)
+    self.port = sock.getsockname()[1]
+    config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet,
+                            lifespan='on', timeout_graceful_shutdown=5)
+    self._server = uvicorn.Server(config)
+    self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]},
+                                    daemon=True, name='dars-serve')
+    self._thread.start()
+    deadline = time.monotonic() + 10
+    while not self._server.started:
+        if not self._thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the routing endpoint did not start")
+        time.sleep(0.01)
+    return self
+
+# %% ../nbs/36_serve.ipynb #08c85210
+@patch
+def stop(self: BackgroundServer):
+    "Stop serving and wait for the thread to end."
+    if self._thread is None: return
+    self._server.should_exit = True
+    self._thread.join(15)
+    self._thread = None
 
 # %% ../nbs/36_serve.ipynb #fda8613d
 def _run_until_signal(server, sock):

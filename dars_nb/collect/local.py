@@ -204,67 +204,81 @@ class LoopbackServer:
         "The OpenAI-style base URL, `http://127.0.0.1:PORT/v1`."
         return f'http://127.0.0.1:{self.port}/v1'
 
-    async def handle(self, req: Request, reader) -> bytes | None:
-        "The response bytes for `req`, or None to drop the connection without answering."
-        return http_response(404, error_body(404, f'no route for {req.method} {req.path}'))
-
-    async def _connection(self, reader, writer):
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        try:
-            while True:
-                try: first, headers, body = await _read_head_and_body(reader)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                    break
-                method, path = (first.split(' ') + ['', ''])[:2]
-                out = await self.handle(Request(method, path, headers, body), reader)
-                if out is None: break   # drop the connection
-                writer.write(out)
-                await writer.drain()
-                if headers.get('connection', '').lower() == 'close': break
-        except (ConnectionError, asyncio.CancelledError): pass
-        finally:
-            self._tasks.discard(task)
-            writer.close()
-
-    def _run(self, ready):
-        loop = self._loop = asyncio.new_event_loop()
-        async def main():
-            self._tasks, self._stopping = set(), asyncio.Event()
-            server = await asyncio.start_server(self._connection, '127.0.0.1', self.port,
-                                                limit=1 << 22, backlog=1024)
-            self.port = server.sockets[0].getsockname()[1]
-            ready.set()
-            await self._stopping.wait()
-            server.close()
-            for t in list(self._tasks): t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        try: loop.run_until_complete(main())
-        finally: loop.close()
-
-    def start(self):
-        "Start serving in a background thread; returns self."
-        if self._thread is not None: return self
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
-                                        name=type(self).__name__)
-        self._thread.start()
-        if not ready.wait(10): raise RuntimeError(f"{type(self).__name__} did not start")
-        return self
-
-    def stop(self):
-        "Stop serving and wait for the thread to end."
-        if self._thread is None: return
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(10)
-        self._thread = None
-
-    def serve_forever(self):
-        "Serve in the calling thread until the process ends (for a server in its own process)."
-        self._run(threading.Event())
-
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
+
+# %% ../../nbs/32_local.ipynb #f6bcc4d6
+@patch
+async def handle(self: LoopbackServer, req: Request, reader) -> bytes | None:
+    "The response bytes for `req`, or None to drop the connection without answering."
+    return http_response(404, error_body(404, f'no route for {req.method} {req.path}'))
+
+# %% ../../nbs/32_local.ipynb #9a9b77f3
+@patch
+async def _connection(self: LoopbackServer, reader, writer):
+    "Answer the requests of one connection until it closes."
+    task = asyncio.current_task()
+    self._tasks.add(task)
+    try:
+        while True:
+            try: first, headers, body = await _read_head_and_body(reader)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                break
+            method, path = (first.split(' ') + ['', ''])[:2]
+            out = await self.handle(Request(method, path, headers, body), reader)
+            if out is None: break   # drop the connection
+            writer.write(out)
+            await writer.drain()
+            if headers.get('connection', '').lower() == 'close': break
+    except (ConnectionError, asyncio.CancelledError): pass
+    finally:
+        self._tasks.discard(task)
+        writer.close()
+
+# %% ../../nbs/32_local.ipynb #d49aef31
+@patch
+def _run(self: LoopbackServer, ready):
+    "Serve on a fresh event loop until `stop`; set `ready` once listening."
+    loop = self._loop = asyncio.new_event_loop()
+    async def main():
+        self._tasks, self._stopping = set(), asyncio.Event()
+        server = await asyncio.start_server(self._connection, '127.0.0.1', self.port,
+                                            limit=1 << 22, backlog=1024)
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        await self._stopping.wait()
+        server.close()
+        for t in list(self._tasks): t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+    try: loop.run_until_complete(main())
+    finally: loop.close()
+
+# %% ../../nbs/32_local.ipynb #c98d0076
+@patch
+def start(self: LoopbackServer):
+    "Start serving in a background thread; returns self."
+    if self._thread is not None: return self
+    ready = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
+                                    name=type(self).__name__)
+    self._thread.start()
+    if not ready.wait(10): raise RuntimeError(f"{type(self).__name__} did not start")
+    return self
+
+# %% ../../nbs/32_local.ipynb #daa2b055
+@patch
+def stop(self: LoopbackServer):
+    "Stop serving and wait for the thread to end."
+    if self._thread is None: return
+    self._loop.call_soon_threadsafe(self._stopping.set)
+    self._thread.join(10)
+    self._thread = None
+
+# %% ../../nbs/32_local.ipynb #446348aa
+@patch
+def serve_forever(self: LoopbackServer):
+    "Serve in the calling thread until the process ends (for a server in its own process)."
+    self._run(threading.Event())
 
 # %% ../../nbs/32_local.ipynb #08acbf75
 async def forward(upstream: str, # base URL of the upstream endpoint
