@@ -245,3 +245,18 @@ def test_base_url_without_v1_says_so(llama_server):
     (err,), c = run(calls(pool))
     assert isinstance(err, PermanentError) and err.status == 404, err
     assert str(err).endswith(f'(try base_url = "{llama_server}")'), str(err)
+
+
+def test_tokens_per_minute_are_taken_at_their_worst_case():
+    from dars_nb.testing import FixedEndpoint
+    with FixedEndpoint(delay_s=0) as ep:
+        pool = Pool({'m': ModelSpec('m', ep.base_url, tpm=1000, rpm=100)})
+        async def two():
+            async with Client(pool) as client:
+                for _ in range(2): await client.complete('m', MESSAGES, max_tokens=MAX_TOKENS)
+                _, _, rpm, tpm = client._lane(client._specs['m'])
+                return rpm.level, tpm.level
+        rpm_left, tpm_left = run(two())
+    worst = estimate_prompt_tokens(MESSAGES) + MAX_TOKENS
+    assert 98 <= rpm_left < 99.5                         # two requests taken (plus what refilled meanwhile)
+    assert 1000 - 2 * worst <= tpm_left < 1000 - 1.5 * worst

@@ -433,3 +433,16 @@ def test_dars_serve_shuts_down_gracefully_on_sigterm_and_sighup(bundle_file, fix
         if proc.poll() is None: proc.kill(); proc.wait()
     assert proc.returncode == 0, err[-500:]
     assert 'Shutting down' in err or 'Finished server process' in err, err[-500:]
+
+
+def test_an_upstream_that_echoes_the_operators_key_does_not_leak_it(monkeypatch):
+    from dars_nb.testing import KeyEchoEndpoint
+    secret = 'sk-operator-0123456789-secret'
+    monkeypatch.setenv('DARS_TEST_UPSTREAM_KEY', secret)
+    with KeyEchoEndpoint() as echo:
+        pool = Pool({'small': ModelSpec('small', echo.base_url, api_key_env='DARS_TEST_UPSTREAM_KEY')})
+        with serving(ranked('small'), pool) as (_, http):
+            r = http.post('/v1/chat/completions', json=ASK)
+            metrics = http.get('/metrics').text
+    assert r.status_code == 502 and 'HTTP 401' in r.text, r.text
+    assert secret not in r.text + metrics and '***' in r.text
