@@ -1,7 +1,7 @@
 """Client throughput: N chat completions at concurrency C against a loopback endpoint that answers after 50 ms.
 
 Run: .venv/bin/python bench/bench_client.py [--calls 2000] [--concurrency 32] [--delay 0.05] [--reps 3]
-The endpoint (`dars_nb.collect.local.FixedEndpoint`) runs in its own process, so the client and the
+The endpoint (`dars_nb.testing.FixedEndpoint`) runs in its own process, so the client and the
 server do not share an interpreter. Ideal wall time = calls x delay / concurrency; the goal is a
 measured/ideal ratio of at most 1.3. Each repetition is a fresh `Client` (connections included);
 the median is reported with every run.
@@ -9,7 +9,8 @@ the median is reported with every run.
 import argparse, asyncio, multiprocessing as mp, os, statistics, sys, time, urllib.request
 
 from dars_nb.collect.client import Client, Limits, ModelSpec, Pool
-from dars_nb.collect.local import FixedEndpoint, free_port
+from dars_nb.collect.local import free_port
+from dars_nb.testing import FixedEndpoint
 
 from summary import emit
 

@@ -78,7 +78,7 @@ def encoder_times(texts):
 
 
 def serve_fixed(port, delay):
-    from dars_nb.collect.local import FixedEndpoint
+    from dars_nb.testing import FixedEndpoint
     FixedEndpoint(text='The answer is 42.', delay_s=delay, port=port).serve_forever()
 
 

@@ -11,22 +11,24 @@ import ipaddress
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
-from .collect.client import ConfigError, Pool, ModelSpec, estimate_prompt_tokens, _is_num, _is_int
+from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens,
+                                     read_toml, redact,
+                                     fmt_usd, _unknown, _is_num, _is_int)
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
            'RequestError', 'ChatRequest', 'parse_chat_request', 'ServeMetrics', 'RankBatcher', 'UpstreamError',
-           'usage_and_cost', 'Upstreams', 'complete', 'open_stream', 'ClientKeyCheck', 'chat_completions',
-           'list_models', 'show_metrics', 'create_app', 'BackgroundServer', 'serve_main']
+           'Upstreams', 'send', 'ClientKeyCheck', 'chat_completions', 'list_models', 'show_metrics', 'create_app',
+           'BackgroundServer', 'serve_main']
 
 # %% ../nbs/36_serve.ipynb #ab11fe30
 def is_loopback(host: str, # an address or host name to listen on
@@ -36,6 +38,24 @@ def is_loopback(host: str, # an address or host name to listen on
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
 
+# %% ../nbs/36_serve.ipynb #30b5db00
+def _check_listen(host, port, keys):
+    "Raise `ConfigError` for a bad address, port or client key, or an open address without keys."
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"serve: host must be an address, got {host!r}")
+    if not _is_int(port) or not 0 <= port < 65536:
+        raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
+    if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError("serve: client_keys must be a sequence of strings")
+    short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
+    if short:
+        raise ConfigError(f"serve: client key {short[0] + 1} is shorter than "
+                          f"{MIN_CLIENT_KEY_CHARS} characters")
+    if not keys and not is_loopback(host):
+        raise ConfigError(f"serve: refusing to listen on {host} without client keys "
+                          "(set [serve] client_keys_env to a variable holding them, "
+                          "or listen on 127.0.0.1)")
+
 # %% ../nbs/36_serve.ipynb #30b5db01
 MIN_CLIENT_KEY_CHARS = 16
 
@@ -44,62 +64,58 @@ class ServeSettings:
     "How the routing endpoint listens, whom it lets in and how much it may spend."
     host: str = '127.0.0.1' # address to listen on; anything but loopback needs client keys
     port: int = 8000 # TCP port (0: a free one)
-    client_keys: tuple = field(default=(), repr=False) # keys clients send as `Authorization: Bearer <key>` (empty: no check)
+    client_keys: tuple = field(default=(), repr=False) # keys clients send as Bearer tokens (empty: no check)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
-    max_tokens: int = 2048 # completion-token cap per request; a larger or missing `max_tokens` is set to it
-    daily_spend_usd: float | None = None # dollars the endpoint may spend per UTC day (None: no limit)
-    request_timeout_s: float = 120.0 # seconds one upstream attempt may take before the next model is tried
+    max_tokens: int = 2048 # completion tokens per request; a larger or missing `max_tokens` gets this
+    daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
 
     def __post_init__(self):
-        if not isinstance(self.host, str) or not self.host: raise ConfigError(f"serve: host must be an address, got {self.host!r}")
-        if not _is_int(self.port) or not 0 <= self.port < 65536: raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {self.port!r}")
-        keys = self.client_keys
-        if isinstance(keys, str) or not all(isinstance(k, str) for k in keys): raise ConfigError("serve: client_keys must be a sequence of strings")
-        short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
-        if short: raise ConfigError(f"serve: client key {short[0] + 1} is shorter than {MIN_CLIENT_KEY_CHARS} characters")
-        object.__setattr__(self, 'client_keys', tuple(keys))
-        if not keys and not is_loopback(self.host):
-            raise ConfigError(f"serve: refusing to listen on {self.host} without client keys "
-                              "(set [serve] client_keys_env to a variable holding them, or listen on 127.0.0.1)")
+        _check_listen(self.host, self.port, self.client_keys)
+        object.__setattr__(self, 'client_keys', tuple(self.client_keys))
         for k in ('max_body_bytes', 'max_tokens'):
             v = getattr(self, k)
-            if not _is_int(v) or v < 1: raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
-        if self.daily_spend_usd is not None and (not _is_num(self.daily_spend_usd) or self.daily_spend_usd < 0):
-            raise ConfigError(f"serve: daily_spend_usd must be a non-negative number of dollars, got {self.daily_spend_usd!r}")
-        if not _is_num(self.request_timeout_s) or self.request_timeout_s <= 0:
-            raise ConfigError(f"serve: request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
-        if not isinstance(self.router_model, str) or not self.router_model: raise ConfigError("serve: router_model must be a non-empty name")
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
+        d = self.daily_spend_usd
+        if d is not None and (not _is_num(d) or d < 0):
+            raise ConfigError("serve: daily_spend_usd must be a non-negative number of dollars, "
+                              f"got {d!r}")
+        if not isinstance(self.router_model, str) or not self.router_model:
+            raise ConfigError("serve: router_model must be a non-empty name")
 
 # %% ../nbs/36_serve.ipynb #c479df69
-_SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'request_timeout_s', 'router_model')
-_POOL_KEYS = ('models', 'rewriter', 'limits')
-_IGNORED_KEYS = ('collection', 'datasets')   # a `dars collect` configuration serves as it is
+_SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'router_model')
+_OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
 
+def _client_keys(serve: dict, env) -> tuple:
+    "The client keys in the variable `client_keys_env` names (none if the file names none)."
+    if 'client_keys_env' not in serve: return ()
+    var = serve['client_keys_env']
+    if not isinstance(var, str) or not var:
+        raise ConfigError(f"[serve] client_keys_env must name an environment variable, got {var!r}")
+    keys = tuple(k.strip() for k in env.get(var, '').split(',') if k.strip())
+    if not keys:
+        raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
+    return keys
+
+# %% ../nbs/36_serve.ipynb #c479df6a
 def load_serve_config(path, # a pool TOML file with an optional [serve] table
                       host: str = '127.0.0.1', # address to listen on
                       port: int = 8000, # port to listen on
                       env: dict | None = None, # where key variables are read (default: os.environ)
                      ) -> tuple:
     "The pool and the `ServeSettings` of a pool TOML file."
-    path, env = Path(path), os.environ if env is None else env
-    if not path.is_file(): raise ConfigError(f"pool file not found: {path}")
-    try: d = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-    allowed = _POOL_KEYS + _IGNORED_KEYS + ('serve',)
-    extra = [k for k in d if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {path.name} (expected one of {', '.join(allowed)})")
+    d, env = read_toml(path), os.environ if env is None else env
     serve = d.get('serve', {})
     if not isinstance(serve, dict): raise ConfigError("[serve] must be a table of settings")
-    extra = [k for k in serve if k not in _SERVE_KEYS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [serve] (expected one of {', '.join(_SERVE_KEYS)})")
-    keys = ()
-    if 'client_keys_env' in serve:
-        var = serve['client_keys_env']
-        if not isinstance(var, str) or not var: raise ConfigError(f"[serve] client_keys_env must name an environment variable, got {var!r}")
-        keys = tuple(k.strip() for k in env.get(var, '').split(',') if k.strip())
-        if not keys: raise ConfigError(f"[serve] client_keys_env names {var}, which is not set or holds no key")
-    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d})
+    if 'request_timeout_s' in serve:
+        raise ConfigError("[serve] request_timeout_s is not a setting: the time per upstream "
+                          "attempt is "
+                          "[limits] timeout_s (or a model's own timeout_s)")
+    _unknown(serve, _SERVE_KEYS, '[serve]')
+    keys = _client_keys(serve, env)
+    pool = Pool.from_dict(d, also=_OTHER_TABLES, source=str(path))
     opts = {k: v for k, v in serve.items() if k != 'client_keys_env'}
     return pool, ServeSettings(host=host, port=port, client_keys=keys, **opts)
 
@@ -111,15 +127,19 @@ MAX_CHOICES = 8
 
 class RequestError(ValueError):
     "A request the endpoint refuses, with its HTTP status and OpenAI error type."
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = 'invalid_request_error',
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = 'invalid_request_error',
                  code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.param, self.kind, self.code, self.headers = status, param, kind, code, headers or {}
+        self.status, self.param, self.kind, self.code = status, param, kind, code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         "The error in OpenAI's JSON shape."
-        return {'error': {'message': str(self), 'type': self.kind, 'param': self.param, 'code': self.code}}
+        return {'error': {'message': str(self), 'type': self.kind, 'param': self.param,
+                          'code': self.code}}
 
+# %% ../nbs/36_serve.ipynb #1aed0c79
 @dataclass
 class ChatRequest:
     "A checked chat request: what to forward and how to route it."
@@ -140,17 +160,26 @@ def _message_text(content) -> str | None:
         if all(isinstance(t, str) for t in parts) and parts: return '\n'.join(parts)
     return None
 
+# %% ../nbs/36_serve.ipynb #adb659d6
 def _parse_lambda(body_value, header_value) -> float | None:
     vals = []
     if body_value is not None:
-        if not _is_num(body_value): raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}", 'dars_lambda')
+        if not _is_num(body_value):
+            raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}",
+                               'dars_lambda')
         vals.append(float(body_value))
     if header_value is not None:
         try: vals.append(float(header_value))
-        except ValueError: raise RequestError(400, f"the x-dars-lambda header must be a number, got {header_value!r}", 'dars_lambda') from None
+        except ValueError:
+            raise RequestError(400,
+                               f"the x-dars-lambda header must be a number, got {header_value!r}",
+                               'dars_lambda') from None
     if not vals: return None
-    if len(vals) == 2 and vals[0] != vals[1]: raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
-    if not math.isfinite(vals[0]) or vals[0] < 0: raise RequestError(400, f"dars_lambda must be a finite number >= 0, got {vals[0]:g}", 'dars_lambda')
+    if len(vals) == 2 and vals[0] != vals[1]:
+        raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
+    if not math.isfinite(vals[0]) or vals[0] < 0:
+        raise RequestError(400, f"dars_lambda must be a finite number >= 0, got {vals[0]:g}",
+                           'dars_lambda')
     return vals[0]
 
 # %% ../nbs/36_serve.ipynb #b4b2936b
@@ -158,7 +187,8 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     "(effective max tokens, whether it was capped), with every max-token field of `body` set to it."
     given = [k for k in ('max_tokens', 'max_completion_tokens') if body.get(k) is not None]
     for k in given:
-        if not _is_int(body[k]) or body[k] < 1: raise RequestError(400, f"{k} must be a positive integer, got {json.dumps(body[k])}", k)
+        if not _is_int(body[k]) or body[k] < 1:
+            raise RequestError(400, f"{k} must be a positive integer, got {json.dumps(body[k])}", k)
     if not given:
         body['max_tokens'] = cap
         return cap, True
@@ -167,56 +197,93 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
+# %% ../nbs/36_serve.ipynb #225cc850
+def _json_body(raw: bytes) -> dict:
+    "The request body as a JSON object without forbidden fields, or a 400 `RequestError`."
+    try: body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
+    if bad:
+        raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
+                                "and its key", bad[0])
+    return body
+
+# %% ../nbs/36_serve.ipynb #225cc851
+def _routing_text(messages) -> str:
+    "The text of the last user message, which the router ranks on; or a 400 `RequestError`."
+    if not isinstance(messages,
+                      list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestError(400, "messages must be a non-empty list of {role, content} objects",
+                           'messages')
+    users = [m for m in messages if m.get('role') == 'user']
+    if not users: raise RequestError(400, "messages has no user message to route on", 'messages')
+    text = _message_text(users[-1].get('content'))
+    if text is None:
+        raise RequestError(400, "the last user message has no text content", 'messages')
+    return text
+
+# %% ../nbs/36_serve.ipynb #225cc852
+def _asked_model(model, settings: ServeSettings, models) -> str | None:
+    "The pool model a request names (None: route), or a 404 `RequestError`."
+    if model in (None, settings.router_model): return None
+    if model not in models:
+        raise RequestError(404, f"model {model!r} does not exist "
+                                f"(available: {settings.router_model}, {', '.join(models)})",
+                           'model', code='model_not_found')
+    return model
+
+# %% ../nbs/36_serve.ipynb #d3654d0c
+def _stream_and_n(body: dict) -> tuple:
+    "(stream, n) of a request, checked."
+    stream, n = body.get('stream', False), body.get('n', 1)
+    if not isinstance(stream, bool):
+        raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
+    if n is None: n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(400,
+                           f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+    return stream, n
+
+# %% ../nbs/36_serve.ipynb #225cc854
 def parse_chat_request(raw: bytes, # the request body
                        settings: ServeSettings, # caps and the router's model name
                        models, # the pool's model names (a client may ask for one by name)
                        lam_header: str | None = None, # the `x-dars-lambda` header, if sent
                       ) -> ChatRequest:
     "Check a chat-completion body and say how to route it; raises `RequestError`."
-    try: body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e: raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
-    if not isinstance(body, dict): raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
-    bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
-    if bad: raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream and its key", bad[0])
-    messages = body.get('messages')
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestError(400, "messages must be a non-empty list of {role, content} objects", 'messages')
-    users = [m for m in messages if m.get('role') == 'user']
-    if not users: raise RequestError(400, "messages has no user message to route on", 'messages')
-    text = _message_text(users[-1].get('content'))
-    if text is None: raise RequestError(400, "the last user message has no text content", 'messages')
-    model = body.pop('model', None)
-    if model in (None, settings.router_model): model = None
-    elif model not in models:
-        raise RequestError(404, f"model {model!r} does not exist (available: {settings.router_model}, {', '.join(models)})",
-                           'model', code='model_not_found')
+    body = _json_body(raw)
+    text = _routing_text(body.get('messages'))
+    model = _asked_model(body.pop('model', None), settings, models)
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
-    stream = body.get('stream', False)
-    if not isinstance(stream, bool): raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
-    n = body.get('n', 1)
-    if n is None: n = 1
-    if not _is_int(n) or not 1 <= n <= MAX_CHOICES: raise RequestError(400, f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+    stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n)
 
 # %% ../nbs/36_serve.ipynb #d1f0e302
 def _utc_day(t: float) -> str: return datetime.fromtimestamp(t, timezone.utc).strftime('%Y-%m-%d')
 
+# %% ../nbs/36_serve.ipynb #f18bb08a
 def _seconds_to_utc_midnight(t: float) -> int:
     d = datetime.fromtimestamp(t, timezone.utc)
     return 86400 - (d.hour * 3600 + d.minute * 60 + d.second)
 
+# %% ../nbs/36_serve.ipynb #e40eedec
 class ServeMetrics:
     "Requests, failures, tokens and spend per model, and the daily spend limit."
     def __init__(self, models, # the pool's model names
-                 daily_spend_usd: float | None = None, # dollars allowed per UTC day (None: no limit)
-                 clock=time.time, # seconds since the epoch (a parameter so that tests can move the day)
+                 daily_spend_usd: float | None = None, # dollars per UTC day (None: no limit)
+                 clock=time.time, # seconds since the epoch (tests move the day with it)
                 ):
         self.daily_spend_usd, self.clock = daily_spend_usd, clock
         self.started = clock()
-        self.day, self.spend_today_usd, self.reserved_usd, self.spend_total_usd = _utc_day(self.started), 0.0, 0.0, 0.0
+        self.day = _utc_day(self.started)
+        self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
         self.requests, self.fallbacks, self.refused = 0, 0, {}
-        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0, usage_estimated=0)
+        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0,
+                               usage_estimated=0)
                        for m in models}
 
     def _roll(self):
@@ -228,9 +295,11 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            raise RequestError(429, f"daily spend limit of ${lim:g} reached (spent ${self.spend_today_usd:.4f} today, "
-                                    f"${self.reserved_usd:.4f} in flight, this request may cost up to ${worst_case_usd:.4f}); "
-                                    "it resets at 00:00 UTC", kind='insufficient_quota', code='daily_spend_limit',
+            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} "
+                   f"today, {fmt_usd(self.reserved_usd)} in flight, this request may cost up to "
+                   f"{fmt_usd(worst_case_usd)}); "
+                   "it resets at 00:00 UTC")
+            raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
                                headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})
         self.reserved_usd += worst_case_usd
         return worst_case_usd
@@ -242,6 +311,7 @@ def release(self: ServeMetrics, reserved_usd: float, # what `reserve` held
     "Give back a reservation."
     self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
 
+# %% ../nbs/36_serve.ipynb #6ce26f79
 @patch
 def answered(self: ServeMetrics, model: str, # the model that answered
              prompt_tokens: int, # its usage
@@ -252,27 +322,32 @@ def answered(self: ServeMetrics, model: str, # the model that answered
     "Count one answer and its spend."
     self._roll()
     m = self.models[model]
-    m['answered'] += 1; m['prompt_tokens'] += prompt_tokens; m['completion_tokens'] += completion_tokens
+    m['answered'] += 1
+    m['prompt_tokens'] += prompt_tokens; m['completion_tokens'] += completion_tokens
     m['spend_usd'] += cost_usd; m['usage_estimated'] += int(estimated)
     self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
 
+# %% ../nbs/36_serve.ipynb #bb94c8ac
 @patch
 def failed(self: ServeMetrics, model: str): # the model whose upstream failed
     "Count one upstream failure."
     self.models[model]['failures'] += 1
 
+# %% ../nbs/36_serve.ipynb #8abd485c
 @patch
 def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
     "Count one refused request."
     self.refused[str(status)] = self.refused.get(str(status), 0) + 1
 
+# %% ../nbs/36_serve.ipynb #93f489bf
 @patch
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
     self._roll()
     return {'since': datetime.fromtimestamp(self.started, timezone.utc).isoformat(timespec='seconds'),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
-            'day': self.day, 'spend_today_usd': self.spend_today_usd, 'daily_spend_usd': self.daily_spend_usd,
+            'day': self.day, 'spend_today_usd': self.spend_today_usd,
+            'daily_spend_usd': self.daily_spend_usd,
             'in_flight_reserved_usd': self.reserved_usd, 'spend_total_usd': self.spend_total_usd,
             'models': {k: dict(v) for k, v in self.models.items()}}
 
@@ -280,41 +355,48 @@ def snapshot(self: ServeMetrics) -> dict:
 class RankBatcher:
     "Rankings for concurrent requests, computed together in a worker thread, one call per λ."
     def __init__(self, rank, # rank(texts, lam) -> one list of model names per text, best first
-                 inline_s: float = 0.002, # a call that took less than this last time runs on the event loop itself
+                 inline_s: float = 0.002, # a call faster than this last time runs on the event loop
                 ):
-        self.rank, self.inline_s, self._pending, self._task, self.calls, self.last_s = rank, inline_s, [], None, 0, math.inf
+        self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
+        self._pending, self._task = [], None
 
-    async def __call__(self, text: str, # the text to rank the pool for
-                       lam: float | None = None, # λ (None: the router's own)
-                      ) -> list:
-        "The pool's models for `text`, best first."
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((text, lam, fut))
-        if self._task is None: self._task = asyncio.create_task(self._drain())
-        return await fut
+# %% ../nbs/36_serve.ipynb #d173cfa9
+@patch
+async def __call__(self: RankBatcher, text: str, # the text to rank the pool for
+                   lam: float | None = None, # λ (None: the router's own)
+                  ) -> list:
+    "The pool's models for `text`, best first."
+    fut = asyncio.get_running_loop().create_future()
+    self._pending.append((text, lam, fut))
+    if self._task is None: self._task = asyncio.create_task(self._drain())
+    return await fut
 
-    async def _drain(self):
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                groups = {}
-                for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
-                for lam, items in groups.items():
-                    texts = [t for t, _ in items]
-                    self.calls += 1
-                    try:
-                        t0 = time.perf_counter()
-                        if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
-                        else: ranks = await asyncio.to_thread(self.rank, texts, lam)
-                        self.last_s = time.perf_counter() - t0
-                        if len(ranks) != len(texts): raise RuntimeError(f"the router returned {len(ranks)} rankings for {len(texts)} texts")
-                    except Exception as e:
-                        for _, fut in items:
-                            if not fut.done(): fut.set_exception(e)
-                        continue
-                    for (_, fut), r in zip(items, ranks):
-                        if not fut.done(): fut.set_result(list(r))
-        finally: self._task = None
+# %% ../nbs/36_serve.ipynb #1bdce62e
+@patch
+async def _drain(self: RankBatcher):
+    try:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            groups = {}
+            for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
+            for lam, items in groups.items():
+                texts = [t for t, _ in items]
+                self.calls += 1
+                try:
+                    t0 = time.perf_counter()
+                    if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
+                    else: ranks = await asyncio.to_thread(self.rank, texts, lam)
+                    self.last_s = time.perf_counter() - t0
+                    if len(ranks) != len(texts):
+                        raise RuntimeError(f"the router returned {len(ranks)} rankings for "
+                                           f"{len(texts)} texts")
+                except Exception as e:
+                    for _, fut in items:
+                        if not fut.done(): fut.set_exception(e)
+                    continue
+                for (_, fut), r in zip(items, ranks):
+                    if not fut.done(): fut.set_result(list(r))
+    finally: self._task = None
 
 # %% ../nbs/36_serve.ipynb #860db67b
 class UpstreamError(RuntimeError):
@@ -323,95 +405,88 @@ class UpstreamError(RuntimeError):
         super().__init__(message)
         self.status, self.retry_next = status, retry_next
 
-def _status_error(spec: ModelSpec, status: int, raw: bytes) -> UpstreamError:
+# %% ../nbs/36_serve.ipynb #0d474283
+def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> UpstreamError:
+    "The `UpstreamError` of a non-200 answer, its detail quoted with configured keys blanked out."
     try: detail = json.loads(raw)['error']['message']
     except (ValueError, KeyError, TypeError): detail = raw[:200].decode('utf-8', 'replace')
     retry = status >= 500 or status in (401, 403, 408, 429)
-    return UpstreamError(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", status, retry)
-
-def usage_and_cost(spec: ModelSpec, # the model that answered
-                   usage, # the `usage` object it reported (None or malformed: estimated)
-                   messages: list, # the request's messages (for an estimate)
-                   completion_text: str, # everything it generated (for an estimate)
-                  ) -> tuple:
-    "(prompt tokens, completion tokens, dollars, whether estimated) of one answer."
-    pt, ct = (usage.get('prompt_tokens'), usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
-    estimated = not (_is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0)
-    if estimated: pt, ct = estimate_prompt_tokens(messages), len(completion_text.encode()) // 3 + 1
-    return pt, ct, spec.cost(pt, ct), estimated
+    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", pool),
+                         status, retry)
 
 # %% ../nbs/36_serve.ipynb #16e29b63
 class Upstreams:
     "HTTP clients for the pool's endpoints, created on the serving event loop."
-    def __init__(self, pool: Pool, # the models and where they are served
-                 timeout_s: float, # seconds per attempt
-                ):
+    def __init__(self, pool: Pool): # the models and where they are served
         import httpx2
-        self.httpx, self.pool, self.timeout_s = httpx2, pool, timeout_s
-        slots = {}
-        for s in pool.models.values(): slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
-        self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(timeout_s),
-                                                limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n))
+        self.httpx, self.pool = httpx2, pool
+        slots, wait = {}, {}
+        for s in pool.models.values():
+            slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
+            wait[s.base_url] = max(wait.get(s.base_url, 0), self.timeout(s))
+        self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(wait[url]),
+                                                limits=httpx2.Limits(max_connections=n,
+                                                                     max_keepalive_connections=n))
                         for url, n in slots.items()}
+
+    def timeout(self, spec: ModelSpec) -> float:
+        "Seconds one attempt on `spec` may take: its own `timeout_s`, else the pool's."
+        return spec.timeout_s or self.pool.limits.timeout_s
 
     def request(self, spec: ModelSpec, body: dict):
         "The upstream request for `body` sent to `spec` (model id and key from the pool)."
         headers = {'content-type': 'application/json'}
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
-            if not key: raise UpstreamError(f"model {spec.name!r}: environment variable {spec.api_key_env} (api_key_env) is not set")
+            if not key:
+                raise UpstreamError(f"model {spec.name!r}: environment variable "
+                                    f"{spec.api_key_env} (api_key_env) is not set")
             headers['authorization'] = f'Bearer {key}'
         data = json.dumps({**body, 'model': spec.remote_name}).encode()
-        return self.clients[spec.base_url].build_request('POST', spec.base_url.rstrip('/') + '/chat/completions',
+        url = spec.base_url.rstrip('/') + '/chat/completions'
+        return self.clients[spec.base_url].build_request('POST', url,
                                                          content=data, headers=headers)
 
     async def aclose(self):
+        "Close every client."
         for c in self.clients.values(): await c.aclose()
 
 # %% ../nbs/36_serve.ipynb #94c2c365
-async def complete(ups: Upstreams, # the pool's clients
-                   spec: ModelSpec, # the model to ask
-                   body: dict, # the checked request fields
-                  ) -> dict:
-    "One non-streamed chat completion from `spec`; raises `UpstreamError`."
+async def send(ups: Upstreams, # the pool's clients
+               spec: ModelSpec, # the model to ask
+               body: dict, # the checked request fields
+               stream: bool = False, # return the response with its events unread
+              ):
+    "One upstream attempt: a chat completion as a dict, or the streamed response; or `UpstreamError`."
     try:
-        async with asyncio.timeout(ups.timeout_s):
-            resp = await ups.clients[spec.base_url].send(ups.request(spec, body))
+        async with asyncio.timeout(ups.timeout(spec)):
+            resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
     except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        raise UpstreamError(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()) from None
-    if resp.status_code != 200: raise _status_error(spec, resp.status_code, resp.content)
-    try: data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError): data = None
-    if not isinstance(data, dict) or not isinstance(data.get('choices'), list) or not data['choices']:
-        raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion")
-    return data
-
-async def open_stream(ups: Upstreams, # the pool's clients
-                      spec: ModelSpec, # the model to ask
-                      body: dict, # the checked request fields (with stream = true)
-                     ):
-    "An upstream response whose server-sent events are ready to read; raises `UpstreamError`."
-    try:
-        async with asyncio.timeout(ups.timeout_s):
-            resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=True)
-    except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        raise UpstreamError(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()) from None
+        msg = f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()
+        raise UpstreamError(redact(msg, ups.pool)) from None
     if resp.status_code != 200:
         raw = await resp.aread()
         await resp.aclose()
-        raise _status_error(spec, resp.status_code, raw)
-    return resp
+        raise _status_error(spec, resp.status_code, raw, ups.pool)
+    if stream: return resp
+    try: data = json.loads(resp.content)
+    except (ValueError, UnicodeDecodeError): data = None
+    if not isinstance(data,
+                      dict) or not isinstance(data.get('choices'), list) or not data['choices']:
+        raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion")
+    return data
 
 # %% ../nbs/36_serve.ipynb #90d2ea8c
 def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
-    "Whether an Authorization header carries one of `keys`, compared in constant time against all of them."
+    "Whether an Authorization header carries one of `keys`, compared in constant time with all."
     if not header or not header.startswith(b'Bearer '): return False
     token, ok = header[7:].strip(), False
     for k in keys: ok |= hmac.compare_digest(token, k.encode())
     return ok
 
+# %% ../nbs/36_serve.ipynb #dec08db8
 class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a configured client key (no check when none is configured)."
+    "ASGI middleware: 401 unless the request carries a client key (no check when none is configured)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
@@ -419,16 +494,19 @@ class ClientKeyCheck:
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
-        msg = 'a client key is required: send Authorization: Bearer <key>' if header is None else 'the client key is not valid'
+        msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
+               else 'the client key is not valid')
         err = RequestError(401, msg, kind='authentication_error', code='invalid_api_key')
         m = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
         if m is not None: m.refuse(401)
-        await JSONResponse(err.body(), 401, headers={'www-authenticate': 'Bearer'})(scope, receive, send)
+        await JSONResponse(err.body(), 401,
+                           headers={'www-authenticate': 'Bearer'})(scope, receive, send)
 
 # %% ../nbs/36_serve.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
     "The request body, or a 413 `RequestError` as soon as it passes `limit` bytes."
-    too_big = RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)", code='body_too_large')
+    too_big = RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)",
+                           code='body_too_large')
     declared = request.headers.get('content-length')
     if declared is not None and declared.isdigit() and int(declared) > limit: raise too_big
     chunks, size = [], 0
@@ -438,6 +516,7 @@ async def _read_body(request, limit: int) -> bytes:
         chunks.append(chunk)
     return b''.join(chunks)
 
+# %% ../nbs/36_serve.ipynb #292e3ef1
 def _error_response(e: RequestError):
     from starlette.responses import JSONResponse
     return JSONResponse(e.body(), e.status, headers=e.headers)
@@ -448,13 +527,17 @@ async def chat_completions(request):
     st = request.app.state
     st.metrics.requests += 1
     try:
-        req = parse_chat_request(await _read_body(request, st.settings.max_body_bytes), st.settings, st.pool.models,
+        raw = await _read_body(request, st.settings.max_body_bytes)
+        req = parse_chat_request(raw, st.settings, st.pool.models,
                                  request.headers.get('x-dars-lambda'))
         if req.model is not None: ranking = [req.model]
         else:
             ranking = await st.rank(req.text, req.lam)
             unknown = [m for m in ranking if m not in st.pool.models]
-            if unknown: raise RequestError(500, f"the router ranked {unknown[0]!r}, which the pool does not have", kind='server_error')
+            if unknown:
+                raise RequestError(500,
+                                   f"the router ranked {unknown[0]!r}, which the pool does not have",
+                                   kind='server_error')
         prompt_est = estimate_prompt_tokens(req.body['messages'])
         worst = max(st.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
         held = st.metrics.reserve(worst)
@@ -469,11 +552,19 @@ async def chat_completions(request):
     finally: st.metrics.release(held)
 
 # %% ../nbs/36_serve.ipynb #a1008605
-def _all_failed(errors: list) -> RequestError:
-    return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error', code='upstream_failed')
+def _charge(st, spec: ModelSpec, usage, messages: list, texts: list):
+    "Count one answer with its tokens and cost (estimated when the upstream reported no usage)."
+    pt, ct, estimated = usage_tokens(usage, messages, texts)
+    st.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
 
+# %% ../nbs/36_serve.ipynb #422d4918
+def _all_failed(errors: list) -> RequestError:
+    return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error',
+                        code='upstream_failed')
+
+# %% ../nbs/36_serve.ipynb #5e185701
 async def _first_answer(st, ranking: list, call, headers: dict):
-    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error response)."
+    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error)."
     errors = []
     for name in ranking:
         spec = st.pool.models[name]
@@ -483,25 +574,30 @@ async def _first_answer(st, ranking: list, call, headers: dict):
             if e.retry_next: continue
             st.metrics.refuse(e.status)
             return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
-        if errors: st.metrics.fallbacks += 1; headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
+        if errors:
+            st.metrics.fallbacks += 1
+            headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
         return name, spec, result
     st.metrics.refuse(502)
     return None, None, _error_response(_all_failed(errors))
 
+# %% ../nbs/36_serve.ipynb #d946f3d8
 async def _answer(st, req: ChatRequest, ranking: list, headers: dict):
     from starlette.responses import Response
-    name, spec, data = await _first_answer(st, ranking, lambda spec: complete(st.upstreams, spec, req.body), headers)
+    name, spec, data = await _first_answer(st, ranking,
+                                           lambda spec: send(st.upstreams, spec, req.body), headers)
     if name is None: return data
-    text = ''.join(c.get('message', {}).get('content') or '' for c in data['choices'] if isinstance(c, dict)
-                   and isinstance(c.get('message'), dict) and isinstance(c['message'].get('content'), str))
-    pt, ct, cost, est = usage_and_cost(spec, data.get('usage'), req.body['messages'], text)
-    st.metrics.answered(name, pt, ct, cost, est)
+    messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
+    texts = [m['content'] for m in messages
+             if isinstance(m, dict) and isinstance(m.get('content'), str)]
+    _charge(st, spec, data.get('usage'), req.body['messages'], texts)
     data['model'] = name
-    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name}, media_type='application/json')
+    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name},
+                    media_type='application/json')
 
 # %% ../nbs/36_serve.ipynb #b460fde9
 def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | None:
-    "One SSE line to send on (None: drop it), with the chunk's model renamed; notes usage and text in `seen`."
+    "One SSE line to send on (None: drop it), its model renamed; notes usage and text in `seen`."
     if not line.startswith('data:'): return line
     payload = line[5:].strip()
     if not payload or payload == '[DONE]': return line
@@ -512,21 +608,25 @@ def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | Non
     if isinstance(chunk.get('usage'), dict): seen['usage'] = chunk['usage']
     for c in chunk.get('choices') or []:
         delta = c.get('delta') if isinstance(c, dict) else None
-        if isinstance(delta, dict) and isinstance(delta.get('content'), str): seen['text'].append(delta['content'])
+        if isinstance(delta, dict) and isinstance(delta.get('content'), str):
+            seen['text'].append(delta['content'])
     if hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
     if hide_usage: chunk.pop('usage', None)
     return 'data: ' + json.dumps(chunk)
 
+# %% ../nbs/36_serve.ipynb #d62b7a08
 async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, headers: dict):
     from starlette.responses import StreamingResponse
     hide_usage = 'stream_options' not in req.body
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    name, spec, resp = await _first_answer(st, ranking, lambda spec: open_stream(st.upstreams, spec, req.body), headers)
-    if name is None:   # nothing streams: give the reservation back here (a plain answer's caller does it)
+    open_stream = lambda spec: send(st.upstreams, spec, req.body, stream=True)
+    name, spec, resp = await _first_answer(st, ranking, open_stream, headers)
+    if name is None:   # nothing streams: the reservation goes back here (for a plain answer, the caller's)
         st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
 
+# %% ../nbs/36_serve.ipynb #66c7e655
 async def _relay(st, req, spec, resp, held, hide_usage):
     seen = {'usage': None, 'text': []}
     try:
@@ -535,11 +635,13 @@ async def _relay(st, req, spec, resp, held, hide_usage):
             if out is not None: yield out + '\n'
     except (st.upstreams.httpx.HTTPError, OSError) as e:
         st.metrics.failed(spec.name)
-        err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}", kind='upstream_error')
+        err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}",
+                           kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
-    finally:   # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation must still go
-        pt, ct, cost, est = usage_and_cost(spec, seen['usage'], req.body['messages'], ''.join(seen['text']))
-        st.metrics.answered(spec.name, pt, ct, cost, est)
+    # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation
+    # must still go back
+    finally:
+        _charge(st, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])
         st.metrics.release(held)
         await resp.aclose()
 
@@ -549,55 +651,68 @@ async def list_models(request):
     st = request.app.state
     names = [st.settings.router_model] + list(st.pool.models)
     from starlette.responses import JSONResponse
-    return JSONResponse({'object': 'list', 'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
+    return JSONResponse({'object': 'list',
+                         'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
 
+# %% ../nbs/36_serve.ipynb #bb18e017
 async def show_metrics(request):
     "GET /metrics: counts and spend per model, as JSON."
     from starlette.responses import JSONResponse
     return JSONResponse(request.app.state.metrics.snapshot())
 
+# %% ../nbs/36_serve.ipynb #b57731e8
 async def _http_error(request, exc):
     status = getattr(exc, 'status_code', 500)
     msg = {404: f"no route for {request.method} {request.url.path}",
-           405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, getattr(exc, 'detail', 'error'))
+           405: f"method {request.method} is not allowed on {request.url.path}"
+           }.get(status, getattr(exc, 'detail', 'error'))
     request.app.state.metrics.refuse(status)
     return _error_response(RequestError(status, msg, kind='invalid_request_error'))
 
+# %% ../nbs/36_serve.ipynb #35d4e0b5
 async def _internal_error(request, exc):
-    print(f"dars serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return _error_response(RequestError(500, f"internal error ({type(exc).__name__})", kind='server_error'))
+    print(f"dars serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}",
+          file=sys.stderr)
+    return _error_response(RequestError(500, f"internal error ({type(exc).__name__})",
+                                        kind='server_error'))
 
 # %% ../nbs/36_serve.ipynb #04e60f60
-def create_app(rank, # rank(texts, lam) -> one list of model names per text, best first (e.g. `RouterBundle.rank`)
+def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g. `RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
-               settings: ServeSettings | None = None, # caps, client keys, spend limit (default: `ServeSettings()`)
+               settings: ServeSettings | None = None, # caps, client keys, spend limit (None: the defaults)
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
-    if missing: raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install 'dars_nb[serve]'")
+    if missing:
+        raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install "
+                          "'dars_nb[serve]'")
     from contextlib import asynccontextmanager
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.routing import Route
     settings = settings or ServeSettings()
-    if not isinstance(settings, ServeSettings): raise ConfigError(f"settings must be a ServeSettings, got {type(settings).__name__}")
-    if not isinstance(pool, Pool): raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
+    if not isinstance(settings, ServeSettings):
+        raise ConfigError(f"settings must be a ServeSettings, got {type(settings).__name__}")
+    if not isinstance(pool, Pool):
+        raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
 
     @asynccontextmanager
     async def lifespan(app):
-        app.state.upstreams, app.state.rank = Upstreams(pool, settings.request_timeout_s), RankBatcher(rank)
+        app.state.upstreams, app.state.rank = Upstreams(pool), RankBatcher(rank)
         try: yield
         finally: await app.state.upstreams.aclose()
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
-              Route('/v1/models', list_models, methods=['GET']), Route('/metrics', show_metrics, methods=['GET'])]
+              Route('/v1/models', list_models, methods=['GET']),
+              Route('/metrics', show_metrics, methods=['GET'])]
     app = Starlette(routes=routes, middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
-                    exception_handlers={HTTPException: _http_error, Exception: _internal_error}, lifespan=lifespan)
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     return app
@@ -605,7 +720,8 @@ def create_app(rank, # rank(texts, lam) -> one list of model names per text, bes
 # %% ../nbs/36_serve.ipynb #7eb7b5a3
 def _listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)   # asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets
+    # asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((host, port))
     except OSError as e:
@@ -614,6 +730,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
+# %% ../nbs/36_serve.ipynb #6784fa1a
 class BackgroundServer:
     "A Starlette app served by uvicorn in a background thread; a context manager."
     def __init__(self, app, # an app from `create_app`
@@ -627,55 +744,83 @@ class BackgroundServer:
         host = self.app.state.settings.host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/v1"
 
-    def start(self):
-        "Bind, start serving, and wait until the server accepts requests; returns self."
-        import uvicorn
-        s = self.app.state.settings
-        sock = _listening_socket(s.host, s.port)
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet, lifespan='on', timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]}, daemon=True, name='dars-serve')
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline: raise RuntimeError("the routing endpoint did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self):
-        "Stop serving and wait for the thread to end."
-        if self._thread is None: return
-        self._server.should_exit = True
-        self._thread.join(15)
-        self._thread = None
-
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
+# %% ../nbs/36_serve.ipynb #1a72ef83
+@patch
+def start(self: BackgroundServer):
+    "Bind, start serving, and wait until the server accepts requests; returns self."
+    import uvicorn
+    s = self.app.state.settings
+    sock = _listening_socket(s.host, s.port)
+    self.port = sock.getsockname()[1]
+    config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet,
+                            lifespan='on', timeout_graceful_shutdown=5)
+    self._server = uvicorn.Server(config)
+    self._thread = threading.Thread(target=self._server.run, kwargs={'sockets': [sock]},
+                                    daemon=True, name='dars-serve')
+    self._thread.start()
+    deadline = time.monotonic() + 10
+    while not self._server.started:
+        if not self._thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the routing endpoint did not start")
+        time.sleep(0.01)
+    return self
+
+# %% ../nbs/36_serve.ipynb #08c85210
+@patch
+def stop(self: BackgroundServer):
+    "Stop serving and wait for the thread to end."
+    if self._thread is None: return
+    self._server.should_exit = True
+    self._thread.join(15)
+    self._thread = None
+
 # %% ../nbs/36_serve.ipynb #fda8613d
+def _run_until_signal(server, sock):
+    "Run a uvicorn server until SIGINT, SIGTERM or SIGHUP, each a graceful shutdown."
+    from dars_nb.collect.local import stop_signals
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        hup = signal.signal(signal.SIGHUP, lambda signum,
+                            frame: server.handle_exit(signal.SIGINT, frame))
+    try:
+        with stop_signals((signal.SIGINT, signal.SIGTERM)): server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass   # uvicorn raises the signal it stopped on again once it has shut down
+    finally:
+        if main: signal.signal(signal.SIGHUP, hup)
+
+# %% ../nbs/36_serve.ipynb #6e20b2fd
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
-               host: str = '127.0.0.1', # address to listen on (anything but loopback needs client keys)
+               host: str = '127.0.0.1', # address to listen on (beyond loopback, client keys are needed)
                port: int = 8000, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve the routing endpoint until interrupted; the exit code for the `dars serve` command."
     import uvicorn
-    pool_, settings = load_serve_config(pool, host=host, port=port)   # refuses an open address before anything loads
+    pool_, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
-    if hasattr(bundle.featurizer, 'cache'): bundle.featurizer.cache = False   # user questions are embedded in memory, never written
+    if hasattr(bundle.featurizer, 'cache'):
+        bundle.featurizer.cache = False   # user questions are embedded in memory, never written
     missing = [m for m in bundle.models if m not in pool_.models]
-    if missing: raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which {Path(pool).name} does not serve")
+    if missing:
+        raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which "
+                          f"{Path(pool).name} does not serve")
     app = create_app(bundle.rank, pool_, settings, lam=bundle.lam)
     sock = _listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     if not quiet:
-        keys = f"{len(settings.client_keys)} client key(s)" if settings.client_keys else "no client key (loopback only)"
-        limit = f"${settings.daily_spend_usd:g} a day" if settings.daily_spend_usd is not None else "no daily spend limit"
-        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; {keys}; {limit} (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet, lifespan='on')
-    try: uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt: pass   # uvicorn stops on Ctrl-C, then raises it again
+        n_keys = len(settings.client_keys)
+        keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
+        daily = settings.daily_spend_usd
+        limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
+        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; "
+              f"{keys}; {limit} (Ctrl-C to stop)", flush=True)
+    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet,
+                            lifespan='on')
+    _run_until_signal(uvicorn.Server(config), sock)
     return 0

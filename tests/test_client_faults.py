@@ -33,9 +33,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def calls(pool, n=1, seed=0, **kw):
+async def calls(pool, n=1, seed=0, ledger=None, **kw):
     "Make `n` calls concurrently; returns (results or exceptions, counters)."
-    async with Client(pool, seed=seed) as client:
+    async with Client(pool, seed=seed, ledger=ledger) as client:
         out = await asyncio.gather(*[client.complete(MODEL, MESSAGES, max_tokens=MAX_TOKENS, **kw) for _ in range(n)],
                                    return_exceptions=True)
     return out, client.counters
@@ -171,3 +171,92 @@ def test_api_key_is_sent_but_never_logged_or_kept(fault_proxy, monkeypatch, capl
     done, reprs = run(one())
     assert proxy.auth == [f'Bearer {secret}'] * 2   # sent with the first request and with the retry
     assert secret not in caplog.text and secret not in reprs
+
+
+def test_an_endpoint_that_echoes_the_key_never_gets_it_printed(monkeypatch, capsys):
+    import traceback
+    from dars_nb.testing import KeyEchoEndpoint
+    secret = 'sk-echo-0123456789-secret'
+    monkeypatch.setenv('DARS_TEST_API_KEY', secret)
+    with KeyEchoEndpoint() as echo:
+        pool = Pool({'e': ModelSpec('e', echo.base_url, api_key_env='DARS_TEST_API_KEY')}, limits=Limits(backoff_s=0.01))
+        async def one():
+            async with Client(pool) as client:
+                with pytest.raises(PermanentError) as e: await client.complete('e', MESSAGES, max_tokens=4)
+                return e.value
+        err = run(one())
+    printed = ''.join(traceback.format_exception(err)) + repr(err) + str(err.args)
+    assert (err.status, err.attempts) == (401, 1)
+    assert secret not in printed and 'Bearer ***' in str(err), printed
+    assert secret not in capsys.readouterr().err
+
+
+def test_cap_holds_across_three_runs_sharing_a_ledger(llama_server):
+    from dars_nb.collect.client import MemoryLedger
+    spec = pool_at(llama_server).models[MODEL]
+    worst = spec.cost(estimate_prompt_tokens(MESSAGES), MAX_TOKENS)
+    pool, ledger, stops = pool_at(llama_server, spend_cap_usd=4.5 * worst), MemoryLedger(), []
+    for _ in range(3):
+        async def one():
+            async with Client(pool, ledger=ledger) as client:
+                await asyncio.gather(*[client.complete(MODEL, MESSAGES, max_tokens=MAX_TOKENS) for _ in range(3)],
+                                     return_exceptions=True)
+            return client.stopped
+        stops.append(run(one()))
+    requests, dollars = ledger.spent()
+    assert dollars <= 4.5 * worst + worst                    # the store's total stays within the cap (+ one request)
+    assert all(e['status'] in ('ok', 'failed', 'lost') for e in ledger.entries)
+    assert stops[-1] and 'raise [limits] spend_cap_usd in the pool configuration' in stops[-1]
+    assert 'again' not in stops[-1]
+
+
+def test_every_attempt_is_reserved_then_settled(fault_proxy):
+    from dars_nb.collect.client import MemoryLedger
+    proxy = fault_proxy(plan=['429', 'drop', 'slow'], retry_after=0.05, slow_s=30)
+    ledger = MemoryLedger()
+    async def one():
+        async with Client(pool_at(proxy.base_url, timeout_s=2.0), ledger=ledger) as client:
+            return await client.complete(MODEL, MESSAGES, max_tokens=MAX_TOKENS, purpose='rewrite')
+    done = run(one())
+    statuses = [(e['kind'], e['status']) for e in ledger.entries]
+    assert statuses == [('rewrite', 'failed'), ('rewrite', 'lost'), ('rewrite', 'lost'), ('rewrite', 'ok')]
+    worst = ledger.entries[0]['max_usd']
+    assert [e['cost_usd'] for e in ledger.entries[:3]] == [0.0, worst, worst]   # lost: charged at the reserved max
+    assert ledger.spent() == (4, pytest.approx(2 * worst + done.cost_usd))
+
+
+def test_a_ledger_of_ones_own_is_used_as_it_is(llama_server):
+    class Ledger:   # what a store provides: spent / reserve / settle
+        def __init__(self, before): self.rows, self.before = [], before
+        def spent(self):
+            return self.before[0] + len(self.rows), self.before[1] + sum(r[2] if r[3] is None else r[3] for r in self.rows)
+        def reserve(self, model, kind, max_usd):
+            self.rows.append([model, kind, max_usd, None, None]); return len(self.rows) - 1
+        def settle(self, entry, cost_usd, status): self.rows[entry][3:] = [cost_usd, status]
+    ledger = Ledger(before=(9, 0.0))                            # nine requests of earlier runs
+    out, c = run(calls(pool_at(llama_server, call_budget=10), n=2, ledger=ledger))
+    assert sorted(type(o).__name__ for o in out) == ['BudgetExceeded', 'Completion']
+    assert len(ledger.rows) == 1 and ledger.rows[0][4] == 'ok' and ledger.rows[0][1] == 'generation'
+    assert 'raise [limits] call_budget' in str(next(o for o in out if isinstance(o, BudgetExceeded)))
+
+
+def test_base_url_without_v1_says_so(llama_server):
+    pool = Pool({'smollm2': ModelSpec('smollm2', llama_server.removesuffix('/v1'))}, limits=Limits(backoff_s=0.05))
+    (err,), c = run(calls(pool))
+    assert isinstance(err, PermanentError) and err.status == 404, err
+    assert str(err).endswith(f'(try base_url = "{llama_server}")'), str(err)
+
+
+def test_tokens_per_minute_are_taken_at_their_worst_case():
+    from dars_nb.testing import FixedEndpoint
+    with FixedEndpoint(delay_s=0) as ep:
+        pool = Pool({'m': ModelSpec('m', ep.base_url, tpm=1000, rpm=100)})
+        async def two():
+            async with Client(pool) as client:
+                for _ in range(2): await client.complete('m', MESSAGES, max_tokens=MAX_TOKENS)
+                _, _, rpm, tpm = client._lane(client._specs['m'])
+                return rpm.level, tpm.level
+        rpm_left, tpm_left = run(two())
+    worst = estimate_prompt_tokens(MESSAGES) + MAX_TOKENS
+    assert 98 <= rpm_left < 99.5                         # two requests taken (plus what refilled meanwhile)
+    assert 1000 - 2 * worst <= tpm_left < 1000 - 1.5 * worst

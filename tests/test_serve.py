@@ -17,8 +17,9 @@ import openai
 import pytest
 
 from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
-from dars_nb.collect.client import ConfigError, ModelSpec, Pool
-from dars_nb.collect.local import FaultProxy, FixedEndpoint, free_port
+from dars_nb.collect.client import ConfigError, Limits, ModelSpec, Pool
+from dars_nb.collect.local import free_port
+from dars_nb.testing import FaultProxy, FixedEndpoint
 from dars_nb.serve import BackgroundServer, ServeSettings, create_app, load_serve_config, serve_main
 
 KEY = 'client-key-0123456789abcdef'
@@ -48,11 +49,11 @@ def by_lambda(texts, lam=None):
     return [['small', 'big'] if (lam or 0) >= 0.5 else ['big', 'small']] * len(texts)
 
 
-def pool_of(**urls):
+def pool_of(timeout_s=120.0, **urls):
     "A pool of models at the given base URLs; `small` and `big` have prices 0.1/0.2 and 1/2 $ per M tokens."
     prices = {'small': (0.1, 0.2), 'big': (1.0, 2.0)}
     return Pool({m: ModelSpec(m, u, price_in=prices.get(m, (0.5, 0.5))[0], price_out=prices.get(m, (0.5, 0.5))[1],
-                              concurrency=8) for m, u in urls.items()})
+                              concurrency=8) for m, u in urls.items()}, limits=Limits(timeout_s=timeout_s))
 
 
 @contextmanager
@@ -142,7 +143,7 @@ def test_bad_json_and_other_malformed_requests_get_json_errors(fixed):
 def test_a_failing_upstream_falls_back_to_the_next_model(fixed, fixed2, fault):
     with FaultProxy(fixed2.base_url, plan=[fault] if fault != 'down' else [], slow_s=5) as proxy:
         first = f'http://127.0.0.1:{free_port()}/v1' if fault == 'down' else proxy.base_url
-        with serving(ranked('big', 'small'), pool_of(big=first, small=fixed.base_url), request_timeout_s=1.0) as (_, http):
+        with serving(ranked('big', 'small'), pool_of(big=first, small=fixed.base_url, timeout_s=1.0)) as (_, http):
             r = http.post('/v1/chat/completions', json=ASK)
             assert r.status_code == 200, r.text
             assert (r.headers['x-dars-model'], r.json()['model']) == ('small', 'small')
@@ -154,7 +155,7 @@ def test_a_failing_upstream_falls_back_to_the_next_model(fixed, fixed2, fault):
 
 def test_every_upstream_down_is_a_502_naming_each_failure():
     dead = {m: f'http://127.0.0.1:{free_port()}/v1' for m in ('big', 'small')}
-    with serving(ranked('big', 'small'), pool_of(**dead), request_timeout_s=1.0) as (_, http):
+    with serving(ranked('big', 'small'), pool_of(**dead, timeout_s=1.0)) as (_, http):
         err = assert_openai_error(http.post('/v1/chat/completions', json=ASK), 502)
     assert "model 'big'" in err['message'] and "model 'small'" in err['message']
 
@@ -356,3 +357,92 @@ def test_serve_main_serves_a_saved_bundle_until_interrupted(bundle_file, fixed, 
     assert proc.returncode == 0, err[-500:]
     assert f'at http://127.0.0.1:{port}/v1' in out and '1 client key(s)' in out
     assert KEY not in out + err
+
+
+def _descendants(pid: int) -> set:
+    "Every process below `pid`, from /proc."
+    parents = {}
+    for d in os.listdir('/proc'):
+        if not d.isdigit(): continue
+        try: stat = open(f'/proc/{d}/stat').read()
+        except OSError: continue
+        parents.setdefault(int(stat.rsplit(')', 1)[1].split()[1]), []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.add(child); todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try: return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError: return False
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_dars_local_stops_its_models_and_removes_its_folder(sig):
+    import importlib.util
+    from dars_nb.collect.local import LocalModelError, model_path
+    try:
+        model_path('smollm2')
+        if importlib.util.find_spec('llama_cpp') is None: raise LocalModelError('llama-cpp-python is not installed')
+    except LocalModelError as e:
+        if os.environ.get('CI'): pytest.fail(f'no local LLM under CI: {e}')
+        pytest.skip(f'no local LLM: {e}')
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, '-m', 'dars_nb', 'local', '--port', str(port), '--models', 'smollm2'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stdout.readline()                 # printed once every model answers
+        assert 'serving smollm2' in banner, banner + proc.stderr.read()[-500:]
+        workdir = banner.split('logs in ')[1].split(';')[0]
+        children = _descendants(proc.pid)
+        assert children and os.path.isdir(workdir)
+        assert httpx2.get(f'http://127.0.0.1:{port}/v1/models', timeout=10).status_code == 200
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+    assert proc.returncode == 0, proc.stderr.read()[-500:]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in children) and time.monotonic() < deadline: time.sleep(0.1)
+    assert not [p for p in children if _alive(p)], 'a model process survived'
+    assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_dars_serve_shuts_down_gracefully_on_sigterm_and_sighup(bundle_file, fixed, tmp_path, sig):
+    b = load_bundle(bundle_file)
+    cfg = tmp_path / 'pool.toml'
+    cfg.write_text(''.join(f'[models."{m}"]\nbase_url = "{fixed.base_url}"\n' for m in b.models))
+    port = free_port()
+    code = f'import sys; from dars_nb.serve import serve_main; sys.exit(serve_main({str(bundle_file)!r}, {str(cfg)!r}, port={port}))'
+    proc = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-500:]
+            try:
+                if httpx2.get(f'http://127.0.0.1:{port}/v1/models', timeout=2).status_code == 200: break
+            except httpx2.HTTPError: pass
+            assert time.monotonic() < deadline, 'dars serve did not answer within 120 s'
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+    assert proc.returncode == 0, err[-500:]
+    assert 'Shutting down' in err or 'Finished server process' in err, err[-500:]
+
+
+def test_an_upstream_that_echoes_the_operators_key_does_not_leak_it(monkeypatch):
+    from dars_nb.testing import KeyEchoEndpoint
+    secret = 'sk-operator-0123456789-secret'
+    monkeypatch.setenv('DARS_TEST_UPSTREAM_KEY', secret)
+    with KeyEchoEndpoint() as echo:
+        pool = Pool({'small': ModelSpec('small', echo.base_url, api_key_env='DARS_TEST_UPSTREAM_KEY')})
+        with serving(ranked('small'), pool) as (_, http):
+            r = http.post('/v1/chat/completions', json=ASK)
+            metrics = http.get('/metrics').text
+    assert r.status_code == 502 and 'HTTP 401' in r.text, r.text
+    assert secret not in r.text + metrics and '***' in r.text

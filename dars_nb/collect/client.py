@@ -13,14 +13,18 @@ import os
 import random
 import time
 import tomllib
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
+from typing import Protocol
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASET_KINDS', 'DEFAULT_MAX_TOKENS', 'ConfigError', 'ModelSpec', 'Limits', 'Pool', 'Completion', 'MalformedResponse',
-           'BudgetExceeded', 'PermanentError', 'parse_retry_after', 'classify_error', 'backoff_delay',
-           'estimate_prompt_tokens', 'Counters', 'Client']
+__all__ = ['DATASET_KINDS', 'DEFAULT_MAX_TOKENS', 'SETTLED', 'ConfigError', 'ModelSpec', 'Limits', 'read_toml', 'Pool',
+           'Completion', 'fmt_usd', 'MalformedResponse', 'BudgetExceeded', 'PermanentError', 'parse_retry_after',
+           'classify_error', 'backoff_delay', 'redact', 'SpendLedger', 'MemoryLedger', 'estimate_prompt_tokens',
+           'usage_tokens', 'Counters', 'Client']
 
 # %% ../../nbs/30_client.ipynb #1fd76948
 DATASET_KINDS = ('choice', 'math', 'reading')
@@ -29,9 +33,59 @@ DEFAULT_MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}
 class ConfigError(ValueError):
     "A problem with a model-pool configuration, stated in one line."
 
-def _is_num(v) -> bool: return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+# %% ../../nbs/30_client.ipynb #403bb95b
+def _is_num(v) -> bool:
+    "Whether `v` is a finite number (not a bool)."
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
+# %% ../../nbs/30_client.ipynb #503af5a4
 def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
+
+# %% ../../nbs/30_client.ipynb #5c1e0a01
+def _check_counts(who: str, m):
+    "Raise `ConfigError` unless the model's counts and time limits are in range."
+    for p in ('concurrency', 'rpm', 'tpm'):
+        v = getattr(m, p)
+        if (v is not None or p == 'concurrency') and (not _is_int(v) or v < 1):
+            raise ConfigError(f"{who}: {p} must be a positive integer, got {v!r}")
+    if m.max_retries is not None and (not _is_int(m.max_retries) or m.max_retries < 0):
+        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got "
+                          f"{m.max_retries!r}")
+    if m.timeout_s is not None and (not _is_num(m.timeout_s) or m.timeout_s <= 0):
+        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got "
+                          f"{m.timeout_s!r}")
+    if not isinstance(m.max_tokens, dict):
+        raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
+    for k, v in m.max_tokens.items():
+        if k not in DATASET_KINDS:
+            raise ConfigError(f"{who}: unknown dataset kind {k!r} in max_tokens "
+                              f"(expected one of {', '.join(DATASET_KINDS)})")
+        if not _is_int(v) or v < 1:
+            raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
+
+# %% ../../nbs/30_client.ipynb #5c1e0a02
+def _check_model(m):
+    "Raise `ConfigError` for the first bad setting of a `ModelSpec`."
+    who = f"model {m.name!r}"
+    if not isinstance(m.name, str) or not m.name.strip():
+        raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
+    if not isinstance(m.base_url, str) or not m.base_url.startswith(('http://', 'https://')):
+        raise ConfigError(f"{who}: base_url must start with http:// or https://, "
+                          f"got {m.base_url!r}")
+    env = m.api_key_env
+    if env is not None and (not isinstance(env, str) or not env.strip()):
+        raise ConfigError(f"{who}: api_key_env must name an environment variable, got "
+                          f"{m.api_key_env!r}")
+    for p in ('price_in', 'price_out'):
+        v = getattr(m, p)
+        if not _is_num(v) or v < 0:
+            raise ConfigError(f"{who}: {p} must be a non-negative number of dollars per million "
+                              f"tokens, got {v!r}")
+    _check_counts(who, m)
+    if m.remote_name is not None and (not isinstance(m.remote_name, str) or not m.remote_name):
+        raise ConfigError(f"{who}: remote_name must be a non-empty string, got {m.remote_name!r}")
+    if not isinstance(m.honours_n, bool):
+        raise ConfigError(f"{who}: honours_n must be true or false, got {m.honours_n!r}")
 
 # %% ../../nbs/30_client.ipynb #1b9787b8
 @dataclass(frozen=True)
@@ -39,44 +93,40 @@ class ModelSpec:
     "One model of the pool: where it is served, what it costs and how hard to push it."
     name: str # the model's name in the observation table
     base_url: str # OpenAI-compatible base URL, e.g. https://api.openai.com/v1
-    api_key_env: str | None = None # environment variable that holds the key (None: the endpoint needs none)
+    api_key_env: str | None = None # variable that holds the key (None: the endpoint needs none)
     price_in: float = 0.0 # dollars per million prompt tokens
     price_out: float = 0.0 # dollars per million completion tokens
-    max_tokens: dict = field(default_factory=dict) # dataset kind -> max completion tokens (paper defaults fill the rest)
-    concurrency: int = 4 # requests in flight at once on this model's endpoint
+    max_tokens: dict = field(default_factory=dict) # dataset kind -> most completion tokens
+    concurrency: int = 4 # requests in flight at once for this model (not shared with others)
     remote_name: str | None = None # model id sent to the endpoint (default: `name`)
     honours_n: bool = False # whether the endpoint returns `n` choices when asked for n > 1
+    timeout_s: float | None = None # seconds before a request is abandoned (None: [limits])
+    max_retries: int | None = None # retries per call after the first attempt (None: [limits])
+    rpm: int | None = None # requests per minute this model may receive (None: no limit)
+    tpm: int | None = None # tokens per minute, prompt estimate plus max_tokens (None: no limit)
 
     def __post_init__(self):
-        who = f"model {self.name!r}"
-        if not isinstance(self.name, str) or not self.name.strip(): raise ConfigError(f"a model needs a non-empty name, got {self.name!r}")
-        if not isinstance(self.base_url, str) or not self.base_url.startswith(('http://', 'https://')):
-            raise ConfigError(f"{who}: base_url must start with http:// or https://, got {self.base_url!r}")
-        if self.api_key_env is not None and (not isinstance(self.api_key_env, str) or not self.api_key_env.strip()):
-            raise ConfigError(f"{who}: api_key_env must name an environment variable, got {self.api_key_env!r}")
-        for p in ('price_in', 'price_out'):
-            v = getattr(self, p)
-            if not _is_num(v) or v < 0: raise ConfigError(f"{who}: {p} must be a non-negative number of dollars per million tokens, got {v!r}")
-        if not _is_int(self.concurrency) or self.concurrency < 1:
-            raise ConfigError(f"{who}: concurrency must be a positive integer, got {self.concurrency!r}")
-        if not isinstance(self.max_tokens, dict): raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
-        for k, v in self.max_tokens.items():
-            if k not in DATASET_KINDS: raise ConfigError(f"{who}: unknown dataset kind {k!r} in max_tokens (expected one of {', '.join(DATASET_KINDS)})")
-            if not _is_int(v) or v < 1: raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
-        if self.remote_name is not None and (not isinstance(self.remote_name, str) or not self.remote_name):
-            raise ConfigError(f"{who}: remote_name must be a non-empty string, got {self.remote_name!r}")
-        if not isinstance(self.honours_n, bool): raise ConfigError(f"{who}: honours_n must be true or false, got {self.honours_n!r}")
+        _check_model(self)
         object.__setattr__(self, 'max_tokens', {**DEFAULT_MAX_TOKENS, **self.max_tokens})
         if self.remote_name is None: object.__setattr__(self, 'remote_name', self.name)
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        "Dollars for one call with this usage."
-        return (prompt_tokens * self.price_in + completion_tokens * self.price_out) / 1e6
+# %% ../../nbs/30_client.ipynb #1b9787b9
+@patch
+def cost(self: ModelSpec, prompt_tokens: int, # input tokens
+         completion_tokens: int, # output tokens
+        ) -> float:
+    "Dollars for one call with this usage."
+    return (prompt_tokens * self.price_in + completion_tokens * self.price_out) / 1e6
 
-    def max_tokens_for(self, kind: str) -> int:
-        "The completion-token limit for a dataset kind ('choice', 'math' or 'reading')."
-        if kind not in self.max_tokens: raise ConfigError(f"unknown dataset kind {kind!r} (expected one of {', '.join(DATASET_KINDS)})")
-        return self.max_tokens[kind]
+# %% ../../nbs/30_client.ipynb #da1d41be
+@patch
+def max_tokens_for(self: ModelSpec, kind: str, # dataset kind: 'choice', 'math' or 'reading'
+                  ) -> int:
+    "The completion-token limit for a dataset kind."
+    if kind not in self.max_tokens:
+        raise ConfigError(f"unknown dataset kind {kind!r} (expected one of "
+                          f"{', '.join(DATASET_KINDS)})")
+    return self.max_tokens[kind]
 
 # %% ../../nbs/30_client.ipynb #2d75ac7f
 @dataclass(frozen=True)
@@ -84,8 +134,8 @@ class Limits:
     "How long to wait, how often to retry, and when to stop."
     timeout_s: float = 120.0 # seconds before one request is abandoned (and retried)
     max_retries: int = 5 # retries per call after the first attempt
-    call_budget: int | None = None # most requests the client may send, retries included (None: no limit)
-    spend_cap_usd: float | None = None # most dollars the client may spend (None: no cap)
+    call_budget: int | None = None # most requests ever sent, retries included (None: no limit)
+    spend_cap_usd: float | None = None # most dollars ever spent, in flight included (None: no cap)
     backoff_s: float = 1.0 # first backoff delay in seconds; it doubles with each retry
     backoff_max_s: float = 60.0 # longest backoff delay
     retry_after_max_s: float = 300.0 # longest `Retry-After` the client agrees to wait
@@ -93,111 +143,173 @@ class Limits:
     def __post_init__(self):
         for k in ('timeout_s', 'backoff_s', 'backoff_max_s', 'retry_after_max_s'):
             v = getattr(self, k)
-            if not _is_num(v) or v < 0 or (k == 'timeout_s' and v == 0): raise ConfigError(f"limits: {k} must be a positive number of seconds, got {v!r}")
-        if not _is_int(self.max_retries) or self.max_retries < 0: raise ConfigError(f"limits: max_retries must be a non-negative integer, got {self.max_retries!r}")
-        if self.call_budget is not None and (not _is_int(self.call_budget) or self.call_budget < 0):
-            raise ConfigError(f"limits: call_budget must be a non-negative integer, got {self.call_budget!r}")
-        if self.spend_cap_usd is not None and (not _is_num(self.spend_cap_usd) or self.spend_cap_usd < 0):
-            raise ConfigError(f"limits: spend_cap_usd must be a non-negative number of dollars, got {self.spend_cap_usd!r}")
+            if not _is_num(v) or v < 0 or (k == 'timeout_s' and v == 0):
+                raise ConfigError(f"limits: {k} must be a positive number of seconds, got {v!r}")
+        if not _is_int(self.max_retries) or self.max_retries < 0:
+            raise ConfigError("limits: max_retries must be a non-negative integer, got "
+                              f"{self.max_retries!r}")
+        b, cap = self.call_budget, self.spend_cap_usd
+        if b is not None and (not _is_int(b) or b < 1):
+            raise ConfigError("limits: call_budget must be a positive integer (leave it out for "
+                              f"no limit), got {b!r}")
+        if cap is not None and (not _is_num(cap) or cap <= 0):
+            raise ConfigError("limits: spend_cap_usd must be a positive number of dollars (leave "
+                              f"it out for no cap), got {cap!r}")
 
 # %% ../../nbs/30_client.ipynb #14730742
 _TOP_KEYS = ('models', 'rewriter', 'limits')
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+_OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # not in `to_dict` when unset
 
 def _unknown(keys, allowed, where):
+    "Raise `ConfigError` naming the first of `keys` that is not in `allowed`."
     extra = [k for k in keys if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of {', '.join(allowed)})")
+    if extra:
+        raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
+                          f"{', '.join(allowed)})")
 
+# %% ../../nbs/30_client.ipynb #6e209bf3
 def _model_from(name, d, where):
-    if not isinstance(d, dict): raise ConfigError(f"{where} must be a table of settings, got {type(d).__name__}")
+    "A `ModelSpec` from one [models.NAME] (or [rewriter]) table."
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a table of settings, got {type(d).__name__}")
     _unknown(d, [k for k in _MODEL_KEYS if k != 'name'] if name is not None else _MODEL_KEYS, where)
     if name is None and 'name' not in d: raise ConfigError(f"{where} needs a name")
     if 'base_url' not in d: raise ConfigError(f"{where} needs a base_url")
     try: return ModelSpec(**({'name': name} if name is not None else {}), **d)
     except TypeError as e: raise ConfigError(f"{where}: {e}") from None
 
+# %% ../../nbs/30_client.ipynb #14730743
+def read_toml(path, # a TOML file
+             ) -> dict:
+    "The parsed contents of a configuration file, or a one-line `ConfigError`."
+    path = Path(path)
+    if not path.is_file(): raise ConfigError(f"config file not found: {path}")
+    try: return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+
 # %% ../../nbs/30_client.ipynb #da702e31
 @dataclass(frozen=True)
 class Pool:
     "The models to route between, the rewriter and the run's limits."
     models: dict # model name -> ModelSpec
-    rewriter: ModelSpec | None = None # the model that writes query rewrites (may also be in `models`)
+    rewriter: ModelSpec | None = None # the model that writes rewrites (may also be in `models`)
     limits: Limits = field(default_factory=Limits) # timeouts, retries, call budget, spend cap
+    source: str | None = field(default=None, compare=False) # the file it was read from
 
     def __post_init__(self):
-        if not isinstance(self.models, dict) or not self.models: raise ConfigError("the pool needs at least one model")
+        if not isinstance(self.models, dict) or not self.models:
+            raise ConfigError("the pool needs at least one model")
         for k, m in self.models.items():
-            if not isinstance(m, ModelSpec): raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
-            if m.name != k: raise ConfigError(f"model {k!r} is registered under a different name than its spec ({m.name!r})")
-        if self.rewriter is not None and not isinstance(self.rewriter, ModelSpec): raise ConfigError("the rewriter must be a ModelSpec")
-        if self.rewriter is not None and self.models.get(self.rewriter.name, self.rewriter) != self.rewriter:
-            raise ConfigError(f"the rewriter is named {self.rewriter.name!r} like a model of the pool, but with other settings")
+            if not isinstance(m, ModelSpec):
+                raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
+            if m.name != k:
+                raise ConfigError(f"model {k!r} is registered under a different name than its "
+                                  f"spec ({m.name!r})")
+        rw = self.rewriter
+        if rw is not None and not isinstance(rw, ModelSpec):
+            raise ConfigError("the rewriter must be a ModelSpec")
+        if rw is not None and self.models.get(rw.name, rw) != rw:
+            raise ConfigError(f"the rewriter is named {rw.name!r} like a model of the pool, but "
+                              "with other settings")
         if not isinstance(self.limits, Limits): raise ConfigError("limits must be a Limits")
 
-    @classmethod
-    def from_dict(cls, d: dict, # parsed configuration (the TOML layout above)
-                  check_env: bool = True, # fail if a model's key variable is not set
-                 ) -> Pool:
-        "Build and check a pool from a plain dictionary."
-        if not isinstance(d, dict): raise ConfigError(f"the configuration must be a table, got {type(d).__name__}")
-        _unknown(d, _TOP_KEYS, 'the configuration')
-        raw = d.get('models')
-        if not isinstance(raw, dict) or not raw: raise ConfigError("the configuration needs a [models] table with at least one model")
-        models = {name: _model_from(name, m, f"[models.{name}]") for name, m in raw.items()}
-        lim = d.get('limits', {})
-        if not isinstance(lim, dict): raise ConfigError("[limits] must be a table of settings")
-        _unknown(lim, _LIMIT_KEYS, '[limits]')
-        rw = d.get('rewriter')
-        if rw is None: rewriter = None
-        elif isinstance(rw, str):
-            if rw not in models: raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: {', '.join(models)})")
-            rewriter = models[rw]
-        else: rewriter = _model_from(None, rw, '[rewriter]')
-        pool = cls(models=models, rewriter=rewriter, limits=Limits(**lim))
-        if check_env: pool.check_env()
-        return pool
+# %% ../../nbs/30_client.ipynb #da702e32
+def _rewriter_from(rw, models: dict) -> ModelSpec | None:
+    "The rewriter of a configuration: None, the name of a model of [models], or a table of its own."
+    if rw is None: return None
+    if isinstance(rw, str):
+        if rw not in models:
+            raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: "
+                              f"{', '.join(models)})")
+        return models[rw]
+    return _model_from(None, rw, '[rewriter]')
 
-    @classmethod
-    def from_toml(cls, path, # a TOML file laid out as above
-                  check_env: bool = True, # fail if a model's key variable is not set
-                 ) -> Pool:
-        "Read and check a pool from a TOML file."
-        path = Path(path)
-        if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-        try: d = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-        return cls.from_dict(d, check_env=check_env)
+# %% ../../nbs/30_client.ipynb #9239a9c0
+@patch(cls_method=True)
+def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
+              check_env: bool = True, # fail if a model's key variable is not set
+              also: tuple = (), # other top-level tables the file may hold (read by other tools)
+              source: str | None = None, # the file it came from
+             ) -> Pool:
+    "Build and check a pool from a plain dictionary."
+    if not isinstance(d, dict):
+        raise ConfigError(f"the configuration must be a table, got {type(d).__name__}")
+    _unknown(d, _TOP_KEYS + tuple(also), 'the configuration')
+    raw = d.get('models')
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("the configuration needs a [models] table with at least one model")
+    models = {name: _model_from(name, m, f"[models.{name}]") for name, m in raw.items()}
+    lim = d.get('limits', {})
+    if not isinstance(lim, dict): raise ConfigError("[limits] must be a table of settings")
+    _unknown(lim, _LIMIT_KEYS, '[limits]')
+    pool = cls(models=models, rewriter=_rewriter_from(d.get('rewriter'), models),
+               limits=Limits(**lim), source=source)
+    if check_env: pool.check_env()
+    return pool
 
-    def specs(self) -> list:
-        "Every model spec the pool may call: the routed models, then the rewriter if it is not one of them."
-        out = list(self.models.values())
-        if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter: out.append(self.rewriter)
-        return out
+# %% ../../nbs/30_client.ipynb #882e04af
+@patch(cls_method=True)
+def from_toml(cls: Pool, path, # a TOML file laid out as above
+              check_env: bool = True, # fail if a model's key variable is not set
+              also: tuple = (), # other top-level tables the file may hold (read by other tools)
+             ) -> Pool:
+    "Read and check a pool from a TOML file."
+    return cls.from_dict(read_toml(path), check_env=check_env, also=also, source=str(path))
 
-    def spec(self, name: str) -> ModelSpec:
-        "The spec of a routed model or of the rewriter, by name."
-        for s in self.specs():
-            if s.name == name: return s
-        raise ConfigError(f"unknown model {name!r} (the pool has: {', '.join(s.name for s in self.specs())})")
+# %% ../../nbs/30_client.ipynb #da702e33
+@patch
+def specs(self: Pool) -> list:
+    "Every model the pool may call: the routed models, then the rewriter if it is not one of them."
+    out = list(self.models.values())
+    if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter:
+        out.append(self.rewriter)
+    return out
 
-    def check_env(self):
-        "Raise `ConfigError` if a model names a key variable that is not set (the value itself is never read here)."
-        for s in self.specs():
-            if s.api_key_env is not None and not os.environ.get(s.api_key_env):
-                raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} (api_key_env) is not set")
+# %% ../../nbs/30_client.ipynb #d62e4a47
+@patch
+def spec(self: Pool, name: str, # a routed model's or the rewriter's name
+        ) -> ModelSpec:
+    "The spec of a routed model or of the rewriter, by name."
+    for s in self.specs():
+        if s.name == name: return s
+    raise ConfigError(f"unknown model {name!r} (the pool has: "
+                      f"{', '.join(s.name for s in self.specs())})")
 
-    def to_dict(self) -> dict:
-        "The configuration as a plain dictionary (names of key variables only, never keys)."
-        d = {'models': {n: {k: v for k, v in asdict(m).items() if k != 'name'} for n, m in self.models.items()},
-             'limits': asdict(self.limits)}
-        if self.rewriter is not None:
-            d['rewriter'] = self.rewriter.name if self.models.get(self.rewriter.name) == self.rewriter else asdict(self.rewriter)
-        return d
+# %% ../../nbs/30_client.ipynb #91ba4822
+@patch
+def check_env(self: Pool):
+    "Raise `ConfigError` if a model names a key variable that is not set (its value is not read)."
+    for s in self.specs():
+        if s.api_key_env is not None and not os.environ.get(s.api_key_env):
+            raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} "
+                              "(api_key_env) is not set")
 
-    def fingerprint(self) -> str:
-        "A short hash of the configuration, e.g. to record in a store which pool produced it."
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+# %% ../../nbs/30_client.ipynb #da702e34
+def _spec_dict(m: ModelSpec) -> dict:
+    "A model's settings without its name; unset optional ones left out (stable fingerprints)."
+    return {k: v for k,
+            v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
+
+# %% ../../nbs/30_client.ipynb #c7e71daa
+@patch
+def to_dict(self: Pool) -> dict:
+    "The configuration as a plain dictionary (names of key variables only, never keys)."
+    d = {'models': {n: _spec_dict(m) for n, m in self.models.items()},
+         'limits': asdict(self.limits)}
+    rw = self.rewriter
+    if rw is not None:
+        shared = self.models.get(rw.name) == rw
+        d['rewriter'] = rw.name if shared else {'name': rw.name, **_spec_dict(rw)}
+    return d
+
+# %% ../../nbs/30_client.ipynb #b265e7a3
+@patch
+def fingerprint(self: Pool) -> str:
+    "A short hash of the configuration, e.g. to record in a store which pool produced it."
+    return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 # %% ../../nbs/30_client.ipynb #7173dca8
 @dataclass(frozen=True)
@@ -214,13 +326,23 @@ class Completion:
     texts: tuple = () # every choice's text (more than one only when n > 1 was honoured)
     usage_estimated: bool = False # the endpoint reported no usage; token counts are estimates
 
+# %% ../../nbs/30_client.ipynb #7173dcb1
+def fmt_usd(x: float, # dollars
+           ) -> str:
+    "Dollars for people: cents for amounts of a dollar or more, three significant digits below."
+    if x == 0: return '$0'
+    if abs(x) >= 1: return f'${x:,.2f}'
+    return f'${x:.{max(2, 2 - math.floor(math.log10(abs(x))))}f}'
+
 # %% ../../nbs/30_client.ipynb #8b3a2f41
 class MalformedResponse(ValueError):
     "The endpoint answered 2xx with a body that is not a chat completion."
 
+# %% ../../nbs/30_client.ipynb #eed6abd0
 class BudgetExceeded(RuntimeError):
     "The next request would go past the call budget or the spend cap; the run should stop."
 
+# %% ../../nbs/30_client.ipynb #f7bf2cd0
 class PermanentError(RuntimeError):
     "A call that will not succeed: a 4xx other than 429/408, or every retry used up."
     def __init__(self, message: str, model: str | None = None, kind: str | None = None,
@@ -228,8 +350,10 @@ class PermanentError(RuntimeError):
         super().__init__(message)
         self.model, self.kind, self.status, self.attempts = model, kind, status, attempts
 
-def parse_retry_after(headers) -> float | None:
-    "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date); None if absent."
+# %% ../../nbs/30_client.ipynb #8b3a2f42
+def parse_retry_after(headers, # response headers (a mapping with lower-case lookups)
+                     ) -> float | None:
+    "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or a date); None if absent."
     if headers is None: return None
     ms = headers.get('retry-after-ms')
     if ms is not None:
@@ -245,7 +369,7 @@ def parse_retry_after(headers) -> float | None:
 # %% ../../nbs/30_client.ipynb #240aeb78
 def classify_error(exc: BaseException, # what a request raised
                   ) -> tuple:
-    "(kind, transient, retry_after_s, status) for a failed request; kind is None for errors that are not the endpoint's."
+    "(kind, transient, retry_after_s, status) of a failed request; kind None: not the endpoint's."
     import openai
     if isinstance(exc, openai.APIStatusError):
         s = exc.status_code
@@ -256,7 +380,9 @@ def classify_error(exc: BaseException, # what a request raised
         return 'client', False, None, s
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
     if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
-    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
+    if isinstance(exc,
+                  (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError,
+                   openai.APIResponseValidationError)):
         return 'malformed', True, None, None
     return None, False, None, None
 
@@ -271,6 +397,105 @@ def backoff_delay(attempt: int, # 1 for the first retry, 2 for the second, ...
     if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * u)
     return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * u)
 
+# %% ../../nbs/30_client.ipynb #1e6a0002
+def redact(text: str, # a message that may quote an endpoint's reply
+           pool: Pool, # whose key variables to blank out
+          ) -> str:
+    "`text` with the value of every key variable the pool names replaced by `***`."
+    keys = {os.environ.get(s.api_key_env) for s in pool.specs() if s.api_key_env}
+    for key in sorted(filter(None, keys), key=len, reverse=True): text = text.replace(key, '***')
+    return text
+
+# %% ../../nbs/30_client.ipynb #5e1d0002
+class SpendLedger(Protocol):
+    "Where a client records what each request may cost before it is sent, and what it cost after."
+    def spent(self) -> tuple:
+        "(requests, dollars) over all runs: settled costs plus open reservations at their max."
+    def reserve(self, model: str, kind: str, max_usd: float) -> int:
+        "Record a request about to be sent ('generation' or 'rewrite'), durably; its entry id."
+    def settle(self, entry: int, cost_usd: float, status: str) -> None:
+        "Close an entry with its cost; status is 'ok', 'failed' or 'lost'."
+
+# %% ../../nbs/30_client.ipynb #5e1d0003
+SETTLED = ('ok', 'failed', 'lost')
+
+class MemoryLedger:
+    "A `SpendLedger` in memory: the default, whose totals last as long as the client."
+    def __init__(self):
+        self.entries: list = []   # per request: model, kind, max_usd, cost_usd, status (None: open)
+        self._settled_usd, self._open_usd = 0.0, 0.0
+
+    def spent(self) -> tuple:
+        "(requests so far, settled dollars plus open reservations)."
+        return len(self.entries), self._settled_usd + max(0.0, self._open_usd)
+
+# %% ../../nbs/30_client.ipynb #5e1d0004
+@patch
+def reserve(self: MemoryLedger, model: str, # the pool's name of the model
+            kind: str, # 'generation' or 'rewrite'
+            max_usd: float, # the request's worst-case cost
+           ) -> int:
+    "Open an entry for a request about to be sent; returns its id."
+    self.entries.append(dict(model=model, kind=kind, max_usd=max_usd, cost_usd=None, status=None))
+    self._open_usd += max_usd
+    return len(self.entries) - 1
+
+# %% ../../nbs/30_client.ipynb #73fe3e17
+@patch
+def settle(self: MemoryLedger, entry: int, # an id from `reserve`
+           cost_usd: float, # what the request cost
+           status: str, # 'ok', 'failed' or 'lost'
+          ):
+    "Close an entry with its cost."
+    e = self.entries[entry]
+    if e['status'] is not None: raise ValueError(f"ledger entry {entry} is already settled")
+    if status not in SETTLED:
+        raise ValueError(f"unknown ledger status {status!r} (expected one of {', '.join(SETTLED)})")
+    e['cost_usd'], e['status'] = cost_usd, status
+    self._open_usd -= e['max_usd']
+    self._settled_usd += cost_usd
+
+# %% ../../nbs/30_client.ipynb #4a7e0002
+class _Window:
+    "At most `size` requests in flight; `size` halves on a 429 and grows back by one per success."
+    def __init__(self, limit: int):
+        self.size = self.limit = limit
+        self.busy, self._cond = 0, asyncio.Condition()
+
+    async def __aenter__(self):
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.busy < self.size)
+            self.busy += 1
+
+    async def __aexit__(self, *exc):
+        async with self._cond:
+            self.busy -= 1
+            self._cond.notify_all()
+
+    def shrink(self): self.size = max(1, self.size // 2)
+    def grow(self): self.size = min(self.limit, self.size + 1)
+
+# %% ../../nbs/30_client.ipynb #4a7e0003
+class _PerMinute:
+    "A token bucket that refills `rate` units a minute and holds at most `rate`."
+    def __init__(self, rate: int, clock=time.monotonic):
+        self.rate, self.level, self.clock = rate, float(rate), clock
+        self.t = clock()
+
+    def wait_s(self, amount: float) -> float:
+        "0 and take `amount` if it is there; else the seconds until it will be."
+        now = self.clock()
+        self.level, self.t = min(self.rate, self.level + (now - self.t) * self.rate / 60), now
+        amount = min(amount, self.rate)   # more than a minute's worth waits for a full bucket
+        if self.level >= amount:
+            self.level -= amount
+            return 0.0
+        return (amount - self.level) * 60 / self.rate
+
+    async def take(self, amount: float):
+        "Wait until `amount` is available, then take it."
+        while (w := self.wait_s(amount)) > 0: await asyncio.sleep(w)
+
 # %% ../../nbs/30_client.ipynb #f262b198
 def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'content': ...}]
                           ) -> int:
@@ -281,27 +506,45 @@ def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'conte
         n += len((c if isinstance(c, str) else json.dumps(c)).encode()) // 3 + 8
     return n
 
-def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float, attempts: int) -> Completion:
-    "A `Completion` from a chat-completion body; `MalformedResponse` if the body is not one."
-    data = json.loads(raw)
-    if not isinstance(data, dict): raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
-    choices = data.get('choices')
-    if not isinstance(choices, list) or not choices: raise MalformedResponse("the body has no choices")
+# %% ../../nbs/30_client.ipynb #682c9a21
+def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)
+                 messages: list, # the request's messages
+                 texts, # every choice's text
+                ) -> tuple:
+    "(prompt tokens, completion tokens, whether estimated) of one answer."
+    pt, ct = (usage.get('prompt_tokens'),
+              usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
+    if _is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0: return pt, ct, False
+    return estimate_prompt_tokens(messages), sum(len(t.encode()) // 3 + 1 for t in texts), True
+
+# %% ../../nbs/30_client.ipynb #f262b19a
+def _message_texts(choices: list) -> list:
+    "Each choice's message text; `MalformedResponse` if a choice is not a chat message."
     texts = []
     for c in choices:
         msg = c.get('message') if isinstance(c, dict) else None
         if not isinstance(msg, dict): raise MalformedResponse("a choice has no message")
         t = msg.get('content')
-        if t is not None and not isinstance(t, str): raise MalformedResponse("a message content is not text")
+        if t is not None and not isinstance(t, str):
+            raise MalformedResponse("a message content is not text")
         texts.append(t or '')
-    usage = data.get('usage') if isinstance(data.get('usage'), dict) else {}
-    pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
-    estimated = not (_is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0)
-    if estimated:
-        pt = estimate_prompt_tokens(messages)
-        ct = sum(len(t.encode()) // 3 + 1 for t in texts)
+    return texts
+
+# %% ../../nbs/30_client.ipynb #49c0709b
+def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
+                      attempts: int) -> Completion:
+    "A `Completion` from a chat-completion body; `MalformedResponse` if the body is not one."
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
+    choices = data.get('choices')
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse("the body has no choices")
+    texts = _message_texts(choices)
+    pt, ct, estimated = usage_tokens(data.get('usage'), messages, texts)
     return Completion(text=texts[0], prompt_tokens=pt, completion_tokens=ct, latency_s=latency,
-                      cost_usd=spec.cost(pt, ct), finish_reason=choices[0].get('finish_reason'), model=spec.name,
+                      cost_usd=spec.cost(pt,
+                                         ct), finish_reason=choices[0].get('finish_reason'), model=spec.name,
                       attempts=attempts, texts=tuple(texts), usage_estimated=estimated)
 
 # %% ../../nbs/30_client.ipynb #f0ded4f6
@@ -314,152 +557,297 @@ class Counters:
     errors: int = 0 # failed requests (transient or not)
     failures: int = 0 # calls that ended in PermanentError
     spend_usd: float = 0.0 # dollars spent on completed requests
+    lost_usd: float = 0.0 # dollars reserved by requests lost in flight (they may have been billed)
     prompt_tokens: int = 0 # input tokens of completed requests
     completion_tokens: int = 0 # output tokens of completed requests
-    by_kind: dict = field(default_factory=dict) # failed requests per kind ('rate_limit', 'server', 'timeout', ...)
+    by_kind: dict = field(default_factory=dict) # failed requests per kind ('rate_limit', ...)
 
+# %% ../../nbs/30_client.ipynb #f0ded4f7
 class _Endpoint:
-    "One AsyncOpenAI client and its concurrency slots."
-    def __init__(self, base_url, concurrency, timeout_s):
+    "One AsyncOpenAI client for one base URL."
+    def __init__(self, base_url: str, timeout_s: float):
         import httpx2
         from openai import AsyncOpenAI, Omit
-        # the key is sent per request (read from the environment then); the client holds only a placeholder
-        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0, timeout=timeout_s)
-        self.sem = asyncio.Semaphore(concurrency)
+        # the key is read from the environment and sent per request; the client holds a placeholder
+        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
+                                  timeout=timeout_s)
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
+
+# %% ../../nbs/30_client.ipynb #ae247014
+def _warn_shared(specs: list):
+    "Warn, once per endpoint, when models sharing a base URL declare different concurrency."
+    by_url = {}
+    for s in specs: by_url.setdefault(s.base_url, []).append(s)
+    for url, ss in by_url.items():
+        if len({s.concurrency for s in ss}) > 1:
+            names, total = ', '.join(s.name for s in ss), sum(s.concurrency for s in ss)
+            warnings.warn(f"models {names} share {url} with different concurrency; each keeps its "
+                          f"own, so up to {total} requests go there at once", stacklevel=3)
 
 # %% ../../nbs/30_client.ipynb #2d425d08
 class Client:
-    "Async chat completions over a model pool, with retries, concurrency limits, a call budget and a spend cap."
+    "Async chat completions over a pool, with retries, rate limits, a call budget and a spend cap."
     def __init__(self, pool: Pool, # the models, the rewriter and the limits
                  seed: int | None = None, # seed of the retry jitter (None: fresh randomness)
+                 ledger: SpendLedger | None = None, # records each request's spend (None: `MemoryLedger`)
                 ):
-        if not all(hasattr(pool, a) for a in ('models', 'limits', 'specs', 'check_env')): raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
+        if not all(hasattr(pool, a) for a in ('models', 'limits', 'specs', 'check_env')):
+            raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
+        methods = ('spent', 'reserve', 'settle')
+        if ledger is not None and not all(callable(getattr(ledger, a, None)) for a in methods):
+            raise ConfigError("the ledger needs spent, reserve and settle methods, got "
+                              f"{type(ledger).__name__}")
         pool.check_env()
         self.pool, self.counters = pool, Counters()
+        self.ledger = MemoryLedger() if ledger is None else ledger
         self.stopped: str | None = None   # why the client stopped (budget or cap), once it has
-        self._rng = random.Random(seed)
-        self._reserved = 0.0
-        self._loop, self._endpoints, self._bars = None, {}, []
-        self._slots, self._specs = {}, {s.name: s for s in pool.specs()}
-        for s in pool.specs(): self._slots[s.base_url] = min(self._slots.get(s.base_url, s.concurrency), s.concurrency)
+        self._rng, self._loop = random.Random(seed), None
+        self._endpoints, self._lanes, self._bars = {}, {}, []
+        self._specs = {s.name: s for s in pool.specs()}
+        _warn_shared(pool.specs())
 
     def __repr__(self):
         c = self.counters
-        return (f"Client({len(self.pool.models)} models, {len(self._slots)} endpoint(s); calls={c.calls}, "
-                f"completed={c.completed}, retries={c.retries}, failures={c.failures}, spend=${c.spend_usd:.6f})")
+        return (f"Client({len(self.pool.models)} models; calls={c.calls}, completed={c.completed}, "
+                f"retries={c.retries}, failures={c.failures}, spend={fmt_usd(c.spend_usd)})")
 
-    def _endpoint(self, spec):
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop: self._loop, self._endpoints = loop, {}   # clients belong to one event loop
+# %% ../../nbs/30_client.ipynb #2d425d11
+@patch
+def _lane(self: Client, spec: ModelSpec) -> tuple:
+    "(endpoint, window, requests bucket, tokens bucket) of a model on the running event loop."
+    loop = asyncio.get_running_loop()
+    if loop is not self._loop: self._loop, self._endpoints, self._lanes = loop, {}, {}
+    lane = self._lanes.get(spec.name)
+    if lane is None:
         ep = self._endpoints.get(spec.base_url)
-        if ep is None: ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, self._slots[spec.base_url], self.pool.limits.timeout_s)
-        return ep
+        if ep is None:
+            shared = [s for s in self._specs.values() if s.base_url == spec.base_url]
+            timeout = max(s.timeout_s or self.pool.limits.timeout_s for s in shared)
+            ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout)
+        rpm, tpm = spec.rpm and _PerMinute(spec.rpm), spec.tpm and _PerMinute(spec.tpm)
+        lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), rpm, tpm)
+    return lane
 
-    def _headers(self, spec, ep):
-        if spec.api_key_env is None: return ep.no_auth
-        key = os.environ.get(spec.api_key_env)
-        if not key: raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} (api_key_env) is not set")
-        return {'Authorization': f'Bearer {key}'}
+# %% ../../nbs/30_client.ipynb #19638e5c
+@patch
+def _headers(self: Client, spec: ModelSpec, ep: _Endpoint) -> dict:
+    "The Authorization header for a request, with the key read from the environment now."
+    if spec.api_key_env is None: return ep.no_auth
+    key = os.environ.get(spec.api_key_env)
+    if not key:
+        raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} "
+                          "(api_key_env) is not set")
+    return {'Authorization': f'Bearer {key}'}
 
-    def _stop(self, why):
-        self.stopped = why
-        raise BudgetExceeded(why)
+# %% ../../nbs/30_client.ipynb #2d425d13
+@patch
+def _stop(self: Client, why: str):
+    "Stop the client for good."
+    self.stopped = why
+    raise BudgetExceeded(why)
 
-    def _reserve(self, est):
-        "Count one request and reserve its worst-case cost, or stop the client."
-        lim, c = self.pool.limits, self.counters
-        if self.stopped: raise BudgetExceeded(self.stopped)
-        if lim.call_budget is not None and c.calls + 1 > lim.call_budget: self._stop(f"call budget of {lim.call_budget} requests reached")
-        if lim.spend_cap_usd is not None and c.spend_usd + self._reserved + est > lim.spend_cap_usd:
-            self._stop(f"spend cap of ${lim.spend_cap_usd:g} would be exceeded (spent ${c.spend_usd:.4f}, "
-                       f"in flight up to ${self._reserved:.4f}, next call up to ${est:.4f})")
-        c.calls += 1
-        self._reserved += est
+# %% ../../nbs/30_client.ipynb #b2b3a200
+@patch
+def _reserve(self: Client, spec: ModelSpec, kind: str, worst_usd: float) -> int:
+    "Check the call budget and the spend cap against the ledger, then reserve one request; or stop."
+    lim, where = self.pool.limits, self.pool.source or 'the pool configuration'
+    if self.stopped: raise BudgetExceeded(self.stopped)
+    requests, dollars = self.ledger.spent()
+    if lim.call_budget is not None and requests + 1 > lim.call_budget:
+        self._stop(f"call budget of {lim.call_budget} requests reached ({requests} sent); "
+                   f"raise [limits] call_budget in {where} to continue")
+    if lim.spend_cap_usd is not None and dollars + worst_usd > lim.spend_cap_usd:
+        self._stop(f"spend cap of {fmt_usd(lim.spend_cap_usd)} reached ({fmt_usd(dollars)} spent "
+                   f"or in flight, next call up to {fmt_usd(worst_usd)}); "
+                   f"raise [limits] spend_cap_usd in {where} to continue")
+    self.counters.calls += 1
+    return self.ledger.reserve(spec.name, kind, worst_usd)
 
-    def _tick(self):
-        c = self.counters
-        for bar in self._bars:
-            bar.update(1)
-            bar.set_postfix(spend=f'${c.spend_usd:.4f}', retries=c.retries, failures=c.failures, refresh=False)
+# %% ../../nbs/30_client.ipynb #2d425d15
+@dataclass
+class _Call:
+    "One chat completion to make: the body and what the ledger needs to know about it."
+    spec: ModelSpec
+    body: dict
+    messages: list
+    n: int
+    kind: str # 'generation' or 'rewrite'
+    tokens: int # worst-case tokens, for `tpm`
+    worst_usd: float # worst-case cost, reserved before each attempt
 
-    def _fail(self, kind):
-        self.counters.errors += 1
-        self.counters.by_kind[kind] = self.counters.by_kind.get(kind, 0) + 1
+# %% ../../nbs/30_client.ipynb #0596fb72
+@dataclass
+class _Failure:
+    "A failed attempt, classified."
+    error: BaseException
+    kind: str
+    transient: bool
+    retry_after: float | None
+    status: int | None
 
-    async def complete(self, model: str, # a model name of the pool (or the rewriter's)
-                       messages: list, # chat messages [{'role': 'system'|'user'|..., 'content': ...}]
-                       temperature: float = 0.7, # sampling temperature
-                       top_p: float = 0.95, # nucleus sampling mass
-                       max_tokens: int = 512, # longest completion
-                       seed: int | None = None, # sampling seed, for endpoints that honour it
-                       **extra, # further body fields, e.g. n=5 or stop=[...]
-                      ) -> Completion:
-        "One chat completion, retried on transient failures; raises `PermanentError` or `BudgetExceeded`."
-        spec, lim = self._specs.get(model) or self.pool.spec(model), self.pool.limits
-        body = dict(model=spec.remote_name, messages=messages, temperature=temperature, top_p=top_p, max_tokens=max_tokens, **extra)
-        if seed is not None: body['seed'] = seed
-        n = extra.get('n', 1) or 1
-        if n > 1 and not spec.honours_n: raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make one call per sample")
-        est = spec.cost(estimate_prompt_tokens(messages), max_tokens * n)
-        attempt = 0
-        while True:
-            attempt += 1
-            if self.stopped: raise BudgetExceeded(self.stopped)
-            ep = self._endpoint(spec)
-            async with ep.sem:
-                headers = self._headers(spec, ep)
-                self._reserve(est)
-                held = True
-                try:
-                    t0 = time.perf_counter()
-                    async with asyncio.timeout(lim.timeout_s):
-                        resp = await ep.client.post('/chat/completions', body=body, cast_to=ep.raw, options={'headers': headers})
-                    comp = _parse_completion(resp.content, spec, messages, time.perf_counter() - t0, attempt)
-                    if len(comp.texts) != n: raise MalformedResponse(f"asked for {n} choices, got {len(comp.texts)}")
-                except Exception as exc:
-                    kind, transient, retry_after, status = classify_error(exc)
-                    if kind is None: raise
-                    error = exc
-                else:
-                    c = self.counters
-                    self._reserved -= est; held = False
-                    c.completed += 1; c.spend_usd += comp.cost_usd
-                    c.prompt_tokens += comp.prompt_tokens; c.completion_tokens += comp.completion_tokens
-                    self._tick()
-                    return comp
-                finally:
-                    if held: self._reserved -= est
-            self._fail(kind)
-            if not transient or attempt > lim.max_retries:
-                self.counters.failures += 1
-                self._tick()
-                detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-                what = f"HTTP {status}" if status else kind
-                if transient: msg = f"model {model!r}: gave up after {attempt} attempts; last error {what}: {detail}"
-                else: msg = f"model {model!r}: {what} (not retried): {detail}"
-                raise PermanentError(msg, model=model, kind=kind, status=status, attempts=attempt) from error
-            self.counters.retries += 1
-            await asyncio.sleep(backoff_delay(attempt, lim, retry_after, self._rng))
+# %% ../../nbs/30_client.ipynb #2d425d16
+@patch
+async def _send(self: Client, call: _Call, ep: _Endpoint, attempt: int) -> Completion:
+    "POST one chat completion and parse it (no retry)."
+    t0 = time.perf_counter()
+    async with asyncio.timeout(call.spec.timeout_s or self.pool.limits.timeout_s):
+        resp = await ep.client.post('/chat/completions', body=call.body, cast_to=ep.raw,
+                                    options={'headers': self._headers(call.spec, ep)})
+    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0,
+                             attempt)
+    if len(comp.texts) != call.n:
+        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
+    return comp
 
-    @contextmanager
-    def progress(self, total: int | None = None, # calls expected (None: unknown)
-                 desc: str = 'calls', # label of the bar
-                 **kwargs, # more tqdm arguments
-                ):
-        "A tqdm bar that advances with every finished call and shows spend, retries and failures."
-        from tqdm import tqdm
-        bar = tqdm(total=total, desc=desc, unit='call', **({'disable': None} | kwargs))   # no bar when stderr is no terminal
-        self._bars.append(bar)
-        try: yield bar
+# %% ../../nbs/30_client.ipynb #e856512f
+@patch
+async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
+    "(Completion, None) or (None, _Failure) of one request, reserved before and settled after."
+    ep, window, rpm, tpm = self._lane(call.spec)
+    async with window:
+        if rpm: await rpm.take(1)
+        if tpm: await tpm.take(call.tokens)
+        self._headers(call.spec, ep)   # a missing key stops here, before anything is reserved
+        entry = self._reserve(call.spec, call.kind, call.worst_usd)
+        cost, status = call.worst_usd, 'lost'
+        try:
+            comp = await self._send(call, ep, attempt)
+            cost, status = comp.cost_usd, 'ok'
+        except Exception as exc:
+            f = _Failure(exc, *classify_error(exc))
+            if f.kind is None: raise
+            if f.status is not None: cost, status = 0.0, 'failed'
+            if f.kind == 'rate_limit': window.shrink()
+            return None, f
         finally:
-            self._bars.remove(bar)
-            bar.close()
+            self.ledger.settle(entry, cost, status)
+            if status == 'lost': self.counters.lost_usd += cost
+        window.grow()
+        return comp, None
 
-    async def aclose(self):
-        "Close the HTTP clients of the current event loop."
-        eps, self._endpoints = self._endpoints, {}
-        for ep in eps.values(): await ep.client.close()
+# %% ../../nbs/30_client.ipynb #2d425d17
+@patch
+def _failure_message(self: Client, spec: ModelSpec, f: _Failure, attempt: int) -> str:
+    "One line on why a call failed, with every configured key blanked out."
+    detail = str(f.error).splitlines()[0][:200] if str(f.error) else type(f.error).__name__
+    what, url = (f"HTTP {f.status}" if f.status else f.kind), spec.base_url.rstrip('/')
+    if f.status == 404 and not url.endswith('/v1'):
+        msg = (f"model {spec.name!r}: HTTP 404 from {url}/chat/completions; "
+               f"OpenAI-compatible base URLs usually end in /v1 (try base_url = \"{url}/v1\")")
+    elif f.transient:
+        msg = f"model {spec.name!r}: gave up after {attempt} attempts; last error {what}: {detail}"
+    else: msg = f"model {spec.name!r}: {what} (not retried): {detail}"
+    return redact(msg, self.pool)
 
-    async def __aenter__(self): return self
-    async def __aexit__(self, *exc): await self.aclose()
+# %% ../../nbs/30_client.ipynb #c89f6d59
+@patch
+def _retry_delay(self: Client, call: _Call, f: _Failure, attempt: int) -> float:
+    "Seconds to wait before the next attempt; `PermanentError` when there is none."
+    c, spec = self.counters, call.spec
+    c.errors += 1
+    c.by_kind[f.kind] = c.by_kind.get(f.kind, 0) + 1
+    retries = spec.max_retries if spec.max_retries is not None else self.pool.limits.max_retries
+    if f.transient and attempt <= retries:
+        c.retries += 1
+        return backoff_delay(attempt, self.pool.limits, f.retry_after, self._rng)
+    c.failures += 1
+    self._tick()
+    err = PermanentError(self._failure_message(spec, f, attempt), model=spec.name, kind=f.kind,
+                         status=f.status,
+                         attempts=attempt)
+    raise err from None   # the endpoint's own exception may quote a key: it is not chained
+
+# %% ../../nbs/30_client.ipynb #2d425d19
+@patch
+def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, purpose,
+          extra) -> _Call:
+    "The checked request of one `complete`."
+    spec = self._specs.get(model) or self.pool.spec(model)
+    body = dict(model=spec.remote_name, messages=messages, temperature=temperature, top_p=top_p,
+                max_tokens=max_tokens, **extra)
+    if seed is not None: body['seed'] = seed
+    n = extra.get('n', 1) or 1
+    if n > 1 and not spec.honours_n:
+        raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make "
+                          "one call per sample")
+    rw = self.pool.rewriter
+    rewrite = rw is not None and rw.name == model and model not in self.pool.models
+    kind = purpose or ('rewrite' if rewrite else 'generation')
+    if kind not in ('generation', 'rewrite'):
+        raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
+    prompt = estimate_prompt_tokens(messages)
+    return _Call(spec, body, messages, n, kind, prompt + max_tokens * n,
+                 spec.cost(prompt, max_tokens * n))
+
+# %% ../../nbs/30_client.ipynb #a04d1e43
+@patch
+async def complete(self: Client, model: str, # a model name of the pool (or the rewriter's)
+                   messages: list, # chat messages [{'role': 'system'|'user'|..., 'content': ...}]
+                   temperature: float = 0.7, # sampling temperature
+                   top_p: float = 0.95, # nucleus sampling mass
+                   max_tokens: int = 512, # longest completion
+                   seed: int | None = None, # sampling seed, for endpoints that honour it
+                   purpose: str | None = None, # 'generation' or 'rewrite' (None: from the pool)
+                   **extra, # further body fields, e.g. n=5 or stop=[...]
+                  ) -> Completion:
+    "One chat completion, retried on transient failures; else `PermanentError` or `BudgetExceeded`."
+    call = self._call(model, messages, temperature, top_p, max_tokens, seed, purpose, extra)
+    attempt = 0
+    while True:
+        attempt += 1
+        if self.stopped: raise BudgetExceeded(self.stopped)
+        comp, failure = await self._attempt(call, attempt)
+        if comp is not None: return self._done(comp)
+        await asyncio.sleep(self._retry_delay(call, failure, attempt))
+
+# %% ../../nbs/30_client.ipynb #2d425d1a
+@patch
+def _done(self: Client, comp: Completion) -> Completion:
+    "Count a completion and advance the progress bars."
+    c = self.counters
+    c.completed += 1; c.spend_usd += comp.cost_usd
+    c.prompt_tokens += comp.prompt_tokens; c.completion_tokens += comp.completion_tokens
+    self._tick()
+    return comp
+
+# %% ../../nbs/30_client.ipynb #023b96a5
+@patch
+def _tick(self: Client):
+    "Advance every open progress bar by one finished call."
+    c = self.counters
+    for bar in self._bars:
+        bar.update(1)
+        bar.set_postfix(spend=fmt_usd(c.spend_usd), retries=c.retries, failures=c.failures,
+                        refresh=False)
+
+# %% ../../nbs/30_client.ipynb #2d425d1b
+@patch
+@contextmanager
+def progress(self: Client, total: int | None = None, # calls expected (None: unknown)
+             desc: str = 'calls', # label of the bar
+             **kwargs, # more tqdm arguments
+            ):
+    "A tqdm bar that advances with every finished call and shows spend, retries and failures."
+    from tqdm import tqdm
+    # disable=None: no bar when stderr is not a terminal
+    bar = tqdm(total=total, desc=desc, unit='call', **({'disable': None} | kwargs))
+    self._bars.append(bar)
+    try: yield bar
+    finally:
+        self._bars.remove(bar)
+        bar.close()
+
+# %% ../../nbs/30_client.ipynb #9974c419
+@patch
+async def aclose(self: Client):
+    "Close the HTTP clients of the current event loop."
+    eps, self._endpoints, self._lanes = self._endpoints, {}, {}
+    for ep in eps.values(): await ep.client.close()
+
+# %% ../../nbs/30_client.ipynb #75f068d7
+@patch
+async def __aenter__(self: Client): return self
+
+# %% ../../nbs/30_client.ipynb #b37c98b5
+@patch
+async def __aexit__(self: Client, *exc): await self.aclose()
