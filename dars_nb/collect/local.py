@@ -414,6 +414,13 @@ def _answers(url: str) -> bool:
         with urllib.request.urlopen(url + '/models', timeout=2) as r: return r.status == 200
     except (OSError, urllib.error.URLError): return False
 
+# %% ../../nbs/32_local.ipynb #5056b562
+_ORPHAN_GUARD = """import os, sys
+try: import ctypes; ctypes.CDLL(None).prctl(1, 15)   # PR_SET_PDEATHSIG = 1, SIGTERM = 15
+except (OSError, AttributeError): pass               # not Linux: no guard
+if os.getppid() != int(sys.argv[1]): sys.exit(1)     # the parent died before the guard was set
+os.execv(sys.argv[2], sys.argv[2:])"""
+
 # %% ../../nbs/32_local.ipynb #9a5e842e
 def _launch(alias: str, path: Path, workdir: Path, n_ctx: int, threads: int, seed) -> tuple:
     "(process, base URL) of one llama-cpp-python server, in a session of its own."
@@ -425,7 +432,8 @@ def _launch(alias: str, path: Path, workdir: Path, n_ctx: int, threads: int, see
     cfg = workdir / f'{alias}.json'
     cfg.write_text(json.dumps({'host': '127.0.0.1', 'port': port, 'models': [settings]}))
     with open(workdir / f'{alias}.log', 'wb') as log:
-        command = [sys.executable, '-m', 'llama_cpp.server', '--config_file', str(cfg)]
+        command = [sys.executable, '-c', _ORPHAN_GUARD, str(os.getpid()),
+                   sys.executable, '-m', 'llama_cpp.server', '--config_file', str(cfg)]
         proc = subprocess.Popen(command,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
