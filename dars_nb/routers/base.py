@@ -4,6 +4,8 @@
 
 # %% ../../nbs/10_routers_base.ipynb #9461ff18
 from __future__ import annotations
+from functools import wraps
+from inspect import signature
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
@@ -11,8 +13,8 @@ from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'align',
-           'family_targets']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'training_settings',
+           'with_training_settings', 'align', 'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -115,6 +117,43 @@ class MeanRouter(Router):
     "Predicts every model's mean training utility for every query (the best fixed model)."
     def _fit(self, X, sup): self.mean_utility_ = sup.utility.mean(1)  # (R, K)
     def _predict_utility(self, X): return np.repeat(self.mean_utility_[:, None, :], len(X), axis=1)
+
+# %% ../../nbs/10_routers_base.ipynb #d6f04d38
+def training_settings(epochs: int = 100, # full passes over the training queries
+                      lr: float = 0.01, # AdamW step size
+                      weight_decay: float = 1.0, # AdamW decoupled weight decay
+                      batch_size: int | None = None, # queries per step; None = all (full batch)
+                      batched: bool = True, # train the R draws together (False: one after another)
+                      n_threads: int | None = None, # torch CPU threads in fit and predict; None = torch's own
+                      device: str = 'cpu', # torch device
+                      random_state: int | None = None, # seed of initial weights, minibatch order and masks
+                     ) -> dict:
+    "The training settings of a torch router, by name."
+    return dict(epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size, batched=batched,
+                n_threads=n_threads, device=device, random_state=random_state)
+
+# %% ../../nbs/10_routers_base.ipynb #0ced458d
+def with_training_settings(**defaults # the family's own defaults of some settings, e.g. `epochs=40`
+                          ):
+    "Class decorator: `__init__` takes the class's own parameters, then every `training_settings`."
+    shared = signature(training_settings).parameters
+    unknown = sorted(set(defaults) - set(shared))
+    if unknown: raise ValueError(f"unknown training setting {unknown[0]!r}")
+    def decorate(cls):
+        own = cls.__dict__.get('__init__', lambda self: None)
+        own_sig = signature(own)
+        settings = [p.replace(default=defaults.get(k, p.default)) for k, p in shared.items()]
+        full = own_sig.replace(parameters=[*own_sig.parameters.values(), *settings])
+        @wraps(own)
+        def __init__(self, *args, **kwargs):
+            given = full.bind(self, *args, **kwargs)
+            given.apply_defaults()
+            own(**{k: v for k, v in given.arguments.items() if k in own_sig.parameters})
+            for k in shared: setattr(self, k, given.arguments[k])
+        __init__.__signature__, __init__.__delwrap__ = full, training_settings   # docments read both
+        cls.__init__ = __init__
+        return cls
+    return decorate
 
 # %% ../../nbs/10_routers_base.ipynb #152f35da
 def align(features: pd.DataFrame, # features indexed by query_id

@@ -8,28 +8,19 @@ import numpy as np
 from ..extras import require
 torch = require('torch', 'torch', 'EmbedLLMRouter')
 import torch.nn.functional as F
-from .base import family_targets, check_features
+from .base import with_training_settings, family_targets, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
 __all__ = ['torch', 'EmbedLLMRouter']
 
 # %% ../../nbs/14_router_embedllm.ipynb #b7a39917
+@with_training_settings()
 class EmbedLLMRouter(EnsembleRouter):
     "EmbedLLM: model embeddings ⊙ projected query → risk-adjusted quality and cost; routes by quality − λ·cost."
     def __init__(self,
                  dim: int = 16, # size of the model embeddings and of the query projection
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
-                ):
-        self.dim, self.epochs, self.lr, self.weight_decay, self.batch_size = dim, epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
+                ): self.dim = dim
 
     def _check_params(self):
         if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")

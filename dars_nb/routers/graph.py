@@ -8,29 +8,20 @@ import numpy as np
 from ..extras import require
 torch = require('torch', 'torch', 'GraphRouter')
 import torch.nn.functional as F
+from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
 __all__ = ['torch', 'GraphRouter']
 
 # %% ../../nbs/16_router_graph.ipynb #4bdc2f25
+@with_training_settings(lr=0.03, weight_decay=0.1)
 class GraphRouter(StatsHeads, EnsembleRouter):
     "GNN over the bipartite query–model graph; an edge predictor estimates μ_q, μ_c, σ; routes by the predicted utility."
     def __init__(self,
                  hidden: int = 16, # width of node states and of the edge predictor
                  mask_rate: float = 0.5, # share of training queries whose edges are hidden (and predicted) per step
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.03, # AdamW step size
-                 weight_decay: float = 0.1, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights, masks and minibatch order
-                ):
-        self.hidden, self.mask_rate = hidden, mask_rate
-        self.epochs, self.lr, self.weight_decay, self.batch_size = epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
+                ): self.hidden, self.mask_rate = hidden, mask_rate
 
     def _check_params(self):
         if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")

@@ -8,27 +8,19 @@ import numpy as np
 from ..extras import require
 torch = require('torch', 'torch', 'MIRTRouter')
 import torch.nn.functional as F
+from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
 __all__ = ['torch', 'MIRTRouter']
 
 # %% ../../nbs/13_router_mirt.ipynb #cdaa77a7
+@with_training_settings()
 class MIRTRouter(StatsHeads, EnsembleRouter):
     "IRT-Router with separate IRT heads for μ_q, μ_c and σ; routes by the predicted utility."
     def __init__(self,
                  dim: int = 8, # latent dimension of θ and a
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
-                ):
-        self.dim, self.epochs, self.lr, self.weight_decay, self.batch_size = dim, epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
+                ): self.dim = dim
 
     def _check_params(self):
         if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")

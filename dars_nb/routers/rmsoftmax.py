@@ -8,7 +8,7 @@ import numpy as np
 from ..extras import require
 torch = require('torch', 'torch', 'RMSoftmaxRouter')
 from ..stats import utility, soft_targets
-from .base import check_features
+from .base import with_training_settings, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
@@ -27,6 +27,7 @@ def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
     return soft_targets(utility(mu_q[:, None], mu_c[:, None], sigma[:, None], lams, beta), tau)
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #a0b2413d
+@with_training_settings(epochs=40)
 class RMSoftmaxRouter(EnsembleRouter):
     "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over a grid of λ."
     def __init__(self,
@@ -34,18 +35,8 @@ class RMSoftmaxRouter(EnsembleRouter):
                  tau: float = 0.05, # temperature of the target softmax(U/τ)
                  lam_sampling: bool = True, # each step: one random λ of the grid per query (False: every λ)
                  hidden: int = 16, # width of the hidden layer
-                 epochs: int = 40, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
                 ):
         self.lam_grid, self.tau, self.lam_sampling, self.hidden = lam_grid, tau, lam_sampling, hidden
-        self.epochs, self.lr, self.weight_decay, self.batch_size = epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
 
     def _check_params(self):
         grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
