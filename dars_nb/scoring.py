@@ -17,7 +17,7 @@ from .extras import require
 
 # %% auto #0
 __all__ = ['KINDS', 'clean_answer', 'extract_final_answer', 'find_answer', 'parse_choice', 'score_choice', 'score_math',
-           'drop_normalize', 'drop_f1', 'score_drop', 'score_response', 'score_with_answer', 'score_responses',
+           'drop_normalize', 'drop_f1', 'score_drop', 'score_with_answer', 'score_response', 'score_responses',
            'scoring_validity']
 
 # %% ../nbs/04_scoring.ipynb #2658e1e4
@@ -111,16 +111,17 @@ def _check_letter(gold_letter):
         raise ValueError(f"gold letter must be a single letter A-Z, got {gold_letter!r}")
     return gold_letter.strip().upper()
 
-def _score_choice(text, gold_letter):
+def _score_choice(answer, gold_letter):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     gold = _check_letter(gold_letter)
-    letter = parse_choice(find_answer(text))
+    letter = parse_choice(answer)
     return (float(letter == gold), True) if letter is not None else (0.0, False)
 
 def score_choice(text: str, # a model response
                  gold_letter: str, # the correct option letter, e.g. 'B'
                 ) -> float:
     "1.0 when the response's final answer names `gold_letter`, else 0.0."
-    return _score_choice(text, gold_letter)[0]
+    return _score_choice(find_answer(text), gold_letter)[0]
 
 # %% ../nbs/04_scoring.ipynb #134d1415
 class _NoTimeoutNotice(logging.Filter):
@@ -143,9 +144,9 @@ def _math_parse(s: str, threaded: bool):
 def _math_gold(gold: str, threaded: bool):
     return tuple(_math_parse(gold, threaded)) or (gold,)
 
-def _score_math(text, gold):
+def _score_math(ans, gold):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     if not isinstance(gold, str) or not gold.strip(): raise ValueError(f"math gold must be a non-empty string, got {gold!r}")
-    ans = find_answer(text)
     if ans is None: return 0.0, False
     threaded = threading.current_thread() is not threading.main_thread()
     verify = require('math_verify', 'collect', 'math scoring').verify   # a missing package is an error, never a score of 0
@@ -160,7 +161,7 @@ def score_math(text: str, # a model response
                gold: str, # the gold answer in LaTeX, e.g. '\\frac{14}{3}'
               ) -> float:
     "1.0 when the response's final answer is mathematically equivalent to `gold`, else 0.0."
-    return _score_math(text, gold)[0]
+    return _score_math(find_answer(text), gold)[0]
 
 # %% ../nbs/04_scoring.ipynb #f0bd7249
 _PUNCT = set(string.punctuation)
@@ -217,9 +218,9 @@ def _as_golds(golds):
     if not golds: raise ValueError("DROP golds hold no non-empty answer")
     return golds
 
-def _score_drop(text, golds):
+def _score_drop(ans, golds):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     golds = _as_golds(golds)
-    ans = find_answer(text)
     if ans is None: return 0.0, False
     spans = [s for s in _SPAN_SPLIT.split(ans) if s.strip()] or [ans]
     best = 0.0
@@ -233,27 +234,28 @@ def score_drop(text: str, # a model response
                golds: list | str, # gold answers (each a string or a list of spans), or one '|'-joined string
               ) -> float:
     "The DROP F1 of the response's final answer, maximised over `golds`."
-    return _score_drop(text, golds)[0]
+    return _score_drop(find_answer(text), golds)[0]
 
 # %% ../nbs/04_scoring.ipynb #1fb6696d
 KINDS = ('choice', 'math', 'reading')
 _SCORERS = {'choice': _score_choice, 'math': _score_math, 'reading': _score_drop}
 
+def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
+                      text: str, # a model response
+                      gold, # gold letter, gold answer string, or list of DROP gold answers
+                     ) -> tuple[float, bool, str | None]:
+    "(score, parsed, answer) for one response; the answer is the one `find_answer` read (None if none)."
+    if kind not in _SCORERS: raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
+    answer = find_answer(text)
+    return (*_SCORERS[kind](answer, gold), answer)
+
+# %% ../nbs/04_scoring.ipynb #8859ae9f
 def score_response(kind: str, # 'choice', 'math' or 'reading'
                    text: str, # a model response
                    gold, # gold letter, gold answer string, or list of DROP gold answers
                   ) -> tuple[float, bool]:
     "(score in [0, 1], parsed) for one response; unparseable responses give (0.0, False)."
-    if kind not in _SCORERS: raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
-    return _SCORERS[kind](text, gold)
-
-def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
-                      text: str, # a model response
-                      gold, # gold letter, gold answer string, or list of DROP gold answers
-                     ) -> tuple[float, bool, str | None]:
-    "(score, parsed, answer) for one response: `score_response` and the answer it read (None when there is none)."
-    score, parsed = score_response(kind, text, gold)
-    return score, parsed, find_answer(text)
+    return score_with_answer(kind, text, gold)[:2]
 
 # %% ../nbs/04_scoring.ipynb #ffe0b2ed
 def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, response

@@ -116,21 +116,30 @@ class World:
         return (self.prompt_tokens.round()[:, None] * np.asarray(p.price_in)[None]
                 + self.expected_completion * np.asarray(p.price_out)[None]) / 1e6
 
+# %% ../nbs/03_simulate.ipynb #55decdd9
 def _profile(profile) -> Profile:
     "The `Profile` named by `profile` (or `profile` itself)."
     if isinstance(profile, Profile): return profile
     if isinstance(profile, str) and profile in PROFILES: return PROFILES[profile]
     raise ValueError(f"unknown profile {profile!r} (expected one of {', '.join(PROFILES)})")
 
-def _query_latents(rng, p: Profile, n: int):
-    "Topic z_i, difficulty b_i and settled flag of `n` queries, drawn from `rng`."
+# %% ../nbs/03_simulate.ipynb #733639f1
+def _query_draws(rng, p: Profile, n: int, mixing=None):
+    "Topic, difficulty, settled flag and features of `n` queries from `rng`, and the feature mixing used."
     topic = rng.standard_normal((n, p.topic_dims))
     difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, n)
     u = rng.random(n)
     settled = np.where(u < p.easy_share, 1, np.where(u > 1 - p.impossible_share, -1, 0))
     latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9), settled])
-    return topic, difficulty, settled, latent
+    if mixing is None: mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
+    features = latent @ mixing + p.feature_noise * rng.standard_normal((n, p.n_features))
+    return dict(topic=topic, difficulty=difficulty, settled=settled, features=features), mixing
 
+def _prompt_lengths(rng, p: Profile, n: int) -> np.ndarray:
+    "Prompt length of `n` queries from `rng`: lognormal around the profile's typical length."
+    return p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n)
+
+# %% ../nbs/03_simulate.ipynb #b2c77f80
 def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
                n_train: int = 200, # training queries
                n_test: int = 250, # test queries
@@ -141,22 +150,19 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
     if n_train < 1 or n_test < 0: raise ValueError("n_train must be ≥ 1 and n_test ≥ 0")
     K = len(p.ability)
     rng = np.random.default_rng(seed)           # training queries and the models
-    topic, difficulty, settled, latent = _query_latents(rng, p, n_train)
-    mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
-    features = latent @ mixing + p.feature_noise * rng.standard_normal((n_train, p.n_features))
+    train, mixing = _query_draws(rng, p, n_train)
     loadings = rng.normal(0, p.topic_sd, (K, p.topic_dims))
     verbosity = rng.normal(0, p.verbosity_sd, (K, p.topic_dims))
-    prompt = p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_train)
-    test_rng = np.random.default_rng([seed, 1])  # test queries: a stream of their own
-    t_topic, t_difficulty, t_settled, t_latent = _query_latents(test_rng, p, n_test)
-    t_features = t_latent @ mixing + p.feature_noise * test_rng.standard_normal((n_test, p.n_features))
-    t_prompt = p.prompt_tokens * test_rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_test)
+    train['prompt'] = _prompt_lengths(rng, p, n_train)
+    test_rng = np.random.default_rng([seed, 1])  # test queries: a stream of their own, the same mixing
+    test, _ = _query_draws(test_rng, p, n_test, mixing)
+    test['prompt'] = _prompt_lengths(test_rng, p, n_test)
+    q = {k: np.concatenate([train[k], test[k]]) for k in train}
     Q = n_train + n_test
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
-    return World(p, ids, split, np.vstack([topic, t_topic]), np.concatenate([difficulty, t_difficulty]),
-                 np.concatenate([settled, t_settled]), np.vstack([features, t_features]), loadings, verbosity,
-                 np.concatenate([prompt, t_prompt]), seed)
+    return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings, verbosity,
+                 q['prompt'], seed)
 
 # %% ../nbs/03_simulate.ipynb #5539ba85
 _PARTIAL_F1 = np.array([0.4, 0.5, 2 / 3, 0.8])  # partial F1 values a wrong span can earn

@@ -8,13 +8,13 @@ from functools import wraps
 from inspect import signature
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'training_settings',
-           'with_training_settings', 'align', 'family_targets']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'check_router',
+           'training_settings', 'with_training_settings', 'align', 'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -117,6 +117,85 @@ class MeanRouter(Router):
     "Predicts every model's mean training utility for every query (the best fixed model)."
     def _fit(self, X, sup): self.mean_utility_ = sup.utility.mean(1)  # (R, K)
     def _predict_utility(self, X): return np.repeat(self.mean_utility_[:, None, :], len(X), axis=1)
+
+# %% ../../nbs/10_routers_base.ipynb #f3f40fef
+def _fails_in_one_line(fn, # call that must fail
+                       contains: str, # text the message must hold
+                      ):
+    "Assert `fn()` raises a one-line `ValueError` whose message holds `contains`."
+    try: fn()
+    except ValueError as e:
+        message = str(e)
+        assert contains in message and '\n' not in message, f"expected one line with {contains!r}, got {e!r}"
+        return
+    raise AssertionError(f"expected a ValueError with {contains!r}, got none")
+
+# %% ../../nbs/10_routers_base.ipynb #134a2c1a
+def _check_params(router: Router):
+    "Every `__init__` argument is a parameter by name; `set_params` and `clone` keep them all."
+    names = [k for k in signature(type(router)).parameters]
+    params = router.get_params()
+    assert sorted(params) == sorted(names), f"get_params lists {sorted(params)}, __init__ takes {sorted(names)}"
+    for k, v in params.items():
+        assert router.set_params(**{k: v}).get_params()[k] is v, f"set_params does not keep {k!r}"
+    copy = clone(router)
+    assert copy.get_params() == params, "clone changes the parameters"
+    assert not hasattr(copy, 'models_'), "clone keeps the fitted state"
+    _fails_in_one_line(lambda: copy.predict(np.zeros((1, 1))), 'not fitted')
+
+# %% ../../nbs/10_routers_base.ipynb #4669e322
+def _check_predictions(make, # returns a fresh copy of the router
+                       X: np.ndarray, # training features, rows in `sup.query_ids` order
+                       sup: Supervision, # R > 1 single-shot draws
+                       X_test: np.ndarray, # features to predict
+                      ):
+    "Shapes for one and for R draws, finite utilities, model names, and two fits that agree."
+    n, R, K = len(X_test), sup.n_draws, len(sup.models)
+    one = make().fit(X, sup.draw(0))
+    assert one.predict_utility(X_test).shape == (n, K), "one draw: predict_utility is not (n, K)"
+    assert one.predict(X_test).shape == (n,), "one draw: predict is not (n,)"
+    assert set(one.predict(X_test)) <= set(sup.models), "predict returns names that are not models"
+    many = make().fit(X, sup)
+    U = many.predict_utility(X_test)
+    assert U.shape == (R, n, K), "R draws: predict_utility is not (R, n, K)"
+    assert many.predict(X_test).shape == (R, n), "R draws: predict is not (R, n)"
+    assert np.isfinite(U).all(), "predicted utilities are not finite"
+    again = make().fit(X, sup).predict_utility(X_test)
+    assert np.array_equal(U, again), "two fits with the same parameters predict differently"
+    return many
+
+# %% ../../nbs/10_routers_base.ipynb #59798400
+def _check_errors(make, X: np.ndarray, sup: Supervision, X_test: np.ndarray, fitted: Router):
+    "Bad features, bad supervision and an unfitted router each give a one-line `ValueError`."
+    (Q, d), bad = X.shape, X.copy()
+    bad[min(5, Q - 1), d - 1] = np.nan
+    _fails_in_one_line(lambda: make().fit(bad, sup), 'NaN')
+    _fails_in_one_line(lambda: make().predict(X_test), 'not fitted')
+    rows = f'supervision has {Q} queries but features have {Q // 2} rows'
+    _fails_in_one_line(lambda: make().fit(X[:Q // 2], sup), rows)
+    _fails_in_one_line(lambda: make().fit(X, sup.label_names()), 'must be a dars_nb.stats.Supervision')
+    columns = f'features have {d - 1} columns but the router was fitted on {d}'
+    _fails_in_one_line(lambda: fitted.predict(X_test[:, :d - 1]), columns)
+    bad_test = X_test.copy()
+    bad_test[0, 0] = np.inf
+    _fails_in_one_line(lambda: fitted.predict(bad_test), 'NaN or infinite')
+    broken = sup.subset(sup.query_ids)
+    broken.mu_q = broken.mu_q.copy()
+    broken.mu_q[0, min(2, Q - 1), 0] = np.nan
+    _fails_in_one_line(lambda: make().fit(X, broken), 'supervision mu_q contains NaN')
+
+# %% ../../nbs/10_routers_base.ipynb #99989480
+def check_router(router: Router, # an unfitted router with a fixed `random_state`
+                 X: np.ndarray, # training features (Q, d), rows in `sup.query_ids` order, d ≥ 2
+                 sup: Supervision, # R > 1 single-shot draws (`supervision(obs, 'single', n_draws=3)`)
+                 X_test: np.ndarray, # features to predict (n, d)
+                ) -> None:
+    "Assert that `router` keeps the router contract: parameters, predictions and errors."
+    assert sup.n_draws > 1, "check_router needs a supervision with several draws"
+    _check_params(router)
+    make = lambda: clone(router)
+    fitted = _check_predictions(make, X, sup, X_test)
+    _check_errors(make, X, sup, X_test, fitted)
 
 # %% ../../nbs/10_routers_base.ipynb #d6f04d38
 def training_settings(epochs: int = 100, # full passes over the training queries
