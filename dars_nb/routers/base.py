@@ -8,6 +8,7 @@ from functools import wraps
 from inspect import signature
 import numpy as np
 import pandas as pd
+from fastcore.basics import patch
 from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
@@ -53,64 +54,78 @@ def check_supervision(sup, # a `Supervision`
         if not np.isfinite(getattr(sup, name)).all(): raise ValueError(f"supervision {name} contains NaN or infinite values")
     return sup
 
-# %% ../../nbs/10_routers_base.ipynb #9a8d5a55
+# %% ../../nbs/10_routers_base.ipynb #d83acff0
 class Router(BaseEstimator):
     "Base class of every router: `fit(X, sup)`, `predict_utility(X)`, `predict(X)`."
-    def fit(self, X, # query features: a DataFrame indexed by query id (matched by id), or a (Q, d) array in `sup.query_ids` order
-            sup: Supervision, # supervision in any mode, with one or R draws
-           ) -> 'Router':
-        "Fit on features `X` and supervision `sup` (R draws → R routers); a DataFrame's rows are aligned to `sup.query_ids` by id."
-        if isinstance(X, pd.DataFrame):
-            self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
-            if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
-        elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
-        X = check_features(X)
-        sup = check_supervision(sup, len(X))
-        self.models_ = list(sup.models)
-        self.n_features_in_ = X.shape[1]
-        self.n_draws_ = sup.n_draws
-        self.lam_, self.beta_, self.mode_ = sup.lam, sup.beta, sup.mode
-        self._fit(X, sup)
-        return self
+    def _fit(self, X, sup): raise NotImplementedError
+    def _predict_utility(self, X): return self._route(**self._predict_stats(X))   # from the predicted statistics
+    def _predict_stats(self, X):
+        raise NotImplementedError(f"{type(self).__name__} does not predict μ_q, μ_c and σ")
 
     def _check_fitted(self):
         if not hasattr(self, 'models_'):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) first")
 
-    def _query_features(self, X) -> np.ndarray:
-        "Prediction features as an array in `X`'s own row order; a DataFrame's columns must be those seen in `fit`."
-        self._check_fitted()
-        names = getattr(self, 'feature_names_in_', None)
-        if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
-            differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
-            if len(differ): raise ValueError(f"feature column {X.columns[differ[0]]!r} is not the one seen in fit ({names[differ[0]]!r})")
-        return check_features(X, self.n_features_in_)
+# %% ../../nbs/10_routers_base.ipynb #30b90159
+@patch
+def fit(self: Router, X, # features: a DataFrame indexed by query id, or a (Q, d) array in `sup.query_ids` order
+        sup: Supervision, # supervision in any mode, with one or R draws
+       ) -> 'Router':
+    "Fit on features `X` and supervision `sup` (R draws → R routers); DataFrame rows are matched by id."
+    if isinstance(X, pd.DataFrame):
+        self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
+        if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
+    elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
+    X = check_features(X)
+    sup = check_supervision(sup, len(X))
+    self.models_ = list(sup.models)
+    self.n_features_in_ = X.shape[1]
+    self.n_draws_ = sup.n_draws
+    self.lam_, self.beta_, self.mode_ = sup.lam, sup.beta, sup.mode
+    self._fit(X, sup)
+    return self
 
-    def predict_utility(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-                       ) -> np.ndarray:
-        "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
-        U = np.asarray(self._predict_utility(self._query_features(X)))
-        return U[0] if self.n_draws_ == 1 else U
+# %% ../../nbs/10_routers_base.ipynb #a193430e
+@patch
+def _query_features(self: Router, X) -> np.ndarray:
+    "Prediction features as an array in `X`'s own row order; DataFrame columns must be those seen in `fit`."
+    self._check_fitted()
+    names = getattr(self, 'feature_names_in_', None)
+    if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
+        differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
+        if len(differ):
+            first, seen = X.columns[differ[0]], names[differ[0]]
+            raise ValueError(f"feature column {first!r} is not the one seen in fit ({seen!r})")
+    return check_features(X, self.n_features_in_)
 
-    def predict_stats(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-                     ) -> dict:
-        "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
-        s = self._predict_stats(self._query_features(X))
-        return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
+# %% ../../nbs/10_routers_base.ipynb #e99a4e51
+@patch
+def predict_utility(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+                   ) -> np.ndarray:
+    "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
+    U = np.asarray(self._predict_utility(self._query_features(X)))
+    return U[0] if self.n_draws_ == 1 else U
 
-    def predict(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-               ) -> np.ndarray:
-        "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
-        best = np.argmax(self.predict_utility(X), axis=-1)
-        return np.asarray(self.models_, dtype=object)[best]
+# %% ../../nbs/10_routers_base.ipynb #3150464c
+@patch
+def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+                 ) -> dict:
+    "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
+    s = self._predict_stats(self._query_features(X))
+    return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 
-    def _route(self, mu_q, mu_c, sigma):
-        "Utility from predicted statistics with the training λ and β."
-        return utility(mu_q, mu_c, sigma, self.lam_, self.beta_)
+@patch
+def _route(self: Router, mu_q, mu_c, sigma):
+    "Utility from predicted statistics with the training λ and β."
+    return utility(mu_q, mu_c, sigma, self.lam_, self.beta_)
 
-    def _fit(self, X, sup): raise NotImplementedError
-    def _predict_utility(self, X): return self._route(**self._predict_stats(X))   # families that predict the statistics
-    def _predict_stats(self, X): raise NotImplementedError(f"{type(self).__name__} does not predict μ_q, μ_c and σ")
+# %% ../../nbs/10_routers_base.ipynb #cad9e7bd
+@patch
+def predict(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+           ) -> np.ndarray:
+    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
+    best = np.argmax(self.predict_utility(X), axis=-1)
+    return np.asarray(self.models_, dtype=object)[best]
 
 # %% ../../nbs/10_routers_base.ipynb #81bb6398
 class MeanRouter(Router):
