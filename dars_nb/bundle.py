@@ -46,7 +46,8 @@ SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is sa
         ('sklearn.cluster', 'KMeans'), ('sklearn.feature_extraction.text', 'TfidfVectorizer'),
         ('sklearn.feature_extraction.text', 'TfidfTransformer')]},
 }
-TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),   # not needed to predict
+# not needed to predict
+TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),
                  'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
 
 def _saved_class(name: str) -> type:
@@ -66,22 +67,28 @@ def encode(obj, # a value to save
     "A JSON-ready tree for `obj`, its arrays moved into `arrays`; a one-line BundleError for anything not whitelisted."
     def put(a):
         key = f'arrays/{len(arrays)}.npy'; arrays[key] = a; return key
-    if isinstance(obj, np.generic):                    # before float: np.float64 is a float subclass
+    if isinstance(obj, np.generic):  # before float: np.float64 is a float subclass
         v = obj.item()
-        return {'$scalar': {'dtype': obj.dtype.str, 'value': repr(v) if isinstance(v, float) and not np.isfinite(v) else v}}
-    if isinstance(obj, float) and not np.isfinite(obj): return {'$float': repr(obj)}   # strict JSON has no NaN or Infinity
+        return {'$scalar': {'dtype': obj.dtype.str,
+                            'value': repr(v) if isinstance(v, float) and not np.isfinite(v) else v}}
+    # strict JSON has no NaN or Infinity
+    if isinstance(obj, float) and not np.isfinite(obj): return {'$float': repr(obj)}
     if obj is None or isinstance(obj, (bool, int, float, str)): return obj
     if isinstance(obj, list): return [encode(v, arrays) for v in obj]
     if isinstance(obj, tuple): return {'$tuple': [encode(v, arrays) for v in obj]}
-    if isinstance(obj, (set, frozenset)): return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
-    if isinstance(obj, dict): return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
+    if isinstance(obj, (set, frozenset)):
+        return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
+    if isinstance(obj, dict):
+        return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
-            if not all(isinstance(v, str) for v in obj.ravel()): raise BundleError("cannot save an object array that holds non-strings")
+            if not all(isinstance(v, str) for v in obj.ravel()):
+                raise BundleError("cannot save an object array that holds non-strings")
             return {'$strings': {'shape': list(obj.shape), 'values': obj.ravel().tolist()}}
         return {'$ndarray': put(obj)}
     if isinstance(obj, np.dtype): return {'$dtype': obj.str}
-    if isinstance(obj, type) and issubclass(obj, np.generic): return {'$numpy_type': np.dtype(obj).str}
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        return {'$numpy_type': np.dtype(obj).str}
     if type(obj).__module__ == 'torch' and type(obj).__name__ == 'Tensor':
         return {'$tensor': put(obj.detach().cpu().numpy())}
     name = _class_name(obj)
@@ -96,7 +103,8 @@ def decode(node, # a tree written by `encode`
     "The object a tree describes; a one-line BundleError for an unknown tag, class or array."
     if node is None or isinstance(node, (bool, int, float, str)): return node
     if isinstance(node, list): return [decode(v, arrays) for v in node]
-    if not isinstance(node, dict) or len(node) != 1: raise BundleError("damaged bundle: a manifest entry is not a tagged value")
+    if not isinstance(node, dict) or len(node) != 1:
+        raise BundleError("damaged bundle: a manifest entry is not a tagged value")
     (tag, v), = node.items()
     def get(key):
         if key not in arrays: raise BundleError(f"damaged bundle: array {key!r} is missing")
@@ -126,7 +134,7 @@ def decode(node, # a tree written by `encode`
 class RouterBundle:
     "A fitted featurizer and router with their pool, settings and provenance: routes raw question texts."
     models: list            # model names, in the router's column order
-    prices: dict            # model -> (price_in, price_out), dollars per million tokens (may be empty)
+    prices: dict  # model -> (price_in, price_out), dollars per million tokens (may be empty)
     lam: float              # cost weight λ the router was trained with (the default for routing)
     beta: float             # risk weight β
     mode: str               # supervision mode
@@ -136,29 +144,37 @@ class RouterBundle:
     guard_cv: object = None      # `GuardCV` with the cross-validated predictions: margins for any λ
     fingerprint: str = ''        # sha256 of the training observations
     version: str = __version__   # library version that wrote the bundle
-    meta: dict = dataclasses.field(default_factory=dict)  # anything else worth keeping (family, config, held-out estimate)
-    _margins: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # margins computed per λ (not saved)
+    # anything else worth keeping (family, config, held-out estimate)
+    meta: dict = dataclasses.field(default_factory=dict)
+    # margins computed per λ (not saved)
+    _margins: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __repr__(self) -> str:
         guard = 'unguarded' if self.guard is None else f'guard margin {self.guard:.4g}'
-        return (f"RouterBundle({type(self.router).__name__} on {self.featurizer.name}, {len(self.models)} models, "
-                f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}, dars_nb {self.version})")
+        return (f"RouterBundle({type(self.router).__name__} on {self.featurizer.name}, "
+                f"{len(self.models)} models, "
+                f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}, dars_nb "
+                f"{self.version})")
 
     def __post_init__(self):
         check_bundle(self)
-        self.meta.setdefault('featurizer_kind', self.featurizer.kind)   # the kind the router was fitted on, for error messages
+        # the kind the router was fitted on, for error messages
+        self.meta.setdefault('featurizer_kind', self.featurizer.kind)
 
 # %% ../nbs/25_bundle.ipynb #7fea11db
 def check_bundle(b: RouterBundle, # the bundle to check
                 ) -> RouterBundle:
     "`b` if its pieces fit together, else a one-line BundleError."
     if not hasattr(b.router, 'models_'): raise BundleError("the router is not fitted")
-    if getattr(b.router, 'n_draws_', 1) != 1: raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
+    if getattr(b.router, 'n_draws_', 1) != 1:
+        raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
     if list(b.router.models_) != list(b.models): raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's {list(b.models)}")
-    if not hasattr(b.featurizer, 'n_features_out_'): raise BundleError("the featurizer is not fitted")
+    if not hasattr(b.featurizer, 'n_features_out_'):
+        raise BundleError("the featurizer is not fitted")
     if b.featurizer.n_features_out_ != b.router.n_features_in_:
         raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
-    if b.guard is not None and b.guard_cv is None: raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
+    if b.guard is not None and b.guard_cv is None:
+        raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
     missing = [m for m in b.prices if m not in b.models]
     if missing: raise BundleError(f"prices name model {missing[0]!r} that the router does not know")
     return b
@@ -169,13 +185,16 @@ def predicted_utility(router, # a fitted router (one draw)
                       lam: float, # cost weight λ to route for
                      ) -> tuple[np.ndarray, dict]:
     "Utility per model (n, K) at λ, and the predicted μ_q, μ_c, σ and risk-adjusted quality (NaN where the family has none)."
-    if not (np.isfinite(lam) and lam >= 0): raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+    if not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     nan = lambda: np.full((len(X), len(router.models_)), np.nan)
-    if hasattr(router, 'predict_log_policy'):                          # RM-Softmax: a λ-conditioned policy
-        return router.predict_log_policy(X, lam), dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
-    if hasattr(router, 'predict_heads'):                               # EmbedLLM: quality already risk-adjusted
+    if hasattr(router, 'predict_log_policy'):  # RM-Softmax: a λ-conditioned policy
+        return router.predict_log_policy(X, lam), dict(mu_q=nan(), mu_c=nan(), sigma=nan(),
+                                                       quality=nan())
+    if hasattr(router, 'predict_heads'):  # EmbedLLM: quality already risk-adjusted
         h = router.predict_heads(X)
-        return h['quality'] - lam * h['mu_c'], dict(mu_q=nan(), mu_c=h['mu_c'], sigma=nan(), quality=h['quality'])
+        return h['quality'] - lam * h['mu_c'], dict(mu_q=nan(), mu_c=h['mu_c'], sigma=nan(),
+                                                    quality=h['quality'])
     try: s = router.predict_stats(X)
     except NotImplementedError:
         if lam != router.lam_: raise ValueError(f"{type(router).__name__} routes at its training λ = {router.lam_} only, got {lam}")
@@ -201,7 +220,8 @@ def subset(sup: Supervision, # supervision (one draw or R)
           ) -> Supervision:
     "`sup` restricted to the queries at `rows`."
     rows = np.asarray(rows)
-    return dataclasses.replace(sup, queries=sup.queries[rows], mu_q=sup.mu_q[:, rows], mu_c=sup.mu_c[:, rows],
+    return dataclasses.replace(sup, queries=sup.queries[rows], mu_q=sup.mu_q[:, rows],
+                               mu_c=sup.mu_c[:, rows],
                                sigma=sup.sigma[:, rows], utility=sup.utility[:, rows])
 
 def fold_ids(n: int, # number of queries
@@ -219,8 +239,10 @@ class GuardCV:
     folds: np.ndarray       # fold index per training query (Q,)
     mu_q: np.ndarray        # observed mean score per training query and model (Q, K)
     mu_c: np.ndarray        # observed mean normalised cost (Q, K)
-    parts: dict             # held-out predictions: 'quality' and 'mu_c' (Q, K), or 'lams' (G,) and 'policy' (G, Q, K)
-    quantiles: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)   # candidate margins: these quantiles of the positive gains
+    # held-out predictions: 'quality' and 'mu_c' (Q, K), or 'lams' (G,) and 'policy' (G, Q, K)
+    parts: dict
+    # candidate margins: these quantiles of the positive gains
+    quantiles: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
     def utility(self, lam: float) -> np.ndarray:
         "Held-out predicted utility (Q, K) at λ."
@@ -261,7 +283,8 @@ class GuardCV:
         m = self.margin(lam)
         router, away = self.held_out(lam, None)
         guarded, g_away = self.held_out(lam, m)
-        return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router, guarded=guarded, margin=m,
+        return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router,
+                    guarded=guarded, margin=m,
                     routed_away=away, guarded_routed_away=g_away)
 
 # %% ../nbs/25_bundle.ipynb #1ab4d613
@@ -281,7 +304,8 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
     for k in range(folds):
         tr, te = ids != k, ids == k
         r = clone(router).fit(X[tr], subset(sup, np.flatnonzero(tr)))
-        if hasattr(r, 'predict_log_policy'): policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
+        if hasattr(r, 'predict_log_policy'):
+            policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
         else:
             _, s = predicted_utility(r, X[te], sup.lam)
             if np.isnan(s['quality']).any(): raise ValueError(f"{type(r).__name__} predicts no statistics; the guard needs μ_c and a quality")
@@ -319,7 +343,8 @@ def guard_comparison(router, # a router fitted on all training queries
     margin = cv.margin(lam)
     pick = lambda c: float(real[np.arange(len(c)), c].mean())
     guarded = guarded_choice(U, fixed, margin)
-    return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)), guarded=pick(guarded),
+    return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)),
+                guarded=pick(guarded),
                 margin=margin, routed_away=float((U.argmax(1) != fixed).mean()), guarded_routed_away=float((guarded != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #45bb2428
@@ -328,13 +353,15 @@ def _margin(self: RouterBundle, lam: float) -> float | None:
     "The guard's margin at λ: the stored one at the bundle's λ, recomputed from the CV predictions otherwise."
     if self.guard is None: return None
     if lam == self.lam or self.guard_cv is None: return self.guard
-    if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)   # 30 ms on 5,000 queries: once per λ
+    # 30 ms on 5,000 queries: once per λ
+    if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)
     return self._margins[lam]
 
 @patch
 def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
-    if self.guard_cv is None: raise ValueError("this bundle has no training statistics to choose a best fixed model")
+    if self.guard_cv is None:
+        raise ValueError("this bundle has no training statistics to choose a best fixed model")
     return int((self.guard_cv.mu_q - lam * self.guard_cv.mu_c).mean(0).argmax())
 
 @patch
@@ -343,7 +370,8 @@ def features(self: RouterBundle, texts, # question texts
     "Feature rows of `texts`, checked against the width the router was fitted on."
     X = np.asarray(self.featurizer.transform(check_texts(texts)), dtype=float)
     if X.shape[1] != self.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {self.router.n_features_in_} features ({self.meta.get('featurizer_kind', '?')}), "
+        raise BundleError(f"the router was fitted on {self.router.n_features_in_} features "
+                          f"({self.meta.get('featurizer_kind', '?')}), "
                           f"got {X.shape[1]} ({self.featurizer.kind})")
     return X
 
@@ -402,7 +430,8 @@ def _guard_cv(fields) -> GuardCV | None:
     "The guard's CV predictions from their saved fields (plain data: no class is named in the file)."
     if fields is None: return None
     try: return GuardCV(**fields)
-    except TypeError as e: raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
+    except TypeError as e:
+        raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
 def save_bundle(bundle: RouterBundle, # the bundle to save
                 path, # file to write (conventionally `.zip` or `.router`)
@@ -420,7 +449,8 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
                     guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
     path = Path(path)
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
-        z.writestr('manifest.json', json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
+        z.writestr('manifest.json',
+                   json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
         for key, a in arrays.items():
             buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False); z.writestr(key, buf.getvalue())
     return path
@@ -434,21 +464,26 @@ def load_bundle(path, # a file written by `save_bundle`
     try:
         with zipfile.ZipFile(path) as z:
             names = set(z.namelist())
-            if 'manifest.json' not in names: raise BundleError(f"{path} is not a router bundle (no manifest.json)")
+            if 'manifest.json' not in names:
+                raise BundleError(f"{path} is not a router bundle (no manifest.json)")
             m = json.loads(z.read('manifest.json'))
-            if not isinstance(m, dict) or m.get('format') != FORMAT: raise BundleError(f"{path} is not a router bundle (unknown format)")
+            if not isinstance(m, dict) or m.get('format') != FORMAT:
+                raise BundleError(f"{path} is not a router bundle (unknown format)")
             if m.get('format_version') != FORMAT_VERSION:
                 raise BundleError(f"{path} has bundle format version {m.get('format_version')}; this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
                 raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
             arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
-    except zipfile.BadZipFile as e: raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError): raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
+    except zipfile.BadZipFile as e:
+        raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
     except (ValueError, OSError, EOFError) as e:
         if isinstance(e, BundleError): raise
         raise BundleError(f"{path} is damaged: {e}") from None
     try:
-        return RouterBundle(models=m['models'], prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
+        return RouterBundle(models=m['models'],
+                            prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
                             beta=m['beta'], mode=m['mode'], featurizer=decode(m['featurizer'], arrays),
                             router=decode(m['router'], arrays), guard=decode(m['guard'], arrays), guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
                             fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
@@ -456,7 +491,8 @@ def load_bundle(path, # a file written by `save_bundle`
 
 # %% ../nbs/25_bundle.ipynb #66273838
 _TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard')
-_SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'), guard=('enabled', 'folds', 'seed'))
+_SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
+                     guard=('enabled', 'folds', 'seed'))
 
 def load_train_config(config, # a TOML path, or a dict of the same layout (`observations` may then be a DataFrame)
                      ) -> dict:
@@ -466,9 +502,11 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
         path = Path(config)
         if not path.is_file(): raise ValueError(f"config file not found: {path}")
         try: config = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
         base = path.resolve().parent
-    if not isinstance(config, dict): raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
+    if not isinstance(config, dict):
+        raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
     extra = [k for k in config if k not in _TRAIN_KEYS]
     if extra: raise ValueError(f"unknown key {extra[0]!r} in the config (expected one of {', '.join(_TRAIN_KEYS)})")
     if 'observations' not in config: raise ValueError("the config needs observations = \"FILE\" (a table written by dars collect, or an imported table)")
@@ -480,7 +518,8 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
     if 'family' not in sections['router']: raise ValueError("[router] needs a family (MLP, kNN, MIRT, EmbedLLM, RM-Softmax, GraphRouter or AvengersPro)")
     obs = config['observations']
     if not isinstance(obs, pd.DataFrame): obs = base / obs
-    if 'pool' in config and 'models' in config: raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
+    if 'pool' in config and 'models' in config:
+        raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
     pool = config.get('models')
     if 'pool' in config:
         p = base / config['pool']
@@ -489,7 +528,8 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
         if not isinstance(pool, dict): raise ValueError(f"pool file {p} has no [models] table")
     router = dict(sections['router'])
     return dict(observations=obs, pool=pool, family=router.pop('family'), params=router,
-                supervision={'mode': 'dars', 'lam': 0.05, 'beta': 0.2, 'seed': 0, **sections['supervision']},
+                supervision={'mode': 'dars', 'lam': 0.05, 'beta': 0.2, 'seed': 0,
+                             **sections['supervision']},
                 features={'kind': 'tfidf', **sections['features']},
                 guard={'enabled': True, 'folds': 5, 'seed': 0, **sections['guard']})
 
@@ -517,9 +557,11 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
     first = o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])['query_text']
     first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
-    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str), queries.get_level_values(-1).astype(str)])
+    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
+                                      queries.get_level_values(-1).astype(str)])
     idx = first.index.get_indexer(keys)
-    if (idx < 0).any(): raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
+    if (idx < 0).any():
+        raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
     return first.iloc[idx].astype(str).tolist()
 
 # %% ../nbs/25_bundle.ipynb #f8b844aa
@@ -538,23 +580,28 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     texts = query_texts(obs, sup.queries)
     f = dict(c['features']); kind = f.pop('kind')
     try: featurizer, router = make_featurizer(kind, verbose=not quiet, **f), ROUTERS[c['family']](**c['params'])
-    except TypeError as e: raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
+    except TypeError as e:
+        raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
     X = featurizer.fit(texts).transform(texts)
     g = c['guard']
     cv = cross_validate(router, X, sup, observed, folds=int(g['folds']), seed=int(g['seed']))
     router.fit(X, sup)
     held = cv.report(float(s['lam']))
-    bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)), lam=float(s['lam']),
+    bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)),
+                          lam=float(s['lam']),
                           beta=float(s['beta']), mode=s['mode'], featurizer=featurizer, router=router,
                           guard=held['margin'] if g['enabled'] else None, guard_cv=cv, fingerprint=_fingerprint(obs),
-                          meta=dict(family=c['family'], params=c['params'], features=featurizer.name, folds=int(g['folds']),
+                          meta=dict(family=c['family'], params=c['params'],
+                                    features=featurizer.name, folds=int(g['folds']),
                                     n_train_queries=len(texts), held_out=held))
     fixed = bundle.models[bundle.best_fixed(bundle.lam)]
     say(f"trained {c['family']} on {len(texts)} training queries × {len(sup.models)} models "
         f"(mode {s['mode']}, λ = {s['lam']}, β = {s['beta']}, features {featurizer.name})")
-    say(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model {held['best_fixed']:.4f} ({fixed}), "
+    say(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model "
+        f"{held['best_fixed']:.4f} ({fixed}), "
         f"router {held['router']:.4f} ({held['routed_away']:.0%} routed away), "
-        f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, {held['guarded_routed_away']:.0%} routed away)"
+        f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, "
+        f"{held['guarded_routed_away']:.0%} routed away)"
         + ('' if g['enabled'] else ' — guard disabled: routes follow the router'))
     return bundle
 
@@ -566,9 +613,11 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
     "`obs` with a `query_text` per query: words naming the signs of its first simulated features, plus filler — for examples and tests."
     rng = np.random.default_rng(seed)
     F = features.to_numpy()[:, :6]
-    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]), np.array([f'down{i}' for i in range(F.shape[1])]))
+    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
+                     np.array([f'down{i}' for i in range(F.shape[1])]))
     filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
-    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
+    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])],
+                     index=features.index.astype(str))
     return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())
 
 # %% ../nbs/25_bundle.ipynb #421df77a
@@ -592,7 +641,8 @@ def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line,
         try: item = json.loads(line)
         except json.JSONDecodeError: item = line
         if isinstance(item, dict):
-            if not isinstance(item.get('question'), str): raise ValueError(f"{path.name} line {n}: no \"question\" string")
+            if not isinstance(item.get('question'), str):
+                raise ValueError(f"{path.name} line {n}: no \"question\" string")
             ids.append(item.get('id', n)); questions.append(item['question'])
         else: ids.append(n); questions.append(item if isinstance(item, str) else line)   # a JSON string, or plain text (even "42")
     if not questions: raise ValueError(f"{path.name} holds no questions")
@@ -606,12 +656,14 @@ def route_main(router: str, # path of a router bundle
                quiet: bool = False, # print only the chosen models
               ) -> int:
     "Print the chosen model per question (with --file: one JSON line per question); returns 0."
-    if (question is None) == (file is None): raise ValueError("give one question or --file, not both and not neither")
+    if (question is None) == (file is None):
+        raise ValueError("give one question or --file, not both and not neither")
     bundle = load_bundle(router)
     ids, questions = ([None], [question]) if file is None else read_questions(file)
     if explain: stats = bundle.predict_stats(questions, lam)
     for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
-        print(model if file is None else json.dumps({'id': qid, 'model': model}, ensure_ascii=False))
+        print(model if file is None else json.dumps({'id': qid, 'model': model},
+                                                    ensure_ascii=False))
         if explain and not quiet:
             t = stats[stats.text == i].set_index('model').sort_values('rank')[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
             print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'}).to_string(float_format=lambda v: f'{v:.4f}'))

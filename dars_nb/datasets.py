@@ -36,7 +36,8 @@ TASK_COLUMNS = ['dataset', 'query_id', 'kind', 'question', 'context', 'choices',
 
 # %% ../nbs/05_datasets.ipynb #5be29807
 def _math_table(df, dataset, ids):
-    return pd.DataFrame(dict(dataset=dataset, query_id=ids, kind='math', question=df['problem'].astype(str),
+    return pd.DataFrame(dict(dataset=dataset, query_id=ids, kind='math',
+                             question=df['problem'].astype(str),
                              context='', choices=None, gold=df['answer'].astype(str),
                              subject=df['subject'].astype(str)))[TASK_COLUMNS]
 
@@ -55,14 +56,16 @@ def load_math_train(root=None, # data folder (default: DARS_DATA)
     return _math_table(df, dataset, 'math-' + df['source_idx'].astype(str))
 
 # %% ../nbs/05_datasets.ipynb #e6bff9ca
-_DROP_PROMPT = re.compile(r'^\s*Passage:\s*(?P<passage>.*)\nQuestion:\s*(?P<question>.*?)\s*\nAnswer:\s*$', re.S)
+_DROP_PROMPT = re.compile(
+    r'^\s*Passage:\s*(?P<passage>.*)\nQuestion:\s*(?P<question>.*?)\s*\nAnswer:\s*$', re.S)
 _DROP_FILES = {'test': 'drop800_test.jsonl', 'validate': 'drop200_validate.jsonl'}
 
 def split_drop_prompt(prompt: str, # "Passage: … Question: … Answer:"
                      ) -> tuple[str, str]:
     "(passage, question) of one DROP prompt."
     m = _DROP_PROMPT.match(prompt)
-    if m is None: raise ValueError(f"not a DROP prompt ('Passage: … Question: … Answer:'): {prompt[:60]!r}")
+    if m is None:
+        raise ValueError(f"not a DROP prompt ('Passage: … Question: … Answer:'): {prompt[:60]!r}")
     return m.group('passage').strip(), m.group('question').strip()
 
 def load_drop(split: str = 'test', # 'test' (800 questions) or 'validate' (200)
@@ -70,11 +73,13 @@ def load_drop(split: str = 'test', # 'test' (800 questions) or 'validate' (200)
               dataset: str = 'drop800', # dataset name in the task table
              ) -> pd.DataFrame:
     "The DROP subset as a task table; `gold` is the list of accepted answers."
-    if split not in _DROP_FILES: raise ValueError(f"unknown DROP split {split!r} (expected 'test' or 'validate')")
+    if split not in _DROP_FILES:
+        raise ValueError(f"unknown DROP split {split!r} (expected 'test' or 'validate')")
     df = pd.read_json(_data_file(root, 'drop', _DROP_FILES[split]), lines=True, dtype={'id': str})
     passage, question = zip(*map(split_drop_prompt, df['context']))
     golds = [[g.strip() for g in r.split('|') if g.strip()] for r in df['ref_text'].astype(str)]
-    return pd.DataFrame(dict(dataset=dataset, query_id=df['id'].astype(str), kind='reading', question=question,
+    return pd.DataFrame(dict(dataset=dataset, query_id=df['id'].astype(str), kind='reading',
+                             question=question,
                              context=passage, choices=None, gold=golds, subject=''))[TASK_COLUMNS]
 
 # %% ../nbs/05_datasets.ipynb #74fff3e6
@@ -88,7 +93,8 @@ def load_mmlu(split: str = 'test', # 'dev', 'val' or 'test'
               dataset: str = 'mmlu', # dataset name in the task table
              ) -> pd.DataFrame:
     "MMLU questions of `split` (and `subjects`) as a multiple-choice task table."
-    if split not in _MMLU_SPLITS: raise ValueError(f"unknown MMLU split {split!r} (expected dev, val or test)")
+    if split not in _MMLU_SPLITS:
+        raise ValueError(f"unknown MMLU split {split!r} (expected dev, val or test)")
     folder = data_dir(root) / 'mmlu' / split
     files = {f.name[:-len(f'_{split}.csv')]: f for f in sorted(folder.glob(f'*_{split}.csv'))}
     if not files: raise ValueError(f"no MMLU files in {folder}")
@@ -99,13 +105,16 @@ def load_mmlu(split: str = 'test', # 'dev', 'val' or 'test'
         files = {s: files[s] for s in subjects}
     parts = []
     for subject, f in files.items():
-        df = pd.read_csv(f, header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'], dtype=str, keep_default_na=False)
+        df = pd.read_csv(f, header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'],
+                         dtype=str, keep_default_na=False)
         df['subject'], df['query_id'] = subject, [f'{subject}/{i}' for i in range(len(df))]
         parts.append(df)
     df = pd.concat(parts, ignore_index=True)
     bad = ~df['answer'].str.strip().isin(list('ABCD'))
-    if bad.any(): raise ValueError(f"MMLU answer is not a letter A-D in {df['query_id'][bad].iloc[0]}")
-    return pd.DataFrame(dict(dataset=dataset, query_id=df['query_id'], kind='choice', question=df['question'], context='',
+    if bad.any():
+        raise ValueError(f"MMLU answer is not a letter A-D in {df['query_id'][bad].iloc[0]}")
+    return pd.DataFrame(dict(dataset=dataset, query_id=df['query_id'], kind='choice',
+                             question=df['question'], context='',
                              choices=df[list('ABCD')].to_numpy().tolist(), gold=df['answer'].str.strip(),
                              subject=df['subject']))[TASK_COLUMNS]
 
@@ -118,15 +127,18 @@ def _read_gpqa_csv(path: Path, subset: str, password: str | None) -> pd.DataFram
         names = [n for n in z.namelist() if Path(n).name == f'gpqa_{subset}.csv' and '__MACOSX' not in n]
         if not names: raise ValueError(f"no gpqa_{subset}.csv in {path.name}")
         info = z.getinfo(names[0])
-        if info.flag_bits & 0x1 and password is None: raise ValueError(f"{path.name} is password-protected: pass password=")
+        if info.flag_bits & 0x1 and password is None:
+            raise ValueError(f"{path.name} is password-protected: pass password=")
         try: raw = z.read(names[0], pwd=password.encode() if password else None)
-        except RuntimeError: raise ValueError(f"cannot open {names[0]} in {path.name}: wrong password?") from None
+        except RuntimeError:
+            raise ValueError(f"cannot open {names[0]} in {path.name}: wrong password?") from None
         except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: unsupported encryption") from None
     return pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False)
 
 def _option_order(ids, seed: int) -> np.ndarray:
     "A permutation of the 4 options per id, fixed by (seed, id) alone."
-    keys = np.array([np.frombuffer(hashlib.sha256(f'{seed}:{i}'.encode()).digest()[:16], dtype=np.uint32)[:4]
+    keys = np.array([np.frombuffer(hashlib.sha256(f'{seed}:{i}'.encode()).digest()[:16],
+                                   dtype=np.uint32)[:4]
                      for i in ids]).reshape(len(ids), 4)
     return np.argsort(keys, axis=1, kind='stable')
 
@@ -145,13 +157,16 @@ def load_gpqa(path, # your GPQA file: a CSV, or the official zip
     if missing: raise ValueError(f"GPQA file lacks the column {missing[0]!r}")
     ids = (df['Record ID'].astype(str) if 'Record ID' in df.columns
            else pd.Series([f'gpqa-{i:04d}' for i in range(len(df))]))
-    if ids.duplicated().any(): raise ValueError(f"duplicate GPQA record id {ids[ids.duplicated()].iloc[0]!r}")
+    if ids.duplicated().any():
+        raise ValueError(f"duplicate GPQA record id {ids[ids.duplicated()].iloc[0]!r}")
     options = df[_GPQA_OPTIONS].apply(lambda s: s.str.strip()).to_numpy()
-    order = _option_order(ids.tolist(), seed)                    # order[i, k] = option shown as letter k
+    order = _option_order(ids.tolist(), seed)  # order[i, k] = option shown as letter k
     choices = np.take_along_axis(options, order, axis=1)
-    gold = np.array(list('ABCD'))[np.argmax(order == 0, axis=1)]  # where the correct answer (column 0) went
+    # where the correct answer (column 0) went
+    gold = np.array(list('ABCD'))[np.argmax(order == 0, axis=1)]
     subject = df['High-level domain'].astype(str) if 'High-level domain' in df.columns else ''
-    return pd.DataFrame(dict(dataset=dataset, query_id=ids.to_numpy(), kind='choice', question=df['Question'].str.strip().to_numpy(),
+    return pd.DataFrame(dict(dataset=dataset, query_id=ids.to_numpy(), kind='choice',
+                             question=df['Question'].str.strip().to_numpy(),
                              context='', choices=choices.tolist(), gold=gold, subject=subject))[TASK_COLUMNS]
 
 # %% ../nbs/05_datasets.ipynb #dbc66092
@@ -160,7 +175,8 @@ def gpqa_fixture(n: int = 6, # number of made-up questions
     "Made-up questions in the column layout of the official GPQA CSV (for tests and examples)."
     rows = [{'Record ID': f'rec{i:03d}', 'Question': f'Made-up question {i}: which value is right?',
              'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a', 'Incorrect Answer 2': f'wrong {i}b',
-             'Incorrect Answer 3': f'wrong {i}c', 'High-level domain': ['Physics', 'Chemistry', 'Biology'][i % 3]}
+             'Incorrect Answer 3': f'wrong {i}c', 'High-level domain': ['Physics', 'Chemistry',
+                                                                        'Biology'][i % 3]}
             for i in range(n)]
     return pd.DataFrame(rows)
 

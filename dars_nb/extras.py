@@ -28,7 +28,8 @@ class MissingExtra(ImportError):
 # %% ../nbs/08_extras.ipynb #328a02fd
 def _known(extra: str) -> str:
     "`extra` if it is a key of `EXTRAS`, else a one-line ValueError."
-    if extra not in EXTRAS: raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
     return extra
 
 def install_hint(extra: str, # a key of `EXTRAS`
@@ -53,7 +54,8 @@ def require(module: str, # the module to import, e.g. 'torch' or 'math_verify'
     _known(extra)
     try: return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if (e.name or '').split('.')[0] == 'dars_nb': raise   # a missing part of this library is a bug, not an extra
+        # a missing part of this library is a bug, not an extra
+        if (e.name or '').split('.')[0] == 'dars_nb': raise
         raise missing_extra(what, [module.split('.')[0]], extra) from e
 
 # %% ../nbs/08_extras.ipynb #8dfe3700

@@ -23,7 +23,8 @@ __all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
                ) -> list[str]:
     "`texts` as a list of str, or a one-line ValueError."
-    if isinstance(texts, (str, bytes)): raise ValueError("texts must be a list of strings, got a single string")
+    if isinstance(texts, (str, bytes)):
+        raise ValueError("texts must be a list of strings, got a single string")
     texts = list(texts)
     if not texts: raise ValueError("texts is empty")
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
@@ -49,14 +50,16 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
         from sklearn.decomposition import TruncatedSVD
         texts = check_texts(texts)
         vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
-        vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}   # plain ints: a saved vocabulary is plain JSON
+        # plain ints: a saved vocabulary is plain JSON
+        vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
         self.vectorizer_, self.basis_ = vec, None
         if self.n_components is not None:
             M = vec.transform(texts)
             k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
             if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
             svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
-            self.basis_ = np.ascontiguousarray(svd.components_.T)     # (words, k), row-major: no copy per transform
+            # (words, k), row-major: no copy per transform
+            self.basis_ = np.ascontiguousarray(svd.components_.T)
             self.explained_variance_ratio_ = svd.explained_variance_ratio_
         self.n_features_out_ = len(vec.vocabulary_) if self.basis_ is None else self.basis_.shape[1]
         return self
@@ -64,12 +67,13 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
     def transform(self, texts, # texts to featurize
                  ) -> np.ndarray:
         "Feature rows (n, `n_features_out_`) of `texts` in the fitted vocabulary and basis."
-        if not hasattr(self, 'vectorizer_'): raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
+        if not hasattr(self, 'vectorizer_'):
+            raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
         M = self.vectorizer_.transform(check_texts(texts))            # sparse until the very end
         if self.basis_ is None: return M.toarray()
-        Z = np.asarray(M @ self.basis_)                                # the SVD projection, as TruncatedSVD.transform
+        Z = np.asarray(M @ self.basis_)  # the SVD projection, as TruncatedSVD.transform
         norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
-        return Z / np.where(norm > 0, norm, 1.0)                       # unit rows (a text of unknown words stays 0)
+        return Z / np.where(norm > 0, norm, 1.0)  # unit rows (a text of unknown words stays 0)
 
     @property
     def name(self) -> str:
@@ -89,7 +93,8 @@ def sentence_model_path() -> Path | None:
 def _installed_model_path() -> Path:
     "`sentence_model_path()`, or a one-line ValueError naming the extra that installs the encoder."
     path = sentence_model_path()
-    if path is None: raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
+    if path is None:
+        raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
     return path
 
 def _cache_dir(cache_dir=None) -> Path:
@@ -101,7 +106,7 @@ def sentence_encoder():
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
+    hf_logging.disable_progress_bar()  # no weight-loading bars in logs and notebooks
     return SentenceTransformer(str(path), device='cpu')
 
 def sentence_embeddings(texts, # query texts
@@ -117,7 +122,8 @@ def sentence_embeddings(texts, # query texts
     todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
     if todo:
         enc = encoder or sentence_encoder()
-        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True,
+                         show_progress_bar=False)
         for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
     return np.stack([np.load(cache / f'{k}.npy') for k in keys])
 
@@ -148,11 +154,14 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
     def transform(self, texts, # texts to featurize
                  ) -> np.ndarray:
         "Embeddings (n, `n_features_out_`) of `texts`."
-        if not hasattr(self, 'n_features_out_'): raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
+        if not hasattr(self, 'n_features_out_'):
+            raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
         texts = check_texts(texts)
         if getattr(self, 'cache', True):
-            return sentence_embeddings(texts, self.cache_dir, int(self.batch_size), self._encoder()).astype(float)
-        return self._encoder().encode(texts, batch_size=int(self.batch_size), normalize_embeddings=True,
+            return sentence_embeddings(texts, self.cache_dir, int(self.batch_size),
+                                       self._encoder()).astype(float)
+        return self._encoder().encode(texts, batch_size=int(self.batch_size),
+                                      normalize_embeddings=True,
                                       show_progress_bar=False).astype(float)
 
     def __getstate__(self):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
@@ -200,6 +209,7 @@ def query_features(texts, # query texts
                   ) -> pd.DataFrame:
     "Feature table of `texts`: sentence embeddings, or TF-IDF."
     kind = make_featurizer(method).kind
-    X = sentence_embeddings(texts, **kwargs) if kind == 'sentence' else tfidf_features(texts, **kwargs)
+    X = sentence_embeddings(texts, **kwargs) if kind == 'sentence' else tfidf_features(texts,
+                                                                                       **kwargs)
     prefix = 'emb' if kind == 'sentence' else 'tfidf'
     return pd.DataFrame(X, index=index, columns=[f'{prefix}{i}' for i in range(X.shape[1])])

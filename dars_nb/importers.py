@@ -36,9 +36,11 @@ def _records(source) -> pd.DataFrame:
             if isinstance(rows, dict): rows = rows.get('data', rows.get('records'))
             if not isinstance(rows, list): _fail(f"{path.name} does not hold a list of records")
         else: _fail(f"unknown routing file type {path.suffix or path.name!r} (use .json or .jsonl)")
-    except json.JSONDecodeError as e: _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
+    except json.JSONDecodeError as e:
+        _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
     if not rows: _fail(f"{path.name} holds no records")
-    if not all(isinstance(r, dict) for r in rows): _fail(f"{path.name}: every record must be a JSON object")
+    if not all(isinstance(r, dict) for r in rows):
+        _fail(f"{path.name}: every record must be a JSON object")
     return pd.DataFrame(rows)
 
 def read_prices(source, # llm_candidates.json path, or a dict {model: {input_price, output_price, ...}}
@@ -72,7 +74,9 @@ def _token_cost(models, n_in, n_out, prices):
 
 # %% ../nbs/06_importers.ipynb #19090f81
 def _query_ids(tasks, texts) -> np.ndarray:
-    return np.array([hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)], dtype=object)
+    return np.array(
+        [hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)],
+        dtype=object)
 
 def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarray:
     num = pd.to_numeric(score, errors='coerce')
@@ -86,7 +90,8 @@ def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, 
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
             default: str = 'default', seed: int = 0) -> pd.DataFrame:
     "Checked, costed, keyed and validated observations from a long frame."
-    if split not in ('train', 'test'): _fail(f"unknown split {split!r} (expected 'train' or 'test')")
+    if split not in ('train', 'test'):
+        _fail(f"unknown split {split!r} (expected 'train' or 'test')")
     long = long.reset_index(drop=True)
     long['score'] = _numeric_scores(long['score'], long['model'], where)
     known = set(models) if models is not None else (set(prices.index) if prices is not None else None)
@@ -97,15 +102,19 @@ def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, 
     if prices is not None:
         has_tokens = ((long['n_in'].notna() & long['n_out'].notna()).to_numpy() if {'n_in', 'n_out'} <= set(long)
                       else np.zeros(len(long), bool))
-        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'), estimate_prompt_tokens(long['query_text']))
-        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'), completion_tokens)
-        cost = cost.fillna(pd.Series(_token_cost(long['model'], n_in.astype(float), n_out.astype(float), prices)))
+        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'),
+                        estimate_prompt_tokens(long['query_text']))
+        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'),
+                         completion_tokens)
+        cost = cost.fillna(pd.Series(_token_cost(long['model'], n_in.astype(float),
+                                                 n_out.astype(float), prices)))
     long['cost'] = cost.fillna(0.0).to_numpy(float)
     task = long['task'] if 'task' in long else pd.Series(np.nan, index=long.index)
     long['task'] = task.where(task.notna(), dataset or default).astype(str)
     long['dataset'] = dataset if dataset is not None else long['task']
     ids = long['query_id'] if 'query_id' in long else pd.Series(np.nan, index=long.index)
-    long['query_id'] = np.where(ids.notna(), ids.astype(str), _query_ids(long['task'], long['query_text']))
+    long['query_id'] = np.where(ids.notna(), ids.astype(str),
+                                _query_ids(long['task'], long['query_text']))
     dup = long.duplicated(['dataset', 'query_id', 'model'])
     if dup.any():
         r = long[dup].iloc[0]
@@ -114,13 +123,16 @@ def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, 
     long['split'], long['view'], long['rewrite_id'] = split, ('grid' if split == 'train' else 'decode'), 0
     if k == 1: long['sample_id'] = 0
     else:
-        if (long['score'] < 0).any() or (long['score'] > 1).any(): _fail(f"mean scores of {where} must lie in [0, 1]")
+        if (long['score'] < 0).any() or (long['score'] > 1).any():
+            _fail(f"mean scores of {where} must lie in [0, 1]")
         ones = np.rint(long['score'].to_numpy() * k).astype(int)
         long = long.loc[long.index.repeat(k)].reset_index(drop=True)
         long['sample_id'] = np.tile(np.arange(k), len(long) // k)
-        slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)   # a random order of the k outcomes per pair
+        # a random order of the k outcomes per pair
+        slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)
         long['score'] = (slot < ones[:, None]).ravel().astype(float)
-    first = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score', 'cost', 'query_text', 'task']
+    first = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
+             'cost', 'query_text', 'task']
     long = long[first + [c for c in long.columns if c not in first]]
     try: return validate(long)
     except ObservationError as e: _fail(f"{where}: {e}")
@@ -131,9 +143,11 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     if 'model_name' in df.columns:                       # one record per (query, model)
         miss = [c for c in ('query', 'model_name', 'performance') if c not in df.columns]
         if miss: _fail(f"{where} lacks the field {miss[0]!r}")
-        out = pd.DataFrame(dict(task=df['task_name'] if 'task_name' in df else np.nan, query_text=df['query'].astype(str),
+        out = pd.DataFrame(dict(task=df['task_name'] if 'task_name' in df else np.nan,
+                                query_text=df['query'].astype(str),
                                 model=df['model_name'].astype(str), score=df['performance']))
-        for src, dst in (('input_tokens', 'n_in'), ('output_tokens', 'n_out'), ('prompt_tokens', 'n_in'),
+        for src, dst in (('input_tokens', 'n_in'), ('output_tokens', 'n_out'),
+                         ('prompt_tokens', 'n_in'),
                          ('completion_tokens', 'n_out'), ('cost', 'cost'), ('response', 'response'),
                          ('response_time', 'latency_s'), ('query_id', 'query_id')):
             if src in df.columns and dst not in out.columns: out[dst] = df[src].to_numpy()
@@ -142,7 +156,8 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
         if f not in df.columns: _fail(f"{where} lacks the field {f!r}")
     bad = ~df['scores'].map(lambda d: isinstance(d, dict) and len(d) > 0)
     if bad.any(): _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty {{model: score}} object")
-    pairs = df['scores'].map(lambda d: list(d.items())).explode()          # (model, score) per record and model
+    # (model, score) per record and model
+    pairs = df['scores'].map(lambda d: list(d.items())).explode()
     rec = pairs.index.to_numpy()
     out = pd.DataFrame(dict(task=df['task'].to_numpy()[rec] if 'task' in df else np.nan,
                             query_text=df['question'].astype(str).to_numpy()[rec],
@@ -167,7 +182,8 @@ def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=1, where=where, default='llmrouter')
+    return _finish(long, split, dataset, prices, models, completion_tokens, k=1, where=where,
+                   default='llmrouter')
 
 # %% ../nbs/06_importers.ipynb #117fd6bb
 def read_llmrouter(folder=None, # folder with train.jsonl, test.jsonl, llm_candidates.json (default: DARS_DATA/routing/llmrouter)
@@ -180,7 +196,8 @@ def read_llmrouter(folder=None, # folder with train.jsonl, test.jsonl, llm_candi
     folder = Path(folder)
     cand = folder / 'llm_candidates.json'
     prices = read_prices(cand) if cand.is_file() else None
-    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, dataset, completion_tokens=completion_tokens)
+    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, dataset,
+                            completion_tokens=completion_tokens)
              for s in ('train', 'test') if (folder / f'{s}.jsonl').is_file()]
     if not parts: _fail(f"no train.jsonl or test.jsonl in {folder}")
     return validate(pd.concat(parts, ignore_index=True))
@@ -192,7 +209,8 @@ def model_means(obs: pd.DataFrame, # observation table
     "Mean score, raw cost and utility q − λ·c_norm per split and model."
     o = normalize_cost(obs)
     o = o.assign(utility=o['score'] - lam * o['cost_norm'])
-    out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'), cost=('cost', 'mean'),
+    out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'),
+                                                           cost=('cost', 'mean'),
                                                            utility=('utility', 'mean'), rows=('score', 'size'))
     return out
 
@@ -201,9 +219,11 @@ def plot_model_means(means: pd.DataFrame, # output of `model_means`
     "Mean score per model, one bar per split."
     d = means.reset_index()
     return alt.Chart(d, title='Mean score per model').mark_bar().encode(
-        y=alt.Y('model:N', title='Model', sort='-x'), x=alt.X('score:Q', title='Mean score', scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y('model:N', title='Model', sort='-x'), x=alt.X('score:Q', title='Mean score',
+                                                              scale=alt.Scale(domain=[0, 1])),
         yOffset=alt.YOffset('split:N'), color=alt.Color('split:N', title='Split'),
-        tooltip=['model', 'split', alt.Tooltip('score:Q', format='.3f'), alt.Tooltip('cost:Q', format='.2e')]
+        tooltip=['model', 'split', alt.Tooltip('score:Q', format='.3f'),
+                 alt.Tooltip('cost:Q', format='.2e')]
     ).properties(width=320, height=260)
 
 # %% ../nbs/06_importers.ipynb #a78db720
@@ -212,7 +232,8 @@ def _unwrap_prompt(p):
     if isinstance(p, str) and p.startswith('[') and p.endswith(']'):
         try:
             v = ast.literal_eval(p)
-            if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v): return '\n'.join(v)
+            if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+                return '\n'.join(v)
         except (ValueError, SyntaxError): pass
     return '' if p is None or (isinstance(p, float) and np.isnan(p)) else str(p)
 
@@ -232,7 +253,8 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                    '.jsonl': lambda f: pd.read_json(f, lines=True)}
         if p.suffix.lower() not in readers: _fail(f"unknown RouterBench file type {p.suffix!r}")
         table = readers[p.suffix.lower()](p)
-    if prompt_column not in table.columns: _fail(f"{where} lacks the prompt column {prompt_column!r}")
+    if prompt_column not in table.columns:
+        _fail(f"{where} lacks the prompt column {prompt_column!r}")
     found = [c for c in table.columns if f'{c}|total_cost' in table.columns]
     if models is None: models = found
     missing = [m for m in models if m not in found]
@@ -247,8 +269,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if costn.isna().any().any():
         j = int(np.flatnonzero(costn.isna().any(axis=0).to_numpy())[0])
         _fail(f"missing or non-numeric cost for model {models[j]!r} in {where}")
-    long = pd.DataFrame(dict(task=np.repeat(task, len(models)), query_id=np.repeat(ids, len(models)),
-                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(), len(models)),
+    long = pd.DataFrame(dict(task=np.repeat(task, len(models)),
+                             query_id=np.repeat(ids, len(models)),
+                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(),
+                                                  len(models)),
                              model=np.tile(np.asarray(models, dtype=object), n),
                              score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]
@@ -266,8 +290,10 @@ def from_routerdc(source, # path (.json/.jsonl), list of records, or DataFrame w
                   seed: int = 0, # seed of the order of each pair's k outcomes over sample_id
                  ) -> pd.DataFrame:
     "Observations from per-query mean scores over `k` samples: k Bernoulli outcomes per (query, model)."
-    if not (isinstance(k, (int, np.integer)) and k >= 1): _fail(f"k must be a positive integer, got {k!r}")
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        _fail(f"k must be a positive integer, got {k!r}")
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where, default='routerdc', seed=seed)
+    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where,
+                   default='routerdc', seed=seed)

@@ -25,7 +25,8 @@ _MARKER = re.compile(r'final[ \t]*answer', re.I)
 _AFTER_MARKER = re.compile(r'[ \t*_]*(?P<sep>[:：]|\bis\b[ \t]*:?)?[ \t*_]*')
 _BOXED = re.compile(r'\\(?:boxed|fbox)\s*\{')
 _TRAILING = ' \t\n.,;:!'
-_ANSWER_PREFIX = re.compile(r'^(?:the\s+)?(?:correct\s+|final\s+)?answer\s*(?:is\b\s*:?|[:：])\s*', re.I)
+_ANSWER_PREFIX = re.compile(r'^(?:the\s+)?(?:correct\s+|final\s+)?answer\s*(?:is\b\s*:?|[:：])\s*',
+                            re.I)
 
 def _last_boxed(s: str) -> str | None:
     "Content of the last `\\boxed{...}` (balanced braces) in `s`, or None."
@@ -44,9 +45,11 @@ def _strip_wrappers(s: str) -> str:
         prev = s
         s = s.strip().rstrip(_TRAILING).lstrip(' \t\n:：')
         s = re.sub(r'^#+\s*', '', s)
-        for a, b in (('**', '**'), ('__', '__'), ('`', '`'), ('$$', '$$'), ('\\[', '\\]'), ('\\(', '\\)'),
+        for a, b in (('**', '**'), ('__', '__'), ('`', '`'), ('$$', '$$'), ('\\[', '\\]'),
+                     ('\\(', '\\)'),
                      ('$', '$'), ('*', '*'), ('_', '_')):
-            if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b): s = s[len(a):len(s) - len(b)]
+            if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
+                s = s[len(a):len(s) - len(b)]
         s = s.replace('**', '')
         s = re.sub(r'(?<!\\)\$', '', s)
     return s.strip()
@@ -72,9 +75,11 @@ def extract_final_answer(text: str, # a model response
         rest = text[m.end():line_end]
         sep = _AFTER_MARKER.match(rest)
         tail = rest[sep.end():]
-        if sep.group('sep') is None and tail.strip(' \t*_#`'): continue  # "final answer" inside a sentence
+        # "final answer" inside a sentence
+        if sep.group('sep') is None and tail.strip(' \t*_#`'): continue
         if tail.strip(_TRAILING + '*_#`'): return clean_answer(tail)
-        block = text[line_end:].strip('\n').split('\n\n')[0]          # heading style: answer on the next lines
+        # heading style: answer on the next lines
+        block = text[line_end:].strip('\n').split('\n\n')[0]
         return clean_answer(block) if block.strip() else None
     return None
 
@@ -93,7 +98,8 @@ def find_answer(text: str, # a model response
     return clean_answer(boxed) if boxed is not None else None
 
 # %% ../nbs/04_scoring.ipynb #e48826fb
-_LETTER_PREFIX = re.compile(r'^(?:(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\s*)?[:：]?\s*)+', re.I)
+_LETTER_PREFIX = re.compile(
+    r'^(?:(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\s*)?[:：]?\s*)+', re.I)
 
 def parse_choice(answer: str, # an extracted answer, e.g. "(B) 42 kJ"
                 ) -> str | None:
@@ -101,7 +107,8 @@ def parse_choice(answer: str, # an extracted answer, e.g. "(B) 42 kJ"
     if not isinstance(answer, str): return None
     s = re.sub(r'\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}', r'\1', answer).replace('**', '').strip()
     s = _LETTER_PREFIX.sub('', s).strip()
-    for pat in (r'^[(\[]\s*([A-Za-z])\s*[)\]]', r'^([A-Z])(?=$|[.:,;)\]]|\s+(?:is\b|[(\-–]))', r'^([a-z])[.)]?$'):
+    for pat in (r'^[(\[]\s*([A-Za-z])\s*[)\]]', r'^([A-Z])(?=$|[.:,;)\]]|\s+(?:is\b|[(\-–]))',
+                r'^([a-z])[.)]?$'):
         m = re.match(pat, s)
         if m: return m.group(1).upper()
     return None
@@ -131,7 +138,8 @@ class _NoTimeoutNotice(logging.Filter):
 def _quiet_math_verify():
     for name in ('math_verify.parser', 'math_verify.grader'):
         lg = logging.getLogger(name)
-        if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters): lg.addFilter(_NoTimeoutNotice())
+        if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters):
+            lg.addFilter(_NoTimeoutNotice())
 
 def _math_parse(s: str, threaded: bool):
     from math_verify import parse
@@ -146,14 +154,17 @@ def _math_gold(gold: str, threaded: bool):
 
 def _score_math(ans, gold):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
-    if not isinstance(gold, str) or not gold.strip(): raise ValueError(f"math gold must be a non-empty string, got {gold!r}")
+    if not isinstance(gold, str) or not gold.strip():
+        raise ValueError(f"math gold must be a non-empty string, got {gold!r}")
     if ans is None: return 0.0, False
     threaded = threading.current_thread() is not threading.main_thread()
-    verify = require('math_verify', 'collect', 'math scoring').verify   # a missing package is an error, never a score of 0
+    # a missing package is an error, never a score of 0
+    verify = require('math_verify', 'collect', 'math scoring').verify
     try:
         pred = _math_parse(ans, threaded)
         if not pred: return 0.0, False
-        ok = verify(list(_math_gold(gold.strip(), threaded)), pred, **(dict(timeout_seconds=None) if threaded else {}))
+        ok = verify(list(_math_gold(gold.strip(), threaded)), pred,
+                    **(dict(timeout_seconds=None) if threaded else {}))
     except Exception: return 0.0, True
     return float(bool(ok)), True
 
@@ -206,14 +217,16 @@ def drop_f1(predicted: str | list, # predicted answer: one string or a list of s
     rows, cols = linear_sum_assignment(-scores)
     best = np.zeros(max(len(gb), len(pb)))
     best[rows] = scores[rows, cols]
-    return float(round(best.mean(), 2))     # numpy's rounding of the numpy mean, in the official script's order
+    # numpy's rounding of the numpy mean, in the official script's order
+    return float(round(best.mean(), 2))
 
 # %% ../nbs/04_scoring.ipynb #cb9d6721
 _SPAN_SPLIT = re.compile(r'\s*(?:\||;|\n|,(?=\s)|\band\b)\s*')
 
 def _as_golds(golds):
     if isinstance(golds, str): golds = golds.split('|')
-    if not isinstance(golds, (list, tuple)): raise ValueError(f"DROP golds must be a list of answers, got {type(golds).__name__}")
+    if not isinstance(golds, (list, tuple)):
+        raise ValueError(f"DROP golds must be a list of answers, got {type(golds).__name__}")
     golds = [g for g in golds if (g.strip() if isinstance(g, str) else any(s.strip() for s in g))]
     if not golds: raise ValueError("DROP golds hold no non-empty answer")
     return golds
@@ -245,7 +258,8 @@ def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
                       gold, # gold letter, gold answer string, or list of DROP gold answers
                      ) -> tuple[float, bool, str | None]:
     "(score, parsed, answer) for one response; the answer is the one `find_answer` read (None if none)."
-    if kind not in _SCORERS: raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
+    if kind not in _SCORERS:
+        raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
     answer = find_answer(text)
     return (*_SCORERS[kind](answer, gold), answer)
 
@@ -268,7 +282,8 @@ def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, resp
         if col not in tasks.columns: raise ValueError(f"tasks lack the column {col!r}")
     key = pd.MultiIndex.from_arrays([tasks['dataset'].astype(str), tasks['query_id'].astype(str)])
     if key.has_duplicates: raise ValueError("tasks hold a duplicate (dataset, query_id)")
-    pos = key.get_indexer(pd.MultiIndex.from_arrays([responses['dataset'].astype(str), responses['query_id'].astype(str)]))
+    pos = key.get_indexer(pd.MultiIndex.from_arrays([responses['dataset'].astype(str),
+                                                     responses['query_id'].astype(str)]))
     if (pos < 0).any():
         miss = responses.iloc[int(np.flatnonzero(pos < 0)[0])]
         raise ValueError(f"no task for ({miss['dataset']}, {miss['query_id']}) in the task table")

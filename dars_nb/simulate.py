@@ -40,10 +40,11 @@ class Profile:
     rewrite_model_sd: float = 0.3    # input side: rewording shift specific to (query, model)
     temperature_power: float = 0.5   # output side: κ in σ(ℓ / (T/0.7)^κ)
     guess: float = 0.0               # floor g of the success probability (g + (1−g)·σ(·))
-    partial_credit: float = 0.0      # chance that a wording earns partial F1 credit when the answer is wrong
+    # chance that a wording earns partial F1 credit when the answer is wrong
+    partial_credit: float = 0.0
     length_cv: float = 0.3           # decode-to-decode variation of the completion length
     length_difficulty: float = 0.15  # γ: completion length grows as exp(γ · standardised b_i)
-    verbosity_sd: float = 0.0        # spread of the topic verbosity v_m (who is cheap on which queries)
+    verbosity_sd: float = 0.0  # spread of the topic verbosity v_m (who is cheap on which queries)
     n_features: int = 32             # width of the feature vector x_i
     feature_noise: float = 0.3       # noise added to the features
 
@@ -87,7 +88,7 @@ class World:
     split: np.ndarray          # (Q,) 'train' / 'test'
     topic: np.ndarray          # (Q, topic_dims)
     difficulty: np.ndarray     # (Q,)
-    settled: np.ndarray        # (Q,) +1 easy for every model, −1 impossible for every model, 0 otherwise
+    settled: np.ndarray  # (Q,) +1 easy for every model, −1 impossible for every model, 0 otherwise
     features: np.ndarray       # (Q, n_features)
     loadings: np.ndarray       # (K, topic_dims)
     verbosity: np.ndarray      # (K, topic_dims)
@@ -130,8 +131,10 @@ def _query_draws(rng, p: Profile, n: int, mixing=None):
     difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, n)
     u = rng.random(n)
     settled = np.where(u < p.easy_share, 1, np.where(u > 1 - p.impossible_share, -1, 0))
-    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9), settled])
-    if mixing is None: mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
+    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9),
+                              settled])
+    if mixing is None:
+        mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
     features = latent @ mixing + p.feature_noise * rng.standard_normal((n, p.n_features))
     return dict(topic=topic, difficulty=difficulty, settled=settled, features=features), mixing
 
@@ -154,14 +157,16 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
     loadings = rng.normal(0, p.topic_sd, (K, p.topic_dims))
     verbosity = rng.normal(0, p.verbosity_sd, (K, p.topic_dims))
     train['prompt'] = _prompt_lengths(rng, p, n_train)
-    test_rng = np.random.default_rng([seed, 1])  # test queries: a stream of their own, the same mixing
+    # test queries: a stream of their own, the same mixing
+    test_rng = np.random.default_rng([seed, 1])
     test, _ = _query_draws(test_rng, p, n_test, mixing)
     test['prompt'] = _prompt_lengths(test_rng, p, n_test)
     q = {k: np.concatenate([train[k], test[k]]) for k in train}
     Q = n_train + n_test
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
-    return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings, verbosity,
+    return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings,
+                 verbosity,
                  q['prompt'], seed)
 
 # %% ../nbs/03_simulate.ipynb #5539ba85
@@ -188,12 +193,14 @@ def sample_grid(world: World, # the latent world
                 seed: int = 0, # seed of this sampling run
                ) -> dict:
     "Dense arrays (queries, models, N, M) of score, cost, prompt and completion tokens."
-    if view not in _VIEW_CODE: raise ValueError(f"unknown view {view!r} (expected one of {', '.join(_VIEW_CODE)})")
+    if view not in _VIEW_CODE:
+        raise ValueError(f"unknown view {view!r} (expected one of {', '.join(_VIEW_CODE)})")
     p, rng = world.profile, np.random.default_rng([seed, _VIEW_CODE[view]])
     sel = np.flatnonzero(world.split == split)
     Q, K, M = len(sel), len(p.ability), n_decodes
     N = 1 if view == 'decode' else n_rewrites
-    if view == 'decode':  # the original wording is fixed per world: same shift and partial answer every time
+    # the original wording is fixed per world: same shift and partial answer every time
+    if view == 'decode':
         orig, Qa = np.random.default_rng([world.seed, 7]), len(world.query_ids)
         shared = orig.standard_normal((Qa, 1, 1))[sel] * p.rewrite_shared_sd
         own = orig.standard_normal((Qa, K, 1))[sel] * p.rewrite_model_sd
@@ -204,7 +211,8 @@ def sample_grid(world: World, # the latent world
         own = rng.standard_normal((Q, K, N)) * p.rewrite_model_sd
         partial = np.where(rng.random((Q, K, N)) < p.partial_credit,
                            _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
-    prob = success_probability(p, world.base_logit[sel][:, :, None] + shared + own, world.settled[sel], temperature)
+    prob = success_probability(p, world.base_logit[sel][:, :, None] + shared + own,
+                               world.settled[sel], temperature)
     score = np.where(rng.random((Q, K, N, M)) < prob[..., None], 1.0, partial[..., None])
     comp = (world.expected_completion[sel][:, :, None, None]
             * rng.lognormal(-p.length_cv ** 2 / 2, p.length_cv, (Q, K, N, M))).round()
@@ -225,8 +233,10 @@ def observe(world: World, # the latent world
     "Observation rows (schema of `dars_nb.observations`) for one split and view of `world`."
     g = sample_grid(world, split, view, n_rewrites, n_decodes, temperature, seed)
     ids = world.query_ids[g['query_pos']]
-    queries = pd.MultiIndex.from_arrays([np.repeat(world.profile.name, len(ids)), ids], names=['dataset', 'query_id'])
-    d = Dense(queries, list(world.profile.models), g['rewrite_ids'], np.arange(g['score'].shape[-1]),
+    queries = pd.MultiIndex.from_arrays([np.repeat(world.profile.name, len(ids)), ids],
+                                        names=['dataset', 'query_id'])
+    d = Dense(queries, list(world.profile.models), g['rewrite_ids'],
+              np.arange(g['score'].shape[-1]),
               {k: g[k] for k in ('score', 'cost', 'prompt_tokens', 'completion_tokens')})
     out = from_dense(d, split, view)
     return out.assign(prompt_tokens=out['prompt_tokens'].astype(np.int64),
@@ -243,7 +253,8 @@ def truth(world: World, # the latent world
     nodes, weights = np.polynomial.hermite_e.hermegauss(40)
     weights = weights / weights.sum()
     sd = np.hypot(p.rewrite_shared_sd, p.rewrite_model_sd)
-    prob = success_probability(p, world.base_logit[..., None] + sd * nodes, world.settled, temperature)
+    prob = success_probability(p, world.base_logit[..., None] + sd * nodes, world.settled,
+                               temperature)
     partial = p.partial_credit * _PARTIAL_F1.mean()           # E[score | wrong]
     second = p.partial_credit * np.square(_PARTIAL_F1).mean()  # E[score² | wrong]
     mu_q = ((prob + (1 - prob) * partial) * weights).sum(-1)
@@ -251,7 +262,8 @@ def truth(world: World, # the latent world
     cost = world.expected_cost
     z = cost_scale if cost_scale else cost.max()
     Q, K = mu_q.shape
-    out = pd.DataFrame(dict(dataset=p.name, split=np.repeat(world.split, K), query_id=np.repeat(world.query_ids, K),
+    out = pd.DataFrame(dict(dataset=p.name, split=np.repeat(world.split, K),
+                            query_id=np.repeat(world.query_ids, K),
                             model=np.tile(np.asarray(p.models, dtype=object), Q), mu_q=mu_q.ravel(),
                             sigma_q=np.sqrt(np.maximum(sq - mu_q ** 2, 0)).ravel(),
                             cost_raw=cost.ravel(), mu_c=(cost / z).ravel()))
@@ -280,7 +292,8 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
     obs = validate(pd.concat(parts, ignore_index=True))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])
-    return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()), temperature=temperature)
+    return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()),
+                                temperature=temperature)
 
 # %% ../nbs/03_simulate.ipynb #d9fa5bfc
 PAPER_DIAGNOSTICS = {
@@ -316,7 +329,8 @@ def plot_temperature(sweep: pd.DataFrame, # output of `temperature_sweep`
                     ) -> alt.Chart:
     "Output-side variance and winner flip rate against decoding temperature."
     long = (sweep[['output_variance', 'winner_flip_rate']]
-            .rename(columns={'output_variance': 'Output-side variance', 'winner_flip_rate': 'Winner flip rate'})
+            .rename(columns={'output_variance': 'Output-side variance',
+                             'winner_flip_rate': 'Winner flip rate'})
             .reset_index().melt(['dataset', 'temperature'], var_name='metric', value_name='value'))
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X('temperature:Q', title='Decoding temperature', scale=alt.Scale(domain=[0.2, 1.0])),

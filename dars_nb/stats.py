@@ -21,7 +21,8 @@ def normalized_cost(obs: pd.DataFrame, # validated observation table
     "Raw cost divided by the largest raw cost of its dataset (Z_d); an existing `cost_norm` unless `recompute`."
     if 'cost_norm' in obs.columns and not recompute: return obs['cost_norm'].to_numpy(float)
     cost = obs['cost'].to_numpy(float)
-    if len(obs['dataset'].cat.categories) == 1: return cost / (cost.max() or 1.0)  # free calls keep cost 0
+    # free calls keep cost 0
+    if len(obs['dataset'].cat.categories) == 1: return cost / (cost.max() or 1.0)
     codes = obs['dataset'].cat.codes.to_numpy()
     z = np.zeros(len(obs['dataset'].cat.categories))
     np.maximum.at(z, codes, cost)
@@ -42,7 +43,8 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
     flatq = q.reshape(*q.shape[:-2], -1)
     complete = not np.isnan(flatq).any()
     with np.errstate(invalid='ignore', divide='ignore'):
-        if complete:  # no missing cell: plain sums (einsum: no temporaries), no NaN-aware reductions
+        # no missing cell: plain sums (einsum: no temporaries), no NaN-aware reductions
+        if complete:
             N, M = q.shape[-2:]
             n = np.full(flatq.shape[:-1], N * M)
             row = np.einsum('...nm->...n', q) / M                                  # (..., N)
@@ -50,7 +52,8 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
             second = np.einsum('...i,...i->...', flatq, flatq) / (N * M)
             sigma_q = np.sqrt(np.maximum(second - mu_q ** 2, 0))
             sigma_in = row.std(-1)
-            sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))  # law of total variance
+            # law of total variance
+            sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))
             mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
         else:
             n = (~np.isnan(flatq)).sum(-1)
@@ -72,12 +75,14 @@ def training_grid(obs: pd.DataFrame, # observations, possibly with test views
     "Dense `score` and `cost_norm` of the rows with split 'train' and view 'grid' (or all rows); Z_d over all rows."
     obs = ensure_valid(obs)
     cost = normalized_cost(obs)
-    if use_all_rows: return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
+    if use_all_rows:
+        return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
     mask = ((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()
     if not mask.any():
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         raise ValueError(f"no training grid: the table has no rows with split 'train' and view 'grid' (it has: {kinds})")
-    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]   # a table that is all grid is used as it is: no copy
+    # a table that is all grid is used as it is: no copy
+    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
 
 def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
@@ -94,7 +99,8 @@ def row_sums(obs: pd.DataFrame, # validated observation table
     q = obs['score'].to_numpy(float)
     per_row = lambda w: np.bincount(rows, weights=w, minlength=Q * K * N).reshape(Q, K, N)
     count, s1, c1 = per_row(None), per_row(q), per_row(cost)
-    s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)   # 0/1 scores: q² = q, one scatter fewer
+    # 0/1 scores: q² = q, one scatter fewer
+    s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)
     return d, [count, s1, s2, c1]
 
 def stats_from_sums(count, s1, s2, c1) -> dict:
@@ -127,7 +133,8 @@ def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (
     idx = pd.MultiIndex.from_arrays(
         [np.repeat(d.queries.get_level_values(0), K), np.repeat(d.queries.get_level_values(1), K),
          np.tile(np.asarray(d.models, dtype=object), Q)], names=['dataset', 'query_id', 'model'])
-    out = pd.DataFrame({k: s[k].ravel() for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in', 'sigma_out')}, index=idx)
+    out = pd.DataFrame(
+        {k: s[k].ravel() for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in', 'sigma_out')}, index=idx)
     out['n'] = s['n'].ravel()
     out['utility'] = utility(out['mu_q'], out['mu_c'], out['sigma_q'], lam, beta)
     return out[out['n'] > 0]
@@ -201,17 +208,20 @@ class Supervision:
     def draw(self, r: int) -> 'Supervision':
         "The r-th draw alone, as a one-draw `Supervision`."
         sl = slice(r, r + 1)
-        return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl], utility=self.utility[sl])
+        return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl],
+                       utility=self.utility[sl])
     def with_weights(self, lam: float | None = None, beta: float | None = None) -> 'Supervision':
         "The same statistics re-weighted with another λ and/or β."
         lam = self.lam if lam is None else lam
         beta = self.beta if beta is None else beta
-        return replace(self, lam=lam, beta=beta, utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
+        return replace(self, lam=lam, beta=beta,
+                       utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
     def subset(self, query_ids) -> 'Supervision':
         "Rows for `query_ids` (in that order)."
         pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
         if (pos < 0).any(): raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
-        return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos], mu_c=self.mu_c[:, pos],
+        return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos],
+                       mu_c=self.mu_c[:, pos],
                        sigma=self.sigma[:, pos], utility=self.utility[:, pos])
     def to_frame(self, r: int = 0) -> pd.DataFrame:
         "Long table of draw `r`: one row per (query, model)."
@@ -223,7 +233,8 @@ class Supervision:
         return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
                                  sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
     def __repr__(self):
-        return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, queries={len(self.queries)}, "
+        return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, "
+                f"queries={len(self.queries)}, "
                 f"models={self.models}, lam={self.lam}, beta={self.beta})")
 
 # %% ../nbs/01_stats.ipynb #80d78940
@@ -243,7 +254,8 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
     pick = np.minimum((u * count).astype(np.int64), count - 1)
     if not valid.all():  # move valid cells to the front, then index among them
         order = np.argsort(~valid, axis=-1, kind='stable')
-        pick = np.take_along_axis(np.broadcast_to(order, (n_draws, *order.shape)), pick[..., None], -1)[..., 0]
+        pick = np.take_along_axis(np.broadcast_to(order, (n_draws, *order.shape)), pick[..., None],
+                                  -1)[..., 0]
     qi, ki = np.indices((Q, K))
     return fq[qi, ki, pick], fc[qi, ki, pick]
 
@@ -265,9 +277,11 @@ def supervision(obs: pd.DataFrame, # observations; the training grid (split 'tra
                 use_all_rows: bool = False, # train on every row, test views included (no training grid needed)
                ) -> Supervision:
     "Router supervision from repeated observations, in one of the modes of the paper."
-    if mode not in MODES: raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
+    if mode not in MODES:
+        raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
     if n_draws < 1: raise ValueError(f"n_draws must be at least 1, got {n_draws}")
-    if mode != 'single' and n_draws != 1: raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
+    if mode != 'single' and n_draws != 1:
+        raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
     d = training_grid(obs, models, use_all_rows)
     if mode == 'single':
         mq, mc = draw_single(d['score'], d['cost_norm'], n_draws, seed)
@@ -279,8 +293,10 @@ def supervision(obs: pd.DataFrame, # observations; the training grid (split 'tra
         missing = np.isnan(mq)
         if missing.any():
             qi, ki = np.argwhere(missing[0])[0]
-            raise ValueError(f"no observation for query {d.queries[qi][1]!r} and model {d.models[ki]!r} "
+            raise ValueError(f"no observation for query {d.queries[qi][1]!r} and model "
+                             f"{d.models[ki]!r} "
                              f"in mode {mode!r}")
         sig = {'no_risk': np.zeros_like(s['sigma_q']),
                'decomp_risk': s['sigma_in'] + s['sigma_out']}.get(mode, s['sigma_q'])[None]
-    return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam, beta)
+    return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam,
+                       beta)

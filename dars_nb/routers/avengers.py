@@ -39,7 +39,8 @@ def cluster_weights(distances: np.ndarray, # distance of every query to every ce
     idx = np.argpartition(distances, k - 1, axis=1)[:, :k]
     d = np.take_along_axis(distances, idx, 1)
     finite = np.isfinite(d)
-    gap = np.where(finite, d - d.min(1, keepdims=True), 0.0)   # shift by the nearest: same softmax, no overflow
+    # shift by the nearest: same softmax, no overflow
+    gap = np.where(finite, d - d.min(1, keepdims=True), 0.0)
     w = np.where(finite, np.exp(-beta_d * gap), 0.0)
     W = np.zeros((n, C))
     np.put_along_axis(W, idx, w / w.sum(1, keepdims=True), 1)
@@ -60,7 +61,8 @@ class AvengersProRouter(Router):
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
 
     def _cluster(self, Z):
-        with warnings.catch_warnings():  # duplicated queries: fewer distinct clusters is reported below as empty ones
+        # duplicated queries: fewer distinct clusters is reported below as empty ones
+        with warnings.catch_warnings():
             warnings.simplefilter('ignore', ConvergenceWarning)
             return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
 
@@ -68,37 +70,43 @@ class AvengersProRouter(Router):
         C = int(self.n_clusters)
         if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
         if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
-        if C > len(X): raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
+        if C > len(X):
+            raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
         Z = normalize(X)
         T = family_targets(sup, 'stats')
-        targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)  # (Q, 3, R, K)
+        # (Q, 3, R, K)
+        targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
         self.batched_ = bool(self.batched)
         if self.batched_:
             km = self._cluster(Z)
             self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
             self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
-            stats = cluster_means(km.labels_, targets, C)                                   # (C, 3, R, K)
+            stats = cluster_means(km.labels_, targets, C)  # (C, 3, R, K)
         else:  # R separate routers: cluster again for every draw
             fits = [self._cluster(Z) for _ in range(sup.n_draws)]
             self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
             self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
-            self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])          # (R, C, d)
+            self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])  # (R, C, d)
             self.draw_sizes_ = np.stack([np.bincount(km.labels_, minlength=C) for km in fits])
-            stats = np.stack([cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
-        self.cluster_stats_ = stats.transpose(1, 2, 0, 3)                                    # (3, R, C, K)
+            stats = np.stack(
+                [cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
+        self.cluster_stats_ = stats.transpose(1, 2, 0, 3)  # (3, R, C, K)
 
     def _distances(self, X, centroids, sizes):
         "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
-        d = euclidean_distances(normalize(X), centroids)                  # (n, C), no (n, C, d) difference array
+        d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
         return np.where(sizes > 0, d, np.inf)
 
     def _predict_stats(self, X) -> dict:
         k, stats = int(self.top_k), np.nan_to_num(self.cluster_stats_)
         if self.batched_:
-            W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k, self.beta_d)
+            W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k,
+                                self.beta_d)
             S = np.einsum('nc,trcm->trnm', W, stats)
         else:
-            S = np.stack([np.einsum('nc,tcm->tnm', cluster_weights(self._distances(X, cen, size), k, self.beta_d), stats[:, r])
+            S = np.stack([np.einsum('nc,tcm->tnm',
+                                    cluster_weights(self._distances(X, cen, size), k, self.beta_d),
+                                    stats[:, r])
                           for r, (cen, size) in enumerate(zip(self.draw_centroids_, self.draw_sizes_))], 1)
         return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
 
@@ -107,7 +115,8 @@ class AvengersProRouter(Router):
                        ) -> np.ndarray:
         "Index of the nearest cluster of every query: (n,)."
         self._check_fitted()
-        return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_, self.cluster_sizes_), axis=1)
+        return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_,
+                                         self.cluster_sizes_), axis=1)
 
 # %% ../../nbs/17_router_avengers.ipynb #558b6fde
 def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its first draw is shown)
@@ -120,10 +129,13 @@ def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its fir
     df['relative'] = df['utility'] - df.groupby('cluster')['utility'].transform('mean')
     df['best'] = df['utility'] == df.groupby('cluster')['utility'].transform('max')
     df['queries'] = router.cluster_sizes_[df['cluster']]
-    base = alt.Chart(df).encode(x=alt.X('cluster:O', title='Cluster'), y=alt.Y('model:N', title='Model'))
+    base = alt.Chart(df).encode(x=alt.X('cluster:O', title='Cluster'),
+                                y=alt.Y('model:N', title='Model'))
     cells = base.mark_rect().encode(
-        color=alt.Color('relative:Q', title='Utility − cluster mean', scale=alt.Scale(scheme='blueorange', domainMid=0)),
+        color=alt.Color('relative:Q', title='Utility − cluster mean',
+                        scale=alt.Scale(scheme='blueorange', domainMid=0)),
         tooltip=['cluster', 'model', 'queries', alt.Tooltip('utility:Q', format='.3f')])
     dots = base.transform_filter('datum.best').mark_point(filled=True, color='black', size=30)
-    return (cells + dots).properties(title='AvengersPro: which model each cluster prefers (dot = best)',
+    return (cells + dots).properties(
+        title='AvengersPro: which model each cluster prefers (dot = best)',
                                      width=420, height=160)

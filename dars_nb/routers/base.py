@@ -51,7 +51,8 @@ def check_supervision(sup, # a `Supervision`
     if sup.utility.shape[1] != n_rows:
         raise ValueError(f"supervision has {sup.utility.shape[1]} queries but features have {n_rows} rows")
     for name in ('mu_q', 'mu_c', 'sigma', 'utility'):
-        if not np.isfinite(getattr(sup, name)).all(): raise ValueError(f"supervision {name} contains NaN or infinite values")
+        if not np.isfinite(getattr(sup, name)).all():
+            raise ValueError(f"supervision {name} contains NaN or infinite values")
     return sup
 
 # %% ../../nbs/10_routers_base.ipynb #d83acff0
@@ -223,7 +224,8 @@ def training_settings(epochs: int = 100, # full passes over the training queries
                       random_state: int | None = None, # seed of initial weights, minibatch order and masks
                      ) -> dict:
     "The training settings of a torch router, by name."
-    return dict(epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size, batched=batched,
+    return dict(epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,
+                batched=batched,
                 n_threads=n_threads, device=device, random_state=random_state)
 
 # %% ../../nbs/10_routers_base.ipynb #0ced458d
@@ -244,7 +246,7 @@ def with_training_settings(**defaults # the family's own defaults of some settin
             given.apply_defaults()
             own(**{k: v for k, v in given.arguments.items() if k in own_sig.parameters})
             for k in shared: setattr(self, k, given.arguments[k])
-        __init__.__signature__, __init__.__delwrap__ = full, training_settings   # docments read both
+        __init__.__signature__, __init__.__delwrap__ = full, training_settings  # docments read both
         cls.__init__ = __init__
         return cls
     return decorate
@@ -258,8 +260,10 @@ def align(features: pd.DataFrame, # features indexed by query_id
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 FAMILY_TARGETS = pd.DataFrame([
-    ('MLPRouter', 'regression', 'μ_q, μ_c, σ per model', 'scikit-learn MLP regressors on standardised features'),
-    ('KNNRouter', 'non-parametric', 'inverse-distance average of neighbours\' μ_q, μ_c, σ', 'cosine distance, k neighbours'),
+    ('MLPRouter', 'regression', 'μ_q, μ_c, σ per model',
+     'scikit-learn MLP regressors on standardised features'),
+    ('KNNRouter', 'non-parametric', 'inverse-distance average of neighbours\' μ_q, μ_c, σ',
+     'cosine distance, k neighbours'),
     ('MIRTRouter', 'IRT regression', 'separate IRT heads for μ_q, μ_c, σ', 'P = σ(Σ a·θ − b), BCE on soft scores'),
     ('EmbedLLMRouter', 'model-embedding regression', 'μ_q − β·σ, plus a cost head', 'model embeddings ⊙ projected query'),
     ('RMSoftmaxRouter', 'classification / regret minimisation', 'softmax(U/τ) over a grid of λ', 'features augmented with λ'),

@@ -40,12 +40,15 @@ class EmbedLLMRouter(EnsembleRouter):
         "Logits of the quality and the cost head: (R, 2, K, n)."
         R, K, d = p['E'].shape
         proj = shared_linear(X, p['Wp'], p['bp'])                    # (R, dim, n)
-        readout = (p['w'][:, :, None, :] * p['E'][:, None]).reshape(R, 2 * K, d)  # (w ⊙ E_m) per head
+        # (w ⊙ E_m) per head
+        readout = (p['w'][:, :, None, :] * p['E'][:, None]).reshape(R, 2 * K, d)
         return (readout @ proj).reshape(R, 2, K, -1) + p['c'][..., None]
 
     def _loss(self, p, X, T, rows, gen):
         z = self._logits(p, X[rows])
-        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1, 2, 3))
+        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1,
+                                                                                                2,
+                                                                                                3))
 
     def _heads(self, p, X):
         P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)     # (R, 2, n, K)
@@ -53,7 +56,7 @@ class EmbedLLMRouter(EnsembleRouter):
 
     def _scores(self, p, X):
         quality, cost = self._heads(p, X)
-        return quality - self.lam_ * cost                           # the risk is inside `quality` already
+        return quality - self.lam_ * cost  # the risk is inside `quality` already
 
     def predict_heads(self, X, # query features (n, d)
                      ) -> dict:

@@ -64,7 +64,8 @@ class EnsembleRouter(Router):
     def _check_training(self):
         if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
         if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.weight_decay < 0: raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be at least 1 or None, got {self.batch_size}")
         self._check_params()
@@ -80,7 +81,8 @@ class EnsembleRouter(Router):
             T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
             if self.batched: P = self._train(Xt, T, seeds, shared)
             else:
-                parts = [self._train(Xt, {k: v[r:r + 1] for k, v in T.items()}, seeds[r:r + 1], shared)
+                parts = [self._train(Xt, {k: v[r:r + 1] for k, v in T.items()}, seeds[r:r + 1],
+                                     shared)
                          for r in range(sup.n_draws)]
                 P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             self._keep(Xt, T)

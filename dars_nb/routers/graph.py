@@ -25,7 +25,8 @@ class GraphRouter(StatsHeads, EnsembleRouter):
 
     def _check_params(self):
         if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
-        if not 0 < self.mask_rate < 1: raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
 
     def _init_draw(self, gen, n_features, n_models):
         h = int(self.hidden)
@@ -34,7 +35,8 @@ class GraphRouter(StatsHeads, EnsembleRouter):
         We, _ = init_linear(gen, 3, h)
         (Wa, _), (Wv, _), (A, b1), (B, _), (C, _) = (init_linear(gen, h, h) for _ in range(5))
         Wo, bo = init_linear(gen, h, 3)
-        return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh, We=We, bm=bm,
+        return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh,
+                    We=We, bm=bm,
                     Wa=Wa, Wv=Wv, A=A, B=B, C=C, b1=b1, Wo=Wo, bo=bo)
 
     def _model_nodes(self, p, X_vis, e_vis):
@@ -50,10 +52,13 @@ class GraphRouter(StatsHeads, EnsembleRouter):
         R, h, K = g.shape
         n = X.shape[0]
         hq = torch.relu(shared_linear(X, p['Wq'], p['bq']))               # (R, h, n)
-        att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)    # (R, K, n): each query attends to the models
+        # (R, K, n): each query attends to the models
+        att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)
         hq = hq + p['Wv'] @ (g @ att)                                      # model → query
-        pair = (p['C'] @ (hq[:, :, None, :] * g[..., None]).reshape(R, h, K * n)).reshape(R, h, K, n)
-        z = torch.relu(pair + (p['A'] @ hq + p['b1'])[:, :, None, :] + (p['B'] @ g)[..., None])   # (R, h, K, n)
+        pair = (p['C'] @ (hq[:, :, None, :] * g[..., None]).reshape(R, h, K * n)).reshape(R, h, K,
+                                                                                          n)
+        # (R, h, K, n)
+        z = torch.relu(pair + (p['A'] @ hq + p['b1'])[:, :, None, :] + (p['B'] @ g)[..., None])
         return (p['Wo'] @ z.reshape(R, h, K * n) + p['bo']).reshape(R, 3, K, n)
 
     def _loss(self, p, X, T, rows, gen):

@@ -39,4 +39,6 @@ class MIRTRouter(StatsHeads, EnsembleRouter):
 
     def _loss(self, p, X, T, rows, gen):
         z = self._logits(p, X[rows])
-        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1, 2, 3))
+        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1,
+                                                                                                2,
+                                                                                                3))

@@ -48,7 +48,9 @@ class MLPRouter(Router):
         self.n_jobs, self.random_state = n_jobs, random_state
 
     def _network_params(self) -> dict:
-        return dict(hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)), alpha=self.alpha,
+        return dict(
+            hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
+            alpha=self.alpha,
                     learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
                     early_stopping=self.early_stopping, random_state=self.random_state)
 
@@ -58,7 +60,8 @@ class MLPRouter(Router):
         T = family_targets(sup, 'stats')
         R, Q, K = sup.utility.shape
         self.batched_ = bool(self.batched) and R > 1
-        if self.batched_: jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
+        if self.batched_:
+            jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
         else: jobs = [(s, T[s][r]) for s in STATISTICS for r in range(R)]
         params = self._network_params()
         fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
@@ -69,7 +72,9 @@ class MLPRouter(Router):
         n, R, K = len(X), self.n_draws_, len(self.models_)
         out = {}
         for s, regs in self.regressors_.items():
-            if self.batched_: out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
+            if self.batched_:
+                out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
             else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
-        out['sigma'] = np.maximum(out['sigma'], 0.0)  # a standard deviation: a negative guess would reward risk
+        # a standard deviation: a negative guess would reward risk
+        out['sigma'] = np.maximum(out['sigma'], 0.0)
         return out

@@ -50,7 +50,8 @@ class RMSoftmaxRouter(EnsembleRouter):
         self.lam_grid_ = grid
         self.lam_scale_ = float(grid.max()) if grid.max() > 0 else 1.0
         P = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, grid, sup.beta, self.tau)   # (R, G, Q, K)
-        return dict(p=P.transpose(0, 3, 1, 2), lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
+        return dict(p=P.transpose(0, 3, 1, 2),
+                    lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
 
     def _init_draw(self, gen, n_features, n_models):
         h = int(self.hidden)
@@ -61,7 +62,7 @@ class RMSoftmaxRouter(EnsembleRouter):
     def _log_policy(self, p, X, lams):
         "log π(m | x, λ) for every λ in `lams` (G,): (R, K, G, n)."
         R, G, n = p['W1'].shape[0], lams.shape[-1], X.shape[0]
-        hx = shared_linear(X, p['W1'], p['b1'])                          # (R, hidden, n), once for all λ
+        hx = shared_linear(X, p['W1'], p['b1'])  # (R, hidden, n), once for all λ
         h = torch.relu(hx[:, :, None, :] + p['wl'][..., None] * lams.reshape(1, 1, G, 1))
         z = (p['W2'] @ h.reshape(R, -1, G * n) + p['b2']).reshape(R, -1, G, n)
         return torch.log_softmax(z, dim=1)
@@ -72,13 +73,15 @@ class RMSoftmaxRouter(EnsembleRouter):
             logp = self._log_policy(p, X[rows], lams)
             return -(T['p'][..., rows] * logp).sum(1).mean((1, 2))
         q = torch.arange(X.shape[0], device=X.device)[rows]
-        g = torch.randint(len(lams), (len(q),), generator=gen).to(X.device)   # one λ per query, shared by the draws
+        # one λ per query, shared by the draws
+        g = torch.randint(len(lams), (len(q),), generator=gen).to(X.device)
         h = torch.relu(shared_linear(X[q], p['W1'], p['b1']) + p['wl'] * lams[g])   # (R, hidden, n)
         logp = torch.log_softmax(p['W2'] @ h + p['b2'], dim=1)                      # (R, K, n)
         return -(T['p'][:, :, g, q] * logp).sum(1).mean(-1)
 
     def _scores(self, p, X, lam=None):
-        lam = torch.tensor([(self.lam_ if lam is None else lam) / self.lam_scale_], dtype=X.dtype, device=X.device)
+        lam = torch.tensor([(self.lam_ if lam is None else lam) / self.lam_scale_], dtype=X.dtype,
+                           device=X.device)
         return self._log_policy(p, X, lam)[:, :, 0].transpose(1, 2)    # (R, n, K)
 
     def predict_log_policy(self, X, # query features (n, d)
@@ -86,6 +89,7 @@ class RMSoftmaxRouter(EnsembleRouter):
                           ) -> np.ndarray:
         "log π(m | x, λ): (n, K), or (R, n, K) for R draws; `predict_utility` is this at the training λ."
         self._check_fitted()
-        if lam is not None and not (np.isfinite(lam) and lam >= 0): raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+        if lam is not None and not (np.isfinite(lam) and lam >= 0):
+            raise ValueError(f"lam must be a finite non-negative number, got {lam}")
         S = self._evaluate(check_features(X, self.n_features_in_), lambda p, Z: self._scores(p, Z, lam)).double().cpu().numpy()
         return S[0] if self.n_draws_ == 1 else S
