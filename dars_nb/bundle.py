@@ -32,6 +32,7 @@ __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'Bundle
 class BundleError(ValueError):
     "A router bundle cannot be saved or loaded (damaged file, unknown class, incompatible version)."
 
+# %% ../nbs/25_bundle.ipynb #4ad532d3
 FORMAT, FORMAT_VERSION = 'dars_nb.router_bundle', 1
 
 SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is saved or rebuilt
@@ -56,6 +57,7 @@ def _saved_class(name: str) -> type:
     try: return getattr(importlib.import_module(module), cls)
     except ImportError as e: raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: {install_hint('torch')})") from None
 
+# %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
     "The manifest name of `obj`'s class, if it is whitelisted exactly (not a subclass); imports only modules of that class name."
     return next((n for n, (_, c) in SAVED_CLASSES.items() if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
@@ -224,6 +226,7 @@ def subset(sup: Supervision, # supervision (one draw or R)
                                mu_c=sup.mu_c[:, rows],
                                sigma=sup.sigma[:, rows], utility=sup.utility[:, rows])
 
+# %% ../nbs/25_bundle.ipynb #fb67232e
 def fold_ids(n: int, # number of queries
              folds: int = 5, # K
              seed: int = 0, # seed of the shuffle
@@ -329,6 +332,7 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
     shape = (len(query_ids), len(models))
     return m['score'].to_numpy().reshape(shape), m['cost_norm'].to_numpy().reshape(shape)
 
+# %% ../nbs/25_bundle.ipynb #de58342b
 def guard_comparison(router, # a router fitted on all training queries
                    X_test: np.ndarray, # test features (n, d)
                    mu_q: np.ndarray, # observed mean score of every test query and model (n, K)
@@ -357,6 +361,7 @@ def _margin(self: RouterBundle, lam: float) -> float | None:
     if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)
     return self._margins[lam]
 
+# %% ../nbs/25_bundle.ipynb #97a26663
 @patch
 def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
@@ -364,6 +369,7 @@ def best_fixed(self: RouterBundle, lam: float) -> int:
         raise ValueError("this bundle has no training statistics to choose a best fixed model")
     return int((self.guard_cv.mu_q - lam * self.guard_cv.mu_c).mean(0).argmax())
 
+# %% ../nbs/25_bundle.ipynb #31a5baad
 @patch
 def features(self: RouterBundle, texts, # question texts
             ) -> np.ndarray:
@@ -389,6 +395,7 @@ def predict_stats(self: RouterBundle, texts, # question texts
     return pd.DataFrame(dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
                              **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(), rank=rank.ravel() + 1))
 
+# %% ../nbs/25_bundle.ipynb #5350d0d6
 @patch
 def _ranking(self: RouterBundle, U, lam) -> np.ndarray:
     "Model indices best-first per row: by utility, with the guard's choice moved to the front."
@@ -399,6 +406,7 @@ def _ranking(self: RouterBundle, U, lam) -> np.ndarray:
     rest = order[order != choice[:, None]].reshape(len(U), -1)
     return np.column_stack([choice, rest])
 
+# %% ../nbs/25_bundle.ipynb #74987fe3
 @patch
 def rank(self: RouterBundle, texts, # question texts
          lam: float | None = None, # cost weight λ (default: the bundle's)
@@ -409,6 +417,7 @@ def rank(self: RouterBundle, texts, # question texts
     names = np.asarray(self.models, dtype=object)
     return names[self._ranking(U, lam)].tolist()
 
+# %% ../nbs/25_bundle.ipynb #0f991aef
 @patch
 def route(self: RouterBundle, texts, # question texts
           lam: float | None = None, # cost weight λ (default: the bundle's)
@@ -424,8 +433,10 @@ def _fingerprint(obs: pd.DataFrame) -> str:
     text = train.sort_values(cols).to_csv(index=False, header=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
+# %% ../nbs/25_bundle.ipynb #8e2ae8d4
 def _minor(v: str) -> tuple: return tuple(v.split('.')[:2])
 
+# %% ../nbs/25_bundle.ipynb #e96cd1c0
 def _guard_cv(fields) -> GuardCV | None:
     "The guard's CV predictions from their saved fields (plain data: no class is named in the file)."
     if fields is None: return None
@@ -433,6 +444,7 @@ def _guard_cv(fields) -> GuardCV | None:
     except TypeError as e:
         raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
+# %% ../nbs/25_bundle.ipynb #cbc62989
 def save_bundle(bundle: RouterBundle, # the bundle to save
                 path, # file to write (conventionally `.zip` or `.router`)
                ) -> Path:
@@ -549,6 +561,7 @@ def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price
         out[m] = (float(spec['price_in']), float(spec['price_out']))
     return out
 
+# %% ../nbs/25_bundle.ipynb #e925461d
 def query_texts(obs: pd.DataFrame, # observations with a query_text column
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
@@ -630,6 +643,7 @@ def train_main(config: str, # path of the training TOML file
     if not quiet: print(f"saved the router bundle to {path}")
     return 0
 
+# %% ../nbs/25_bundle.ipynb #eb1cfc4f
 def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line, or one plain-text question per line
                   ) -> tuple[list, list[str]]:
     "Ids and questions of a query file (ids default to the line number); a one-line ValueError naming a bad line."
@@ -648,6 +662,7 @@ def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line,
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 
+# %% ../nbs/25_bundle.ipynb #782affea
 def route_main(router: str, # path of a router bundle
                question: str | None = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)

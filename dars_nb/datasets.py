@@ -27,6 +27,7 @@ def data_dir(path=None, # the data folder; default: the DARS_DATA environment va
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p
 
+# %% ../nbs/05_datasets.ipynb #e84a19de
 def _data_file(root, *parts) -> Path:
     f = data_dir(root).joinpath(*parts)
     if not f.is_file(): raise ValueError(f"missing data file {'/'.join(parts)} in {data_dir(root)}")
@@ -41,6 +42,7 @@ def _math_table(df, dataset, ids):
                              context='', choices=None, gold=df['answer'].astype(str),
                              subject=df['subject'].astype(str)))[TASK_COLUMNS]
 
+# %% ../nbs/05_datasets.ipynb #87d0808e
 def load_math500(root=None, # data folder (default: DARS_DATA)
                  dataset: str = 'math500', # dataset name in the task table
                 ) -> pd.DataFrame:
@@ -48,6 +50,7 @@ def load_math500(root=None, # data folder (default: DARS_DATA)
     df = pd.read_json(_data_file(root, 'math', 'math500_test.jsonl'), lines=True)
     return _math_table(df, dataset, df['unique_id'].astype(str))
 
+# %% ../nbs/05_datasets.ipynb #c71a998e
 def load_math_train(root=None, # data folder (default: DARS_DATA)
                     dataset: str = 'math', # dataset name in the task table
                    ) -> pd.DataFrame:
@@ -68,6 +71,7 @@ def split_drop_prompt(prompt: str, # "Passage: … Question: … Answer:"
         raise ValueError(f"not a DROP prompt ('Passage: … Question: … Answer:'): {prompt[:60]!r}")
     return m.group('passage').strip(), m.group('question').strip()
 
+# %% ../nbs/05_datasets.ipynb #f9dfaa95
 def load_drop(split: str = 'test', # 'test' (800 questions) or 'validate' (200)
               root=None, # data folder (default: DARS_DATA)
               dataset: str = 'drop800', # dataset name in the task table
@@ -135,6 +139,7 @@ def _read_gpqa_csv(path: Path, subset: str, password: str | None) -> pd.DataFram
         except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: unsupported encryption") from None
     return pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False)
 
+# %% ../nbs/05_datasets.ipynb #f59fddfd
 def _option_order(ids, seed: int) -> np.ndarray:
     "A permutation of the 4 options per id, fixed by (seed, id) alone."
     keys = np.array([np.frombuffer(hashlib.sha256(f'{seed}:{i}'.encode()).digest()[:16],

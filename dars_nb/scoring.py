@@ -38,6 +38,7 @@ def _last_boxed(s: str) -> str | None:
             if depth == 0: return s[start:i]
     return None
 
+# %% ../nbs/04_scoring.ipynb #9ff6463c
 def _strip_wrappers(s: str) -> str:
     "Drop markdown emphasis, code ticks, math delimiters and trailing punctuation around an answer."
     prev = None
@@ -54,6 +55,7 @@ def _strip_wrappers(s: str) -> str:
         s = re.sub(r'(?<!\\)\$', '', s)
     return s.strip()
 
+# %% ../nbs/04_scoring.ipynb #8ccdc3a3
 def clean_answer(s: str, # raw answer text (one line or a short block)
                 ) -> str | None:
     "The answer in `s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
@@ -113,17 +115,20 @@ def parse_choice(answer: str, # an extracted answer, e.g. "(B) 42 kJ"
         if m: return m.group(1).upper()
     return None
 
+# %% ../nbs/04_scoring.ipynb #90af6acc
 def _check_letter(gold_letter):
     if not (isinstance(gold_letter, str) and re.fullmatch(r'[A-Za-z]', gold_letter.strip())):
         raise ValueError(f"gold letter must be a single letter A-Z, got {gold_letter!r}")
     return gold_letter.strip().upper()
 
+# %% ../nbs/04_scoring.ipynb #43a46f7c
 def _score_choice(answer, gold_letter):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     gold = _check_letter(gold_letter)
     letter = parse_choice(answer)
     return (float(letter == gold), True) if letter is not None else (0.0, False)
 
+# %% ../nbs/04_scoring.ipynb #fcc39e33
 def score_choice(text: str, # a model response
                  gold_letter: str, # the correct option letter, e.g. 'B'
                 ) -> float:
@@ -135,12 +140,14 @@ class _NoTimeoutNotice(logging.Filter):
     "Hide math-verify's notice that timeouts are off: off the main thread that is deliberate."
     def filter(self, record): return not record.getMessage().startswith('Timeout is disabled')
 
+# %% ../nbs/04_scoring.ipynb #dd1b0b47
 def _quiet_math_verify():
     for name in ('math_verify.parser', 'math_verify.grader'):
         lg = logging.getLogger(name)
         if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters):
             lg.addFilter(_NoTimeoutNotice())
 
+# %% ../nbs/04_scoring.ipynb #80721213
 def _math_parse(s: str, threaded: bool):
     from math_verify import parse
     if threaded: _quiet_math_verify()
@@ -148,10 +155,12 @@ def _math_parse(s: str, threaded: bool):
     out = parse('\\boxed{' + s + '}', **kw)
     return out if out else parse(s, **kw)
 
+# %% ../nbs/04_scoring.ipynb #2164d8cd
 @lru_cache(maxsize=4096)
 def _math_gold(gold: str, threaded: bool):
     return tuple(_math_parse(gold, threaded)) or (gold,)
 
+# %% ../nbs/04_scoring.ipynb #cf5fb104
 def _score_math(ans, gold):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     if not isinstance(gold, str) or not gold.strip():
@@ -168,6 +177,7 @@ def _score_math(ans, gold):
     except Exception: return 0.0, True
     return float(bool(ok)), True
 
+# %% ../nbs/04_scoring.ipynb #56708c3c
 def score_math(text: str, # a model response
                gold: str, # the gold answer in LaTeX, e.g. '\\frac{14}{3}'
               ) -> float:
@@ -182,32 +192,38 @@ def _is_number(text: str) -> bool:
     try: float(text); return True
     except ValueError: return False
 
+# %% ../nbs/04_scoring.ipynb #b38315b8
 def _normalize_token(tok: str) -> str:
     tok = tok.lower()
     if not _is_number(tok): tok = ''.join(ch for ch in tok if ch not in _PUNCT)
     if _is_number(tok): tok = str(float(tok))
     return ' '.join(_ARTICLES.sub(' ', tok).split())
 
+# %% ../nbs/04_scoring.ipynb #3719b95c
 def drop_normalize(text: str, # one answer span
                   ) -> str:
     "The official DROP normalisation of one span: lower case, no punctuation or articles, numbers as floats."
     parts = [_normalize_token(t) for t in re.split(' |-', text)]
     return ' '.join(p for p in parts if p.strip()).strip()
 
+# %% ../nbs/04_scoring.ipynb #68030eb1
 def _bags(answer):
     spans = list(answer) if isinstance(answer, (list, tuple)) else [answer]
     return [set(drop_normalize(s).split()) for s in spans]
 
+# %% ../nbs/04_scoring.ipynb #3922b2f6
 def _bag_f1(pred: set, gold: set) -> float:
     inter = len(gold & pred)
     p = inter / len(pred) if pred else 1.0
     r = inter / len(gold) if gold else 1.0
     return 0.0 if p == 0.0 and r == 0.0 else 2 * p * r / (p + r)
 
+# %% ../nbs/04_scoring.ipynb #9ce4c525
 def _numbers_match(gold: set, pred: set) -> bool:
     g = {w for w in gold if _is_number(w)}
     return not g or bool(g & {w for w in pred if _is_number(w)})
 
+# %% ../nbs/04_scoring.ipynb #8ccf5c1b
 def drop_f1(predicted: str | list, # predicted answer: one string or a list of spans
             gold: str | list, # one gold answer: one string or a list of spans
            ) -> float:
@@ -231,6 +247,7 @@ def _as_golds(golds):
     if not golds: raise ValueError("DROP golds hold no non-empty answer")
     return golds
 
+# %% ../nbs/04_scoring.ipynb #a8a5b0ad
 def _score_drop(ans, golds):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     golds = _as_golds(golds)
@@ -243,6 +260,7 @@ def _score_drop(ans, golds):
         best = max(best, f)
     return best, True
 
+# %% ../nbs/04_scoring.ipynb #90932540
 def score_drop(text: str, # a model response
                golds: list | str, # gold answers (each a string or a list of spans), or one '|'-joined string
               ) -> float:
@@ -295,6 +313,7 @@ def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, resp
 def _frac(mask, groups):
     return pd.Series(mask, dtype=float).groupby(groups, observed=True, sort=True).mean()
 
+# %% ../nbs/04_scoring.ipynb #f0dcb36b
 def scoring_validity(obs: pd.DataFrame, # scored generations (need not pass `validate`)
                      rescore=None, # None, a task table, or a function obs -> array of scores
                      kinds: dict | None = None, # dataset -> 'choice' | 'math' | 'reading'

@@ -80,6 +80,7 @@ PROFILES = {
 # %% ../nbs/03_simulate.ipynb #6c527c7a
 def _sigmoid(x): return 1 / (1 + np.exp(-x))
 
+# %% ../nbs/03_simulate.ipynb #c732e1bc
 @dataclass
 class World:
     "Latent truth of one simulated dataset."
@@ -138,6 +139,7 @@ def _query_draws(rng, p: Profile, n: int, mixing=None):
     features = latent @ mixing + p.feature_noise * rng.standard_normal((n, p.n_features))
     return dict(topic=topic, difficulty=difficulty, settled=settled, features=features), mixing
 
+# %% ../nbs/03_simulate.ipynb #46d2e9d4
 def _prompt_lengths(rng, p: Profile, n: int) -> np.ndarray:
     "Prompt length of `n` queries from `rng`: lognormal around the profile's typical length."
     return p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n)
@@ -184,6 +186,7 @@ def success_probability(p: Profile, # the dataset profile
     s = np.reshape(settled, np.shape(settled) + (1,) * (prob.ndim - np.ndim(settled)))
     return np.where(s > 0, 1.0, np.where(s < 0, 0.0, prob))
 
+# %% ../nbs/03_simulate.ipynb #1bb45a34
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
                 view: str = 'grid', # 'grid', 'rewrite' or 'decode'
@@ -222,6 +225,7 @@ def sample_grid(world: World, # the latent world
     return dict(score=score, cost=cost, prompt_tokens=prompt, completion_tokens=comp, query_pos=sel,
                 rewrite_ids=np.array([0]) if view == 'decode' else np.arange(1, N + 1))
 
+# %% ../nbs/03_simulate.ipynb #e4243e2e
 def observe(world: World, # the latent world
             split: str = 'train', # which queries
             view: str = 'grid', # 'grid', 'rewrite' or 'decode'
@@ -325,6 +329,7 @@ def temperature_sweep(profile: str | Profile = 'gpqa_like', # a name in `PROFILE
     rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t) for t in temperatures]
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature'])
 
+# %% ../nbs/03_simulate.ipynb #782f9ea6
 def plot_temperature(sweep: pd.DataFrame, # output of `temperature_sweep`
                     ) -> alt.Chart:
     "Output-side variance and winner flip rate against decoding temperature."

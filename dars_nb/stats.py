@@ -29,6 +29,7 @@ def normalized_cost(obs: pd.DataFrame, # validated observation table
     z[z == 0] = 1.0
     return cost / z[codes]
 
+# %% ../nbs/01_stats.ipynb #d042a33d
 def normalize_cost(obs: pd.DataFrame, # observation table (raw `cost` in dollars)
                   ) -> pd.DataFrame: # a copy with `cost_norm` = cost / Z_d
     "Add `cost_norm`: raw cost divided by the largest raw cost of its dataset (Z_d)."
@@ -85,10 +86,12 @@ def training_grid(obs: pd.DataFrame, # observations, possibly with test views
     if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
 
+# %% ../nbs/01_stats.ipynb #d07cdd2b
 def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
     "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise)."
     return mu_q - lam * mu_c - beta * sigma
 
+# %% ../nbs/01_stats.ipynb #86db5637
 def row_sums(obs: pd.DataFrame, # validated observation table
              cost: np.ndarray, # normalised cost per row
              models: list | None = None, # model order
@@ -103,6 +106,7 @@ def row_sums(obs: pd.DataFrame, # validated observation table
     s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)
     return d, [count, s1, s2, c1]
 
+# %% ../nbs/01_stats.ipynb #ce4d02db
 def stats_from_sums(count, s1, s2, c1) -> dict:
     "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums of shape (Q, K, N) (rows with no cell ignored)."
     with np.errstate(invalid='ignore', divide='ignore'):
@@ -115,6 +119,7 @@ def stats_from_sums(count, s1, s2, c1) -> dict:
         sigma_out = np.sqrt(np.nanmean(row_var, -1))
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
+# %% ../nbs/01_stats.ipynb #b9dee045
 def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (usually the training grid)
                      lam: float = 0.05, # cost weight λ
                      beta: float = 0.2, # risk weight β
@@ -150,6 +155,7 @@ def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where mis
     filled = np.where(missing, -np.inf, U)
     return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
 
+# %% ../nbs/01_stats.ipynb #d5a1b7b3
 def hard_labels(U: np.ndarray, # utilities (..., queries, models)
                 seed=0, # seed or numpy Generator for the choice among tied models
                 tol: float = TIE_TOL, # tolerance for ties
@@ -158,6 +164,7 @@ def hard_labels(U: np.ndarray, # utilities (..., queries, models)
     keys = np.random.default_rng(seed).random(np.shape(U))
     return np.argmax(np.where(best_models(U, tol), keys, -1.0), axis=-1)
 
+# %% ../nbs/01_stats.ipynb #d976ac54
 def soft_targets(U: np.ndarray, # utilities (..., queries, models)
                  tau: float = 0.05, # temperature τ: small → close to the hard label
                 ) -> np.ndarray:
@@ -168,6 +175,7 @@ def soft_targets(U: np.ndarray, # utilities (..., queries, models)
     e = np.exp(z)
     return e / e.sum(-1, keepdims=True)
 
+# %% ../nbs/01_stats.ipynb #3184ec5f
 def pairwise_preferences(U: np.ndarray, # utilities (..., queries, models)
                         ) -> np.ndarray:
     "Boolean (..., queries, K, K): entry [i, a, b] is True iff model a ≻ model b, i.e. U[i,a] > U[i,b]."
@@ -267,6 +275,7 @@ def _sub_grid(d: Dense, mode: str):
     if mode == 'output_only': return q[:, :, :1, :], c[:, :, :1, :]
     return q, c
 
+# %% ../nbs/01_stats.ipynb #5242dfa6
 def supervision(obs: pd.DataFrame, # observations; the training grid (split 'train', view 'grid') is used
                 mode: str = 'dars', # one of `MODES`
                 lam: float = 0.05, # cost weight λ

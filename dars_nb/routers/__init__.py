@@ -30,6 +30,7 @@ def __getattr__(name):
     if name == 'ROUTERS': return {k: __getattr__(cls) for k, (_, cls) in ROUTER_CLASSES.items()}
     raise AttributeError(f"module 'dars_nb.routers' has no attribute {name!r}")
 
+# %% ../../nbs/19_routers.ipynb #45d63518
 def __dir__():
     "The module's names, the routers imported on first use included."
     return sorted(set(globals()) | set(__all__))

@@ -29,6 +29,7 @@ def cluster_means(labels: np.ndarray, # cluster of every training query (Q,)
         A = members / counts[:, None]                              # row c averages cluster c
     return (A @ targets.reshape(len(labels), -1)).reshape(n_clusters, *targets.shape[1:])
 
+# %% ../../nbs/17_router_avengers.ipynb #5e15d046
 def cluster_weights(distances: np.ndarray, # distance of every query to every centroid (n, C); inf = unusable
                     top_k: int, # clusters kept per query
                     beta_d: float, # softmax sharpness β_d

@@ -32,6 +32,7 @@ def check_features(X, # query features, (n, d)
         raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on {n_features}")
     return X
 
+# %% ../../nbs/10_routers_base.ipynb #e4829e28
 def features_by_id(X: pd.DataFrame, # features indexed by query id
                    query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
                   ) -> np.ndarray:
@@ -43,6 +44,7 @@ def features_by_id(X: pd.DataFrame, # features indexed by query id
     if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
     return X.to_numpy()[pos]
 
+# %% ../../nbs/10_routers_base.ipynb #d0b2ef34
 def check_supervision(sup, # a `Supervision`
                       n_rows: int, # rows of X
                      ) -> Supervision:
@@ -115,6 +117,7 @@ def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, 
     s = self._predict_stats(self._query_features(X))
     return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 
+# %% ../../nbs/10_routers_base.ipynb #4e98c724
 @patch
 def _route(self: Router, mu_q, mu_c, sigma):
     "Utility from predicted statistics with the training λ and β."

@@ -32,6 +32,7 @@ def init_linear(gen: torch.Generator, # generator of one draw
     "Weight (n_out, n_in) ~ N(0, 1/n_in) and zero bias (n_out, 1) of one linear layer, for one draw."
     return torch.randn(n_out, n_in, generator=gen) / np.sqrt(n_in), torch.zeros(n_out, 1)
 
+# %% ../../nbs/12a_router_ensemble.ipynb #50dd6069
 def shared_linear(X: torch.Tensor, # shared input (n, d)
                   W: torch.Tensor, # weights (R, ..., out, d)
                   b: torch.Tensor | None = None, # biases (R, ..., out, 1)
@@ -40,6 +41,7 @@ def shared_linear(X: torch.Tensor, # shared input (n, d)
     out = (W.reshape(-1, W.shape[-1]) @ X.T).reshape(*W.shape[:-1], X.shape[0])
     return out if b is None else out + b
 
+# %% ../../nbs/12a_router_ensemble.ipynb #91ad9abe
 @contextmanager
 def torch_threads(n: int | None, # threads for torch inside the block; None leaves the setting alone
                  ):

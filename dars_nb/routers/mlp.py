@@ -25,6 +25,7 @@ def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
         warnings.simplefilter('ignore', ConvergenceWarning)
         return MLPRegressor(**params).fit(Z, y)
 
+# %% ../../nbs/11_router_mlp.ipynb #46f4eb28
 def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
     "(n, width) predictions of a fitted regressor or a constant."
     if isinstance(reg, float): return np.full((len(Z), width), reg)
