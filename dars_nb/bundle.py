@@ -247,48 +247,60 @@ class GuardCV:
     # candidate margins: these quantiles of the positive gains
     quantiles: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
-    def utility(self, lam: float) -> np.ndarray:
-        "Held-out predicted utility (Q, K) at λ."
-        if 'policy' in self.parts:
-            hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
-            if not len(hit): raise ValueError(f"the guard of this router is known at λ in {self.parts['lams'].tolist()} only, got {lam}")
-            return self.parts['policy'][hit[0]]
-        return self.parts['quality'] - lam * self.parts['mu_c']
+# %% ../nbs/25_bundle.ipynb #bfd2fe02
+@patch
+def utility(self: GuardCV, lam: float) -> np.ndarray:
+    "Held-out predicted utility (Q, K) at λ."
+    if 'policy' in self.parts:
+        hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
+        if not len(hit): raise ValueError(f"the guard of this router is known at λ in {self.parts['lams'].tolist()} only, got {lam}")
+        return self.parts['policy'][hit[0]]
+    return self.parts['quality'] - lam * self.parts['mu_c']
 
-    def fixed(self, lam: float) -> np.ndarray:
-        "Best fixed model per query at λ, chosen on the training part of the query's fold."
-        real = self.mu_q - lam * self.mu_c
-        K = int(self.folds.max()) + 1
-        per_fold = np.array([real[self.folds != k].mean(0).argmax() for k in range(K)])
-        return per_fold[self.folds]
+# %% ../nbs/25_bundle.ipynb #eb0f44dd
+@patch
+def fixed(self: GuardCV, lam: float) -> np.ndarray:
+    "Best fixed model per query at λ, chosen on the training part of the query's fold."
+    real = self.mu_q - lam * self.mu_c
+    K = int(self.folds.max()) + 1
+    per_fold = np.array([real[self.folds != k].mean(0).argmax() for k in range(K)])
+    return per_fold[self.folds]
 
-    def candidates(self, lam: float) -> np.ndarray:
-        "Candidate margins: 0, quantiles of the positive held-out gains, +∞."
-        U = self.utility(lam)
-        gain = U.max(1) - U[np.arange(len(U)), self.fixed(lam)]
-        pos = gain[gain > 0]
-        return np.unique(np.r_[0.0, np.quantile(pos, self.quantiles) if len(pos) else [], np.inf])
+# %% ../nbs/25_bundle.ipynb #f2f94ede
+@patch
+def candidates(self: GuardCV, lam: float) -> np.ndarray:
+    "Candidate margins: 0, quantiles of the positive held-out gains, +∞."
+    U = self.utility(lam)
+    gain = U.max(1) - U[np.arange(len(U)), self.fixed(lam)]
+    pos = gain[gain > 0]
+    return np.unique(np.r_[0.0, np.quantile(pos, self.quantiles) if len(pos) else [], np.inf])
 
-    def held_out(self, lam: float, margin: float | None) -> tuple[float, float]:
-        "Pooled held-out utility and share of queries routed away from the best fixed model, for one margin."
-        fixed = self.fixed(lam)
-        choice = guarded_choice(self.utility(lam), fixed, margin)
-        return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
+# %% ../nbs/25_bundle.ipynb #6c5d8189
+@patch
+def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, float]:
+    "Pooled held-out utility and share of queries routed away from the best fixed model, for one margin."
+    fixed = self.fixed(lam)
+    choice = guarded_choice(self.utility(lam), fixed, margin)
+    return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
 
-    def margin(self, lam: float) -> float:
-        "The candidate margin with the highest pooled held-out utility at λ (ties → the larger margin)."
-        cand = self.candidates(lam)
-        vals = np.array([self.held_out(lam, m)[0] for m in cand])
-        return float(cand[len(cand) - 1 - np.argmax(vals[::-1])])
+# %% ../nbs/25_bundle.ipynb #55f0c0a6
+@patch
+def margin(self: GuardCV, lam: float) -> float:
+    "The candidate margin with the highest pooled held-out utility at λ (ties → the larger margin)."
+    cand = self.candidates(lam)
+    vals = np.array([self.held_out(lam, m)[0] for m in cand])
+    return float(cand[len(cand) - 1 - np.argmax(vals[::-1])])
 
-    def report(self, lam: float) -> dict:
-        "Held-out utility of the best fixed model, the unguarded and the guarded router at λ, with the margin and the share routed away."
-        m = self.margin(lam)
-        router, away = self.held_out(lam, None)
-        guarded, g_away = self.held_out(lam, m)
-        return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router,
-                    guarded=guarded, margin=m,
-                    routed_away=away, guarded_routed_away=g_away)
+# %% ../nbs/25_bundle.ipynb #e6413545
+@patch
+def report(self: GuardCV, lam: float) -> dict:
+    "Held-out utility of the best fixed model, the unguarded and the guarded router at λ, with the margin and the share routed away."
+    m = self.margin(lam)
+    router, away = self.held_out(lam, None)
+    guarded, g_away = self.held_out(lam, m)
+    return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router,
+                guarded=guarded, margin=m,
+                routed_away=away, guarded_routed_away=g_away)
 
 # %% ../nbs/25_bundle.ipynb #1ab4d613
 def cross_validate(router, # an unfitted router (its parameters are cloned for every fold)

@@ -4,6 +4,7 @@
 
 # %% ../nbs/09_features.ipynb #760470c3
 from __future__ import annotations
+from fastcore.basics import patch
 import hashlib
 import importlib.util
 import json
@@ -42,45 +43,49 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
                 ):
         self.max_features, self.n_components, self.random_state = max_features, n_components, random_state
 
-    def fit(self, texts, # training texts
-            y=None, # ignored (scikit-learn's signature)
-           ) -> 'TfidfFeaturizer':
-        "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.decomposition import TruncatedSVD
-        texts = check_texts(texts)
-        vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
-        # plain ints: a saved vocabulary is plain JSON
-        vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
-        self.vectorizer_, self.basis_ = vec, None
-        if self.n_components is not None:
-            M = vec.transform(texts)
-            k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
-            if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
-            svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
-            # (words, k), row-major: no copy per transform
-            self.basis_ = np.ascontiguousarray(svd.components_.T)
-            self.explained_variance_ratio_ = svd.explained_variance_ratio_
-        self.n_features_out_ = len(vec.vocabulary_) if self.basis_ is None else self.basis_.shape[1]
-        return self
-
-    def transform(self, texts, # texts to featurize
-                 ) -> np.ndarray:
-        "Feature rows (n, `n_features_out_`) of `texts` in the fitted vocabulary and basis."
-        if not hasattr(self, 'vectorizer_'):
-            raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
-        M = self.vectorizer_.transform(check_texts(texts))            # sparse until the very end
-        if self.basis_ is None: return M.toarray()
-        Z = np.asarray(M @ self.basis_)  # the SVD projection, as TruncatedSVD.transform
-        norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
-        return Z / np.where(norm > 0, norm, 1.0)  # unit rows (a text of unknown words stays 0)
-
     @property
     def name(self) -> str:
         "A short description, e.g. 'tfidf(20000 words → 128 SVD dims)'."
         if not hasattr(self, 'vectorizer_'): return 'tfidf(unfitted)'
         words = len(self.vectorizer_.vocabulary_)
         return f'tfidf({words} words)' if self.basis_ is None else f'tfidf({words} words → {self.n_features_out_} SVD dims)'
+
+# %% ../nbs/09_features.ipynb #0ca617da
+@patch
+def fit(self: TfidfFeaturizer, texts, # training texts
+        y=None, # ignored (scikit-learn's signature)
+       ) -> 'TfidfFeaturizer':
+    "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.decomposition import TruncatedSVD
+    texts = check_texts(texts)
+    vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
+    # plain ints: a saved vocabulary is plain JSON
+    vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
+    self.vectorizer_, self.basis_ = vec, None
+    if self.n_components is not None:
+        M = vec.transform(texts)
+        k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
+        if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
+        svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
+        # (words, k), row-major: no copy per transform
+        self.basis_ = np.ascontiguousarray(svd.components_.T)
+        self.explained_variance_ratio_ = svd.explained_variance_ratio_
+    self.n_features_out_ = len(vec.vocabulary_) if self.basis_ is None else self.basis_.shape[1]
+    return self
+
+# %% ../nbs/09_features.ipynb #a07bc25a
+@patch
+def transform(self: TfidfFeaturizer, texts, # texts to featurize
+             ) -> np.ndarray:
+    "Feature rows (n, `n_features_out_`) of `texts` in the fitted vocabulary and basis."
+    if not hasattr(self, 'vectorizer_'):
+        raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
+    M = self.vectorizer_.transform(check_texts(texts))            # sparse until the very end
+    if self.basis_ is None: return M.toarray()
+    Z = np.asarray(M @ self.basis_)  # the SVD projection, as TruncatedSVD.transform
+    norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
+    return Z / np.where(norm > 0, norm, 1.0)  # unit rows (a text of unknown words stays 0)
 
 # %% ../nbs/09_features.ipynb #b481fad8
 def sentence_model_path() -> Path | None:
@@ -142,39 +147,47 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
 
-    def fit(self, texts=None, # training texts (nothing is learned from them)
-            y=None, # ignored (scikit-learn's signature)
-           ) -> 'SentenceFeaturizer':
-        "Check that the encoder is installed and record its output width."
-        path = _installed_model_path()
-        self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
-        return self
-
-    def _encoder(self):
-        "The encoder, loaded on first use and kept (never saved in a bundle)."
-        if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
-        return self._loaded_encoder
-
-    def transform(self, texts, # texts to featurize
-                 ) -> np.ndarray:
-        "Embeddings (n, `n_features_out_`) of `texts`."
-        if not hasattr(self, 'n_features_out_'):
-            raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
-        texts = check_texts(texts)
-        if getattr(self, 'cache', True):
-            return sentence_embeddings(texts, self.cache_dir, int(self.batch_size),
-                                       self._encoder()).astype(float)
-        return self._encoder().encode(texts, batch_size=int(self.batch_size),
-                                      normalize_embeddings=True,
-                                      show_progress_bar=False).astype(float)
-
-    def __getstate__(self):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
-        return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
-
     @property
     def name(self) -> str:
         "A short description."
         return 'sentence(all-MiniLM-L6-v2)'
+
+# %% ../nbs/09_features.ipynb #70d9d93f
+@patch
+def fit(self: SentenceFeaturizer, texts=None, # training texts (nothing is learned from them)
+        y=None, # ignored (scikit-learn's signature)
+       ) -> 'SentenceFeaturizer':
+    "Check that the encoder is installed and record its output width."
+    path = _installed_model_path()
+    self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
+    return self
+
+# %% ../nbs/09_features.ipynb #468cbddd
+@patch
+def _encoder(self: SentenceFeaturizer):
+    "The encoder, loaded on first use and kept (never saved in a bundle)."
+    if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
+    return self._loaded_encoder
+
+# %% ../nbs/09_features.ipynb #2e433d4c
+@patch
+def transform(self: SentenceFeaturizer, texts, # texts to featurize
+             ) -> np.ndarray:
+    "Embeddings (n, `n_features_out_`) of `texts`."
+    if not hasattr(self, 'n_features_out_'):
+        raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
+    texts = check_texts(texts)
+    if getattr(self, 'cache', True):
+        return sentence_embeddings(texts, self.cache_dir, int(self.batch_size),
+                                   self._encoder()).astype(float)
+    return self._encoder().encode(texts, batch_size=int(self.batch_size),
+                                  normalize_embeddings=True,
+                                  show_progress_bar=False).astype(float)
+
+# %% ../nbs/09_features.ipynb #d7cc5b58
+@patch
+def __getstate__(self: SentenceFeaturizer):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
+    return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
 
 # %% ../nbs/09_features.ipynb #ac353272
 FEATURIZERS = {'tfidf': TfidfFeaturizer, 'sentence': SentenceFeaturizer}
@@ -214,7 +227,7 @@ def query_features(texts, # query texts
                   ) -> pd.DataFrame:
     "Feature table of `texts`: sentence embeddings, or TF-IDF."
     kind = make_featurizer(method).kind
-    X = sentence_embeddings(texts, **kwargs) if kind == 'sentence' else tfidf_features(texts,
-                                                                                       **kwargs)
+    embed = sentence_embeddings if kind == 'sentence' else tfidf_features
+    X = embed(texts, **kwargs)
     prefix = 'emb' if kind == 'sentence' else 'tfidf'
     return pd.DataFrame(X, index=index, columns=[f'{prefix}{i}' for i in range(X.shape[1])])

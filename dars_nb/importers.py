@@ -91,7 +91,57 @@ def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarr
     return num.to_numpy(float)
 
 # %% ../nbs/06_importers.ipynb #19f318e7
-def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, model, score [, cost, n_in, n_out, response, latency_s]
+def _costs(long: pd.DataFrame, prices, completion_tokens: int) -> np.ndarray:
+    "Raw cost per row: the given cost, else priced tokens (estimated when a row has none), else 0."
+    missing = pd.Series(np.nan, index=long.index)
+    cost = pd.to_numeric(long['cost'], errors='coerce') if 'cost' in long else missing
+    if prices is not None:
+        has_tokens = np.zeros(len(long), bool)
+        if {'n_in', 'n_out'} <= set(long):
+            has_tokens = (long['n_in'].notna() & long['n_out'].notna()).to_numpy()
+        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'),
+                        estimate_prompt_tokens(long['query_text']))
+        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'),
+                         completion_tokens)
+        priced = _token_cost(long['model'], n_in.astype(float), n_out.astype(float), prices)
+        cost = cost.fillna(pd.Series(priced))
+    return cost.fillna(0.0).to_numpy(float)
+
+# %% ../nbs/06_importers.ipynb #5fead816
+def _key_columns(long: pd.DataFrame, dataset, default: str, where: str) -> pd.DataFrame:
+    "Task, dataset and query id of every row (missing ids hashed from the text); one row per key."
+    task = long['task'] if 'task' in long else pd.Series(np.nan, index=long.index)
+    long['task'] = task.where(task.notna(), dataset or default).astype(str)
+    long['dataset'] = dataset if dataset is not None else long['task']
+    ids = long['query_id'] if 'query_id' in long else pd.Series(np.nan, index=long.index)
+    hashed = _query_ids(long['task'], long['query_text'])
+    long['query_id'] = np.where(ids.notna(), ids.astype(str), hashed)
+    dup = long.duplicated(['dataset', 'query_id', 'model'])
+    if dup.any():
+        r = long[dup].iloc[0]
+        _fail(f"query {r['query_text'][:40]!r} appears twice for model {r['model']!r} in {where}")
+    return long
+
+# %% ../nbs/06_importers.ipynb #133c9491
+def _outcomes(long: pd.DataFrame, k: int, seed: int, where: str) -> pd.DataFrame:
+    "One row per sample: k = 1 keeps the rows; k > 1 turns each mean into k outcomes in random order."
+    if k == 1:
+        long['sample_id'] = 0
+        return long
+    if (long['score'] < 0).any() or (long['score'] > 1).any():
+        _fail(f"mean scores of {where} must lie in [0, 1]")
+    ones = np.rint(long['score'].to_numpy() * k).astype(int)
+    long = long.loc[long.index.repeat(k)].reset_index(drop=True)
+    long['sample_id'] = np.tile(np.arange(k), len(long) // k)
+    slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)  # the outcomes' order
+    long['score'] = (slot < ones[:, None]).ravel().astype(float)
+    return long
+
+# %% ../nbs/06_importers.ipynb #d6187d2f
+_FIRST = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
+          'cost', 'query_text', 'task']
+
+def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score, ...
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
             default: str = 'default', seed: int = 0) -> pd.DataFrame:
     "Checked, costed, keyed and validated observations from a long frame."
@@ -99,46 +149,19 @@ def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, 
         _fail(f"unknown split {split!r} (expected 'train' or 'test')")
     long = long.reset_index(drop=True)
     long['score'] = _numeric_scores(long['score'], long['model'], where)
-    known = set(models) if models is not None else (set(prices.index) if prices is not None else None)
-    if known is not None:
-        unknown = sorted(set(long['model']) - known)
-        if unknown: _fail(f"unknown model {unknown[0]!r} in the scores of {where} (not among the {len(known)} known models)")
-    cost = pd.to_numeric(long['cost'], errors='coerce') if 'cost' in long else pd.Series(np.nan, index=long.index)
-    if prices is not None:
-        has_tokens = ((long['n_in'].notna() & long['n_out'].notna()).to_numpy() if {'n_in', 'n_out'} <= set(long)
-                      else np.zeros(len(long), bool))
-        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'),
-                        estimate_prompt_tokens(long['query_text']))
-        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'),
-                         completion_tokens)
-        cost = cost.fillna(pd.Series(_token_cost(long['model'], n_in.astype(float),
-                                                 n_out.astype(float), prices)))
-    long['cost'] = cost.fillna(0.0).to_numpy(float)
-    task = long['task'] if 'task' in long else pd.Series(np.nan, index=long.index)
-    long['task'] = task.where(task.notna(), dataset or default).astype(str)
-    long['dataset'] = dataset if dataset is not None else long['task']
-    ids = long['query_id'] if 'query_id' in long else pd.Series(np.nan, index=long.index)
-    long['query_id'] = np.where(ids.notna(), ids.astype(str),
-                                _query_ids(long['task'], long['query_text']))
-    dup = long.duplicated(['dataset', 'query_id', 'model'])
-    if dup.any():
-        r = long[dup].iloc[0]
-        _fail(f"query {r['query_text'][:40]!r} appears twice for model {r['model']!r} in {where}")
+    known = set(models) if models is not None else None
+    if known is None and prices is not None: known = set(prices.index)
+    unknown = sorted(set(long['model']) - known) if known is not None else []
+    if unknown:
+        _fail(f"unknown model {unknown[0]!r} in the scores of {where} "
+              f"(not among the {len(known)} known models)")
+    long['cost'] = _costs(long, prices, completion_tokens)
+    long = _key_columns(long, dataset, default, where)
     long = long.rename(columns={'n_in': 'prompt_tokens', 'n_out': 'completion_tokens'})
-    long['split'], long['view'], long['rewrite_id'] = split, ('grid' if split == 'train' else 'decode'), 0
-    if k == 1: long['sample_id'] = 0
-    else:
-        if (long['score'] < 0).any() or (long['score'] > 1).any():
-            _fail(f"mean scores of {where} must lie in [0, 1]")
-        ones = np.rint(long['score'].to_numpy() * k).astype(int)
-        long = long.loc[long.index.repeat(k)].reset_index(drop=True)
-        long['sample_id'] = np.tile(np.arange(k), len(long) // k)
-        # a random order of the k outcomes per pair
-        slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)
-        long['score'] = (slot < ones[:, None]).ravel().astype(float)
-    first = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
-             'cost', 'query_text', 'task']
-    long = long[first + [c for c in long.columns if c not in first]]
+    view = 'grid' if split == 'train' else 'decode'
+    long['split'], long['view'], long['rewrite_id'] = split, view, 0
+    long = _outcomes(long, k, seed, where)
+    long = long[_FIRST + [c for c in long.columns if c not in _FIRST]]
     try: return validate(long)
     except ObservationError as e: _fail(f"{where}: {e}")
 
@@ -277,10 +300,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if costn.isna().any().any():
         j = int(np.flatnonzero(costn.isna().any(axis=0).to_numpy())[0])
         _fail(f"missing or non-numeric cost for model {models[j]!r} in {where}")
-    long = pd.DataFrame(dict(task=np.repeat(task, len(models)),
-                             query_id=np.repeat(ids, len(models)),
-                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(),
-                                                  len(models)),
+    K = len(models)
+    long = pd.DataFrame(dict(task=np.repeat(task, K),
+                             query_id=np.repeat(ids, K),
+                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(), K),
                              model=np.tile(np.asarray(models, dtype=object), n),
                              score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]

@@ -4,6 +4,7 @@
 
 # %% ../nbs/03_simulate.ipynb #26108882
 from __future__ import annotations
+from fastcore.basics import patch
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd

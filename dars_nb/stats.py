@@ -4,6 +4,7 @@
 
 # %% ../nbs/01_stats.ipynb #7b7aa734
 from __future__ import annotations
+from fastcore.basics import patch
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
@@ -201,49 +202,76 @@ class Supervision:
     def n_draws(self) -> int: return self.utility.shape[0]
     @property
     def query_ids(self) -> list: return list(self.queries.get_level_values(-1))
-    def labels(self, seed=0) -> np.ndarray:
-        "Hard label (model index) per draw and query: (draws, queries); ties → a seeded uniform choice."
-        return hard_labels(self.utility, seed)
-    def label_names(self, seed=0) -> np.ndarray:
-        "Hard labels as model names: (draws, queries); ties → a seeded uniform choice."
-        return np.asarray(self.models, dtype=object)[self.labels(seed)]
-    def soft(self, tau: float = 0.05) -> np.ndarray:
-        "Soft targets softmax(U/τ): (draws, queries, models)."
-        return soft_targets(self.utility, tau)
-    def preferences(self) -> np.ndarray:
-        "Pairwise preferences: (draws, queries, models, models)."
-        return pairwise_preferences(self.utility)
-    def draw(self, r: int) -> 'Supervision':
-        "The r-th draw alone, as a one-draw `Supervision`."
-        sl = slice(r, r + 1)
-        return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl],
-                       utility=self.utility[sl])
-    def with_weights(self, lam: float | None = None, beta: float | None = None) -> 'Supervision':
-        "The same statistics re-weighted with another λ and/or β."
-        lam = self.lam if lam is None else lam
-        beta = self.beta if beta is None else beta
-        return replace(self, lam=lam, beta=beta,
-                       utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
-    def subset(self, query_ids) -> 'Supervision':
-        "Rows for `query_ids` (in that order)."
-        pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
-        if (pos < 0).any(): raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
-        return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos],
-                       mu_c=self.mu_c[:, pos],
-                       sigma=self.sigma[:, pos], utility=self.utility[:, pos])
-    def to_frame(self, r: int = 0) -> pd.DataFrame:
-        "Long table of draw `r`: one row per (query, model)."
-        Q, K = self.utility.shape[1:]
-        idx = pd.MultiIndex.from_arrays([np.repeat(self.queries.get_level_values(0), K),
-                                         np.repeat(self.queries.get_level_values(1), K),
-                                         np.tile(np.asarray(self.models, dtype=object), Q)],
-                                        names=['dataset', 'query_id', 'model'])
-        return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
-                                 sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
-    def __repr__(self):
-        return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, "
-                f"queries={len(self.queries)}, "
-                f"models={self.models}, lam={self.lam}, beta={self.beta})")
+
+# %% ../nbs/01_stats.ipynb #b3569189
+@patch
+def labels(self: Supervision, seed=0) -> np.ndarray:
+    "Hard label (model index) per draw and query: (draws, queries); ties → a seeded uniform choice."
+    return hard_labels(self.utility, seed)
+
+# %% ../nbs/01_stats.ipynb #fe9f2662
+@patch
+def label_names(self: Supervision, seed=0) -> np.ndarray:
+    "Hard labels as model names: (draws, queries); ties → a seeded uniform choice."
+    return np.asarray(self.models, dtype=object)[self.labels(seed)]
+
+# %% ../nbs/01_stats.ipynb #79849555
+@patch
+def soft(self: Supervision, tau: float = 0.05) -> np.ndarray:
+    "Soft targets softmax(U/τ): (draws, queries, models)."
+    return soft_targets(self.utility, tau)
+
+# %% ../nbs/01_stats.ipynb #3fca9745
+@patch
+def preferences(self: Supervision) -> np.ndarray:
+    "Pairwise preferences: (draws, queries, models, models)."
+    return pairwise_preferences(self.utility)
+
+# %% ../nbs/01_stats.ipynb #7b9fe8dc
+@patch
+def draw(self: Supervision, r: int) -> 'Supervision':
+    "The r-th draw alone, as a one-draw `Supervision`."
+    sl = slice(r, r + 1)
+    return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl],
+                   utility=self.utility[sl])
+
+# %% ../nbs/01_stats.ipynb #3d0172a5
+@patch
+def with_weights(self: Supervision, lam: float | None = None, beta: float | None = None) -> 'Supervision':
+    "The same statistics re-weighted with another λ and/or β."
+    lam = self.lam if lam is None else lam
+    beta = self.beta if beta is None else beta
+    return replace(self, lam=lam, beta=beta,
+                   utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
+
+# %% ../nbs/01_stats.ipynb #2f8bdfd7
+@patch
+def subset(self: Supervision, query_ids) -> 'Supervision':
+    "Rows for `query_ids` (in that order)."
+    pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
+    if (pos < 0).any(): raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
+    return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos],
+                   mu_c=self.mu_c[:, pos],
+                   sigma=self.sigma[:, pos], utility=self.utility[:, pos])
+
+# %% ../nbs/01_stats.ipynb #a8438307
+@patch
+def to_frame(self: Supervision, r: int = 0) -> pd.DataFrame:
+    "Long table of draw `r`: one row per (query, model)."
+    Q, K = self.utility.shape[1:]
+    idx = pd.MultiIndex.from_arrays([np.repeat(self.queries.get_level_values(0), K),
+                                     np.repeat(self.queries.get_level_values(1), K),
+                                     np.tile(np.asarray(self.models, dtype=object), Q)],
+                                    names=['dataset', 'query_id', 'model'])
+    return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
+                             sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
+
+# %% ../nbs/01_stats.ipynb #c80d0c56
+@patch
+def __repr__(self: Supervision):
+    return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, "
+            f"queries={len(self.queries)}, "
+            f"models={self.models}, lam={self.lam}, beta={self.beta})")
 
 # %% ../nbs/01_stats.ipynb #80d78940
 def draw_single(q: np.ndarray, # scores (Q, K, N, M)

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/17_router_avengers.ipynb #1ad749a7
 from __future__ import annotations
+from fastcore.basics import patch
 import warnings
 import numpy as np
 import pandas as pd
@@ -61,63 +62,72 @@ class AvengersProRouter(Router):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
 
-    def _cluster(self, Z):
-        # duplicated queries: fewer distinct clusters is reported below as empty ones
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore', ConvergenceWarning)
-            return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
+# %% ../../nbs/17_router_avengers.ipynb #da9d6fb4
+@patch
+def _cluster(self: AvengersProRouter, Z):
+    # duplicated queries: fewer distinct clusters is reported below as empty ones
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', ConvergenceWarning)
+        return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
 
-    def _fit(self, X, sup):
-        C = int(self.n_clusters)
-        if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
-        if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
-        if C > len(X):
-            raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
-        Z = normalize(X)
-        T = family_targets(sup, 'stats')
-        # (Q, 3, R, K)
-        targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
-        self.batched_ = bool(self.batched)
-        if self.batched_:
-            km = self._cluster(Z)
-            self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
-            self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
-            stats = cluster_means(km.labels_, targets, C)  # (C, 3, R, K)
-        else:  # R separate routers: cluster again for every draw
-            fits = [self._cluster(Z) for _ in range(sup.n_draws)]
-            self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
-            self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
-            self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])  # (R, C, d)
-            self.draw_sizes_ = np.stack([np.bincount(km.labels_, minlength=C) for km in fits])
-            stats = np.stack(
-                [cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
-        self.cluster_stats_ = stats.transpose(1, 2, 0, 3)  # (3, R, C, K)
+# %% ../../nbs/17_router_avengers.ipynb #6280d969
+@patch
+def _fit(self: AvengersProRouter, X, sup):
+    C = int(self.n_clusters)
+    if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
+    if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+    if C > len(X):
+        raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
+    Z = normalize(X)
+    T = family_targets(sup, 'stats')
+    # (Q, 3, R, K)
+    targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
+    self.batched_ = bool(self.batched)
+    if self.batched_:
+        km = self._cluster(Z)
+        self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
+        self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
+        stats = cluster_means(km.labels_, targets, C)  # (C, 3, R, K)
+    else:  # R separate routers: cluster again for every draw
+        fits = [self._cluster(Z) for _ in range(sup.n_draws)]
+        self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
+        self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
+        self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])  # (R, C, d)
+        self.draw_sizes_ = np.stack([np.bincount(km.labels_, minlength=C) for km in fits])
+        stats = np.stack(
+            [cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
+    self.cluster_stats_ = stats.transpose(1, 2, 0, 3)  # (3, R, C, K)
 
-    def _distances(self, X, centroids, sizes):
-        "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
-        d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
-        return np.where(sizes > 0, d, np.inf)
+# %% ../../nbs/17_router_avengers.ipynb #8ee448a3
+@patch
+def _distances(self: AvengersProRouter, X, centroids, sizes):
+    "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
+    d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
+    return np.where(sizes > 0, d, np.inf)
 
-    def _predict_stats(self, X) -> dict:
-        k, stats = int(self.top_k), np.nan_to_num(self.cluster_stats_)
-        if self.batched_:
-            W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k,
-                                self.beta_d)
-            S = np.einsum('nc,trcm->trnm', W, stats)
-        else:
-            S = np.stack([np.einsum('nc,tcm->tnm',
-                                    cluster_weights(self._distances(X, cen, size), k, self.beta_d),
-                                    stats[:, r])
-                          for r, (cen, size) in enumerate(zip(self.draw_centroids_, self.draw_sizes_))], 1)
-        return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
+# %% ../../nbs/17_router_avengers.ipynb #99a441a0
+@patch
+def _predict_stats(self: AvengersProRouter, X) -> dict:
+    k, stats = int(self.top_k), np.nan_to_num(self.cluster_stats_)
+    if self.batched_:
+        W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k,
+                            self.beta_d)
+        S = np.einsum('nc,trcm->trnm', W, stats)
+    else:
+        S = np.stack([np.einsum('nc,tcm->tnm',
+                                cluster_weights(self._distances(X, cen, size), k, self.beta_d),
+                                stats[:, r])
+                      for r, (cen, size) in enumerate(zip(self.draw_centroids_, self.draw_sizes_))], 1)
+    return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
 
-
-    def predict_cluster(self, X, # query features (n, d)
-                       ) -> np.ndarray:
-        "Index of the nearest cluster of every query: (n,)."
-        self._check_fitted()
-        return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_,
-                                         self.cluster_sizes_), axis=1)
+# %% ../../nbs/17_router_avengers.ipynb #7ed68707
+@patch
+def predict_cluster(self: AvengersProRouter, X, # query features (n, d)
+                   ) -> np.ndarray:
+    "Index of the nearest cluster of every query: (n,)."
+    self._check_fitted()
+    return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_,
+                                     self.cluster_sizes_), axis=1)
 
 # %% ../../nbs/17_router_avengers.ipynb #558b6fde
 def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its first draw is shown)

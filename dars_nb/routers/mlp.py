@@ -4,6 +4,7 @@
 
 # %% ../../nbs/11_router_mlp.ipynb #8b421ed8
 from __future__ import annotations
+from fastcore.basics import patch
 import warnings
 import numpy as np
 from joblib import Parallel, delayed
@@ -48,34 +49,40 @@ class MLPRouter(Router):
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched
         self.n_jobs, self.random_state = n_jobs, random_state
 
-    def _network_params(self) -> dict:
-        return dict(
-            hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
-            alpha=self.alpha,
-                    learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
-                    early_stopping=self.early_stopping, random_state=self.random_state)
+# %% ../../nbs/11_router_mlp.ipynb #2d6f1942
+@patch
+def _network_params(self: MLPRouter) -> dict:
+    return dict(
+        hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
+        alpha=self.alpha,
+                learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
+                early_stopping=self.early_stopping, random_state=self.random_state)
 
-    def _fit(self, X, sup):
-        self.scaler_ = StandardScaler().fit(X)
-        Z = self.scaler_.transform(X)
-        T = family_targets(sup, 'stats')
-        R, Q, K = sup.utility.shape
-        self.batched_ = bool(self.batched) and R > 1
+# %% ../../nbs/11_router_mlp.ipynb #52402bb1
+@patch
+def _fit(self: MLPRouter, X, sup):
+    self.scaler_ = StandardScaler().fit(X)
+    Z = self.scaler_.transform(X)
+    T = family_targets(sup, 'stats')
+    R, Q, K = sup.utility.shape
+    self.batched_ = bool(self.batched) and R > 1
+    if self.batched_:
+        jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
+    else: jobs = [(s, T[s][r]) for s in STATISTICS for r in range(R)]
+    params = self._network_params()
+    fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
+    self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in STATISTICS}
+
+# %% ../../nbs/11_router_mlp.ipynb #fae79d5c
+@patch
+def _predict_stats(self: MLPRouter, X) -> dict:
+    Z = self.scaler_.transform(X)
+    n, R, K = len(X), self.n_draws_, len(self.models_)
+    out = {}
+    for s, regs in self.regressors_.items():
         if self.batched_:
-            jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
-        else: jobs = [(s, T[s][r]) for s in STATISTICS for r in range(R)]
-        params = self._network_params()
-        fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
-        self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in STATISTICS}
-
-    def _predict_stats(self, X) -> dict:
-        Z = self.scaler_.transform(X)
-        n, R, K = len(X), self.n_draws_, len(self.models_)
-        out = {}
-        for s, regs in self.regressors_.items():
-            if self.batched_:
-                out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
-            else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
-        # a standard deviation: a negative guess would reward risk
-        out['sigma'] = np.maximum(out['sigma'], 0.0)
-        return out
+            out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
+        else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
+    # a standard deviation: a negative guess would reward risk
+    out['sigma'] = np.maximum(out['sigma'], 0.0)
+    return out
