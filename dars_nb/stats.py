@@ -82,7 +82,8 @@ def training_grid(obs: pd.DataFrame, # observations, possibly with test views
     mask = ((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()
     if not mask.any():
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
-        raise ValueError(f"no training grid: the table has no rows with split 'train' and view 'grid' (it has: {kinds})")
+        raise ValueError("no training grid: the table has no rows with split 'train' and view "
+                         f"'grid' (it has: {kinds})")
     # a table that is all grid is used as it is: no copy
     if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
@@ -249,7 +250,8 @@ def with_weights(self: Supervision, lam: float | None = None, beta: float | None
 def subset(self: Supervision, query_ids) -> 'Supervision':
     "Rows for `query_ids` (in that order)."
     pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
-    if (pos < 0).any(): raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
+    if (pos < 0).any():
+        raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
     return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos],
                    mu_c=self.mu_c[:, pos],
                    sigma=self.sigma[:, pos], utility=self.utility[:, pos])

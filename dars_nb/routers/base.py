@@ -25,11 +25,16 @@ def check_features(X, # query features, (n, d)
     if isinstance(X, pd.DataFrame): X = X.to_numpy()
     try: X = np.asarray(X, dtype=float)
     except (TypeError, ValueError): raise ValueError("features must be numeric")
-    if X.ndim != 2: raise ValueError(f"features must be a 2-D array (queries, features), got {X.ndim} dimension(s)")
+    if X.ndim != 2:
+        raise ValueError(f"features must be a 2-D array (queries, features), got {X.ndim} "
+                         "dimension(s)")
     if len(X) == 0: raise ValueError("features have no rows")
-    if not np.isfinite(X).all(): raise ValueError(f"features contain NaN or infinite values in {int((~np.isfinite(X)).any(1).sum())} row(s)")
+    if not np.isfinite(X).all():
+        raise ValueError("features contain NaN or infinite values in "
+                         f"{int((~np.isfinite(X)).any(1).sum())} row(s)")
     if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on {n_features}")
+        raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on "
+                         f"{n_features}")
     return X
 
 # %% ../../nbs/10_routers_base.ipynb #e4829e28
@@ -38,7 +43,9 @@ def features_by_id(X: pd.DataFrame, # features indexed by query id
                   ) -> np.ndarray:
     "Rows of `X` for `query_ids`, in that order (ids compared as strings); one-line error for a missing or repeated id."
     index = X.index.astype(str)
-    if index.has_duplicates: raise ValueError(f"features have more than one row for query {index[index.duplicated()][0]!r}")
+    if index.has_duplicates:
+        raise ValueError("features have more than one row for query "
+                         f"{index[index.duplicated()][0]!r}")
     ids = pd.Index(list(query_ids)).astype(str)
     pos = index.get_indexer(ids)
     if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
@@ -49,9 +56,12 @@ def check_supervision(sup, # a `Supervision`
                       n_rows: int, # rows of X
                      ) -> Supervision:
     "`sup` if it is a usable `Supervision` for `n_rows` feature rows, else a one-line ValueError."
-    if not isinstance(sup, Supervision): raise ValueError(f"supervision must be a dars_nb.stats.Supervision, got {type(sup).__name__}")
+    if not isinstance(sup, Supervision):
+        raise ValueError("supervision must be a dars_nb.stats.Supervision, got "
+                         f"{type(sup).__name__}")
     if sup.utility.shape[1] != n_rows:
-        raise ValueError(f"supervision has {sup.utility.shape[1]} queries but features have {n_rows} rows")
+        raise ValueError(f"supervision has {sup.utility.shape[1]} queries but features have "
+                         f"{n_rows} rows")
     for name in ('mu_q', 'mu_c', 'sigma', 'utility'):
         if not np.isfinite(getattr(sup, name)).all():
             raise ValueError(f"supervision {name} contains NaN or infinite values")
@@ -67,7 +77,8 @@ class Router(BaseEstimator):
 
     def _check_fitted(self):
         if not hasattr(self, 'models_'):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) "
+                                 "first")
 
 # %% ../../nbs/10_routers_base.ipynb #30b90159
 @patch
@@ -192,7 +203,8 @@ def _check_errors(make, X: np.ndarray, sup: Supervision, X_test: np.ndarray, fit
     _fails_in_one_line(lambda: make().predict(X_test), 'not fitted')
     rows = f'supervision has {Q} queries but features have {Q // 2} rows'
     _fails_in_one_line(lambda: make().fit(X[:Q // 2], sup), rows)
-    _fails_in_one_line(lambda: make().fit(X, sup.label_names()), 'must be a dars_nb.stats.Supervision')
+    _fails_in_one_line(lambda: make().fit(X, sup.label_names()),
+                       'must be a dars_nb.stats.Supervision')
     columns = f'features have {d - 1} columns but the router was fitted on {d}'
     _fails_in_one_line(lambda: fitted.predict(X_test[:, :d - 1]), columns)
     bad_test = X_test.copy()
@@ -281,7 +293,8 @@ def family_targets(sup: Supervision, # supervision in any mode
     if kind == 'stats': return dict(mu_q=sup.mu_q, mu_c=sup.mu_c, sigma=sup.sigma)
     if kind == 'risk_adjusted': return dict(quality=sup.mu_q - sup.beta * sup.sigma, mu_c=sup.mu_c)
     if kind == 'utility': return dict(utility=sup.utility)
-    raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
+    raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or "
+                     "'utility')")
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
 from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features

@@ -44,7 +44,8 @@ class RMSoftmaxRouter(EnsembleRouter):
 def _check_params(self: RMSoftmaxRouter):
     grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
     if grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
-        raise ValueError(f"lam_grid must hold finite non-negative cost weights, got {self.lam_grid!r}")
+        raise ValueError("lam_grid must hold finite non-negative cost weights, got "
+                         f"{self.lam_grid!r}")
     if not self.tau > 0: raise ValueError(f"tau must be positive, got {self.tau}")
     if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
 
