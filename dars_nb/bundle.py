@@ -63,14 +63,14 @@ def _saved_class(name: str) -> type:
 
 # %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
-    "The manifest name of `obj`'s class, if it is whitelisted exactly (not a subclass); imports only modules of that class name."
+    "Manifest name of `obj`'s class if whitelisted exactly (no subclass); imports only its modules."
     return next((n for n, (_, c) in SAVED_CLASSES.items() if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
 
 # %% ../nbs/25_bundle.ipynb #d94e73ef
 def encode(obj, # a value to save
            arrays: dict, # filled with 'arrays/<n>.npy' -> ndarray
           ):
-    "A JSON-ready tree for `obj`, its arrays moved into `arrays`; a one-line BundleError for anything not whitelisted."
+    "A JSON-ready tree for `obj`, arrays moved into `arrays`; a BundleError if not whitelisted."
     def put(a):
         key = f'arrays/{len(arrays)}.npy'; arrays[key] = a; return key
     if isinstance(obj, np.generic):  # before float: np.float64 is a float subclass
@@ -140,7 +140,7 @@ def decode(node, # a tree written by `encode`
 # %% ../nbs/25_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
 class RouterBundle:
-    "A fitted featurizer and router with their pool, settings and provenance: routes raw question texts."
+    "A fitted featurizer and router with pool, settings and provenance: routes raw question texts."
     models: list            # model names, in the router's column order
     prices: dict  # model -> (price_in, price_out), dollars per million tokens (may be empty)
     lam: float              # cost weight λ the router was trained with (the default for routing)
@@ -195,7 +195,7 @@ def predicted_utility(router, # a fitted router (one draw)
                       X: np.ndarray, # features (n, d)
                       lam: float, # cost weight λ to route for
                      ) -> tuple[np.ndarray, dict]:
-    "Utility per model (n, K) at λ, and the predicted μ_q, μ_c, σ and risk-adjusted quality (NaN where the family has none)."
+    "Utility (n, K) at λ, and predicted μ_q, μ_c, σ and risk-adjusted quality (NaN if none)."
     if not (np.isfinite(lam) and lam >= 0):
         raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     nan = lambda: np.full((len(X), len(router.models_)), np.nan)
@@ -220,7 +220,7 @@ def guarded_choice(U: np.ndarray, # predicted utility (n, K)
                    fixed, # index of the best fixed model: int, or (n,) per query
                    margin: float | None, # route away only for a predicted gain above this; None: no guard
                   ) -> np.ndarray:
-    "Index of the chosen model per query: the router's argmax if its predicted gain over `fixed` exceeds `margin`, else `fixed`."
+    "Chosen model per query: the argmax if its gain over `fixed` exceeds `margin`, else `fixed`."
     best = U.argmax(1)
     if margin is None: return best
     fixed = np.broadcast_to(np.asarray(fixed), best.shape)
@@ -242,7 +242,7 @@ def fold_ids(n: int, # number of queries
              folds: int = 5, # K
              seed: int = 0, # seed of the shuffle
             ) -> np.ndarray:
-    "Fold index per query: a seeded shuffle of 0..K−1 repeated, so folds differ in size by at most one."
+    "Fold index per query: a seeded shuffle of 0..K−1 repeated; fold sizes differ by at most one."
     if not 2 <= folds <= n:
         raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got "
                          f"{folds}")
@@ -251,7 +251,7 @@ def fold_ids(n: int, # number of queries
 # %% ../nbs/25_bundle.ipynb #9d8fd3db
 @dataclasses.dataclass
 class GuardCV:
-    "Held-out predictions of K fold routers on the training queries: the guard's margin and the held-out utilities at any λ."
+    "Held-out predictions of K fold routers: the guard's margin and held-out utilities at any λ."
     folds: np.ndarray       # fold index per training query (Q,)
     mu_q: np.ndarray        # observed mean score per training query and model (Q, K)
     mu_c: np.ndarray        # observed mean normalised cost (Q, K)
@@ -293,7 +293,7 @@ def candidates(self: GuardCV, lam: float) -> np.ndarray:
 # %% ../nbs/25_bundle.ipynb #6c5d8189
 @patch
 def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, float]:
-    "Pooled held-out utility and share of queries routed away from the best fixed model, for one margin."
+    "Pooled held-out utility and share routed away from the best fixed model, for one margin."
     fixed = self.fixed(lam)
     choice = guarded_choice(self.utility(lam), fixed, margin)
     return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
@@ -309,7 +309,7 @@ def margin(self: GuardCV, lam: float) -> float:
 # %% ../nbs/25_bundle.ipynb #e6413545
 @patch
 def report(self: GuardCV, lam: float) -> dict:
-    "Held-out utility of the best fixed model, the unguarded and the guarded router at λ, with the margin and the share routed away."
+    "Held-out utility of best fixed, unguarded and guarded router at λ; margin, share routed away."
     m = self.margin(lam)
     router, away = self.held_out(lam, None)
     guarded, g_away = self.held_out(lam, m)
@@ -351,7 +351,7 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
                    models, # model order
                    split: str = 'test', # which split's rows to average
                   ) -> tuple[np.ndarray, np.ndarray]:
-    "Mean score and mean normalised cost per query and model of one split: two (n, K) arrays; a one-line error for a missing pair."
+    "Mean score and normalised cost (n, K) of one split; an error if a (query, model) is missing."
     o = normalize_cost(obs)
     o = o[o['split'] == split]
     m = o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']].mean()
@@ -371,7 +371,7 @@ def guard_comparison(router, # a router fitted on all training queries
                    cv: GuardCV, # the guard's held-out predictions
                    lam: float, # λ to route for
                   ) -> dict:
-    "Test utility of the best fixed model (chosen on training), the router and the guarded router, and the shares routed away."
+    "Test utility of best fixed (from training), router and guarded router; shares routed away."
     U, _ = predicted_utility(router, X_test, lam)
     real = mu_q - lam * mu_c
     fixed = int((cv.mu_q - lam * cv.mu_c).mean(0).argmax())
@@ -385,7 +385,7 @@ def guard_comparison(router, # a router fitted on all training queries
 # %% ../nbs/25_bundle.ipynb #45bb2428
 @patch
 def _margin(self: RouterBundle, lam: float) -> float | None:
-    "The guard's margin at λ: the stored one at the bundle's λ, recomputed from the CV predictions otherwise."
+    "The guard's margin at λ: stored at the bundle's λ, else recomputed from the CV predictions."
     if self.guard is None: return None
     if lam == self.lam or self.guard_cv is None: return self.guard
     # 30 ms on 5,000 queries: once per λ
@@ -417,7 +417,7 @@ def features(self: RouterBundle, texts, # question texts
 def predict_stats(self: RouterBundle, texts, # question texts
                   lam: float | None = None, # cost weight λ (default: the bundle's)
                  ) -> pd.DataFrame:
-    "Long table, one row per (text, model): predicted mu_q, mu_c, sigma, quality (μ_q − βσ), utility at λ, and rank after the guard."
+    "A row per (text, model): mu_q, mu_c, sigma, quality, utility at λ, rank after the guard."
     lam = self.lam if lam is None else float(lam)
     U, s = predicted_utility(self.router, self.features(texts), lam)
     order = self._ranking(U, lam)
@@ -469,7 +469,7 @@ def _minor(v: str) -> tuple: return tuple(v.split('.')[:2])
 
 # %% ../nbs/25_bundle.ipynb #e96cd1c0
 def _guard_cv(fields) -> GuardCV | None:
-    "The guard's CV predictions from their saved fields (plain data: no class is named in the file)."
+    "The guard's CV predictions from their saved fields (plain data: the file names no class)."
     if fields is None: return None
     try: return GuardCV(**fields)
     except TypeError as e:
@@ -501,7 +501,7 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
 # %% ../nbs/25_bundle.ipynb #b5844dbb
 def load_bundle(path, # a file written by `save_bundle`
                ) -> RouterBundle:
-    "Read and check a bundle; a one-line BundleError if it is missing, damaged, unknown or from an incompatible version."
+    "Read and check a bundle; a BundleError if missing, damaged, unknown or of another version."
     path = Path(path)
     if not path.is_file(): raise BundleError(f"no router bundle at {path}")
     try:
@@ -540,7 +540,7 @@ _SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
 
 def load_train_config(config, # a TOML path, or a dict of the same layout (`observations` may then be a DataFrame)
                      ) -> dict:
-    "The checked training config with defaults filled in and paths resolved; a one-line ValueError naming the problem."
+    "The checked training config, defaults filled in, paths resolved; else a one-line ValueError."
     base = Path.cwd()
     if isinstance(config, (str, Path)):
         path = Path(config)
@@ -589,7 +589,7 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
 def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price_out, ...}, or None
                 models: list, # the models of the observations
                ) -> dict:
-    "{model: (price_in, price_out)} for every model, or {} without a pool; a one-line ValueError for a missing or extra model."
+    "{model: (price_in, price_out)}, or {} without a pool; a ValueError for a missing or extra one."
     if pool is None: return {}
     extra = [m for m in pool if m not in models]
     if extra:
@@ -607,7 +607,7 @@ def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price
 def query_texts(obs: pd.DataFrame, # observations with a query_text column
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
-    "Each query's original wording: `query_text` of its lowest rewrite_id (0 = the original), in the order of `queries`."
+    "Each query's original wording (`query_text` of its lowest rewrite_id), in `queries` order."
     if 'query_text' not in obs.columns:
         raise ValueError("the observations have no query_text column: a router bundle featurizes "
                          "the query text")
@@ -625,7 +625,7 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
 def train(config, # a TOML path or a dict of the same layout (see above)
           quiet: bool = False, # print nothing
          ) -> RouterBundle:
-    "Train a guarded router bundle from a config; prints what it trained and its held-out utility against the best fixed model."
+    "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     from dars_nb.routers import ROUTERS
     say = (lambda *a: None) if quiet else print
     c = load_train_config(config)
@@ -669,7 +669,7 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
                     features: pd.DataFrame, # the simulator's features, indexed by query_id
                     seed: int = 0, # seed of the filler words
                    ) -> pd.DataFrame:
-    "`obs` with a `query_text` per query: words naming the signs of its first simulated features, plus filler — for examples and tests."
+    "`obs` with a `query_text` naming the signs of each query's first features (examples, tests)."
     rng = np.random.default_rng(seed)
     F = features.to_numpy()[:, :6]
     words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
@@ -692,7 +692,7 @@ def train_main(config: str, # path of the training TOML file
 # %% ../nbs/25_bundle.ipynb #eb1cfc4f
 def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line, or one plain-text question per line
                   ) -> tuple[list, list[str]]:
-    "Ids and questions of a query file (ids default to the line number); a one-line ValueError naming a bad line."
+    "Ids and questions of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
     if not path.is_file(): raise ValueError(f"query file not found: {path}")
     ids, questions = [], []

@@ -20,7 +20,7 @@ __all__ = ['TASK_COLUMNS', 'MMLU_SCIENCE', 'data_dir', 'load_math500', 'load_mat
 # %% ../nbs/05_datasets.ipynb #2403b444
 def data_dir(path=None, # the data folder; default: the DARS_DATA environment variable
             ) -> Path:
-    "The benchmark data folder: `path`, else `$DARS_DATA`; a one-line ValueError when unset or missing."
+    "The benchmark data folder: `path`, else `$DARS_DATA`; a ValueError if unset or missing."
     path = path if path is not None else os.environ.get('DARS_DATA') or None
     if path is None:
         raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has "

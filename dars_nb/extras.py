@@ -23,7 +23,7 @@ EXTRAS = {  # extra -> what it adds
 
 # %% ../nbs/08_extras.ipynb #ef2c3365
 class MissingExtra(ImportError):
-    "An optional dependency is not installed; the message names the extra of `dars_nb` that installs it."
+    "An optional dependency is missing; the message names the extra of `dars_nb` that installs it."
 
 # %% ../nbs/08_extras.ipynb #328a02fd
 def _known(extra: str) -> str:

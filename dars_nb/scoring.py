@@ -58,7 +58,7 @@ def _strip_wrappers(s: str) -> str:
 # %% ../nbs/04_scoring.ipynb #8ccdc3a3
 def clean_answer(s: str, # raw answer text (one line or a short block)
                 ) -> str | None:
-    "The answer in `s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
+    "`s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
     boxed = _last_boxed(s)
     if boxed is not None: s = boxed
     s = _strip_wrappers(s)
@@ -90,7 +90,7 @@ _ANSWER_LINE = re.compile(r'^[ \t#*_>-]*answer[ \t*_]*[:：](?P<a>.*)$', re.I | 
 
 def find_answer(text: str, # a model response
                ) -> str | None:
-    "The final answer of `text`: the `Final Answer:` line, else the last `Answer:` line, else the last `\\boxed{}`."
+    "The `Final Answer:` line, else the last `Answer:` line, else the last `\\boxed{}`."
     if not isinstance(text, str): return None
     ans = extract_final_answer(text)
     if ans is not None: return ans
@@ -202,7 +202,7 @@ def _normalize_token(tok: str) -> str:
 # %% ../nbs/04_scoring.ipynb #3719b95c
 def drop_normalize(text: str, # one answer span
                   ) -> str:
-    "The official DROP normalisation of one span: lower case, no punctuation or articles, numbers as floats."
+    "Official DROP normalisation of a span: lower case, no punctuation or articles, float numbers."
     parts = [_normalize_token(t) for t in re.split(' |-', text)]
     return ' '.join(p for p in parts if p.strip()).strip()
 
@@ -275,7 +275,7 @@ def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
                       text: str, # a model response
                       gold, # gold letter, gold answer string, or list of DROP gold answers
                      ) -> tuple[float, bool, str | None]:
-    "(score, parsed, answer) for one response; the answer is the one `find_answer` read (None if none)."
+    "(score, parsed, answer) for one response; the answer `find_answer` read, None if none."
     if kind not in _SCORERS:
         raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
     answer = find_answer(text)
@@ -319,7 +319,7 @@ def scoring_validity(obs: pd.DataFrame, # scored generations (need not pass `val
                      kinds: dict | None = None, # dataset -> 'choice' | 'math' | 'reading'
                      tol: float = 1e-6, # largest |stored − rescored| that still agrees
                     ) -> pd.DataFrame: # one row per (dataset, split)
-    "Scoring checks per (dataset, split): parse success, finite, in [0, 1], score type, rescore agreement, duplicates."
+    "Scoring checks per (dataset, split): parsed, finite, in [0, 1], type, rescoring, duplicates."
     missing = [c for c in ('dataset', 'split', 'score') if c not in obs.columns]
     if missing: raise ValueError(f"observations lack the column(s) {', '.join(missing)}")
     obs = obs.reset_index(drop=True)

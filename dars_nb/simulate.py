@@ -128,7 +128,7 @@ def _profile(profile) -> Profile:
 
 # %% ../nbs/03_simulate.ipynb #733639f1
 def _query_draws(rng, p: Profile, n: int, mixing=None):
-    "Topic, difficulty, settled flag and features of `n` queries from `rng`, and the feature mixing used."
+    "Topic, difficulty, settled flag and features of `n` queries from `rng`, and the mixing used."
     topic = rng.standard_normal((n, p.topic_dims))
     difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, n)
     u = rng.random(n)
@@ -151,7 +151,7 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
                n_test: int = 250, # test queries
                seed: int = 0, # random seed
               ) -> World:
-    "Draw the latent queries, features and model loadings of one dataset (training part independent of `n_test`)."
+    "Latent queries, features and model loadings of one dataset (training part free of `n_test`)."
     p = _profile(profile)
     if n_train < 1 or n_test < 0: raise ValueError("n_train must be ≥ 1 and n_test ≥ 0")
     K = len(p.ability)
@@ -253,7 +253,7 @@ def truth(world: World, # the latent world
           cost_scale: float | None = None, # Z_d used to normalise cost (default: the world's largest expected cost)
           temperature: float = 0.7, # decoding temperature
          ) -> pd.DataFrame:
-    "True expected quality, cost and utility per (query, model), with the true best model per query."
+    "True expected quality, cost and utility per (query, model), and the true best model per query."
     p = world.profile
     nodes, weights = np.polynomial.hermite_e.hermegauss(40)
     weights = weights / weights.sum()

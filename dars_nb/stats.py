@@ -19,7 +19,7 @@ __all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'grid_stats'
 def normalized_cost(obs: pd.DataFrame, # validated observation table
                     recompute: bool = False, # ignore an existing `cost_norm` column
                    ) -> np.ndarray: # cost / Z_d per row
-    "Raw cost divided by the largest raw cost of its dataset (Z_d); an existing `cost_norm` unless `recompute`."
+    "Raw cost over its dataset's largest raw cost (Z_d); a present `cost_norm` kept."
     if 'cost_norm' in obs.columns and not recompute: return obs['cost_norm'].to_numpy(float)
     cost = obs['cost'].to_numpy(float)
     # free calls keep cost 0
@@ -74,7 +74,7 @@ def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
                   use_all_rows: bool = False, # use every row, test views included, instead of the (train, grid) rows
                  ) -> Dense:
-    "Dense `score` and `cost_norm` of the rows with split 'train' and view 'grid' (or all rows); Z_d over all rows."
+    "Dense `score` and `cost_norm` of the training grid (or of all rows); Z_d over all rows."
     obs = ensure_valid(obs)
     cost = normalized_cost(obs)
     if use_all_rows:
@@ -98,7 +98,7 @@ def row_sums(obs: pd.DataFrame, # validated observation table
              cost: np.ndarray, # normalised cost per row
              models: list | None = None, # model order
             ):
-    "Count, Σq, Σq² and Σc per (query, model, rewrite) row of the grid: one `np.bincount` pass each."
+    "Count, Σq, Σq² and Σc per (query, model, rewrite) row of the grid: one `np.bincount` each."
     d, rows = dense_index(obs, models, level='row')
     Q, K, N, _ = d.shape
     q = obs['score'].to_numpy(float)
@@ -110,7 +110,7 @@ def row_sums(obs: pd.DataFrame, # validated observation table
 
 # %% ../nbs/01_stats.ipynb #ce4d02db
 def stats_from_sums(count, s1, s2, c1) -> dict:
-    "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums of shape (Q, K, N) (rows with no cell ignored)."
+    "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums (Q, K, N); rows with no cell are ignored."
     with np.errstate(invalid='ignore', divide='ignore'):
         n = count.sum(-1)
         mu_q, mu_c = s1.sum(-1) / n, c1.sum(-1) / n
@@ -152,7 +152,7 @@ TIE_TOL = 1e-9  # utilities within this of the best count as tied (absolute, on 
 def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where missing
                 tol: float = TIE_TOL, # tolerance: models within `tol` of the best are tied
                ) -> np.ndarray: # boolean mask, same shape as `U`
-    "The set of best models per query as a boolean mask: U ≥ max U − tol (a missing model is never best)."
+    "Best models per query as a boolean mask: U ≥ max U − tol (a missing model is never best)."
     missing = np.isnan(U)
     filled = np.where(missing, -np.inf, U)
     return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
@@ -162,7 +162,7 @@ def hard_labels(U: np.ndarray, # utilities (..., queries, models)
                 seed=0, # seed or numpy Generator for the choice among tied models
                 tol: float = TIE_TOL, # tolerance for ties
                ) -> np.ndarray:
-    "Index of the best model per query; ties go to a uniformly random tied model (seeded), never by name."
+    "Index of the best model per query; ties go to a seeded random tied model, never by name."
     keys = np.random.default_rng(seed).random(np.shape(U))
     return np.argmax(np.where(best_models(U, tol), keys, -1.0), axis=-1)
 
@@ -180,7 +180,7 @@ def soft_targets(U: np.ndarray, # utilities (..., queries, models)
 # %% ../nbs/01_stats.ipynb #3184ec5f
 def pairwise_preferences(U: np.ndarray, # utilities (..., queries, models)
                         ) -> np.ndarray:
-    "Boolean (..., queries, K, K): entry [i, a, b] is True iff model a ≻ model b, i.e. U[i,a] > U[i,b]."
+    "Boolean (..., queries, K, K): [i, a, b] is True iff model a ≻ model b, i.e. U[i,a] > U[i,b]."
     return U[..., :, None] > U[..., None, :]
 
 # %% ../nbs/01_stats.ipynb #a663ecc5
@@ -281,7 +281,7 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
                 n_draws: int = 1, # R, the number of independent single-shot training sets
                 seed=None, # seed or numpy Generator
                ) -> tuple[np.ndarray, np.ndarray]:
-    "R single-shot draws: (score, cost) arrays of shape (R, Q, K), one uniform cell per pair per draw."
+    "R single-shot draws: (score, cost) arrays (R, Q, K), one uniform cell per pair per draw."
     rng = np.random.default_rng(seed)
     Q, K = q.shape[:2]
     fq, fc = q.reshape(Q, K, -1), c.reshape(Q, K, -1)

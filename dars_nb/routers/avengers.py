@@ -35,7 +35,7 @@ def cluster_weights(distances: np.ndarray, # distance of every query to every ce
                     top_k: int, # clusters kept per query
                     beta_d: float, # softmax sharpness β_d
                    ) -> np.ndarray:
-    "Dense (n, C) weights: softmax(−β_d·d) over each query's `top_k` nearest clusters, zero elsewhere."
+    "Dense (n, C) weights: softmax(−β_d·d) over each query's `top_k` nearest clusters, else zero."
     n, C = distances.shape
     k = min(top_k, C)
     idx = np.argpartition(distances, k - 1, axis=1)[:, :k]
@@ -50,7 +50,7 @@ def cluster_weights(distances: np.ndarray, # distance of every query to every ce
 
 # %% ../../nbs/17_router_avengers.ipynb #845cdb8b
 class AvengersProRouter(Router):
-    "Cluster router: k-means on normalised features, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·distance)."
+    "Cluster router: k-means, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·d)."
     def __init__(self,
                  n_clusters: int = 20, # C, the number of k-means clusters
                  top_k: int = 3, # clusters consulted per query
@@ -132,7 +132,7 @@ def predict_cluster(self: AvengersProRouter, X, # query features (n, d)
 # %% ../../nbs/17_router_avengers.ipynb #558b6fde
 def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its first draw is shown)
                           ) -> alt.Chart:
-    "Heat map of each model's utility in each cluster relative to the cluster mean; a dot marks the cluster's best model."
+    "Heat map of each model's utility per cluster against the cluster mean; a dot marks the best."
     mu_q, mu_c, sigma = router.cluster_stats_[:, 0]
     U = router._route(mu_q, mu_c, sigma)
     df = pd.DataFrame(U, columns=router.models_).rename_axis('cluster').reset_index().melt(

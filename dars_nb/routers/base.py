@@ -41,7 +41,7 @@ def check_features(X, # query features, (n, d)
 def features_by_id(X: pd.DataFrame, # features indexed by query id
                    query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
                   ) -> np.ndarray:
-    "Rows of `X` for `query_ids`, in that order (ids compared as strings); one-line error for a missing or repeated id."
+    "Rows of `X` for `query_ids`, in that order (ids as strings); missing or repeated ids fail."
     index = X.index.astype(str)
     if index.has_duplicates:
         raise ValueError("features have more than one row for query "
@@ -85,7 +85,7 @@ class Router(BaseEstimator):
 def fit(self: Router, X, # features: a DataFrame indexed by query id, or a (Q, d) array in `sup.query_ids` order
         sup: Supervision, # supervision in any mode, with one or R draws
        ) -> 'Router':
-    "Fit on features `X` and supervision `sup` (R draws → R routers); DataFrame rows are matched by id."
+    "Fit on features `X` and supervision `sup` (R draws → R routers); frame rows are matched by id."
     if isinstance(X, pd.DataFrame):
         self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
         if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
@@ -102,7 +102,7 @@ def fit(self: Router, X, # features: a DataFrame indexed by query id, or a (Q, d
 # %% ../../nbs/10_routers_base.ipynb #a193430e
 @patch
 def _query_features(self: Router, X) -> np.ndarray:
-    "Prediction features as an array in `X`'s own row order; DataFrame columns must be those seen in `fit`."
+    "Features as an array in `X`'s own row order; a frame's columns must be those seen in `fit`."
     self._check_fitted()
     names = getattr(self, 'feature_names_in_', None)
     if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
@@ -124,7 +124,7 @@ def predict_utility(self: Router, X, # query features (n, d), array or DataFrame
 @patch
 def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
                  ) -> dict:
-    "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
+    "Predicted μ_q, μ_c and σ per model: (n, K), or (R, n, K) for a router fitted on R draws."
     s = self._predict_stats(self._query_features(X))
     return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 

@@ -18,7 +18,7 @@ __all__ = ['torch', 'EmbedLLMRouter']
 # %% ../../nbs/14_router_embedllm.ipynb #b7a39917
 @with_training_settings()
 class EmbedLLMRouter(EnsembleRouter):
-    "EmbedLLM: model embeddings ⊙ projected query → risk-adjusted quality and cost; routes by quality − λ·cost."
+    "EmbedLLM: model embeddings ⊙ projected query → risk-adjusted quality and cost heads."
     def __init__(self,
                  dim: int = 16, # size of the model embeddings and of the query projection
                 ): self.dim = dim

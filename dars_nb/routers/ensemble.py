@@ -30,7 +30,7 @@ def init_linear(gen: torch.Generator, # generator of one draw
                 n_in: int, # input width
                 n_out: int, # output width
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Weight (n_out, n_in) ~ N(0, 1/n_in) and zero bias (n_out, 1) of one linear layer, for one draw."
+    "Weight (n_out, n_in) ~ N(0, 1/n_in) and zero bias (n_out, 1) of one layer, for one draw."
     return torch.randn(n_out, n_in, generator=gen) / np.sqrt(n_in), torch.zeros(n_out, 1)
 
 # %% ../../nbs/12a_router_ensemble.ipynb #50dd6069
@@ -132,7 +132,7 @@ def _evaluate(self: EnsembleRouter, X, fn):
 
 # %% ../../nbs/12a_router_ensemble.ipynb #66bd6618
 class StatsHeads:
-    "Mixin for an `EnsembleRouter` whose `_logits(p, X)` (R, 3, K, n) are sigmoid heads for μ_q, μ_c and 2σ."
+    "Mixin for an `EnsembleRouter` whose `_logits` (R, 3, K, n) are sigmoid heads for μ_q, μ_c, 2σ."
 
     def _scores(self, p, X): return self._route(*self._heads(p, X))
 

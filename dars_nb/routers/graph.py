@@ -18,7 +18,7 @@ __all__ = ['torch', 'GraphRouter']
 # %% ../../nbs/16_router_graph.ipynb #4bdc2f25
 @with_training_settings(lr=0.03, weight_decay=0.1)
 class GraphRouter(StatsHeads, EnsembleRouter):
-    "GNN over the bipartite query–model graph; an edge predictor estimates μ_q, μ_c, σ; routes by the predicted utility."
+    "GNN over the query–model graph; an edge predictor estimates μ_q, μ_c, σ for routing."
     def __init__(self,
                  hidden: int = 16, # width of node states and of the edge predictor
                  mask_rate: float = 0.5, # share of training queries whose edges are hidden (and predicted) per step

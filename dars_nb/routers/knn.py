@@ -19,7 +19,7 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
                       n_neighbors: int, # k
                       eps: float = 1e-6, # ε added to every distance before inverting
                      ) -> tuple[np.ndarray, np.ndarray]:
-    "Indices (n, k) of the k nearest training rows by cosine distance and their inverse-distance weights (rows sum to 1)."
+    "The k nearest training rows (n, k) by cosine distance, and inverse-distance weights (sum 1)."
     d = np.clip(1.0 - normalize(X) @ normalize(X_train).T, 0.0, None)
     k = min(n_neighbors, d.shape[1])
     idx = np.argpartition(d, k - 1, axis=1)[:, :k]
@@ -28,7 +28,7 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
 
 # %% ../../nbs/12_router_knn.ipynb #864da50b
 class KNNRouter(Router):
-    "Non-parametric router: inverse-distance average of the k nearest training queries' μ_q, μ_c, σ (cosine distance)."
+    "Non-parametric router: inverse-distance average of the k nearest queries' μ_q, μ_c, σ."
     def __init__(self,
                  n_neighbors: int = 10, # k, the number of neighbours averaged
                  eps: float = 1e-6, # ε in the weights 1/(d + ε)

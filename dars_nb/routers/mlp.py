@@ -34,7 +34,7 @@ def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
 
 # %% ../../nbs/11_router_mlp.ipynb #b1789b6e
 class MLPRouter(Router):
-    "Regression router: scikit-learn MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
+    "Regression router: MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
     def __init__(self,
                  hidden_layer_sizes=(64,), # widths of the hidden layers
                  alpha: float = 10.0, # L2 penalty of every network (scikit-learn scales it by 1/queries)

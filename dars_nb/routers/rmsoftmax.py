@@ -30,7 +30,7 @@ def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
 # %% ../../nbs/15_router_rmsoftmax.ipynb #a0b2413d
 @with_training_settings(epochs=40)
 class RMSoftmaxRouter(EnsembleRouter):
-    "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over a grid of λ."
+    "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over λ."
     def __init__(self,
                  lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # cost weights λ to train on (the supervision's λ is added)
                  tau: float = 0.05, # temperature of the target softmax(U/τ)
@@ -103,7 +103,7 @@ def _scores(self: RMSoftmaxRouter, p, X, lam=None):
 def predict_log_policy(self: RMSoftmaxRouter, X, # query features (n, d)
                        lam: float | None = None, # cost weight λ to route for (default: the supervision's)
                       ) -> np.ndarray:
-    "log π(m | x, λ): (n, K), or (R, n, K) for R draws; `predict_utility` is this at the training λ."
+    "log π(m | x, λ): (n, K), or (R, n, K); `predict_utility` is this at the training λ."
     self._check_fitted()
     if lam is not None and not (np.isfinite(lam) and lam >= 0):
         raise ValueError(f"lam must be a finite non-negative number, got {lam}")
