@@ -533,6 +533,28 @@ def load_bundle(path, # a file written by `save_bundle`
                             fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
+# %% ../nbs/25_bundle.ipynb #0225fb28
+def _read_config(config) -> tuple:
+    "The config as read from its TOML file (or as given) and the folder its paths are relative to."
+    if not isinstance(config, (str, Path)): return config, Path.cwd()
+    path = Path(config)
+    if not path.is_file(): raise ValueError(f"config file not found: {path}")
+    try: return tomllib.loads(path.read_text()), path.resolve().parent
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+
+# %% ../nbs/25_bundle.ipynb #3a79bd71
+def _config_pool(config: dict, base: Path) -> dict | None:
+    "The `[models]` price table of the config or of its pool file (None when there is neither)."
+    if 'pool' in config and 'models' in config:
+        raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
+    if 'pool' not in config: return config.get('models')
+    p = base / config['pool']
+    if not p.is_file(): raise ValueError(f"pool file not found: {p}")
+    pool = tomllib.loads(p.read_text()).get('models')
+    if not isinstance(pool, dict): raise ValueError(f"pool file {p} has no [models] table")
+    return pool
+
 # %% ../nbs/25_bundle.ipynb #66273838
 _TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard')
 _SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
@@ -541,14 +563,7 @@ _SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
 def load_train_config(config, # a TOML path, or a dict of the same layout (`observations` may then be a DataFrame)
                      ) -> dict:
     "The checked training config, defaults filled in, paths resolved; else a one-line ValueError."
-    base = Path.cwd()
-    if isinstance(config, (str, Path)):
-        path = Path(config)
-        if not path.is_file(): raise ValueError(f"config file not found: {path}")
-        try: config = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-        base = path.resolve().parent
+    config, base = _read_config(config)
     if not isinstance(config, dict):
         raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
     extra = [k for k in config if k not in _TRAIN_KEYS]
@@ -570,14 +585,7 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
                          "GraphRouter or AvengersPro)")
     obs = config['observations']
     if not isinstance(obs, pd.DataFrame): obs = base / obs
-    if 'pool' in config and 'models' in config:
-        raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
-    pool = config.get('models')
-    if 'pool' in config:
-        p = base / config['pool']
-        if not p.is_file(): raise ValueError(f"pool file not found: {p}")
-        pool = tomllib.loads(p.read_text()).get('models')
-        if not isinstance(pool, dict): raise ValueError(f"pool file {p} has no [models] table")
+    pool = _config_pool(config, base)
     router = dict(sections['router'])
     return dict(observations=obs, pool=pool, family=router.pop('family'), params=router,
                 supervision={'mode': 'dars', 'lam': 0.05, 'beta': 0.2, 'seed': 0,
@@ -621,15 +629,29 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
         raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
     return first.iloc[idx].astype(str).tolist()
 
+# %% ../nbs/25_bundle.ipynb #913b659e
+def _print_training(bundle: RouterBundle, c: dict, held: dict, n_texts: int):
+    "What `train` trained, and its held-out utility against the best fixed model."
+    s, g = c['supervision'], c['guard']
+    fixed = bundle.models[bundle.best_fixed(bundle.lam)]
+    print(f"trained {c['family']} on {n_texts} training queries × {len(bundle.models)} models "
+          f"(mode {s['mode']}, λ = {s['lam']}, β = {s['beta']}, features {bundle.featurizer.name})")
+    print(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model "
+          f"{held['best_fixed']:.4f} ({fixed}), "
+          f"router {held['router']:.4f} ({held['routed_away']:.0%} routed away), "
+          f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, "
+          f"{held['guarded_routed_away']:.0%} routed away)"
+          + ('' if g['enabled'] else ' — guard disabled: routes follow the router'))
+
 # %% ../nbs/25_bundle.ipynb #f8b844aa
 def train(config, # a TOML path or a dict of the same layout (see above)
           quiet: bool = False, # print nothing
          ) -> RouterBundle:
     "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     from dars_nb.routers import ROUTERS
-    say = (lambda *a: None) if quiet else print
     c = load_train_config(config)
-    obs = c['observations'] if isinstance(c['observations'], pd.DataFrame) else read_observations(c['observations'])
+    obs = c['observations']
+    if not isinstance(obs, pd.DataFrame): obs = read_observations(obs)
     if c['family'] not in ROUTERS:
         raise ValueError(f"unknown router family {c['family']!r} (expected one of "
                          f"{', '.join(ROUTERS)})")
@@ -638,7 +660,9 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     observed = sup if s['mode'] == 'dars' else supervision(obs, 'dars', s['lam'], s['beta'])
     texts = query_texts(obs, sup.queries)
     f = dict(c['features']); kind = f.pop('kind')
-    try: featurizer, router = make_featurizer(kind, verbose=not quiet, **f), ROUTERS[c['family']](**c['params'])
+    try:
+        featurizer = make_featurizer(kind, verbose=not quiet, **f)
+        router = ROUTERS[c['family']](**c['params'])
     except TypeError as e:
         raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
     X = featurizer.fit(texts).transform(texts)
@@ -647,21 +671,13 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     router.fit(X, sup)
     held = cv.report(float(s['lam']))
     bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)),
-                          lam=float(s['lam']),
-                          beta=float(s['beta']), mode=s['mode'], featurizer=featurizer, router=router,
-                          guard=held['margin'] if g['enabled'] else None, guard_cv=cv, fingerprint=_fingerprint(obs),
+                          lam=float(s['lam']), beta=float(s['beta']), mode=s['mode'],
+                          featurizer=featurizer, router=router, guard=held['margin'] if g['enabled'] else None,
+                          guard_cv=cv, fingerprint=_fingerprint(obs),
                           meta=dict(family=c['family'], params=c['params'],
                                     features=featurizer.name, folds=int(g['folds']),
                                     n_train_queries=len(texts), held_out=held))
-    fixed = bundle.models[bundle.best_fixed(bundle.lam)]
-    say(f"trained {c['family']} on {len(texts)} training queries × {len(sup.models)} models "
-        f"(mode {s['mode']}, λ = {s['lam']}, β = {s['beta']}, features {featurizer.name})")
-    say(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model "
-        f"{held['best_fixed']:.4f} ({fixed}), "
-        f"router {held['router']:.4f} ({held['routed_away']:.0%} routed away), "
-        f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, "
-        f"{held['guarded_routed_away']:.0%} routed away)"
-        + ('' if g['enabled'] else ' — guard disabled: routes follow the router'))
+    if not quiet: _print_training(bundle, c, held, len(texts))
     return bundle
 
 # %% ../nbs/25_bundle.ipynb #9621c8ad
