@@ -24,7 +24,7 @@ from .stats import Supervision, supervision, normalize_cost
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'BundleError', 'encode', 'decode', 'RouterBundle',
-           'check_bundle', 'predicted_utility', 'guarded_choice', 'subset', 'fold_ids', 'GuardCV', 'cross_validate',
+           'check_bundle', 'predicted_utility', 'guarded_choice', 'fold_ids', 'GuardCV', 'cross_validate',
            'observed_means', 'guard_comparison', 'save_bundle', 'load_bundle', 'load_train_config', 'pool_prices',
            'query_texts', 'train', 'simulated_texts', 'train_main', 'read_questions', 'route_main']
 
@@ -228,7 +228,7 @@ def guarded_choice(U: np.ndarray, # predicted utility (n, K)
     return np.where(gain > margin, best, fixed)
 
 # %% ../nbs/25_bundle.ipynb #0eccc83f
-def subset(sup: Supervision, # supervision (one draw or R)
+def _supervision_rows(sup: Supervision, # supervision (one draw or R)
            rows, # query positions to keep
           ) -> Supervision:
     "`sup` restricted to the queries at `rows`."
@@ -333,7 +333,7 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
     quality, cost, policy = np.zeros((Q, K)), np.zeros((Q, K)), np.zeros((len(grid), Q, K))
     for k in range(folds):
         tr, te = ids != k, ids == k
-        r = clone(router).fit(X[tr], subset(sup, np.flatnonzero(tr)))
+        r = clone(router).fit(X[tr], _supervision_rows(sup, np.flatnonzero(tr)))
         if hasattr(r, 'predict_log_policy'):
             policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
         else:

@@ -7,13 +7,14 @@ from __future__ import annotations
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'EmbedLLMRouter')
+require('torch', 'torch', 'EmbedLLMRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
 from .base import with_training_settings, family_targets, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'EmbedLLMRouter']
+__all__ = ['EmbedLLMRouter']
 
 # %% ../../nbs/14_router_embedllm.ipynb #b7a39917
 @with_training_settings()

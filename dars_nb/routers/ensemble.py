@@ -8,11 +8,13 @@ from fastcore.basics import patch
 from contextlib import contextmanager
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'The neural routers (MIRT, EmbedLLM, RM-Softmax, GraphRouter)')
+# a missing torch: one line naming the extra
+require('torch', 'torch', 'The neural routers (MIRT, EmbedLLM, RM-Softmax, GraphRouter)')
+import torch
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['torch', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
+__all__ = ['draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
 
 # %% ../../nbs/12a_router_ensemble.ipynb #fb5c1788
 def draw_seeds(random_state, # int, or None for fresh entropy

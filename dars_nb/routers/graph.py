@@ -7,13 +7,14 @@ from __future__ import annotations
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'GraphRouter')
+require('torch', 'torch', 'GraphRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
 from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'GraphRouter']
+__all__ = ['GraphRouter']
 
 # %% ../../nbs/16_router_graph.ipynb #4bdc2f25
 @with_training_settings(lr=0.03, weight_decay=0.1)

@@ -7,13 +7,14 @@ from __future__ import annotations
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'MIRTRouter')
+require('torch', 'torch', 'MIRTRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
 from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'MIRTRouter']
+__all__ = ['MIRTRouter']
 
 # %% ../../nbs/13_router_mirt.ipynb #cdaa77a7
 @with_training_settings()

@@ -14,10 +14,10 @@ from sklearn.preprocessing import StandardScaler
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['STATISTICS', 'MLPRouter']
+__all__ = ['MLPRouter']
 
 # %% ../../nbs/11_router_mlp.ipynb #3e4d863e
-STATISTICS = ('mu_q', 'mu_c', 'sigma')
+_STATISTICS = ('mu_q', 'mu_c', 'sigma')
 
 def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
     "An `MLPRegressor` fitted on (Z, y), or the constant itself when `y` never varies."
@@ -67,11 +67,11 @@ def _fit(self: MLPRouter, X, sup):
     R, Q, K = sup.utility.shape
     self.batched_ = bool(self.batched) and R > 1
     if self.batched_:
-        jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
-    else: jobs = [(s, T[s][r]) for s in STATISTICS for r in range(R)]
+        jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in _STATISTICS]
+    else: jobs = [(s, T[s][r]) for s in _STATISTICS for r in range(R)]
     params = self._network_params()
     fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
-    self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in STATISTICS}
+    self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in _STATISTICS}
 
 # %% ../../nbs/11_router_mlp.ipynb #fae79d5c
 @patch

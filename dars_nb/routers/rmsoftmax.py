@@ -7,13 +7,14 @@ from __future__ import annotations
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'RMSoftmaxRouter')
+require('torch', 'torch', 'RMSoftmaxRouter')   # a missing torch: one line naming the extra
+import torch
 from ..stats import utility, soft_targets
 from .base import with_training_settings, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'lambda_targets', 'RMSoftmaxRouter']
+__all__ = ['lambda_targets', 'RMSoftmaxRouter']
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #8b0b8299
 def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
