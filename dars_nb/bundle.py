@@ -218,7 +218,7 @@ def predicted_utility(router, # a fitted router (one draw)
 # %% ../nbs/25_bundle.ipynb #64b86afc
 def guarded_choice(U: np.ndarray, # predicted utility (n, K)
                    fixed, # index of the best fixed model: int, or (n,) per query
-                   margin: float | None, # route away only for a predicted gain above this; None: no guard
+                   margin: float | None, # route away only for a gain above this; None: no guard
                   ) -> np.ndarray:
     "Chosen model per query: the argmax if its gain over `fixed` exceeds `margin`, else `fixed`."
     best = U.argmax(1)
@@ -321,10 +321,10 @@ def report(self: GuardCV, lam: float) -> dict:
 def cross_validate(router, # an unfitted router (its parameters are cloned for every fold)
                    X: np.ndarray, # training features (Q, d), rows in `sup` order
                    sup: Supervision, # supervision, one draw
-                   observed: Supervision, # DARS statistics of the same queries (observed μ_q and μ_c)
+                   observed: Supervision, # DARS statistics of the same queries
                    folds: int = 5, # K
                    seed: int = 0, # seed of the fold assignment
-                   lams=(0.0, 0.025, 0.05, 0.1, 0.2), # λ grid for routers whose utility is not affine in λ (RM-Softmax)
+                   lams=(0.0, 0.025, 0.05, 0.1, 0.2), # λ grid for routers not affine in λ
                   ) -> GuardCV:
     "Fit K fold routers and keep their held-out predictions for the guard."
     ids = fold_ids(len(X), folds, seed)
@@ -560,7 +560,7 @@ _TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'featu
 _SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
                      guard=('enabled', 'folds', 'seed'))
 
-def load_train_config(config, # a TOML path, or a dict of the same layout (`observations` may then be a DataFrame)
+def load_train_config(config, # a TOML path, or a dict of that layout (observations may be a frame)
                      ) -> dict:
     "The checked training config, defaults filled in, paths resolved; else a one-line ValueError."
     config, base = _read_config(config)
@@ -706,7 +706,7 @@ def train_main(config: str, # path of the training TOML file
     return 0
 
 # %% ../nbs/25_bundle.ipynb #eb1cfc4f
-def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line, or one plain-text question per line
+def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one question per line
                   ) -> tuple[list, list[str]]:
     "Ids and questions of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
@@ -720,7 +720,7 @@ def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line,
             if not isinstance(item.get('question'), str):
                 raise ValueError(f"{path.name} line {n}: no \"question\" string")
             ids.append(item.get('id', n)); questions.append(item['question'])
-        else: ids.append(n); questions.append(item if isinstance(item, str) else line)   # a JSON string, or plain text (even "42")
+        else: ids.append(n); questions.append(item if isinstance(item, str) else line) # JSON string or plain text
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 

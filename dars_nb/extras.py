@@ -71,7 +71,7 @@ EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
 
 def check_extra(extra: str, # a key of `EXTRAS`
                 what: str, # what needs it, as the message's subject, e.g. 'dars docs'
-                modules: tuple | None = None, # the modules to look for (default: the extra's, from `EXTRA_MODULES`)
+                modules: tuple | None = None, # modules to look for (default: the extra's)
                ) -> None:
     "Raise `MissingExtra` naming `extra` unless every one of its modules can be imported."
     _known(extra)

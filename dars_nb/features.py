@@ -38,7 +38,7 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
     kind = 'tfidf'
     def __init__(self,
                  max_features: int = 20000, # vocabulary size (the paper uses 20,000)
-                 n_components: int | None = None, # compress to this many dimensions (None: keep the vocabulary)
+                 n_components: int | None = None, # SVD dimensions (None: keep the vocabulary)
                  random_state: int = 0, # seed of the SVD
                 ):
         self.max_features, self.n_components, self.random_state = max_features, n_components, random_state
@@ -123,7 +123,7 @@ def sentence_encoder():
 def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                         batch_size: int = 64, # encoder batch size
-                        encoder=None, # a loaded `sentence_encoder()` to reuse (default: load one if any text is new)
+                        encoder=None, # a loaded `sentence_encoder()` (default: load one if needed)
                        ) -> np.ndarray:
     "Normalised all-MiniLM-L6-v2 embeddings (n, 384), once per distinct text, cached on disk."
     _installed_model_path()
@@ -145,7 +145,7 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                  batch_size: int = 64, # encoder batch size
-                 cache: bool = True, # keep each text's embedding on disk (False: embed in memory, write nothing)
+                 cache: bool = True, # keep embeddings on disk (False: write nothing)
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
 
@@ -188,13 +188,13 @@ def transform(self: SentenceFeaturizer, texts, # texts to featurize
 
 # %% ../nbs/09_features.ipynb #d7cc5b58
 @patch
-def __getstate__(self: SentenceFeaturizer):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
+def __getstate__(self: SentenceFeaturizer): # copies reload the encoder
     return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
 
 # %% ../nbs/09_features.ipynb #ac353272
 FEATURIZERS = {'tfidf': TfidfFeaturizer, 'sentence': SentenceFeaturizer}
 
-def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sentence if installed, else TF-IDF)
+def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sentence if installed)
                     verbose: bool = True, # print the choice made by 'auto'
                     **kwargs, # parameters of the featurizer
                    ) -> TfidfFeaturizer | SentenceFeaturizer:
@@ -216,7 +216,7 @@ def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sente
 def tfidf_features(texts, # query texts
                    max_features: int = 20000, # vocabulary size (the paper uses 20,000)
                    fit_texts=None, # texts to fit the vocabulary and the SVD on (default: `texts`)
-                   n_components: int | None = None, # compress to this many dimensions (TruncatedSVD on the sparse matrix)
+                   n_components: int | None = None, # TruncatedSVD dimensions (None: keep all)
                    random_state: int = 0, # seed of the SVD
                   ) -> np.ndarray:
     "TF-IDF rows of `texts` from a `TfidfFeaturizer` fitted on `fit_texts` (default: `texts`)."
@@ -225,7 +225,7 @@ def tfidf_features(texts, # query texts
 
 # %% ../nbs/09_features.ipynb #ffd0ded5
 def query_features(texts, # query texts
-                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed, else TF-IDF; prints the choice)
+                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (prints its choice)
                    index=None, # index for the result (e.g. query ids)
                    **kwargs, # parameters of `sentence_embeddings` or `tfidf_features`
                   ) -> pd.DataFrame:

@@ -45,7 +45,7 @@ def _records(source) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/06_importers.ipynb #deea0d06
-def read_prices(source, # llm_candidates.json path, or a dict {model: {input_price, output_price, ...}}
+def read_prices(source, # llm_candidates.json, or {model: {input_price, output_price}}
                ) -> pd.DataFrame: # index model; columns input_price, output_price (USD per 1M tokens)
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
@@ -205,9 +205,9 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
 def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
                    split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
                    prices=None, # read_prices() frame, a candidates path/dict, or None
-                   dataset: str | None = None, # one dataset name for all rows (default: each record's task)
-                   models: list | None = None, # the allowed model names (default: the priced models, if any)
-                   completion_tokens: int = 256, # assumed output tokens when a record has no token counts
+                   dataset: str | None = None, # one dataset name (default: each record's task)
+                   models: list | None = None, # allowed model names (default: the priced models)
+                   completion_tokens: int = 256, # output tokens assumed without token counts
                   ) -> pd.DataFrame:
     "Observations (one 1×1 grid per query and model) from LLMRouter routing data."
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
@@ -217,9 +217,9 @@ def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
                    default='llmrouter')
 
 # %% ../nbs/06_importers.ipynb #117fd6bb
-def read_llmrouter(folder=None, # folder with train.jsonl, test.jsonl, llm_candidates.json (default: DARS_DATA/routing/llmrouter)
-                   dataset: str | None = None, # one dataset name for all rows (default: each record's task)
-                   completion_tokens: int = 256, # assumed output tokens when records have no token counts
+def read_llmrouter(folder=None, # the LLMRouter files (default: DARS_DATA/routing/llmrouter)
+                   dataset: str | None = None, # one dataset name (default: each record's task)
+                   completion_tokens: int = 256, # output tokens assumed without token counts
                   ) -> pd.DataFrame:
     "Both splits of an LLMRouter routing folder as one validated observation table."
     if folder is None:
@@ -282,10 +282,10 @@ def _read_routerbench(p: Path) -> pd.DataFrame:
 # %% ../nbs/06_importers.ipynb #e8b73224
 def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                      split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
-                     dataset: str | None = None, # one dataset name (default: the `eval_name` column, else 'routerbench')
-                     models: list | None = None, # models to import (default: every column with a `|total_cost` twin)
+                     dataset: str | None = None, # dataset (default: `eval_name` or 'routerbench')
+                     models: list | None = None, # models (default: those with `|total_cost`)
                      prompt_column: str = 'prompt', # column holding the prompt
-                     id_column: str = 'sample_id', # column holding the query id (row number if absent)
+                     id_column: str = 'sample_id', # column of the query id (row number if absent)
                     ) -> pd.DataFrame:
     "Observations from a RouterBench-style wide table (one 1×1 grid per prompt and model)."
     where = Path(table).name if isinstance(table, (str, Path)) else 'the table'
@@ -319,10 +319,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     return _finish(long, split, dataset, None, None, 0, k=1, where=where, default='routerbench')
 
 # %% ../nbs/06_importers.ipynb #71d66c35
-def from_routerdc(source, # path (.json/.jsonl), list of records, or DataFrame with question, scores{model: mean}
+def from_routerdc(source, # .json/.jsonl path, records, or DataFrame: question, scores{model: mean}
                   k: int = 10, # samples behind each mean
                   split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
-                  dataset: str | None = None, # dataset name (default: each record's task, else 'routerdc')
+                  dataset: str | None = None, # dataset name (default: the task, else 'routerdc')
                   prices=None, # read_prices() frame, a candidates path/dict, or None (cost 0)
                   models: list | None = None, # the allowed model names
                   completion_tokens: int = 256, # assumed output tokens for the cost estimate

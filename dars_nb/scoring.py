@@ -262,7 +262,7 @@ def _score_drop(ans, golds):
 
 # %% ../nbs/04_scoring.ipynb #90932540
 def score_drop(text: str, # a model response
-               golds: list | str, # gold answers (each a string or a list of spans), or one '|'-joined string
+               golds: list | str, # gold answers (strings or span lists), or one '|'-joined string
               ) -> float:
     "The DROP F1 of the response's final answer, maximised over `golds`."
     return _score_drop(find_answer(text), golds)[0]

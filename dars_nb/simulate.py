@@ -191,7 +191,7 @@ def success_probability(p: Profile, # the dataset profile
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
                 view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
+                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode': the original, id 0)
                 n_decodes: int = 5, # decodes per wording
                 temperature: float = 0.7, # decoding temperature
                 seed: int = 0, # seed of this sampling run
@@ -250,7 +250,7 @@ def observe(world: World, # the latent world
 # %% ../nbs/03_simulate.ipynb #879a15ad
 def truth(world: World, # the latent world
           lam: float = 0.05, # cost weight λ for the true best model
-          cost_scale: float | None = None, # Z_d used to normalise cost (default: the world's largest expected cost)
+          cost_scale: float | None = None, # Z_d for cost (default: the largest expected cost)
           temperature: float = 0.7, # decoding temperature
          ) -> pd.DataFrame:
     "True expected quality, cost and utility per (query, model), and the true best model per query."

@@ -72,7 +72,7 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
 # %% ../nbs/01_stats.ipynb #1c11961b
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
-                  use_all_rows: bool = False, # use every row, test views included, instead of the (train, grid) rows
+                  use_all_rows: bool = False, # every row, test views too
                  ) -> Dense:
     "Dense `score` and `cost_norm` of the training grid (or of all rows); Z_d over all rows."
     obs = ensure_valid(obs)
@@ -122,7 +122,7 @@ def stats_from_sums(count, s1, s2, c1) -> dict:
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
 # %% ../nbs/01_stats.ipynb #b9dee045
-def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (usually the training grid)
+def capability_stats(obs: pd.DataFrame, # observations (usually the training grid)
                      lam: float = 0.05, # cost weight λ
                      beta: float = 0.2, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
@@ -306,14 +306,14 @@ def _sub_grid(d: Dense, mode: str):
     return q, c
 
 # %% ../nbs/01_stats.ipynb #5242dfa6
-def supervision(obs: pd.DataFrame, # observations; the training grid (split 'train', view 'grid') is used
+def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are used
                 mode: str = 'dars', # one of `MODES`
                 lam: float = 0.05, # cost weight λ
                 beta: float = 0.2, # risk weight β
                 seed=None, # seed for single-shot draws
                 n_draws: int = 1, # R single-shot draws (mode 'single' only)
                 models: list | None = None, # model order (default: sorted names)
-                use_all_rows: bool = False, # train on every row, test views included (no training grid needed)
+                use_all_rows: bool = False, # train on every row, test views included
                ) -> Supervision:
     "Router supervision from repeated observations, in one of the modes of the paper."
     if mode not in MODES:

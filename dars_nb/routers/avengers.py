@@ -31,7 +31,7 @@ def cluster_means(labels: np.ndarray, # cluster of every training query (Q,)
     return (A @ targets.reshape(len(labels), -1)).reshape(n_clusters, *targets.shape[1:])
 
 # %% ../../nbs/17_router_avengers.ipynb #5e15d046
-def cluster_weights(distances: np.ndarray, # distance of every query to every centroid (n, C); inf = unusable
+def cluster_weights(distances: np.ndarray, # query–centroid distances (n, C); inf = unusable
                     top_k: int, # clusters kept per query
                     beta_d: float, # softmax sharpness β_d
                    ) -> np.ndarray:
@@ -56,7 +56,7 @@ class AvengersProRouter(Router):
                  top_k: int = 3, # clusters consulted per query
                  beta_d: float = 9.0, # sharpness of the softmax over distances
                  n_init: int = 10, # k-means restarts (the best is kept)
-                 batched: bool = True, # R draws: one clustering and one matrix product instead of one per draw
+                 batched: bool = True, # R draws: one clustering, one matrix product
                  random_state: int | None = None, # seed of k-means
                 ):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d

@@ -71,7 +71,7 @@ def check_supervision(sup, # a `Supervision`
 class Router(BaseEstimator):
     "Base class of every router: `fit(X, sup)`, `predict_utility(X)`, `predict(X)`."
     def _fit(self, X, sup): raise NotImplementedError
-    def _predict_utility(self, X): return self._route(**self._predict_stats(X))   # from the predicted statistics
+    def _predict_utility(self, X): return self._route(**self._predict_stats(X)) # by the statistics
     def _predict_stats(self, X):
         raise NotImplementedError(f"{type(self).__name__} does not predict μ_q, μ_c and σ")
 
@@ -82,7 +82,7 @@ class Router(BaseEstimator):
 
 # %% ../../nbs/10_routers_base.ipynb #30b90159
 @patch
-def fit(self: Router, X, # features: a DataFrame indexed by query id, or a (Q, d) array in `sup.query_ids` order
+def fit(self: Router, X, # frame indexed by query id, or (Q, d) array in `sup.query_ids` order
         sup: Supervision, # supervision in any mode, with one or R draws
        ) -> 'Router':
     "Fit on features `X` and supervision `sup` (R draws → R routers); frame rows are matched by id."
@@ -114,7 +114,7 @@ def _query_features(self: Router, X) -> np.ndarray:
 
 # %% ../../nbs/10_routers_base.ipynb #e99a4e51
 @patch
-def predict_utility(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+def predict_utility(self: Router, X, # query features (n, d), array or DataFrame, its row order kept
                    ) -> np.ndarray:
     "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
     U = np.asarray(self._predict_utility(self._query_features(X)))
@@ -218,7 +218,7 @@ def _check_errors(make, X: np.ndarray, sup: Supervision, X_test: np.ndarray, fit
 # %% ../../nbs/10_routers_base.ipynb #99989480
 def check_router(router: Router, # an unfitted router with a fixed `random_state`
                  X: np.ndarray, # training features (Q, d), rows in `sup.query_ids` order, d ≥ 2
-                 sup: Supervision, # R > 1 single-shot draws (`supervision(obs, 'single', n_draws=3)`)
+                 sup: Supervision, # R > 1 single-shot draws, e.g. `n_draws=3`
                  X_test: np.ndarray, # features to predict (n, d)
                 ) -> None:
     "Assert that `router` keeps the router contract: parameters, predictions and errors."
@@ -234,9 +234,9 @@ def training_settings(epochs: int = 100, # full passes over the training queries
                       weight_decay: float = 1.0, # AdamW decoupled weight decay
                       batch_size: int | None = None, # queries per step; None = all (full batch)
                       batched: bool = True, # train the R draws together (False: one after another)
-                      n_threads: int | None = None, # torch CPU threads in fit and predict; None = torch's own
+                      n_threads: int | None = None, # torch threads in fit, predict (None: torch's)
                       device: str = 'cpu', # torch device
-                      random_state: int | None = None, # seed of initial weights, minibatch order and masks
+                      random_state: int | None = None, # seed of weights, minibatch order and masks
                      ) -> dict:
     "The training settings of a torch router, by name."
     return dict(epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,

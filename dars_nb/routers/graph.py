@@ -22,7 +22,7 @@ class GraphRouter(StatsHeads, EnsembleRouter):
     "GNN over the query–model graph; an edge predictor estimates μ_q, μ_c, σ for routing."
     def __init__(self,
                  hidden: int = 16, # width of node states and of the edge predictor
-                 mask_rate: float = 0.5, # share of training queries whose edges are hidden (and predicted) per step
+                 mask_rate: float = 0.5, # share of queries whose edges are hidden per step
                 ): self.hidden, self.mask_rate = hidden, mask_rate
 
     def _keep(self, X, T): self.graph_X_, self.graph_edges_ = X, T['y']

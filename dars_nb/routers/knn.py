@@ -32,8 +32,8 @@ class KNNRouter(Router):
     def __init__(self,
                  n_neighbors: int = 10, # k, the number of neighbours averaged
                  eps: float = 1e-6, # ε in the weights 1/(d + ε)
-                 batched: bool = True, # R draws: one geometry and one sparse product instead of one pass per draw
-                 random_state: int | None = None, # unused: kNN is deterministic (accepted like every other router's)
+                 batched: bool = True, # R draws: one geometry, one sparse product
+                 random_state: int | None = None, # unused: kNN is deterministic
                 ):
         self.n_neighbors, self.eps, self.batched, self.random_state = n_neighbors, eps, batched, random_state
 

@@ -37,13 +37,13 @@ class MLPRouter(Router):
     "Regression router: MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
     def __init__(self,
                  hidden_layer_sizes=(64,), # widths of the hidden layers
-                 alpha: float = 10.0, # L2 penalty of every network (scikit-learn scales it by 1/queries)
+                 alpha: float = 10.0, # L2 penalty (scikit-learn scales it by 1/queries)
                  learning_rate_init: float = 3e-3, # Adam step size
                  max_iter: int = 100, # training epochs at most
-                 early_stopping: bool = False, # hold out 10% of the queries and stop when their fit stalls
-                 batched: bool = False, # R draws: one network per statistic with R·K outputs instead of R independent networks
-                 n_jobs: int | None = None, # parallel fits over draws and statistics (joblib), None = one at a time
-                 random_state: int | None = None, # seed of every network's initialisation and shuffling
+                 early_stopping: bool = False, # stop when 10% held-out queries stop improving
+                 batched: bool = False, # R draws: one network per statistic with R·K outputs
+                 n_jobs: int | None = None, # parallel fits (joblib); None: one at a time
+                 random_state: int | None = None, # seed of initialisation and shuffling
                 ):
         self.hidden_layer_sizes, self.alpha, self.learning_rate_init = hidden_layer_sizes, alpha, learning_rate_init
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched

@@ -33,9 +33,9 @@ def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
 class RMSoftmaxRouter(EnsembleRouter):
     "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over λ."
     def __init__(self,
-                 lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # cost weights λ to train on (the supervision's λ is added)
+                 lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
                  tau: float = 0.05, # temperature of the target softmax(U/τ)
-                 lam_sampling: bool = True, # each step: one random λ of the grid per query (False: every λ)
+                 lam_sampling: bool = True, # one random λ per query and step (False: all)
                  hidden: int = 16, # width of the hidden layer
                 ):
         self.lam_grid, self.tau, self.lam_sampling, self.hidden = lam_grid, tau, lam_sampling, hidden
@@ -102,7 +102,7 @@ def _scores(self: RMSoftmaxRouter, p, X, lam=None):
 # %% ../../nbs/15_router_rmsoftmax.ipynb #c85ce1cd
 @patch
 def predict_log_policy(self: RMSoftmaxRouter, X, # query features (n, d)
-                       lam: float | None = None, # cost weight λ to route for (default: the supervision's)
+                       lam: float | None = None, # λ to route for (default: the supervision's)
                       ) -> np.ndarray:
     "log π(m | x, λ): (n, K), or (R, n, K); `predict_utility` is this at the training λ."
     self._check_fitted()
