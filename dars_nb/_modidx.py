@@ -1015,6 +1015,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dars_nb.simulate._prompt_lengths': ('simulate.html#_prompt_lengths', 'dars_nb/simulate.py'),
                                   'dars_nb.simulate._query_draws': ('simulate.html#_query_draws', 'dars_nb/simulate.py'),
                                   'dars_nb.simulate._sigmoid': ('simulate.html#_sigmoid', 'dars_nb/simulate.py'),
+                                  'dars_nb.simulate._wordings': ('simulate.html#_wordings', 'dars_nb/simulate.py'),
                                   'dars_nb.simulate.calibration_table': ('simulate.html#calibration_table', 'dars_nb/simulate.py'),
                                   'dars_nb.simulate.make_world': ('simulate.html#make_world', 'dars_nb/simulate.py'),
                                   'dars_nb.simulate.observe': ('simulate.html#observe', 'dars_nb/simulate.py'),

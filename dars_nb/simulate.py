@@ -187,6 +187,15 @@ def success_probability(p: Profile, # the dataset profile
     s = np.reshape(settled, np.shape(settled) + (1,) * (prob.ndim - np.ndim(settled)))
     return np.where(s > 0, 1.0, np.where(s < 0, 0.0, prob))
 
+# %% ../nbs/03_simulate.ipynb #a80d1ea6
+def _wordings(p: Profile, rng, Q: int, K: int, N: int) -> tuple:
+    "Shift shared by the models, shift per model, and partial credit of Q queries × N wordings."
+    shared = rng.standard_normal((Q, 1, N)) * p.rewrite_shared_sd
+    own = rng.standard_normal((Q, K, N)) * p.rewrite_model_sd
+    partial = np.where(rng.random((Q, K, N)) < p.partial_credit,
+                       _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
+    return shared, own, partial
+
 # %% ../nbs/03_simulate.ipynb #1bb45a34
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
@@ -203,18 +212,10 @@ def sample_grid(world: World, # the latent world
     sel = np.flatnonzero(world.split == split)
     Q, K, M = len(sel), len(p.ability), n_decodes
     N = 1 if view == 'decode' else n_rewrites
-    # the original wording is fixed per world: same shift and partial answer every time
-    if view == 'decode':
-        orig, Qa = np.random.default_rng([world.seed, 7]), len(world.query_ids)
-        shared = orig.standard_normal((Qa, 1, 1))[sel] * p.rewrite_shared_sd
-        own = orig.standard_normal((Qa, K, 1))[sel] * p.rewrite_model_sd
-        partial = np.where(orig.random((Qa, K, 1)) < p.partial_credit,
-                           _PARTIAL_F1[orig.integers(0, len(_PARTIAL_F1), (Qa, K, 1))], 0.0)[sel]
-    else:
-        shared = rng.standard_normal((Q, 1, N)) * p.rewrite_shared_sd
-        own = rng.standard_normal((Q, K, N)) * p.rewrite_model_sd
-        partial = np.where(rng.random((Q, K, N)) < p.partial_credit,
-                           _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
+    if view == 'decode':  # the original wording is fixed per world: the same draws every time
+        orig = np.random.default_rng([world.seed, 7])
+        shared, own, partial = (a[sel] for a in _wordings(p, orig, len(world.query_ids), K, 1))
+    else: shared, own, partial = _wordings(p, rng, Q, K, N)
     prob = success_probability(p, world.base_logit[sel][:, :, None] + shared + own,
                                world.settled[sel], temperature)
     score = np.where(rng.random((Q, K, N, M)) < prob[..., None], 1.0, partial[..., None])
