@@ -200,8 +200,8 @@ def predicted_utility(router, # a fitted router (one draw)
         raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     nan = lambda: np.full((len(X), len(router.models_)), np.nan)
     if hasattr(router, 'predict_log_policy'):  # RM-Softmax: a λ-conditioned policy
-        return router.predict_log_policy(X, lam), dict(mu_q=nan(), mu_c=nan(), sigma=nan(),
-                                                       quality=nan())
+        policy = router.predict_log_policy(X, lam)
+        return policy, dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
     if hasattr(router, 'predict_heads'):  # EmbedLLM: quality already risk-adjusted
         h = router.predict_heads(X)
         return h['quality'] - lam * h['mu_c'], dict(mu_q=nan(), mu_c=h['mu_c'], sigma=nan(),
@@ -339,8 +339,8 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
         else:
             _, s = predicted_utility(r, X[te], sup.lam)
             if np.isnan(s['quality']).any():
-                raise ValueError(f"{type(r).__name__} predicts no statistics; the guard needs μ_c "
-                                 "and a quality")
+                name = type(r).__name__
+                raise ValueError(f"{name} predicts no statistics; the guard needs μ_c and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
     parts = dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy') else dict(quality=quality, mu_c=cost)
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)

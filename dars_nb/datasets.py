@@ -182,9 +182,9 @@ def gpqa_fixture(n: int = 6, # number of made-up questions
                 ) -> pd.DataFrame:
     "Made-up questions in the column layout of the official GPQA CSV (for tests and examples)."
     rows = [{'Record ID': f'rec{i:03d}', 'Question': f'Made-up question {i}: which value is right?',
-             'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a', 'Incorrect Answer 2': f'wrong {i}b',
-             'Incorrect Answer 3': f'wrong {i}c', 'High-level domain': ['Physics', 'Chemistry',
-                                                                        'Biology'][i % 3]}
+             'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a',
+             'Incorrect Answer 2': f'wrong {i}b', 'Incorrect Answer 3': f'wrong {i}c',
+             'High-level domain': ['Physics', 'Chemistry', 'Biology'][i % 3]}
             for i in range(n)]
     return pd.DataFrame(rows)
 

@@ -307,11 +307,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if costn.isna().any().any():
         j = int(np.flatnonzero(costn.isna().any(axis=0).to_numpy())[0])
         _fail(f"missing or non-numeric cost for model {models[j]!r} in {where}")
-    K = len(models)
+    K, prompts = len(models), t[prompt_column].map(_unwrap_prompt).to_numpy()
     long = pd.DataFrame(dict(task=np.repeat(task, K),
                              query_id=np.repeat(ids, K),
-                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(),
-                                                  K),
+                             query_text=np.repeat(prompts, K),
                              model=np.tile(np.asarray(models, dtype=object), n),
                              score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]

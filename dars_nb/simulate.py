@@ -259,8 +259,8 @@ def truth(world: World, # the latent world
     nodes, weights = np.polynomial.hermite_e.hermegauss(40)
     weights = weights / weights.sum()
     sd = np.hypot(p.rewrite_shared_sd, p.rewrite_model_sd)
-    prob = success_probability(p, world.base_logit[..., None] + sd * nodes, world.settled,
-                               temperature)
+    logit = world.base_logit[..., None] + sd * nodes
+    prob = success_probability(p, logit, world.settled, temperature)
     partial = p.partial_credit * _PARTIAL_F1.mean()           # E[score | wrong]
     second = p.partial_credit * np.square(_PARTIAL_F1).mean()  # E[score² | wrong]
     mu_q = ((prob + (1 - prob) * partial) * weights).sum(-1)

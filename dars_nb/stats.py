@@ -292,8 +292,8 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
     pick = np.minimum((u * count).astype(np.int64), count - 1)
     if not valid.all():  # move valid cells to the front, then index among them
         order = np.argsort(~valid, axis=-1, kind='stable')
-        pick = np.take_along_axis(np.broadcast_to(order, (n_draws, *order.shape)), pick[..., None],
-                                  -1)[..., 0]
+        orders = np.broadcast_to(order, (n_draws, *order.shape))
+        pick = np.take_along_axis(orders, pick[..., None], -1)[..., 0]
     qi, ki = np.indices((Q, K))
     return fq[qi, ki, pick], fc[qi, ki, pick]
 

@@ -77,8 +77,8 @@ class Router(BaseEstimator):
 
     def _check_fitted(self):
         if not hasattr(self, 'models_'):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) "
-                                 "first")
+            name = type(self).__name__
+            raise NotFittedError(f"this {name} is not fitted yet: call fit(X, sup) first")
 
 # %% ../../nbs/10_routers_base.ipynb #30b90159
 @patch

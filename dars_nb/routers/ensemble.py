@@ -94,8 +94,8 @@ def _fit(self: EnsembleRouter, X, sup):
         T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
         if self.batched: P = self._train(Xt, T, seeds, shared)
         else:
-            parts = [self._train(Xt, {k: v[r:r + 1] for k, v in T.items()}, seeds[r:r + 1],
-                                 shared)
+            one = lambda r: {k: v[r:r + 1] for k, v in T.items()}
+            parts = [self._train(Xt, one(r), seeds[r:r + 1], shared)
                      for r in range(sup.n_draws)]
             P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
         self._keep(Xt, T)

@@ -85,8 +85,8 @@ def _loss(self: GraphRouter, p, X, T, rows, gen):
     vis = perm[:n_vis]
     g = self._model_nodes(p, X[vis], T['y'][..., vis])
     z = self._edges(p, g, X[target])
-    return F.binary_cross_entropy_with_logits(z, T['y'][..., target], reduction='none').mean((1, 2,
-                                                                                              3))
+    loss = F.binary_cross_entropy_with_logits(z, T['y'][..., target], reduction='none')
+    return loss.mean((1, 2, 3))
 
 # %% ../../nbs/16_router_graph.ipynb #114e6393
 @patch

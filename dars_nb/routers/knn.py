@@ -63,8 +63,7 @@ def _predict_stats(self: KNNRouter, X) -> dict:
     if self.batched:
         S = (self._weights(X) @ self.targets_.reshape(Q, -1)).reshape(len(X), 3, R, K)
     else:  # R separate routers: neighbours found again for every draw
-        S = np.stack([(self._weights(X) @ self.targets_[:, :, r].reshape(Q, -1)).reshape(len(X), 3,
-                                                                                         K)
-                      for r in range(R)], axis=2)
+        per_draw = lambda r: self._weights(X) @ self.targets_[:, :, r].reshape(Q, -1)
+        S = np.stack([per_draw(r).reshape(len(X), 3, K) for r in range(R)], axis=2)
     S = S.transpose(1, 2, 0, 3)  # (3, R, n, K)
     return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
