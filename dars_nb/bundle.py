@@ -17,13 +17,14 @@ import pandas as pd
 from fastcore.basics import patch
 from sklearn.base import clone
 from . import __version__
+from .extras import install_hint
 from .features import TfidfFeaturizer, SentenceFeaturizer, make_featurizer, check_texts
 from .observations import read_observations
 from .stats import Supervision, supervision, normalize_cost
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'BundleError', 'encode', 'decode', 'RouterBundle',
-           'check_bundle', 'predicted_utility', 'guarded_choice', 'subset', 'fold_ids', 'GuardCV', 'cross_validate',
+           'check_bundle', 'predicted_utility', 'guarded_choice', 'fold_ids', 'GuardCV', 'cross_validate',
            'observed_means', 'guard_comparison', 'save_bundle', 'load_bundle', 'load_train_config', 'pool_prices',
            'query_texts', 'train', 'simulated_texts', 'train_main', 'read_questions', 'route_main']
 
@@ -31,6 +32,7 @@ __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'Bundle
 class BundleError(ValueError):
     "A router bundle cannot be saved or loaded (damaged file, unknown class, incompatible version)."
 
+# %% ../nbs/25_bundle.ipynb #4ad532d3
 FORMAT, FORMAT_VERSION = 'dars_nb.router_bundle', 1
 
 SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is saved or rebuilt
@@ -45,42 +47,54 @@ SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is sa
         ('sklearn.cluster', 'KMeans'), ('sklearn.feature_extraction.text', 'TfidfVectorizer'),
         ('sklearn.feature_extraction.text', 'TfidfTransformer')]},
 }
-TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),   # not needed to predict
+# not needed to predict
+TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),
                  'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
 
 def _saved_class(name: str) -> type:
-    if name not in SAVED_CLASSES: raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may hold)")
+    if name not in SAVED_CLASSES:
+        raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may "
+                          "hold)")
     module, cls = SAVED_CLASSES[name]
     try: return getattr(importlib.import_module(module), cls)
-    except ImportError as e: raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: pip install 'dars_nb[torch]')") from None
+    except ImportError as e:
+        raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: "
+                          f"{install_hint('torch')})") from None
 
+# %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
-    "The manifest name of `obj`'s class, if it is whitelisted exactly (not a subclass); imports only modules of that class name."
+    "Manifest name of `obj`'s class if whitelisted exactly (no subclass); imports only its modules."
     return next((n for n, (_, c) in SAVED_CLASSES.items() if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
 
 # %% ../nbs/25_bundle.ipynb #d94e73ef
 def encode(obj, # a value to save
            arrays: dict, # filled with 'arrays/<n>.npy' -> ndarray
           ):
-    "A JSON-ready tree for `obj`, its arrays moved into `arrays`; a one-line BundleError for anything not whitelisted."
+    "A JSON-ready tree for `obj`, arrays moved into `arrays`; a BundleError if not whitelisted."
     def put(a):
         key = f'arrays/{len(arrays)}.npy'; arrays[key] = a; return key
-    if isinstance(obj, np.generic):                    # before float: np.float64 is a float subclass
+    if isinstance(obj, np.generic):  # before float: np.float64 is a float subclass
         v = obj.item()
-        return {'$scalar': {'dtype': obj.dtype.str, 'value': repr(v) if isinstance(v, float) and not np.isfinite(v) else v}}
-    if isinstance(obj, float) and not np.isfinite(obj): return {'$float': repr(obj)}   # strict JSON has no NaN or Infinity
+        return {'$scalar': {'dtype': obj.dtype.str,
+                            'value': repr(v) if isinstance(v, float) and not np.isfinite(v) else v}}
+    # strict JSON has no NaN or Infinity
+    if isinstance(obj, float) and not np.isfinite(obj): return {'$float': repr(obj)}
     if obj is None or isinstance(obj, (bool, int, float, str)): return obj
     if isinstance(obj, list): return [encode(v, arrays) for v in obj]
     if isinstance(obj, tuple): return {'$tuple': [encode(v, arrays) for v in obj]}
-    if isinstance(obj, (set, frozenset)): return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
-    if isinstance(obj, dict): return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
+    if isinstance(obj, (set, frozenset)):
+        return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
+    if isinstance(obj, dict):
+        return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
-            if not all(isinstance(v, str) for v in obj.ravel()): raise BundleError("cannot save an object array that holds non-strings")
+            if not all(isinstance(v, str) for v in obj.ravel()):
+                raise BundleError("cannot save an object array that holds non-strings")
             return {'$strings': {'shape': list(obj.shape), 'values': obj.ravel().tolist()}}
         return {'$ndarray': put(obj)}
     if isinstance(obj, np.dtype): return {'$dtype': obj.str}
-    if isinstance(obj, type) and issubclass(obj, np.generic): return {'$numpy_type': np.dtype(obj).str}
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        return {'$numpy_type': np.dtype(obj).str}
     if type(obj).__module__ == 'torch' and type(obj).__name__ == 'Tensor':
         return {'$tensor': put(obj.detach().cpu().numpy())}
     name = _class_name(obj)
@@ -95,7 +109,8 @@ def decode(node, # a tree written by `encode`
     "The object a tree describes; a one-line BundleError for an unknown tag, class or array."
     if node is None or isinstance(node, (bool, int, float, str)): return node
     if isinstance(node, list): return [decode(v, arrays) for v in node]
-    if not isinstance(node, dict) or len(node) != 1: raise BundleError("damaged bundle: a manifest entry is not a tagged value")
+    if not isinstance(node, dict) or len(node) != 1:
+        raise BundleError("damaged bundle: a manifest entry is not a tagged value")
     (tag, v), = node.items()
     def get(key):
         if key not in arrays: raise BundleError(f"damaged bundle: array {key!r} is missing")
@@ -108,7 +123,9 @@ def decode(node, # a tree written by `encode`
     if tag == '$ndarray': return get(v)
     if tag == '$tensor':
         try: import torch
-        except ImportError: raise BundleError("this bundle holds torch tensors and torch is not installed (pip install 'dars_nb[torch]')") from None
+        except ImportError:
+            raise BundleError("this bundle holds torch tensors and torch is not installed "
+                              f"({install_hint('torch')})") from None
         return torch.from_numpy(np.array(get(v)))
     if tag == '$scalar': return np.dtype(v['dtype']).type(v['value'])
     if tag == '$dtype': return np.dtype(v)
@@ -123,9 +140,9 @@ def decode(node, # a tree written by `encode`
 # %% ../nbs/25_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
 class RouterBundle:
-    "A fitted featurizer and router with their pool, settings and provenance: routes raw question texts."
+    "A fitted featurizer and router with pool, settings and provenance: routes raw question texts."
     models: list            # model names, in the router's column order
-    prices: dict            # model -> (price_in, price_out), dollars per million tokens (may be empty)
+    prices: dict  # model -> (price_in, price_out), dollars per million tokens (may be empty)
     lam: float              # cost weight λ the router was trained with (the default for routing)
     beta: float             # risk weight β
     mode: str               # supervision mode
@@ -135,29 +152,40 @@ class RouterBundle:
     guard_cv: object = None      # `GuardCV` with the cross-validated predictions: margins for any λ
     fingerprint: str = ''        # sha256 of the training observations
     version: str = __version__   # library version that wrote the bundle
-    meta: dict = dataclasses.field(default_factory=dict)  # anything else worth keeping (family, config, held-out estimate)
-    _margins: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # margins computed per λ (not saved)
+    # anything else worth keeping (family, config, held-out estimate)
+    meta: dict = dataclasses.field(default_factory=dict)
+    # margins computed per λ (not saved)
+    _margins: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __repr__(self) -> str:
         guard = 'unguarded' if self.guard is None else f'guard margin {self.guard:.4g}'
-        return (f"RouterBundle({type(self.router).__name__} on {self.featurizer.name}, {len(self.models)} models, "
-                f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}, dars_nb {self.version})")
+        return (f"RouterBundle({type(self.router).__name__} on {self.featurizer.name}, "
+                f"{len(self.models)} models, "
+                f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}, dars_nb "
+                f"{self.version})")
 
     def __post_init__(self):
         check_bundle(self)
-        self.meta.setdefault('featurizer_kind', self.featurizer.kind)   # the kind the router was fitted on, for error messages
+        # the kind the router was fitted on, for error messages
+        self.meta.setdefault('featurizer_kind', self.featurizer.kind)
 
 # %% ../nbs/25_bundle.ipynb #7fea11db
 def check_bundle(b: RouterBundle, # the bundle to check
                 ) -> RouterBundle:
     "`b` if its pieces fit together, else a one-line BundleError."
     if not hasattr(b.router, 'models_'): raise BundleError("the router is not fitted")
-    if getattr(b.router, 'n_draws_', 1) != 1: raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
-    if list(b.router.models_) != list(b.models): raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's {list(b.models)}")
-    if not hasattr(b.featurizer, 'n_features_out_'): raise BundleError("the featurizer is not fitted")
+    if getattr(b.router, 'n_draws_', 1) != 1:
+        raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
+    if list(b.router.models_) != list(b.models):
+        raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's "
+                          f"{list(b.models)}")
+    if not hasattr(b.featurizer, 'n_features_out_'):
+        raise BundleError("the featurizer is not fitted")
     if b.featurizer.n_features_out_ != b.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
-    if b.guard is not None and b.guard_cv is None: raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
+        raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the "
+                          f"featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
+    if b.guard is not None and b.guard_cv is None:
+        raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
     missing = [m for m in b.prices if m not in b.models]
     if missing: raise BundleError(f"prices name model {missing[0]!r} that the router does not know")
     return b
@@ -167,17 +195,22 @@ def predicted_utility(router, # a fitted router (one draw)
                       X: np.ndarray, # features (n, d)
                       lam: float, # cost weight λ to route for
                      ) -> tuple[np.ndarray, dict]:
-    "Utility per model (n, K) at λ, and the predicted μ_q, μ_c, σ and risk-adjusted quality (NaN where the family has none)."
-    if not (np.isfinite(lam) and lam >= 0): raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+    "Utility (n, K) at λ, and predicted μ_q, μ_c, σ and risk-adjusted quality (NaN if none)."
+    if not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     nan = lambda: np.full((len(X), len(router.models_)), np.nan)
-    if hasattr(router, 'predict_log_policy'):                          # RM-Softmax: a λ-conditioned policy
-        return router.predict_log_policy(X, lam), dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
-    if hasattr(router, 'predict_heads'):                               # EmbedLLM: quality already risk-adjusted
+    if hasattr(router, 'predict_log_policy'):  # RM-Softmax: a λ-conditioned policy
+        policy = router.predict_log_policy(X, lam)
+        return policy, dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
+    if hasattr(router, 'predict_heads'):  # EmbedLLM: quality already risk-adjusted
         h = router.predict_heads(X)
-        return h['quality'] - lam * h['mu_c'], dict(mu_q=nan(), mu_c=h['mu_c'], sigma=nan(), quality=h['quality'])
+        return h['quality'] - lam * h['mu_c'], dict(mu_q=nan(), mu_c=h['mu_c'], sigma=nan(),
+                                                    quality=h['quality'])
     try: s = router.predict_stats(X)
     except NotImplementedError:
-        if lam != router.lam_: raise ValueError(f"{type(router).__name__} routes at its training λ = {router.lam_} only, got {lam}")
+        if lam != router.lam_:
+            raise ValueError(f"{type(router).__name__} routes at its training λ = {router.lam_} "
+                             f"only, got {lam}")
         return router.predict_utility(X), dict(mu_q=nan(), mu_c=nan(), sigma=nan(), quality=nan())
     q = s['mu_q'] - router.beta_ * s['sigma']
     return q - lam * s['mu_c'], dict(mu_q=s['mu_q'], mu_c=s['mu_c'], sigma=s['sigma'], quality=q)
@@ -185,9 +218,9 @@ def predicted_utility(router, # a fitted router (one draw)
 # %% ../nbs/25_bundle.ipynb #64b86afc
 def guarded_choice(U: np.ndarray, # predicted utility (n, K)
                    fixed, # index of the best fixed model: int, or (n,) per query
-                   margin: float | None, # route away only for a predicted gain above this; None: no guard
+                   margin: float | None, # route away only for a gain above this; None: no guard
                   ) -> np.ndarray:
-    "Index of the chosen model per query: the router's argmax if its predicted gain over `fixed` exceeds `margin`, else `fixed`."
+    "Chosen model per query: the argmax if its gain over `fixed` exceeds `margin`, else `fixed`."
     best = U.argmax(1)
     if margin is None: return best
     fixed = np.broadcast_to(np.asarray(fixed), best.shape)
@@ -195,82 +228,103 @@ def guarded_choice(U: np.ndarray, # predicted utility (n, K)
     return np.where(gain > margin, best, fixed)
 
 # %% ../nbs/25_bundle.ipynb #0eccc83f
-def subset(sup: Supervision, # supervision (one draw or R)
+def _supervision_rows(sup: Supervision, # supervision (one draw or R)
            rows, # query positions to keep
           ) -> Supervision:
     "`sup` restricted to the queries at `rows`."
     rows = np.asarray(rows)
-    return dataclasses.replace(sup, queries=sup.queries[rows], mu_q=sup.mu_q[:, rows], mu_c=sup.mu_c[:, rows],
+    return dataclasses.replace(sup, queries=sup.queries[rows], mu_q=sup.mu_q[:, rows],
+                               mu_c=sup.mu_c[:, rows],
                                sigma=sup.sigma[:, rows], utility=sup.utility[:, rows])
 
+# %% ../nbs/25_bundle.ipynb #fb67232e
 def fold_ids(n: int, # number of queries
              folds: int = 5, # K
              seed: int = 0, # seed of the shuffle
             ) -> np.ndarray:
-    "Fold index per query: a seeded shuffle of 0..K−1 repeated, so folds differ in size by at most one."
-    if not 2 <= folds <= n: raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got {folds}")
+    "Fold index per query: a seeded shuffle of 0..K−1 repeated; fold sizes differ by at most one."
+    if not 2 <= folds <= n:
+        raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got "
+                         f"{folds}")
     return np.random.default_rng(seed).permutation(np.arange(n) % folds)
 
 # %% ../nbs/25_bundle.ipynb #9d8fd3db
 @dataclasses.dataclass
 class GuardCV:
-    "Held-out predictions of K fold routers on the training queries: the guard's margin and the held-out utilities at any λ."
+    "Held-out predictions of K fold routers: the guard's margin and held-out utilities at any λ."
     folds: np.ndarray       # fold index per training query (Q,)
     mu_q: np.ndarray        # observed mean score per training query and model (Q, K)
     mu_c: np.ndarray        # observed mean normalised cost (Q, K)
-    parts: dict             # held-out predictions: 'quality' and 'mu_c' (Q, K), or 'lams' (G,) and 'policy' (G, Q, K)
-    quantiles: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)   # candidate margins: these quantiles of the positive gains
+    # held-out predictions: 'quality' and 'mu_c' (Q, K), or 'lams' (G,) and 'policy' (G, Q, K)
+    parts: dict
+    # candidate margins: these quantiles of the positive gains
+    quantiles: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
-    def utility(self, lam: float) -> np.ndarray:
-        "Held-out predicted utility (Q, K) at λ."
-        if 'policy' in self.parts:
-            hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
-            if not len(hit): raise ValueError(f"the guard of this router is known at λ in {self.parts['lams'].tolist()} only, got {lam}")
-            return self.parts['policy'][hit[0]]
-        return self.parts['quality'] - lam * self.parts['mu_c']
+# %% ../nbs/25_bundle.ipynb #bfd2fe02
+@patch
+def utility(self: GuardCV, lam: float) -> np.ndarray:
+    "Held-out predicted utility (Q, K) at λ."
+    if 'policy' in self.parts:
+        hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
+        if not len(hit):
+            raise ValueError("the guard of this router is known at λ in "
+                             f"{self.parts['lams'].tolist()} only, got {lam}")
+        return self.parts['policy'][hit[0]]
+    return self.parts['quality'] - lam * self.parts['mu_c']
 
-    def fixed(self, lam: float) -> np.ndarray:
-        "Best fixed model per query at λ, chosen on the training part of the query's fold."
-        real = self.mu_q - lam * self.mu_c
-        K = int(self.folds.max()) + 1
-        per_fold = np.array([real[self.folds != k].mean(0).argmax() for k in range(K)])
-        return per_fold[self.folds]
+# %% ../nbs/25_bundle.ipynb #eb0f44dd
+@patch
+def fixed(self: GuardCV, lam: float) -> np.ndarray:
+    "Best fixed model per query at λ, chosen on the training part of the query's fold."
+    real = self.mu_q - lam * self.mu_c
+    K = int(self.folds.max()) + 1
+    per_fold = np.array([real[self.folds != k].mean(0).argmax() for k in range(K)])
+    return per_fold[self.folds]
 
-    def candidates(self, lam: float) -> np.ndarray:
-        "Candidate margins: 0, quantiles of the positive held-out gains, +∞."
-        U = self.utility(lam)
-        gain = U.max(1) - U[np.arange(len(U)), self.fixed(lam)]
-        pos = gain[gain > 0]
-        return np.unique(np.r_[0.0, np.quantile(pos, self.quantiles) if len(pos) else [], np.inf])
+# %% ../nbs/25_bundle.ipynb #f2f94ede
+@patch
+def candidates(self: GuardCV, lam: float) -> np.ndarray:
+    "Candidate margins: 0, quantiles of the positive held-out gains, +∞."
+    U = self.utility(lam)
+    gain = U.max(1) - U[np.arange(len(U)), self.fixed(lam)]
+    pos = gain[gain > 0]
+    return np.unique(np.r_[0.0, np.quantile(pos, self.quantiles) if len(pos) else [], np.inf])
 
-    def held_out(self, lam: float, margin: float | None) -> tuple[float, float]:
-        "Pooled held-out utility and share of queries routed away from the best fixed model, for one margin."
-        fixed = self.fixed(lam)
-        choice = guarded_choice(self.utility(lam), fixed, margin)
-        return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
+# %% ../nbs/25_bundle.ipynb #6c5d8189
+@patch
+def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, float]:
+    "Pooled held-out utility and share routed away from the best fixed model, for one margin."
+    fixed = self.fixed(lam)
+    choice = guarded_choice(self.utility(lam), fixed, margin)
+    return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
 
-    def margin(self, lam: float) -> float:
-        "The candidate margin with the highest pooled held-out utility at λ (ties → the larger margin)."
-        cand = self.candidates(lam)
-        vals = np.array([self.held_out(lam, m)[0] for m in cand])
-        return float(cand[len(cand) - 1 - np.argmax(vals[::-1])])
+# %% ../nbs/25_bundle.ipynb #55f0c0a6
+@patch
+def margin(self: GuardCV, lam: float) -> float:
+    "The candidate margin with the highest pooled held-out utility at λ (ties → the larger margin)."
+    cand = self.candidates(lam)
+    vals = np.array([self.held_out(lam, m)[0] for m in cand])
+    return float(cand[len(cand) - 1 - np.argmax(vals[::-1])])
 
-    def report(self, lam: float) -> dict:
-        "Held-out utility of the best fixed model, the unguarded and the guarded router at λ, with the margin and the share routed away."
-        m = self.margin(lam)
-        router, away = self.held_out(lam, None)
-        guarded, g_away = self.held_out(lam, m)
-        return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router, guarded=guarded, margin=m,
-                    routed_away=away, guarded_routed_away=g_away)
+# %% ../nbs/25_bundle.ipynb #e6413545
+@patch
+def report(self: GuardCV, lam: float) -> dict:
+    "Held-out utility of best fixed, unguarded and guarded router at λ; margin, share routed away."
+    m = self.margin(lam)
+    router, away = self.held_out(lam, None)
+    guarded, g_away = self.held_out(lam, m)
+    return dict(lam=lam, best_fixed=self.held_out(lam, np.inf)[0], router=router,
+                guarded=guarded, margin=m,
+                routed_away=away, guarded_routed_away=g_away)
 
 # %% ../nbs/25_bundle.ipynb #1ab4d613
 def cross_validate(router, # an unfitted router (its parameters are cloned for every fold)
                    X: np.ndarray, # training features (Q, d), rows in `sup` order
                    sup: Supervision, # supervision, one draw
-                   observed: Supervision, # DARS statistics of the same queries (observed μ_q and μ_c)
+                   observed: Supervision, # DARS statistics of the same queries
                    folds: int = 5, # K
                    seed: int = 0, # seed of the fold assignment
-                   lams=(0.0, 0.025, 0.05, 0.1, 0.2), # λ grid for routers whose utility is not affine in λ (RM-Softmax)
+                   lams=(0.0, 0.025, 0.05, 0.1, 0.2), # λ grid for routers not affine in λ
                   ) -> GuardCV:
     "Fit K fold routers and keep their held-out predictions for the guard."
     ids = fold_ids(len(X), folds, seed)
@@ -279,11 +333,14 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
     quality, cost, policy = np.zeros((Q, K)), np.zeros((Q, K)), np.zeros((len(grid), Q, K))
     for k in range(folds):
         tr, te = ids != k, ids == k
-        r = clone(router).fit(X[tr], subset(sup, np.flatnonzero(tr)))
-        if hasattr(r, 'predict_log_policy'): policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
+        r = clone(router).fit(X[tr], _supervision_rows(sup, np.flatnonzero(tr)))
+        if hasattr(r, 'predict_log_policy'):
+            policy[:, te] = [r.predict_log_policy(X[te], lam) for lam in grid]
         else:
             _, s = predicted_utility(r, X[te], sup.lam)
-            if np.isnan(s['quality']).any(): raise ValueError(f"{type(r).__name__} predicts no statistics; the guard needs μ_c and a quality")
+            if np.isnan(s['quality']).any():
+                name = type(r).__name__
+                raise ValueError(f"{name} predicts no statistics; the guard needs μ_c and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
     parts = dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy') else dict(quality=quality, mu_c=cost)
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)
@@ -294,16 +351,19 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
                    models, # model order
                    split: str = 'test', # which split's rows to average
                   ) -> tuple[np.ndarray, np.ndarray]:
-    "Mean score and mean normalised cost per query and model of one split: two (n, K) arrays; a one-line error for a missing pair."
+    "Mean score and normalised cost (n, K) of one split; an error if a (query, model) is missing."
     o = normalize_cost(obs)
     o = o[o['split'] == split]
     m = o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']].mean()
     idx = pd.MultiIndex.from_product([[str(q) for q in query_ids], [str(x) for x in models]])
     m = m.reindex(idx)
-    if m['score'].isna().any(): raise ValueError(f"no {split} observation for query and model {m.index[m['score'].isna().argmax()]}")
+    if m['score'].isna().any():
+        raise ValueError(f"no {split} observation for query and model "
+                         f"{m.index[m['score'].isna().argmax()]}")
     shape = (len(query_ids), len(models))
     return m['score'].to_numpy().reshape(shape), m['cost_norm'].to_numpy().reshape(shape)
 
+# %% ../nbs/25_bundle.ipynb #de58342b
 def guard_comparison(router, # a router fitted on all training queries
                    X_test: np.ndarray, # test features (n, d)
                    mu_q: np.ndarray, # observed mean score of every test query and model (n, K)
@@ -311,38 +371,44 @@ def guard_comparison(router, # a router fitted on all training queries
                    cv: GuardCV, # the guard's held-out predictions
                    lam: float, # λ to route for
                   ) -> dict:
-    "Test utility of the best fixed model (chosen on training), the router and the guarded router, and the shares routed away."
+    "Test utility of best fixed (from training), router and guarded router; shares routed away."
     U, _ = predicted_utility(router, X_test, lam)
     real = mu_q - lam * mu_c
     fixed = int((cv.mu_q - lam * cv.mu_c).mean(0).argmax())
     margin = cv.margin(lam)
     pick = lambda c: float(real[np.arange(len(c)), c].mean())
     guarded = guarded_choice(U, fixed, margin)
-    return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)), guarded=pick(guarded),
+    return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)),
+                guarded=pick(guarded),
                 margin=margin, routed_away=float((U.argmax(1) != fixed).mean()), guarded_routed_away=float((guarded != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #45bb2428
 @patch
 def _margin(self: RouterBundle, lam: float) -> float | None:
-    "The guard's margin at λ: the stored one at the bundle's λ, recomputed from the CV predictions otherwise."
+    "The guard's margin at λ: stored at the bundle's λ, else recomputed from the CV predictions."
     if self.guard is None: return None
     if lam == self.lam or self.guard_cv is None: return self.guard
-    if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)   # 30 ms on 5,000 queries: once per λ
+    # 30 ms on 5,000 queries: once per λ
+    if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)
     return self._margins[lam]
 
+# %% ../nbs/25_bundle.ipynb #97a26663
 @patch
 def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
-    if self.guard_cv is None: raise ValueError("this bundle has no training statistics to choose a best fixed model")
+    if self.guard_cv is None:
+        raise ValueError("this bundle has no training statistics to choose a best fixed model")
     return int((self.guard_cv.mu_q - lam * self.guard_cv.mu_c).mean(0).argmax())
 
+# %% ../nbs/25_bundle.ipynb #31a5baad
 @patch
 def features(self: RouterBundle, texts, # question texts
             ) -> np.ndarray:
     "Feature rows of `texts`, checked against the width the router was fitted on."
     X = np.asarray(self.featurizer.transform(check_texts(texts)), dtype=float)
     if X.shape[1] != self.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {self.router.n_features_in_} features ({self.meta.get('featurizer_kind', '?')}), "
+        raise BundleError(f"the router was fitted on {self.router.n_features_in_} features "
+                          f"({self.meta.get('featurizer_kind', '?')}), "
                           f"got {X.shape[1]} ({self.featurizer.kind})")
     return X
 
@@ -351,7 +417,7 @@ def features(self: RouterBundle, texts, # question texts
 def predict_stats(self: RouterBundle, texts, # question texts
                   lam: float | None = None, # cost weight λ (default: the bundle's)
                  ) -> pd.DataFrame:
-    "Long table, one row per (text, model): predicted mu_q, mu_c, sigma, quality (μ_q − βσ), utility at λ, and rank after the guard."
+    "A row per (text, model): mu_q, mu_c, sigma, quality, utility at λ, rank after the guard."
     lam = self.lam if lam is None else float(lam)
     U, s = predicted_utility(self.router, self.features(texts), lam)
     order = self._ranking(U, lam)
@@ -360,6 +426,7 @@ def predict_stats(self: RouterBundle, texts, # question texts
     return pd.DataFrame(dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
                              **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(), rank=rank.ravel() + 1))
 
+# %% ../nbs/25_bundle.ipynb #5350d0d6
 @patch
 def _ranking(self: RouterBundle, U, lam) -> np.ndarray:
     "Model indices best-first per row: by utility, with the guard's choice moved to the front."
@@ -370,6 +437,7 @@ def _ranking(self: RouterBundle, U, lam) -> np.ndarray:
     rest = order[order != choice[:, None]].reshape(len(U), -1)
     return np.column_stack([choice, rest])
 
+# %% ../nbs/25_bundle.ipynb #74987fe3
 @patch
 def rank(self: RouterBundle, texts, # question texts
          lam: float | None = None, # cost weight λ (default: the bundle's)
@@ -380,6 +448,7 @@ def rank(self: RouterBundle, texts, # question texts
     names = np.asarray(self.models, dtype=object)
     return names[self._ranking(U, lam)].tolist()
 
+# %% ../nbs/25_bundle.ipynb #0f991aef
 @patch
 def route(self: RouterBundle, texts, # question texts
           lam: float | None = None, # cost weight λ (default: the bundle's)
@@ -395,14 +464,18 @@ def _fingerprint(obs: pd.DataFrame) -> str:
     text = train.sort_values(cols).to_csv(index=False, header=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
+# %% ../nbs/25_bundle.ipynb #8e2ae8d4
 def _minor(v: str) -> tuple: return tuple(v.split('.')[:2])
 
+# %% ../nbs/25_bundle.ipynb #e96cd1c0
 def _guard_cv(fields) -> GuardCV | None:
-    "The guard's CV predictions from their saved fields (plain data: no class is named in the file)."
+    "The guard's CV predictions from their saved fields (plain data: the file names no class)."
     if fields is None: return None
     try: return GuardCV(**fields)
-    except TypeError as e: raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
+    except TypeError as e:
+        raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
+# %% ../nbs/25_bundle.ipynb #cbc62989
 def save_bundle(bundle: RouterBundle, # the bundle to save
                 path, # file to write (conventionally `.zip` or `.router`)
                ) -> Path:
@@ -419,7 +492,8 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
                     guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
     path = Path(path)
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
-        z.writestr('manifest.json', json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
+        z.writestr('manifest.json',
+                   json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
         for key, a in arrays.items():
             buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False); z.writestr(key, buf.getvalue())
     return path
@@ -427,68 +501,95 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
 # %% ../nbs/25_bundle.ipynb #b5844dbb
 def load_bundle(path, # a file written by `save_bundle`
                ) -> RouterBundle:
-    "Read and check a bundle; a one-line BundleError if it is missing, damaged, unknown or from an incompatible version."
+    "Read and check a bundle; a BundleError if missing, damaged, unknown or of another version."
     path = Path(path)
     if not path.is_file(): raise BundleError(f"no router bundle at {path}")
     try:
         with zipfile.ZipFile(path) as z:
             names = set(z.namelist())
-            if 'manifest.json' not in names: raise BundleError(f"{path} is not a router bundle (no manifest.json)")
+            if 'manifest.json' not in names:
+                raise BundleError(f"{path} is not a router bundle (no manifest.json)")
             m = json.loads(z.read('manifest.json'))
-            if not isinstance(m, dict) or m.get('format') != FORMAT: raise BundleError(f"{path} is not a router bundle (unknown format)")
+            if not isinstance(m, dict) or m.get('format') != FORMAT:
+                raise BundleError(f"{path} is not a router bundle (unknown format)")
             if m.get('format_version') != FORMAT_VERSION:
-                raise BundleError(f"{path} has bundle format version {m.get('format_version')}; this library reads version {FORMAT_VERSION}")
+                raise BundleError(f"{path} has bundle format version {m.get('format_version')}; "
+                                  f"this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
                 raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
             arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
-    except zipfile.BadZipFile as e: raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError): raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
+    except zipfile.BadZipFile as e:
+        raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
     except (ValueError, OSError, EOFError) as e:
         if isinstance(e, BundleError): raise
         raise BundleError(f"{path} is damaged: {e}") from None
     try:
-        return RouterBundle(models=m['models'], prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
+        return RouterBundle(models=m['models'],
+                            prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
                             beta=m['beta'], mode=m['mode'], featurizer=decode(m['featurizer'], arrays),
                             router=decode(m['router'], arrays), guard=decode(m['guard'], arrays), guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
                             fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
+# %% ../nbs/25_bundle.ipynb #0225fb28
+def _read_config(config) -> tuple:
+    "The config as read from its TOML file (or as given) and the folder its paths are relative to."
+    if not isinstance(config, (str, Path)): return config, Path.cwd()
+    path = Path(config)
+    if not path.is_file(): raise ValueError(f"config file not found: {path}")
+    try: return tomllib.loads(path.read_text()), path.resolve().parent
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+
+# %% ../nbs/25_bundle.ipynb #3a79bd71
+def _config_pool(config: dict, base: Path) -> dict | None:
+    "The `[models]` price table of the config or of its pool file (None when there is neither)."
+    if 'pool' in config and 'models' in config:
+        raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
+    if 'pool' not in config: return config.get('models')
+    p = base / config['pool']
+    if not p.is_file(): raise ValueError(f"pool file not found: {p}")
+    pool = tomllib.loads(p.read_text()).get('models')
+    if not isinstance(pool, dict): raise ValueError(f"pool file {p} has no [models] table")
+    return pool
+
 # %% ../nbs/25_bundle.ipynb #66273838
 _TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard')
-_SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'), guard=('enabled', 'folds', 'seed'))
+_SECTION_KEYS = dict(supervision=('mode', 'lam', 'beta', 'seed'),
+                     guard=('enabled', 'folds', 'seed'))
 
-def load_train_config(config, # a TOML path, or a dict of the same layout (`observations` may then be a DataFrame)
+def load_train_config(config, # a TOML path, or a dict of that layout (observations may be a frame)
                      ) -> dict:
-    "The checked training config with defaults filled in and paths resolved; a one-line ValueError naming the problem."
-    base = Path.cwd()
-    if isinstance(config, (str, Path)):
-        path = Path(config)
-        if not path.is_file(): raise ValueError(f"config file not found: {path}")
-        try: config = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise ValueError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-        base = path.resolve().parent
-    if not isinstance(config, dict): raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
+    "The checked training config, defaults filled in, paths resolved; else a one-line ValueError."
+    config, base = _read_config(config)
+    if not isinstance(config, dict):
+        raise ValueError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
     extra = [k for k in config if k not in _TRAIN_KEYS]
-    if extra: raise ValueError(f"unknown key {extra[0]!r} in the config (expected one of {', '.join(_TRAIN_KEYS)})")
-    if 'observations' not in config: raise ValueError("the config needs observations = \"FILE\" (a table written by dars collect, or an imported table)")
+    if extra:
+        raise ValueError(f"unknown key {extra[0]!r} in the config (expected one of "
+                         f"{', '.join(_TRAIN_KEYS)})")
+    if 'observations' not in config:
+        raise ValueError("the config needs observations = \"FILE\" (a table written by dars "
+                         "collect, or an imported table)")
     sections = {k: config.get(k, {}) for k in ('router', 'supervision', 'features', 'guard')}
     for k, v in sections.items():
         if not isinstance(v, dict): raise ValueError(f"[{k}] must be a table")
         extra = [x for x in v if k in _SECTION_KEYS and x not in _SECTION_KEYS[k]]
-        if extra: raise ValueError(f"unknown key {extra[0]!r} in [{k}] (expected one of {', '.join(_SECTION_KEYS[k])})")
-    if 'family' not in sections['router']: raise ValueError("[router] needs a family (MLP, kNN, MIRT, EmbedLLM, RM-Softmax, GraphRouter or AvengersPro)")
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r} in [{k}] (expected one of "
+                             f"{', '.join(_SECTION_KEYS[k])})")
+    if 'family' not in sections['router']:
+        raise ValueError("[router] needs a family (MLP, kNN, MIRT, EmbedLLM, RM-Softmax, "
+                         "GraphRouter or AvengersPro)")
     obs = config['observations']
     if not isinstance(obs, pd.DataFrame): obs = base / obs
-    if 'pool' in config and 'models' in config: raise ValueError("give prices either as pool = \"FILE\" or as a [models] table, not both")
-    pool = config.get('models')
-    if 'pool' in config:
-        p = base / config['pool']
-        if not p.is_file(): raise ValueError(f"pool file not found: {p}")
-        pool = tomllib.loads(p.read_text()).get('models')
-        if not isinstance(pool, dict): raise ValueError(f"pool file {p} has no [models] table")
+    pool = _config_pool(config, base)
     router = dict(sections['router'])
     return dict(observations=obs, pool=pool, family=router.pop('family'), params=router,
-                supervision={'mode': 'dars', 'lam': 0.05, 'beta': 0.2, 'seed': 0, **sections['supervision']},
+                supervision={'mode': 'dars', 'lam': 0.05, 'beta': 0.2, 'seed': 0,
+                             **sections['supervision']},
                 features={'kind': 'tfidf', **sections['features']},
                 guard={'enabled': True, 'folds': 5, 'seed': 0, **sections['guard']})
 
@@ -496,10 +597,12 @@ def load_train_config(config, # a TOML path, or a dict of the same layout (`obse
 def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price_out, ...}, or None
                 models: list, # the models of the observations
                ) -> dict:
-    "{model: (price_in, price_out)} for every model, or {} without a pool; a one-line ValueError for a missing or extra model."
+    "{model: (price_in, price_out)}, or {} without a pool; a ValueError for a missing or extra one."
     if pool is None: return {}
     extra = [m for m in pool if m not in models]
-    if extra: raise ValueError(f"pool model {extra[0]!r} has no observations (observed: {', '.join(models)})")
+    if extra:
+        raise ValueError(f"pool model {extra[0]!r} has no observations (observed: "
+                         f"{', '.join(models)})")
     out = {}
     for m in models:
         spec = pool.get(m)
@@ -508,53 +611,73 @@ def pool_prices(pool: dict | None, # a [models] table: model -> {price_in, price
         out[m] = (float(spec['price_in']), float(spec['price_out']))
     return out
 
+# %% ../nbs/25_bundle.ipynb #e925461d
 def query_texts(obs: pd.DataFrame, # observations with a query_text column
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
-    "Each query's original wording: `query_text` of its lowest rewrite_id (0 = the original), in the order of `queries`."
-    if 'query_text' not in obs.columns: raise ValueError("the observations have no query_text column: a router bundle featurizes the query text")
+    "Each query's original wording (`query_text` of its lowest rewrite_id), in `queries` order."
+    if 'query_text' not in obs.columns:
+        raise ValueError("the observations have no query_text column: a router bundle featurizes "
+                         "the query text")
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
     first = o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])['query_text']
     first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
-    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str), queries.get_level_values(-1).astype(str)])
+    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
+                                      queries.get_level_values(-1).astype(str)])
     idx = first.index.get_indexer(keys)
-    if (idx < 0).any(): raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
+    if (idx < 0).any():
+        raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
     return first.iloc[idx].astype(str).tolist()
+
+# %% ../nbs/25_bundle.ipynb #913b659e
+def _print_training(bundle: RouterBundle, c: dict, held: dict, n_texts: int):
+    "What `train` trained, and its held-out utility against the best fixed model."
+    s, g = c['supervision'], c['guard']
+    fixed = bundle.models[bundle.best_fixed(bundle.lam)]
+    print(f"trained {c['family']} on {n_texts} training queries × {len(bundle.models)} models "
+          f"(mode {s['mode']}, λ = {s['lam']}, β = {s['beta']}, features {bundle.featurizer.name})")
+    print(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model "
+          f"{held['best_fixed']:.4f} ({fixed}), "
+          f"router {held['router']:.4f} ({held['routed_away']:.0%} routed away), "
+          f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, "
+          f"{held['guarded_routed_away']:.0%} routed away)"
+          + ('' if g['enabled'] else ' — guard disabled: routes follow the router'))
 
 # %% ../nbs/25_bundle.ipynb #f8b844aa
 def train(config, # a TOML path or a dict of the same layout (see above)
           quiet: bool = False, # print nothing
          ) -> RouterBundle:
-    "Train a guarded router bundle from a config; prints what it trained and its held-out utility against the best fixed model."
+    "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     from dars_nb.routers import ROUTERS
-    say = (lambda *a: None) if quiet else print
     c = load_train_config(config)
-    obs = c['observations'] if isinstance(c['observations'], pd.DataFrame) else read_observations(c['observations'])
-    if c['family'] not in ROUTERS: raise ValueError(f"unknown router family {c['family']!r} (expected one of {', '.join(ROUTERS)})")
+    obs = c['observations']
+    if not isinstance(obs, pd.DataFrame): obs = read_observations(obs)
+    if c['family'] not in ROUTERS:
+        raise ValueError(f"unknown router family {c['family']!r} (expected one of "
+                         f"{', '.join(ROUTERS)})")
     s = c['supervision']
     sup = supervision(obs, s['mode'], s['lam'], s['beta'], seed=s['seed'])
     observed = sup if s['mode'] == 'dars' else supervision(obs, 'dars', s['lam'], s['beta'])
     texts = query_texts(obs, sup.queries)
     f = dict(c['features']); kind = f.pop('kind')
-    try: featurizer, router = make_featurizer(kind, verbose=not quiet, **f), ROUTERS[c['family']](**c['params'])
-    except TypeError as e: raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
+    try:
+        featurizer = make_featurizer(kind, verbose=not quiet, **f)
+        router = ROUTERS[c['family']](**c['params'])
+    except TypeError as e:
+        raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
     X = featurizer.fit(texts).transform(texts)
     g = c['guard']
     cv = cross_validate(router, X, sup, observed, folds=int(g['folds']), seed=int(g['seed']))
     router.fit(X, sup)
     held = cv.report(float(s['lam']))
-    bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)), lam=float(s['lam']),
-                          beta=float(s['beta']), mode=s['mode'], featurizer=featurizer, router=router,
-                          guard=held['margin'] if g['enabled'] else None, guard_cv=cv, fingerprint=_fingerprint(obs),
-                          meta=dict(family=c['family'], params=c['params'], features=featurizer.name, folds=int(g['folds']),
+    bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)),
+                          lam=float(s['lam']), beta=float(s['beta']), mode=s['mode'],
+                          featurizer=featurizer, router=router, guard=held['margin'] if g['enabled'] else None,
+                          guard_cv=cv, fingerprint=_fingerprint(obs),
+                          meta=dict(family=c['family'], params=c['params'],
+                                    features=featurizer.name, folds=int(g['folds']),
                                     n_train_queries=len(texts), held_out=held))
-    fixed = bundle.models[bundle.best_fixed(bundle.lam)]
-    say(f"trained {c['family']} on {len(texts)} training queries × {len(sup.models)} models "
-        f"(mode {s['mode']}, λ = {s['lam']}, β = {s['beta']}, features {featurizer.name})")
-    say(f"held-out utility ({g['folds']}-fold CV on the training queries): best fixed model {held['best_fixed']:.4f} ({fixed}), "
-        f"router {held['router']:.4f} ({held['routed_away']:.0%} routed away), "
-        f"guarded {held['guarded']:.4f} (margin {held['margin']:.4g} chosen on these folds, {held['guarded_routed_away']:.0%} routed away)"
-        + ('' if g['enabled'] else ' — guard disabled: routes follow the router'))
+    if not quiet: _print_training(bundle, c, held, len(texts))
     return bundle
 
 # %% ../nbs/25_bundle.ipynb #9621c8ad
@@ -562,12 +685,14 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
                     features: pd.DataFrame, # the simulator's features, indexed by query_id
                     seed: int = 0, # seed of the filler words
                    ) -> pd.DataFrame:
-    "`obs` with a `query_text` per query: words naming the signs of its first simulated features, plus filler — for examples and tests."
+    "`obs` with a `query_text` naming the signs of each query's first features (examples, tests)."
     rng = np.random.default_rng(seed)
     F = features.to_numpy()[:, :6]
-    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]), np.array([f'down{i}' for i in range(F.shape[1])]))
+    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
+                     np.array([f'down{i}' for i in range(F.shape[1])]))
     filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
-    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
+    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])],
+                     index=features.index.astype(str))
     return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())
 
 # %% ../nbs/25_bundle.ipynb #421df77a
@@ -580,9 +705,10 @@ def train_main(config: str, # path of the training TOML file
     if not quiet: print(f"saved the router bundle to {path}")
     return 0
 
-def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line, or one plain-text question per line
+# %% ../nbs/25_bundle.ipynb #eb1cfc4f
+def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one question per line
                   ) -> tuple[list, list[str]]:
-    "Ids and questions of a query file (ids default to the line number); a one-line ValueError naming a bad line."
+    "Ids and questions of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
     if not path.is_file(): raise ValueError(f"query file not found: {path}")
     ids, questions = [], []
@@ -591,12 +717,14 @@ def read_questions(file, # a .jsonl file: {"id": ..., "question": ...} per line,
         try: item = json.loads(line)
         except json.JSONDecodeError: item = line
         if isinstance(item, dict):
-            if not isinstance(item.get('question'), str): raise ValueError(f"{path.name} line {n}: no \"question\" string")
+            if not isinstance(item.get('question'), str):
+                raise ValueError(f"{path.name} line {n}: no \"question\" string")
             ids.append(item.get('id', n)); questions.append(item['question'])
-        else: ids.append(n); questions.append(item if isinstance(item, str) else line)   # a JSON string, or plain text (even "42")
+        else: ids.append(n); questions.append(item if isinstance(item, str) else line) # JSON string or plain text
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 
+# %% ../nbs/25_bundle.ipynb #782affea
 def route_main(router: str, # path of a router bundle
                question: str | None = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)
@@ -605,12 +733,14 @@ def route_main(router: str, # path of a router bundle
                quiet: bool = False, # print only the chosen models
               ) -> int:
     "Print the chosen model per question (with --file: one JSON line per question); returns 0."
-    if (question is None) == (file is None): raise ValueError("give one question or --file, not both and not neither")
+    if (question is None) == (file is None):
+        raise ValueError("give one question or --file, not both and not neither")
     bundle = load_bundle(router)
     ids, questions = ([None], [question]) if file is None else read_questions(file)
     if explain: stats = bundle.predict_stats(questions, lam)
     for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
-        print(model if file is None else json.dumps({'id': qid, 'model': model}, ensure_ascii=False))
+        print(model if file is None else json.dumps({'id': qid, 'model': model},
+                                                    ensure_ascii=False))
         if explain and not quiet:
             t = stats[stats.text == i].set_index('model').sort_values('rank')[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
             print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'}).to_string(float_format=lambda v: f'{v:.4f}'))

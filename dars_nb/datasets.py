@@ -20,13 +20,16 @@ __all__ = ['TASK_COLUMNS', 'MMLU_SCIENCE', 'data_dir', 'load_math500', 'load_mat
 # %% ../nbs/05_datasets.ipynb #2403b444
 def data_dir(path=None, # the data folder; default: the DARS_DATA environment variable
             ) -> Path:
-    "The benchmark data folder: `path`, else `$DARS_DATA`; a one-line ValueError when unset or missing."
+    "The benchmark data folder: `path`, else `$DARS_DATA`; a ValueError if unset or missing."
     path = path if path is not None else os.environ.get('DARS_DATA') or None
-    if path is None: raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has small samples in data/)")
+    if path is None:
+        raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has "
+                         "small samples in data/)")
     p = Path(path).expanduser()
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p
 
+# %% ../nbs/05_datasets.ipynb #e84a19de
 def _data_file(root, *parts) -> Path:
     f = data_dir(root).joinpath(*parts)
     if not f.is_file(): raise ValueError(f"missing data file {'/'.join(parts)} in {data_dir(root)}")
@@ -36,10 +39,12 @@ TASK_COLUMNS = ['dataset', 'query_id', 'kind', 'question', 'context', 'choices',
 
 # %% ../nbs/05_datasets.ipynb #5be29807
 def _math_table(df, dataset, ids):
-    return pd.DataFrame(dict(dataset=dataset, query_id=ids, kind='math', question=df['problem'].astype(str),
+    return pd.DataFrame(dict(dataset=dataset, query_id=ids, kind='math',
+                             question=df['problem'].astype(str),
                              context='', choices=None, gold=df['answer'].astype(str),
                              subject=df['subject'].astype(str)))[TASK_COLUMNS]
 
+# %% ../nbs/05_datasets.ipynb #87d0808e
 def load_math500(root=None, # data folder (default: DARS_DATA)
                  dataset: str = 'math500', # dataset name in the task table
                 ) -> pd.DataFrame:
@@ -47,6 +52,7 @@ def load_math500(root=None, # data folder (default: DARS_DATA)
     df = pd.read_json(_data_file(root, 'math', 'math500_test.jsonl'), lines=True)
     return _math_table(df, dataset, df['unique_id'].astype(str))
 
+# %% ../nbs/05_datasets.ipynb #c71a998e
 def load_math_train(root=None, # data folder (default: DARS_DATA)
                     dataset: str = 'math', # dataset name in the task table
                    ) -> pd.DataFrame:
@@ -55,26 +61,31 @@ def load_math_train(root=None, # data folder (default: DARS_DATA)
     return _math_table(df, dataset, 'math-' + df['source_idx'].astype(str))
 
 # %% ../nbs/05_datasets.ipynb #e6bff9ca
-_DROP_PROMPT = re.compile(r'^\s*Passage:\s*(?P<passage>.*)\nQuestion:\s*(?P<question>.*?)\s*\nAnswer:\s*$', re.S)
+_DROP_PROMPT = re.compile(
+    r'^\s*Passage:\s*(?P<passage>.*)\nQuestion:\s*(?P<question>.*?)\s*\nAnswer:\s*$', re.S)
 _DROP_FILES = {'test': 'drop800_test.jsonl', 'validate': 'drop200_validate.jsonl'}
 
 def split_drop_prompt(prompt: str, # "Passage: … Question: … Answer:"
                      ) -> tuple[str, str]:
     "(passage, question) of one DROP prompt."
     m = _DROP_PROMPT.match(prompt)
-    if m is None: raise ValueError(f"not a DROP prompt ('Passage: … Question: … Answer:'): {prompt[:60]!r}")
+    if m is None:
+        raise ValueError(f"not a DROP prompt ('Passage: … Question: … Answer:'): {prompt[:60]!r}")
     return m.group('passage').strip(), m.group('question').strip()
 
+# %% ../nbs/05_datasets.ipynb #f9dfaa95
 def load_drop(split: str = 'test', # 'test' (800 questions) or 'validate' (200)
               root=None, # data folder (default: DARS_DATA)
               dataset: str = 'drop800', # dataset name in the task table
              ) -> pd.DataFrame:
     "The DROP subset as a task table; `gold` is the list of accepted answers."
-    if split not in _DROP_FILES: raise ValueError(f"unknown DROP split {split!r} (expected 'test' or 'validate')")
+    if split not in _DROP_FILES:
+        raise ValueError(f"unknown DROP split {split!r} (expected 'test' or 'validate')")
     df = pd.read_json(_data_file(root, 'drop', _DROP_FILES[split]), lines=True, dtype={'id': str})
     passage, question = zip(*map(split_drop_prompt, df['context']))
     golds = [[g.strip() for g in r.split('|') if g.strip()] for r in df['ref_text'].astype(str)]
-    return pd.DataFrame(dict(dataset=dataset, query_id=df['id'].astype(str), kind='reading', question=question,
+    return pd.DataFrame(dict(dataset=dataset, query_id=df['id'].astype(str), kind='reading',
+                             question=question,
                              context=passage, choices=None, gold=golds, subject=''))[TASK_COLUMNS]
 
 # %% ../nbs/05_datasets.ipynb #74fff3e6
@@ -88,7 +99,8 @@ def load_mmlu(split: str = 'test', # 'dev', 'val' or 'test'
               dataset: str = 'mmlu', # dataset name in the task table
              ) -> pd.DataFrame:
     "MMLU questions of `split` (and `subjects`) as a multiple-choice task table."
-    if split not in _MMLU_SPLITS: raise ValueError(f"unknown MMLU split {split!r} (expected dev, val or test)")
+    if split not in _MMLU_SPLITS:
+        raise ValueError(f"unknown MMLU split {split!r} (expected dev, val or test)")
     folder = data_dir(root) / 'mmlu' / split
     files = {f.name[:-len(f'_{split}.csv')]: f for f in sorted(folder.glob(f'*_{split}.csv'))}
     if not files: raise ValueError(f"no MMLU files in {folder}")
@@ -99,13 +111,16 @@ def load_mmlu(split: str = 'test', # 'dev', 'val' or 'test'
         files = {s: files[s] for s in subjects}
     parts = []
     for subject, f in files.items():
-        df = pd.read_csv(f, header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'], dtype=str, keep_default_na=False)
+        df = pd.read_csv(f, header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'],
+                         dtype=str, keep_default_na=False)
         df['subject'], df['query_id'] = subject, [f'{subject}/{i}' for i in range(len(df))]
         parts.append(df)
     df = pd.concat(parts, ignore_index=True)
     bad = ~df['answer'].str.strip().isin(list('ABCD'))
-    if bad.any(): raise ValueError(f"MMLU answer is not a letter A-D in {df['query_id'][bad].iloc[0]}")
-    return pd.DataFrame(dict(dataset=dataset, query_id=df['query_id'], kind='choice', question=df['question'], context='',
+    if bad.any():
+        raise ValueError(f"MMLU answer is not a letter A-D in {df['query_id'][bad].iloc[0]}")
+    return pd.DataFrame(dict(dataset=dataset, query_id=df['query_id'], kind='choice',
+                             question=df['question'], context='',
                              choices=df[list('ABCD')].to_numpy().tolist(), gold=df['answer'].str.strip(),
                              subject=df['subject']))[TASK_COLUMNS]
 
@@ -118,15 +133,20 @@ def _read_gpqa_csv(path: Path, subset: str, password: str | None) -> pd.DataFram
         names = [n for n in z.namelist() if Path(n).name == f'gpqa_{subset}.csv' and '__MACOSX' not in n]
         if not names: raise ValueError(f"no gpqa_{subset}.csv in {path.name}")
         info = z.getinfo(names[0])
-        if info.flag_bits & 0x1 and password is None: raise ValueError(f"{path.name} is password-protected: pass password=")
+        if info.flag_bits & 0x1 and password is None:
+            raise ValueError(f"{path.name} is password-protected: pass password=")
         try: raw = z.read(names[0], pwd=password.encode() if password else None)
-        except RuntimeError: raise ValueError(f"cannot open {names[0]} in {path.name}: wrong password?") from None
-        except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: unsupported encryption") from None
+        except RuntimeError:
+            raise ValueError(f"cannot open {names[0]} in {path.name}: wrong password?") from None
+        except NotImplementedError: raise ValueError(f"cannot decrypt {names[0]} in {path.name}: "
+                                                     "unsupported encryption") from None
     return pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False)
 
+# %% ../nbs/05_datasets.ipynb #f59fddfd
 def _option_order(ids, seed: int) -> np.ndarray:
     "A permutation of the 4 options per id, fixed by (seed, id) alone."
-    keys = np.array([np.frombuffer(hashlib.sha256(f'{seed}:{i}'.encode()).digest()[:16], dtype=np.uint32)[:4]
+    keys = np.array([np.frombuffer(hashlib.sha256(f'{seed}:{i}'.encode()).digest()[:16],
+                                   dtype=np.uint32)[:4]
                      for i in ids]).reshape(len(ids), 4)
     return np.argsort(keys, axis=1, kind='stable')
 
@@ -145,13 +165,16 @@ def load_gpqa(path, # your GPQA file: a CSV, or the official zip
     if missing: raise ValueError(f"GPQA file lacks the column {missing[0]!r}")
     ids = (df['Record ID'].astype(str) if 'Record ID' in df.columns
            else pd.Series([f'gpqa-{i:04d}' for i in range(len(df))]))
-    if ids.duplicated().any(): raise ValueError(f"duplicate GPQA record id {ids[ids.duplicated()].iloc[0]!r}")
+    if ids.duplicated().any():
+        raise ValueError(f"duplicate GPQA record id {ids[ids.duplicated()].iloc[0]!r}")
     options = df[_GPQA_OPTIONS].apply(lambda s: s.str.strip()).to_numpy()
-    order = _option_order(ids.tolist(), seed)                    # order[i, k] = option shown as letter k
+    order = _option_order(ids.tolist(), seed)  # order[i, k] = option shown as letter k
     choices = np.take_along_axis(options, order, axis=1)
-    gold = np.array(list('ABCD'))[np.argmax(order == 0, axis=1)]  # where the correct answer (column 0) went
+    # where the correct answer (column 0) went
+    gold = np.array(list('ABCD'))[np.argmax(order == 0, axis=1)]
     subject = df['High-level domain'].astype(str) if 'High-level domain' in df.columns else ''
-    return pd.DataFrame(dict(dataset=dataset, query_id=ids.to_numpy(), kind='choice', question=df['Question'].str.strip().to_numpy(),
+    return pd.DataFrame(dict(dataset=dataset, query_id=ids.to_numpy(), kind='choice',
+                             question=df['Question'].str.strip().to_numpy(),
                              context='', choices=choices.tolist(), gold=gold, subject=subject))[TASK_COLUMNS]
 
 # %% ../nbs/05_datasets.ipynb #dbc66092
@@ -159,8 +182,9 @@ def gpqa_fixture(n: int = 6, # number of made-up questions
                 ) -> pd.DataFrame:
     "Made-up questions in the column layout of the official GPQA CSV (for tests and examples)."
     rows = [{'Record ID': f'rec{i:03d}', 'Question': f'Made-up question {i}: which value is right?',
-             'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a', 'Incorrect Answer 2': f'wrong {i}b',
-             'Incorrect Answer 3': f'wrong {i}c', 'High-level domain': ['Physics', 'Chemistry', 'Biology'][i % 3]}
+             'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a',
+             'Incorrect Answer 2': f'wrong {i}b', 'Incorrect Answer 3': f'wrong {i}c',
+             'High-level domain': ['Physics', 'Chemistry', 'Biology'][i % 3]}
             for i in range(n)]
     return pd.DataFrame(rows)
 
@@ -172,7 +196,9 @@ def sample_tasks(tasks: pd.DataFrame, # a task table (one or more datasets)
                 ) -> tuple[pd.DataFrame, pd.DataFrame]: # (train, test)
     "Draw `n` training queries per dataset (and up to `n_test` test queries from the rest)."
     sizes = tasks.groupby('dataset', sort=False).size()
-    if (sizes < n).any(): raise ValueError(f"dataset {sizes[sizes < n].index[0]!r} has {sizes.min()} queries, fewer than n={n}")
+    if (sizes < n).any():
+        raise ValueError(f"dataset {sizes[sizes < n].index[0]!r} has {sizes.min()} queries, fewer "
+                         f"than n={n}")
     rng = np.random.default_rng(seed)
     rank = pd.Series(rng.random(len(tasks)), index=tasks.index).groupby(tasks['dataset'].to_numpy()).rank(method='first')
     test = (rank > n) if n_test is None else (rank > n) & (rank <= n + n_test)

@@ -9,7 +9,7 @@ import importlib.util
 from types import ModuleType
 
 # %% auto #0
-__all__ = ['EXTRAS', 'EXTRA_MODULES', 'MissingExtra', 'require', 'check_extra']
+__all__ = ['EXTRAS', 'EXTRA_MODULES', 'MissingExtra', 'install_hint', 'missing_extra', 'require', 'check_extra']
 
 # %% ../nbs/08_extras.ipynb #2da97eee
 EXTRAS = {  # extra -> what it adds
@@ -21,19 +21,43 @@ EXTRAS = {  # extra -> what it adds
     'local': 'small local LLMs behind an OpenAI-compatible endpoint',
 }
 
+# %% ../nbs/08_extras.ipynb #ef2c3365
 class MissingExtra(ImportError):
-    "An optional dependency is not installed; the message names the extra of `dars_nb` that installs it."
+    "An optional dependency is missing; the message names the extra of `dars_nb` that installs it."
 
+# %% ../nbs/08_extras.ipynb #328a02fd
+def _known(extra: str) -> str:
+    "`extra` if it is a key of `EXTRAS`, else a one-line ValueError."
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
+    return extra
+
+# %% ../nbs/08_extras.ipynb #e87a51a9
+def install_hint(extra: str, # a key of `EXTRAS`
+                ) -> str:
+    "The command that installs `extra`."
+    return f"pip install 'dars_nb[{_known(extra)}]'"
+
+# %% ../nbs/08_extras.ipynb #e8fea3c2
+def missing_extra(what: str, # what needs the modules, as the message's subject, e.g. 'MIRTRouter'
+                  modules, # the missing top-level modules
+                  extra: str, # the extra that installs them
+                 ) -> MissingExtra:
+    "The one-line `MissingExtra` saying that `what` needs `modules` and how to install them."
+    return MissingExtra(f"{what} needs {', '.join(modules)}: {install_hint(extra)}")
+
+# %% ../nbs/08_extras.ipynb #5324e76d
 def require(module: str, # the module to import, e.g. 'torch' or 'math_verify'
             extra: str, # the extra of dars_nb that installs it (a key of `EXTRAS`)
             what: str, # what needs it, as the message's subject, e.g. 'MIRTRouter'
            ) -> ModuleType:
     "Import `module`, or raise `MissingExtra` saying in one line which extra installs it."
-    if extra not in EXTRAS: raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
+    _known(extra)
     try: return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if (e.name or '').split('.')[0] == 'dars_nb': raise   # a missing part of this library is a bug, not an extra
-        raise MissingExtra(f"{what} needs {module.split('.')[0]}: pip install 'dars_nb[{extra}]'") from e
+        # a missing part of this library is a bug, not an extra
+        if (e.name or '').split('.')[0] == 'dars_nb': raise
+        raise missing_extra(what, [module.split('.')[0]], extra) from e
 
 # %% ../nbs/08_extras.ipynb #8dfe3700
 EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
@@ -47,9 +71,10 @@ EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
 
 def check_extra(extra: str, # a key of `EXTRAS`
                 what: str, # what needs it, as the message's subject, e.g. 'dars docs'
-                modules: tuple | None = None, # the modules to look for (default: the extra's, from `EXTRA_MODULES`)
+                modules: tuple | None = None, # modules to look for (default: the extra's)
                ) -> None:
     "Raise `MissingExtra` naming `extra` unless every one of its modules can be imported."
-    if extra not in EXTRAS: raise ValueError(f"unknown extra {extra!r} (expected one of {', '.join(EXTRAS)})")
-    missing = [m for m in (EXTRA_MODULES[extra] if modules is None else modules) if importlib.util.find_spec(m) is None]
-    if missing: raise MissingExtra(f"{what} needs {', '.join(missing)}: pip install 'dars_nb[{extra}]'")
+    _known(extra)
+    wanted = EXTRA_MODULES[extra] if modules is None else modules
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
+    if missing: raise missing_extra(what, missing, extra)

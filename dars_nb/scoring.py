@@ -17,7 +17,7 @@ from .extras import require
 
 # %% auto #0
 __all__ = ['KINDS', 'clean_answer', 'extract_final_answer', 'find_answer', 'parse_choice', 'score_choice', 'score_math',
-           'drop_normalize', 'drop_f1', 'score_drop', 'score_response', 'score_with_answer', 'score_responses',
+           'drop_normalize', 'drop_f1', 'score_drop', 'score_with_answer', 'score_response', 'score_responses',
            'scoring_validity']
 
 # %% ../nbs/04_scoring.ipynb #2658e1e4
@@ -25,7 +25,8 @@ _MARKER = re.compile(r'final[ \t]*answer', re.I)
 _AFTER_MARKER = re.compile(r'[ \t*_]*(?P<sep>[:：]|\bis\b[ \t]*:?)?[ \t*_]*')
 _BOXED = re.compile(r'\\(?:boxed|fbox)\s*\{')
 _TRAILING = ' \t\n.,;:!'
-_ANSWER_PREFIX = re.compile(r'^(?:the\s+)?(?:correct\s+|final\s+)?answer\s*(?:is\b\s*:?|[:：])\s*', re.I)
+_ANSWER_PREFIX = re.compile(r'^(?:the\s+)?(?:correct\s+|final\s+)?answer\s*(?:is\b\s*:?|[:：])\s*',
+                            re.I)
 
 def _last_boxed(s: str) -> str | None:
     "Content of the last `\\boxed{...}` (balanced braces) in `s`, or None."
@@ -37,6 +38,7 @@ def _last_boxed(s: str) -> str | None:
             if depth == 0: return s[start:i]
     return None
 
+# %% ../nbs/04_scoring.ipynb #9ff6463c
 def _strip_wrappers(s: str) -> str:
     "Drop markdown emphasis, code ticks, math delimiters and trailing punctuation around an answer."
     prev = None
@@ -44,16 +46,19 @@ def _strip_wrappers(s: str) -> str:
         prev = s
         s = s.strip().rstrip(_TRAILING).lstrip(' \t\n:：')
         s = re.sub(r'^#+\s*', '', s)
-        for a, b in (('**', '**'), ('__', '__'), ('`', '`'), ('$$', '$$'), ('\\[', '\\]'), ('\\(', '\\)'),
+        for a, b in (('**', '**'), ('__', '__'), ('`', '`'), ('$$', '$$'), ('\\[', '\\]'),
+                     ('\\(', '\\)'),
                      ('$', '$'), ('*', '*'), ('_', '_')):
-            if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b): s = s[len(a):len(s) - len(b)]
+            if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
+                s = s[len(a):len(s) - len(b)]
         s = s.replace('**', '')
         s = re.sub(r'(?<!\\)\$', '', s)
     return s.strip()
 
+# %% ../nbs/04_scoring.ipynb #8ccdc3a3
 def clean_answer(s: str, # raw answer text (one line or a short block)
                 ) -> str | None:
-    "The answer in `s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
+    "`s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
     boxed = _last_boxed(s)
     if boxed is not None: s = boxed
     s = _strip_wrappers(s)
@@ -72,9 +77,11 @@ def extract_final_answer(text: str, # a model response
         rest = text[m.end():line_end]
         sep = _AFTER_MARKER.match(rest)
         tail = rest[sep.end():]
-        if sep.group('sep') is None and tail.strip(' \t*_#`'): continue  # "final answer" inside a sentence
+        # "final answer" inside a sentence
+        if sep.group('sep') is None and tail.strip(' \t*_#`'): continue
         if tail.strip(_TRAILING + '*_#`'): return clean_answer(tail)
-        block = text[line_end:].strip('\n').split('\n\n')[0]          # heading style: answer on the next lines
+        # heading style: answer on the next lines
+        block = text[line_end:].strip('\n').split('\n\n')[0]
         return clean_answer(block) if block.strip() else None
     return None
 
@@ -83,7 +90,7 @@ _ANSWER_LINE = re.compile(r'^[ \t#*_>-]*answer[ \t*_]*[:：](?P<a>.*)$', re.I | 
 
 def find_answer(text: str, # a model response
                ) -> str | None:
-    "The final answer of `text`: the `Final Answer:` line, else the last `Answer:` line, else the last `\\boxed{}`."
+    "The `Final Answer:` line, else the last `Answer:` line, else the last `\\boxed{}`."
     if not isinstance(text, str): return None
     ans = extract_final_answer(text)
     if ans is not None: return ans
@@ -93,7 +100,8 @@ def find_answer(text: str, # a model response
     return clean_answer(boxed) if boxed is not None else None
 
 # %% ../nbs/04_scoring.ipynb #e48826fb
-_LETTER_PREFIX = re.compile(r'^(?:(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\s*)?[:：]?\s*)+', re.I)
+_LETTER_PREFIX = re.compile(
+    r'^(?:(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\s*)?[:：]?\s*)+', re.I)
 
 def parse_choice(answer: str, # an extracted answer, e.g. "(B) 42 kJ"
                 ) -> str | None:
@@ -101,37 +109,45 @@ def parse_choice(answer: str, # an extracted answer, e.g. "(B) 42 kJ"
     if not isinstance(answer, str): return None
     s = re.sub(r'\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}', r'\1', answer).replace('**', '').strip()
     s = _LETTER_PREFIX.sub('', s).strip()
-    for pat in (r'^[(\[]\s*([A-Za-z])\s*[)\]]', r'^([A-Z])(?=$|[.:,;)\]]|\s+(?:is\b|[(\-–]))', r'^([a-z])[.)]?$'):
+    for pat in (r'^[(\[]\s*([A-Za-z])\s*[)\]]', r'^([A-Z])(?=$|[.:,;)\]]|\s+(?:is\b|[(\-–]))',
+                r'^([a-z])[.)]?$'):
         m = re.match(pat, s)
         if m: return m.group(1).upper()
     return None
 
+# %% ../nbs/04_scoring.ipynb #90af6acc
 def _check_letter(gold_letter):
     if not (isinstance(gold_letter, str) and re.fullmatch(r'[A-Za-z]', gold_letter.strip())):
         raise ValueError(f"gold letter must be a single letter A-Z, got {gold_letter!r}")
     return gold_letter.strip().upper()
 
-def _score_choice(text, gold_letter):
+# %% ../nbs/04_scoring.ipynb #43a46f7c
+def _score_choice(answer, gold_letter):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     gold = _check_letter(gold_letter)
-    letter = parse_choice(find_answer(text))
+    letter = parse_choice(answer)
     return (float(letter == gold), True) if letter is not None else (0.0, False)
 
+# %% ../nbs/04_scoring.ipynb #fcc39e33
 def score_choice(text: str, # a model response
                  gold_letter: str, # the correct option letter, e.g. 'B'
                 ) -> float:
     "1.0 when the response's final answer names `gold_letter`, else 0.0."
-    return _score_choice(text, gold_letter)[0]
+    return _score_choice(find_answer(text), gold_letter)[0]
 
 # %% ../nbs/04_scoring.ipynb #134d1415
 class _NoTimeoutNotice(logging.Filter):
     "Hide math-verify's notice that timeouts are off: off the main thread that is deliberate."
     def filter(self, record): return not record.getMessage().startswith('Timeout is disabled')
 
+# %% ../nbs/04_scoring.ipynb #dd1b0b47
 def _quiet_math_verify():
     for name in ('math_verify.parser', 'math_verify.grader'):
         lg = logging.getLogger(name)
-        if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters): lg.addFilter(_NoTimeoutNotice())
+        if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters):
+            lg.addFilter(_NoTimeoutNotice())
 
+# %% ../nbs/04_scoring.ipynb #80721213
 def _math_parse(s: str, threaded: bool):
     from math_verify import parse
     if threaded: _quiet_math_verify()
@@ -139,28 +155,34 @@ def _math_parse(s: str, threaded: bool):
     out = parse('\\boxed{' + s + '}', **kw)
     return out if out else parse(s, **kw)
 
+# %% ../nbs/04_scoring.ipynb #2164d8cd
 @lru_cache(maxsize=4096)
 def _math_gold(gold: str, threaded: bool):
     return tuple(_math_parse(gold, threaded)) or (gold,)
 
-def _score_math(text, gold):
-    if not isinstance(gold, str) or not gold.strip(): raise ValueError(f"math gold must be a non-empty string, got {gold!r}")
-    ans = find_answer(text)
+# %% ../nbs/04_scoring.ipynb #cf5fb104
+def _score_math(ans, gold):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
+    if not isinstance(gold, str) or not gold.strip():
+        raise ValueError(f"math gold must be a non-empty string, got {gold!r}")
     if ans is None: return 0.0, False
     threaded = threading.current_thread() is not threading.main_thread()
-    verify = require('math_verify', 'collect', 'math scoring').verify   # a missing package is an error, never a score of 0
+    # a missing package is an error, never a score of 0
+    verify = require('math_verify', 'collect', 'math scoring').verify
     try:
         pred = _math_parse(ans, threaded)
         if not pred: return 0.0, False
-        ok = verify(list(_math_gold(gold.strip(), threaded)), pred, **(dict(timeout_seconds=None) if threaded else {}))
+        ok = verify(list(_math_gold(gold.strip(), threaded)), pred,
+                    **(dict(timeout_seconds=None) if threaded else {}))
     except Exception: return 0.0, True
     return float(bool(ok)), True
 
+# %% ../nbs/04_scoring.ipynb #56708c3c
 def score_math(text: str, # a model response
                gold: str, # the gold answer in LaTeX, e.g. '\\frac{14}{3}'
               ) -> float:
     "1.0 when the response's final answer is mathematically equivalent to `gold`, else 0.0."
-    return _score_math(text, gold)[0]
+    return _score_math(find_answer(text), gold)[0]
 
 # %% ../nbs/04_scoring.ipynb #f0bd7249
 _PUNCT = set(string.punctuation)
@@ -170,32 +192,38 @@ def _is_number(text: str) -> bool:
     try: float(text); return True
     except ValueError: return False
 
+# %% ../nbs/04_scoring.ipynb #b38315b8
 def _normalize_token(tok: str) -> str:
     tok = tok.lower()
     if not _is_number(tok): tok = ''.join(ch for ch in tok if ch not in _PUNCT)
     if _is_number(tok): tok = str(float(tok))
     return ' '.join(_ARTICLES.sub(' ', tok).split())
 
+# %% ../nbs/04_scoring.ipynb #3719b95c
 def drop_normalize(text: str, # one answer span
                   ) -> str:
-    "The official DROP normalisation of one span: lower case, no punctuation or articles, numbers as floats."
+    "Official DROP normalisation of a span: lower case, no punctuation or articles, float numbers."
     parts = [_normalize_token(t) for t in re.split(' |-', text)]
     return ' '.join(p for p in parts if p.strip()).strip()
 
+# %% ../nbs/04_scoring.ipynb #68030eb1
 def _bags(answer):
     spans = list(answer) if isinstance(answer, (list, tuple)) else [answer]
     return [set(drop_normalize(s).split()) for s in spans]
 
+# %% ../nbs/04_scoring.ipynb #3922b2f6
 def _bag_f1(pred: set, gold: set) -> float:
     inter = len(gold & pred)
     p = inter / len(pred) if pred else 1.0
     r = inter / len(gold) if gold else 1.0
     return 0.0 if p == 0.0 and r == 0.0 else 2 * p * r / (p + r)
 
+# %% ../nbs/04_scoring.ipynb #9ce4c525
 def _numbers_match(gold: set, pred: set) -> bool:
     g = {w for w in gold if _is_number(w)}
     return not g or bool(g & {w for w in pred if _is_number(w)})
 
+# %% ../nbs/04_scoring.ipynb #8ccf5c1b
 def drop_f1(predicted: str | list, # predicted answer: one string or a list of spans
             gold: str | list, # one gold answer: one string or a list of spans
            ) -> float:
@@ -205,21 +233,24 @@ def drop_f1(predicted: str | list, # predicted answer: one string or a list of s
     rows, cols = linear_sum_assignment(-scores)
     best = np.zeros(max(len(gb), len(pb)))
     best[rows] = scores[rows, cols]
-    return float(round(best.mean(), 2))     # numpy's rounding of the numpy mean, in the official script's order
+    # numpy's rounding of the numpy mean, in the official script's order
+    return float(round(best.mean(), 2))
 
 # %% ../nbs/04_scoring.ipynb #cb9d6721
 _SPAN_SPLIT = re.compile(r'\s*(?:\||;|\n|,(?=\s)|\band\b)\s*')
 
 def _as_golds(golds):
     if isinstance(golds, str): golds = golds.split('|')
-    if not isinstance(golds, (list, tuple)): raise ValueError(f"DROP golds must be a list of answers, got {type(golds).__name__}")
+    if not isinstance(golds, (list, tuple)):
+        raise ValueError(f"DROP golds must be a list of answers, got {type(golds).__name__}")
     golds = [g for g in golds if (g.strip() if isinstance(g, str) else any(s.strip() for s in g))]
     if not golds: raise ValueError("DROP golds hold no non-empty answer")
     return golds
 
-def _score_drop(text, golds):
+# %% ../nbs/04_scoring.ipynb #a8a5b0ad
+def _score_drop(ans, golds):
+    "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     golds = _as_golds(golds)
-    ans = find_answer(text)
     if ans is None: return 0.0, False
     spans = [s for s in _SPAN_SPLIT.split(ans) if s.strip()] or [ans]
     best = 0.0
@@ -229,31 +260,34 @@ def _score_drop(text, golds):
         best = max(best, f)
     return best, True
 
+# %% ../nbs/04_scoring.ipynb #90932540
 def score_drop(text: str, # a model response
-               golds: list | str, # gold answers (each a string or a list of spans), or one '|'-joined string
+               golds: list | str, # gold answers (strings or span lists), or one '|'-joined string
               ) -> float:
     "The DROP F1 of the response's final answer, maximised over `golds`."
-    return _score_drop(text, golds)[0]
+    return _score_drop(find_answer(text), golds)[0]
 
 # %% ../nbs/04_scoring.ipynb #1fb6696d
 KINDS = ('choice', 'math', 'reading')
 _SCORERS = {'choice': _score_choice, 'math': _score_math, 'reading': _score_drop}
 
+def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
+                      text: str, # a model response
+                      gold, # gold letter, gold answer string, or list of DROP gold answers
+                     ) -> tuple[float, bool, str | None]:
+    "(score, parsed, answer) for one response; the answer `find_answer` read, None if none."
+    if kind not in _SCORERS:
+        raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
+    answer = find_answer(text)
+    return (*_SCORERS[kind](answer, gold), answer)
+
+# %% ../nbs/04_scoring.ipynb #8859ae9f
 def score_response(kind: str, # 'choice', 'math' or 'reading'
                    text: str, # a model response
                    gold, # gold letter, gold answer string, or list of DROP gold answers
                   ) -> tuple[float, bool]:
     "(score in [0, 1], parsed) for one response; unparseable responses give (0.0, False)."
-    if kind not in _SCORERS: raise ValueError(f"unknown task kind {kind!r} (expected one of {', '.join(KINDS)})")
-    return _SCORERS[kind](text, gold)
-
-def score_with_answer(kind: str, # 'choice', 'math' or 'reading'
-                      text: str, # a model response
-                      gold, # gold letter, gold answer string, or list of DROP gold answers
-                     ) -> tuple[float, bool, str | None]:
-    "(score, parsed, answer) for one response: `score_response` and the answer it read (None when there is none)."
-    score, parsed = score_response(kind, text, gold)
-    return score, parsed, find_answer(text)
+    return score_with_answer(kind, text, gold)[:2]
 
 # %% ../nbs/04_scoring.ipynb #ffe0b2ed
 def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, response
@@ -266,7 +300,8 @@ def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, resp
         if col not in tasks.columns: raise ValueError(f"tasks lack the column {col!r}")
     key = pd.MultiIndex.from_arrays([tasks['dataset'].astype(str), tasks['query_id'].astype(str)])
     if key.has_duplicates: raise ValueError("tasks hold a duplicate (dataset, query_id)")
-    pos = key.get_indexer(pd.MultiIndex.from_arrays([responses['dataset'].astype(str), responses['query_id'].astype(str)]))
+    pos = key.get_indexer(pd.MultiIndex.from_arrays([responses['dataset'].astype(str),
+                                                     responses['query_id'].astype(str)]))
     if (pos < 0).any():
         miss = responses.iloc[int(np.flatnonzero(pos < 0)[0])]
         raise ValueError(f"no task for ({miss['dataset']}, {miss['query_id']}) in the task table")
@@ -278,12 +313,13 @@ def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, resp
 def _frac(mask, groups):
     return pd.Series(mask, dtype=float).groupby(groups, observed=True, sort=True).mean()
 
+# %% ../nbs/04_scoring.ipynb #f0dcb36b
 def scoring_validity(obs: pd.DataFrame, # scored generations (need not pass `validate`)
                      rescore=None, # None, a task table, or a function obs -> array of scores
                      kinds: dict | None = None, # dataset -> 'choice' | 'math' | 'reading'
                      tol: float = 1e-6, # largest |stored − rescored| that still agrees
                     ) -> pd.DataFrame: # one row per (dataset, split)
-    "Scoring checks per (dataset, split): parse success, finite, in [0, 1], score type, rescore agreement, duplicates."
+    "Scoring checks per (dataset, split): parsed, finite, in [0, 1], type, rescoring, duplicates."
     missing = [c for c in ('dataset', 'split', 'score') if c not in obs.columns]
     if missing: raise ValueError(f"observations lack the column(s) {', '.join(missing)}")
     obs = obs.reset_index(drop=True)

@@ -4,6 +4,7 @@
 
 # %% ../nbs/03_simulate.ipynb #26108882
 from __future__ import annotations
+from fastcore.basics import patch
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
@@ -40,10 +41,11 @@ class Profile:
     rewrite_model_sd: float = 0.3    # input side: rewording shift specific to (query, model)
     temperature_power: float = 0.5   # output side: κ in σ(ℓ / (T/0.7)^κ)
     guess: float = 0.0               # floor g of the success probability (g + (1−g)·σ(·))
-    partial_credit: float = 0.0      # chance that a wording earns partial F1 credit when the answer is wrong
+    # chance that a wording earns partial F1 credit when the answer is wrong
+    partial_credit: float = 0.0
     length_cv: float = 0.3           # decode-to-decode variation of the completion length
     length_difficulty: float = 0.15  # γ: completion length grows as exp(γ · standardised b_i)
-    verbosity_sd: float = 0.0        # spread of the topic verbosity v_m (who is cheap on which queries)
+    verbosity_sd: float = 0.0  # spread of the topic verbosity v_m (who is cheap on which queries)
     n_features: int = 32             # width of the feature vector x_i
     feature_noise: float = 0.3       # noise added to the features
 
@@ -79,6 +81,7 @@ PROFILES = {
 # %% ../nbs/03_simulate.ipynb #6c527c7a
 def _sigmoid(x): return 1 / (1 + np.exp(-x))
 
+# %% ../nbs/03_simulate.ipynb #c732e1bc
 @dataclass
 class World:
     "Latent truth of one simulated dataset."
@@ -87,7 +90,7 @@ class World:
     split: np.ndarray          # (Q,) 'train' / 'test'
     topic: np.ndarray          # (Q, topic_dims)
     difficulty: np.ndarray     # (Q,)
-    settled: np.ndarray        # (Q,) +1 easy for every model, −1 impossible for every model, 0 otherwise
+    settled: np.ndarray  # (Q,) +1 easy for every model, −1 impossible for every model, 0 otherwise
     features: np.ndarray       # (Q, n_features)
     loadings: np.ndarray       # (K, topic_dims)
     verbosity: np.ndarray      # (K, topic_dims)
@@ -116,47 +119,58 @@ class World:
         return (self.prompt_tokens.round()[:, None] * np.asarray(p.price_in)[None]
                 + self.expected_completion * np.asarray(p.price_out)[None]) / 1e6
 
+# %% ../nbs/03_simulate.ipynb #55decdd9
 def _profile(profile) -> Profile:
     "The `Profile` named by `profile` (or `profile` itself)."
     if isinstance(profile, Profile): return profile
     if isinstance(profile, str) and profile in PROFILES: return PROFILES[profile]
     raise ValueError(f"unknown profile {profile!r} (expected one of {', '.join(PROFILES)})")
 
-def _query_latents(rng, p: Profile, n: int):
-    "Topic z_i, difficulty b_i and settled flag of `n` queries, drawn from `rng`."
+# %% ../nbs/03_simulate.ipynb #733639f1
+def _query_draws(rng, p: Profile, n: int, mixing=None):
+    "Topic, difficulty, settled flag and features of `n` queries from `rng`, and the mixing used."
     topic = rng.standard_normal((n, p.topic_dims))
     difficulty = rng.normal(p.difficulty_mean, p.difficulty_sd, n)
     u = rng.random(n)
     settled = np.where(u < p.easy_share, 1, np.where(u > 1 - p.impossible_share, -1, 0))
-    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9), settled])
-    return topic, difficulty, settled, latent
+    latent = np.column_stack([topic, (difficulty - p.difficulty_mean) / max(p.difficulty_sd, 1e-9),
+                              settled])
+    if mixing is None:
+        mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
+    features = latent @ mixing + p.feature_noise * rng.standard_normal((n, p.n_features))
+    return dict(topic=topic, difficulty=difficulty, settled=settled, features=features), mixing
 
+# %% ../nbs/03_simulate.ipynb #46d2e9d4
+def _prompt_lengths(rng, p: Profile, n: int) -> np.ndarray:
+    "Prompt length of `n` queries from `rng`: lognormal around the profile's typical length."
+    return p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n)
+
+# %% ../nbs/03_simulate.ipynb #b2c77f80
 def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
                n_train: int = 200, # training queries
                n_test: int = 250, # test queries
                seed: int = 0, # random seed
               ) -> World:
-    "Draw the latent queries, features and model loadings of one dataset (training part independent of `n_test`)."
+    "Latent queries, features and model loadings of one dataset (training part free of `n_test`)."
     p = _profile(profile)
     if n_train < 1 or n_test < 0: raise ValueError("n_train must be ≥ 1 and n_test ≥ 0")
     K = len(p.ability)
     rng = np.random.default_rng(seed)           # training queries and the models
-    topic, difficulty, settled, latent = _query_latents(rng, p, n_train)
-    mixing = rng.standard_normal((latent.shape[1], p.n_features)) / np.sqrt(latent.shape[1])
-    features = latent @ mixing + p.feature_noise * rng.standard_normal((n_train, p.n_features))
+    train, mixing = _query_draws(rng, p, n_train)
     loadings = rng.normal(0, p.topic_sd, (K, p.topic_dims))
     verbosity = rng.normal(0, p.verbosity_sd, (K, p.topic_dims))
-    prompt = p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_train)
-    test_rng = np.random.default_rng([seed, 1])  # test queries: a stream of their own
-    t_topic, t_difficulty, t_settled, t_latent = _query_latents(test_rng, p, n_test)
-    t_features = t_latent @ mixing + p.feature_noise * test_rng.standard_normal((n_test, p.n_features))
-    t_prompt = p.prompt_tokens * test_rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n_test)
+    train['prompt'] = _prompt_lengths(rng, p, n_train)
+    # test queries: a stream of their own, the same mixing
+    test_rng = np.random.default_rng([seed, 1])
+    test, _ = _query_draws(test_rng, p, n_test, mixing)
+    test['prompt'] = _prompt_lengths(test_rng, p, n_test)
+    q = {k: np.concatenate([train[k], test[k]]) for k in train}
     Q = n_train + n_test
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
-    return World(p, ids, split, np.vstack([topic, t_topic]), np.concatenate([difficulty, t_difficulty]),
-                 np.concatenate([settled, t_settled]), np.vstack([features, t_features]), loadings, verbosity,
-                 np.concatenate([prompt, t_prompt]), seed)
+    return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings,
+                 verbosity,
+                 q['prompt'], seed)
 
 # %% ../nbs/03_simulate.ipynb #5539ba85
 _PARTIAL_F1 = np.array([0.4, 0.5, 2 / 3, 0.8])  # partial F1 values a wrong span can earn
@@ -173,32 +187,37 @@ def success_probability(p: Profile, # the dataset profile
     s = np.reshape(settled, np.shape(settled) + (1,) * (prob.ndim - np.ndim(settled)))
     return np.where(s > 0, 1.0, np.where(s < 0, 0.0, prob))
 
+# %% ../nbs/03_simulate.ipynb #a80d1ea6
+def _wordings(p: Profile, rng, Q: int, K: int, N: int) -> tuple:
+    "Shift shared by the models, shift per model, and partial credit of Q queries × N wordings."
+    shared = rng.standard_normal((Q, 1, N)) * p.rewrite_shared_sd
+    own = rng.standard_normal((Q, K, N)) * p.rewrite_model_sd
+    partial = np.where(rng.random((Q, K, N)) < p.partial_credit,
+                       _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
+    return shared, own, partial
+
+# %% ../nbs/03_simulate.ipynb #1bb45a34
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
                 view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
+                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode': the original, id 0)
                 n_decodes: int = 5, # decodes per wording
                 temperature: float = 0.7, # decoding temperature
                 seed: int = 0, # seed of this sampling run
                ) -> dict:
     "Dense arrays (queries, models, N, M) of score, cost, prompt and completion tokens."
-    if view not in _VIEW_CODE: raise ValueError(f"unknown view {view!r} (expected one of {', '.join(_VIEW_CODE)})")
+    if view not in _VIEW_CODE:
+        raise ValueError(f"unknown view {view!r} (expected one of {', '.join(_VIEW_CODE)})")
     p, rng = world.profile, np.random.default_rng([seed, _VIEW_CODE[view]])
     sel = np.flatnonzero(world.split == split)
     Q, K, M = len(sel), len(p.ability), n_decodes
     N = 1 if view == 'decode' else n_rewrites
-    if view == 'decode':  # the original wording is fixed per world: same shift and partial answer every time
-        orig, Qa = np.random.default_rng([world.seed, 7]), len(world.query_ids)
-        shared = orig.standard_normal((Qa, 1, 1))[sel] * p.rewrite_shared_sd
-        own = orig.standard_normal((Qa, K, 1))[sel] * p.rewrite_model_sd
-        partial = np.where(orig.random((Qa, K, 1)) < p.partial_credit,
-                           _PARTIAL_F1[orig.integers(0, len(_PARTIAL_F1), (Qa, K, 1))], 0.0)[sel]
-    else:
-        shared = rng.standard_normal((Q, 1, N)) * p.rewrite_shared_sd
-        own = rng.standard_normal((Q, K, N)) * p.rewrite_model_sd
-        partial = np.where(rng.random((Q, K, N)) < p.partial_credit,
-                           _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
-    prob = success_probability(p, world.base_logit[sel][:, :, None] + shared + own, world.settled[sel], temperature)
+    if view == 'decode':  # the original wording is fixed per world: the same draws every time
+        orig = np.random.default_rng([world.seed, 7])
+        shared, own, partial = (a[sel] for a in _wordings(p, orig, len(world.query_ids), K, 1))
+    else: shared, own, partial = _wordings(p, rng, Q, K, N)
+    prob = success_probability(p, world.base_logit[sel][:, :, None] + shared + own,
+                               world.settled[sel], temperature)
     score = np.where(rng.random((Q, K, N, M)) < prob[..., None], 1.0, partial[..., None])
     comp = (world.expected_completion[sel][:, :, None, None]
             * rng.lognormal(-p.length_cv ** 2 / 2, p.length_cv, (Q, K, N, M))).round()
@@ -208,6 +227,7 @@ def sample_grid(world: World, # the latent world
     return dict(score=score, cost=cost, prompt_tokens=prompt, completion_tokens=comp, query_pos=sel,
                 rewrite_ids=np.array([0]) if view == 'decode' else np.arange(1, N + 1))
 
+# %% ../nbs/03_simulate.ipynb #e4243e2e
 def observe(world: World, # the latent world
             split: str = 'train', # which queries
             view: str = 'grid', # 'grid', 'rewrite' or 'decode'
@@ -219,8 +239,10 @@ def observe(world: World, # the latent world
     "Observation rows (schema of `dars_nb.observations`) for one split and view of `world`."
     g = sample_grid(world, split, view, n_rewrites, n_decodes, temperature, seed)
     ids = world.query_ids[g['query_pos']]
-    queries = pd.MultiIndex.from_arrays([np.repeat(world.profile.name, len(ids)), ids], names=['dataset', 'query_id'])
-    d = Dense(queries, list(world.profile.models), g['rewrite_ids'], np.arange(g['score'].shape[-1]),
+    queries = pd.MultiIndex.from_arrays([np.repeat(world.profile.name, len(ids)), ids],
+                                        names=['dataset', 'query_id'])
+    d = Dense(queries, list(world.profile.models), g['rewrite_ids'],
+              np.arange(g['score'].shape[-1]),
               {k: g[k] for k in ('score', 'cost', 'prompt_tokens', 'completion_tokens')})
     out = from_dense(d, split, view)
     return out.assign(prompt_tokens=out['prompt_tokens'].astype(np.int64),
@@ -229,15 +251,16 @@ def observe(world: World, # the latent world
 # %% ../nbs/03_simulate.ipynb #879a15ad
 def truth(world: World, # the latent world
           lam: float = 0.05, # cost weight λ for the true best model
-          cost_scale: float | None = None, # Z_d used to normalise cost (default: the world's largest expected cost)
+          cost_scale: float | None = None, # Z_d for cost (default: the largest expected cost)
           temperature: float = 0.7, # decoding temperature
          ) -> pd.DataFrame:
-    "True expected quality, cost and utility per (query, model), with the true best model per query."
+    "True expected quality, cost and utility per (query, model), and the true best model per query."
     p = world.profile
     nodes, weights = np.polynomial.hermite_e.hermegauss(40)
     weights = weights / weights.sum()
     sd = np.hypot(p.rewrite_shared_sd, p.rewrite_model_sd)
-    prob = success_probability(p, world.base_logit[..., None] + sd * nodes, world.settled, temperature)
+    logit = world.base_logit[..., None] + sd * nodes
+    prob = success_probability(p, logit, world.settled, temperature)
     partial = p.partial_credit * _PARTIAL_F1.mean()           # E[score | wrong]
     second = p.partial_credit * np.square(_PARTIAL_F1).mean()  # E[score² | wrong]
     mu_q = ((prob + (1 - prob) * partial) * weights).sum(-1)
@@ -245,7 +268,8 @@ def truth(world: World, # the latent world
     cost = world.expected_cost
     z = cost_scale if cost_scale else cost.max()
     Q, K = mu_q.shape
-    out = pd.DataFrame(dict(dataset=p.name, split=np.repeat(world.split, K), query_id=np.repeat(world.query_ids, K),
+    out = pd.DataFrame(dict(dataset=p.name, split=np.repeat(world.split, K),
+                            query_id=np.repeat(world.query_ids, K),
                             model=np.tile(np.asarray(p.models, dtype=object), Q), mu_q=mu_q.ravel(),
                             sigma_q=np.sqrt(np.maximum(sq - mu_q ** 2, 0)).ravel(),
                             cost_raw=cost.ravel(), mu_c=(cost / z).ravel()))
@@ -274,7 +298,8 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
     obs = validate(pd.concat(parts, ignore_index=True))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])
-    return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()), temperature=temperature)
+    return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()),
+                                temperature=temperature)
 
 # %% ../nbs/03_simulate.ipynb #d9fa5bfc
 PAPER_DIAGNOSTICS = {
@@ -306,11 +331,13 @@ def temperature_sweep(profile: str | Profile = 'gpqa_like', # a name in `PROFILE
     rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t) for t in temperatures]
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature'])
 
+# %% ../nbs/03_simulate.ipynb #782f9ea6
 def plot_temperature(sweep: pd.DataFrame, # output of `temperature_sweep`
                     ) -> alt.Chart:
     "Output-side variance and winner flip rate against decoding temperature."
     long = (sweep[['output_variance', 'winner_flip_rate']]
-            .rename(columns={'output_variance': 'Output-side variance', 'winner_flip_rate': 'Winner flip rate'})
+            .rename(columns={'output_variance': 'Output-side variance',
+                             'winner_flip_rate': 'Winner flip rate'})
             .reset_index().melt(['dataset', 'temperature'], var_name='metric', value_name='value'))
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X('temperature:Q', title='Decoding temperature', scale=alt.Scale(domain=[0.2, 1.0])),

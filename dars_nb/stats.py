@@ -4,6 +4,7 @@
 
 # %% ../nbs/01_stats.ipynb #7b7aa734
 from __future__ import annotations
+from fastcore.basics import patch
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
@@ -18,16 +19,18 @@ __all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'grid_stats'
 def normalized_cost(obs: pd.DataFrame, # validated observation table
                     recompute: bool = False, # ignore an existing `cost_norm` column
                    ) -> np.ndarray: # cost / Z_d per row
-    "Raw cost divided by the largest raw cost of its dataset (Z_d); an existing `cost_norm` unless `recompute`."
+    "Raw cost over its dataset's largest raw cost (Z_d); a present `cost_norm` kept."
     if 'cost_norm' in obs.columns and not recompute: return obs['cost_norm'].to_numpy(float)
     cost = obs['cost'].to_numpy(float)
-    if len(obs['dataset'].cat.categories) == 1: return cost / (cost.max() or 1.0)  # free calls keep cost 0
+    # free calls keep cost 0
+    if len(obs['dataset'].cat.categories) == 1: return cost / (cost.max() or 1.0)
     codes = obs['dataset'].cat.codes.to_numpy()
     z = np.zeros(len(obs['dataset'].cat.categories))
     np.maximum.at(z, codes, cost)
     z[z == 0] = 1.0
     return cost / z[codes]
 
+# %% ../nbs/01_stats.ipynb #d042a33d
 def normalize_cost(obs: pd.DataFrame, # observation table (raw `cost` in dollars)
                   ) -> pd.DataFrame: # a copy with `cost_norm` = cost / Z_d
     "Add `cost_norm`: raw cost divided by the largest raw cost of its dataset (Z_d)."
@@ -42,7 +45,8 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
     flatq = q.reshape(*q.shape[:-2], -1)
     complete = not np.isnan(flatq).any()
     with np.errstate(invalid='ignore', divide='ignore'):
-        if complete:  # no missing cell: plain sums (einsum: no temporaries), no NaN-aware reductions
+        # no missing cell: plain sums (einsum: no temporaries), no NaN-aware reductions
+        if complete:
             N, M = q.shape[-2:]
             n = np.full(flatq.shape[:-1], N * M)
             row = np.einsum('...nm->...n', q) / M                                  # (..., N)
@@ -50,7 +54,8 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
             second = np.einsum('...i,...i->...', flatq, flatq) / (N * M)
             sigma_q = np.sqrt(np.maximum(second - mu_q ** 2, 0))
             sigma_in = row.std(-1)
-            sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))  # law of total variance
+            # law of total variance
+            sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))
             mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
         else:
             n = (~np.isnan(flatq)).sum(-1)
@@ -67,38 +72,45 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
 # %% ../nbs/01_stats.ipynb #1c11961b
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
-                  use_all_rows: bool = False, # use every row, test views included, instead of the (train, grid) rows
+                  use_all_rows: bool = False, # every row, test views too
                  ) -> Dense:
-    "Dense `score` and `cost_norm` of the rows with split 'train' and view 'grid' (or all rows); Z_d over all rows."
+    "Dense `score` and `cost_norm` of the training grid (or of all rows); Z_d over all rows."
     obs = ensure_valid(obs)
     cost = normalized_cost(obs)
-    if use_all_rows: return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
+    if use_all_rows:
+        return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
     mask = ((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()
     if not mask.any():
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
-        raise ValueError(f"no training grid: the table has no rows with split 'train' and view 'grid' (it has: {kinds})")
-    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]   # a table that is all grid is used as it is: no copy
+        raise ValueError("no training grid: the table has no rows with split 'train' and view "
+                         f"'grid' (it has: {kinds})")
+    # a table that is all grid is used as it is: no copy
+    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
     return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
 
+# %% ../nbs/01_stats.ipynb #d07cdd2b
 def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
     "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise)."
     return mu_q - lam * mu_c - beta * sigma
 
+# %% ../nbs/01_stats.ipynb #86db5637
 def row_sums(obs: pd.DataFrame, # validated observation table
              cost: np.ndarray, # normalised cost per row
              models: list | None = None, # model order
             ):
-    "Count, Σq, Σq² and Σc per (query, model, rewrite) row of the grid: one `np.bincount` pass each."
+    "Count, Σq, Σq² and Σc per (query, model, rewrite) row of the grid: one `np.bincount` each."
     d, rows = dense_index(obs, models, level='row')
     Q, K, N, _ = d.shape
     q = obs['score'].to_numpy(float)
     per_row = lambda w: np.bincount(rows, weights=w, minlength=Q * K * N).reshape(Q, K, N)
     count, s1, c1 = per_row(None), per_row(q), per_row(cost)
-    s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)   # 0/1 scores: q² = q, one scatter fewer
+    # 0/1 scores: q² = q, one scatter fewer
+    s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)
     return d, [count, s1, s2, c1]
 
+# %% ../nbs/01_stats.ipynb #ce4d02db
 def stats_from_sums(count, s1, s2, c1) -> dict:
-    "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums of shape (Q, K, N) (rows with no cell ignored)."
+    "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums (Q, K, N); rows with no cell are ignored."
     with np.errstate(invalid='ignore', divide='ignore'):
         n = count.sum(-1)
         mu_q, mu_c = s1.sum(-1) / n, c1.sum(-1) / n
@@ -109,7 +121,8 @@ def stats_from_sums(count, s1, s2, c1) -> dict:
         sigma_out = np.sqrt(np.nanmean(row_var, -1))
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
-def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (usually the training grid)
+# %% ../nbs/01_stats.ipynb #b9dee045
+def capability_stats(obs: pd.DataFrame, # observations (usually the training grid)
                      lam: float = 0.05, # cost weight λ
                      beta: float = 0.2, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
@@ -127,7 +140,8 @@ def capability_stats(obs: pd.DataFrame, # observations of one or more datasets (
     idx = pd.MultiIndex.from_arrays(
         [np.repeat(d.queries.get_level_values(0), K), np.repeat(d.queries.get_level_values(1), K),
          np.tile(np.asarray(d.models, dtype=object), Q)], names=['dataset', 'query_id', 'model'])
-    out = pd.DataFrame({k: s[k].ravel() for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in', 'sigma_out')}, index=idx)
+    out = pd.DataFrame(
+        {k: s[k].ravel() for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in', 'sigma_out')}, index=idx)
     out['n'] = s['n'].ravel()
     out['utility'] = utility(out['mu_q'], out['mu_c'], out['sigma_q'], lam, beta)
     return out[out['n'] > 0]
@@ -138,19 +152,21 @@ TIE_TOL = 1e-9  # utilities within this of the best count as tied (absolute, on 
 def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where missing
                 tol: float = TIE_TOL, # tolerance: models within `tol` of the best are tied
                ) -> np.ndarray: # boolean mask, same shape as `U`
-    "The set of best models per query as a boolean mask: U ≥ max U − tol (a missing model is never best)."
+    "Best models per query as a boolean mask: U ≥ max U − tol (a missing model is never best)."
     missing = np.isnan(U)
     filled = np.where(missing, -np.inf, U)
     return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
 
+# %% ../nbs/01_stats.ipynb #d5a1b7b3
 def hard_labels(U: np.ndarray, # utilities (..., queries, models)
                 seed=0, # seed or numpy Generator for the choice among tied models
                 tol: float = TIE_TOL, # tolerance for ties
                ) -> np.ndarray:
-    "Index of the best model per query; ties go to a uniformly random tied model (seeded), never by name."
+    "Index of the best model per query; ties go to a seeded random tied model, never by name."
     keys = np.random.default_rng(seed).random(np.shape(U))
     return np.argmax(np.where(best_models(U, tol), keys, -1.0), axis=-1)
 
+# %% ../nbs/01_stats.ipynb #d976ac54
 def soft_targets(U: np.ndarray, # utilities (..., queries, models)
                  tau: float = 0.05, # temperature τ: small → close to the hard label
                 ) -> np.ndarray:
@@ -161,9 +177,10 @@ def soft_targets(U: np.ndarray, # utilities (..., queries, models)
     e = np.exp(z)
     return e / e.sum(-1, keepdims=True)
 
+# %% ../nbs/01_stats.ipynb #3184ec5f
 def pairwise_preferences(U: np.ndarray, # utilities (..., queries, models)
                         ) -> np.ndarray:
-    "Boolean (..., queries, K, K): entry [i, a, b] is True iff model a ≻ model b, i.e. U[i,a] > U[i,b]."
+    "Boolean (..., queries, K, K): [i, a, b] is True iff model a ≻ model b, i.e. U[i,a] > U[i,b]."
     return U[..., :, None] > U[..., None, :]
 
 # %% ../nbs/01_stats.ipynb #a663ecc5
@@ -186,45 +203,77 @@ class Supervision:
     def n_draws(self) -> int: return self.utility.shape[0]
     @property
     def query_ids(self) -> list: return list(self.queries.get_level_values(-1))
-    def labels(self, seed=0) -> np.ndarray:
-        "Hard label (model index) per draw and query: (draws, queries); ties → a seeded uniform choice."
-        return hard_labels(self.utility, seed)
-    def label_names(self, seed=0) -> np.ndarray:
-        "Hard labels as model names: (draws, queries); ties → a seeded uniform choice."
-        return np.asarray(self.models, dtype=object)[self.labels(seed)]
-    def soft(self, tau: float = 0.05) -> np.ndarray:
-        "Soft targets softmax(U/τ): (draws, queries, models)."
-        return soft_targets(self.utility, tau)
-    def preferences(self) -> np.ndarray:
-        "Pairwise preferences: (draws, queries, models, models)."
-        return pairwise_preferences(self.utility)
-    def draw(self, r: int) -> 'Supervision':
-        "The r-th draw alone, as a one-draw `Supervision`."
-        sl = slice(r, r + 1)
-        return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl], utility=self.utility[sl])
-    def with_weights(self, lam: float | None = None, beta: float | None = None) -> 'Supervision':
-        "The same statistics re-weighted with another λ and/or β."
-        lam = self.lam if lam is None else lam
-        beta = self.beta if beta is None else beta
-        return replace(self, lam=lam, beta=beta, utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
-    def subset(self, query_ids) -> 'Supervision':
-        "Rows for `query_ids` (in that order)."
-        pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
-        if (pos < 0).any(): raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
-        return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos], mu_c=self.mu_c[:, pos],
-                       sigma=self.sigma[:, pos], utility=self.utility[:, pos])
-    def to_frame(self, r: int = 0) -> pd.DataFrame:
-        "Long table of draw `r`: one row per (query, model)."
-        Q, K = self.utility.shape[1:]
-        idx = pd.MultiIndex.from_arrays([np.repeat(self.queries.get_level_values(0), K),
-                                         np.repeat(self.queries.get_level_values(1), K),
-                                         np.tile(np.asarray(self.models, dtype=object), Q)],
-                                        names=['dataset', 'query_id', 'model'])
-        return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
-                                 sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
-    def __repr__(self):
-        return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, queries={len(self.queries)}, "
-                f"models={self.models}, lam={self.lam}, beta={self.beta})")
+
+# %% ../nbs/01_stats.ipynb #b3569189
+@patch
+def labels(self: Supervision, seed=0) -> np.ndarray:
+    "Hard label (model index) per draw and query: (draws, queries); ties → a seeded uniform choice."
+    return hard_labels(self.utility, seed)
+
+# %% ../nbs/01_stats.ipynb #fe9f2662
+@patch
+def label_names(self: Supervision, seed=0) -> np.ndarray:
+    "Hard labels as model names: (draws, queries); ties → a seeded uniform choice."
+    return np.asarray(self.models, dtype=object)[self.labels(seed)]
+
+# %% ../nbs/01_stats.ipynb #79849555
+@patch
+def soft(self: Supervision, tau: float = 0.05) -> np.ndarray:
+    "Soft targets softmax(U/τ): (draws, queries, models)."
+    return soft_targets(self.utility, tau)
+
+# %% ../nbs/01_stats.ipynb #3fca9745
+@patch
+def preferences(self: Supervision) -> np.ndarray:
+    "Pairwise preferences: (draws, queries, models, models)."
+    return pairwise_preferences(self.utility)
+
+# %% ../nbs/01_stats.ipynb #7b9fe8dc
+@patch
+def draw(self: Supervision, r: int) -> 'Supervision':
+    "The r-th draw alone, as a one-draw `Supervision`."
+    sl = slice(r, r + 1)
+    return replace(self, mu_q=self.mu_q[sl], mu_c=self.mu_c[sl], sigma=self.sigma[sl],
+                   utility=self.utility[sl])
+
+# %% ../nbs/01_stats.ipynb #3d0172a5
+@patch
+def with_weights(self: Supervision, lam: float | None = None, beta: float | None = None) -> 'Supervision':
+    "The same statistics re-weighted with another λ and/or β."
+    lam = self.lam if lam is None else lam
+    beta = self.beta if beta is None else beta
+    return replace(self, lam=lam, beta=beta,
+                   utility=utility(self.mu_q, self.mu_c, self.sigma, lam, beta))
+
+# %% ../nbs/01_stats.ipynb #2f8bdfd7
+@patch
+def subset(self: Supervision, query_ids) -> 'Supervision':
+    "Rows for `query_ids` (in that order)."
+    pos = pd.Index(self.query_ids).get_indexer(list(query_ids))
+    if (pos < 0).any():
+        raise ValueError(f"query {list(query_ids)[int(np.argmax(pos < 0))]!r} has no supervision")
+    return replace(self, queries=self.queries[pos], mu_q=self.mu_q[:, pos],
+                   mu_c=self.mu_c[:, pos],
+                   sigma=self.sigma[:, pos], utility=self.utility[:, pos])
+
+# %% ../nbs/01_stats.ipynb #a8438307
+@patch
+def to_frame(self: Supervision, r: int = 0) -> pd.DataFrame:
+    "Long table of draw `r`: one row per (query, model)."
+    Q, K = self.utility.shape[1:]
+    idx = pd.MultiIndex.from_arrays([np.repeat(self.queries.get_level_values(0), K),
+                                     np.repeat(self.queries.get_level_values(1), K),
+                                     np.tile(np.asarray(self.models, dtype=object), Q)],
+                                    names=['dataset', 'query_id', 'model'])
+    return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
+                             sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
+
+# %% ../nbs/01_stats.ipynb #c80d0c56
+@patch
+def __repr__(self: Supervision):
+    return (f"Supervision(mode={self.mode!r}, draws={self.n_draws}, "
+            f"queries={len(self.queries)}, "
+            f"models={self.models}, lam={self.lam}, beta={self.beta})")
 
 # %% ../nbs/01_stats.ipynb #80d78940
 def draw_single(q: np.ndarray, # scores (Q, K, N, M)
@@ -232,7 +281,7 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
                 n_draws: int = 1, # R, the number of independent single-shot training sets
                 seed=None, # seed or numpy Generator
                ) -> tuple[np.ndarray, np.ndarray]:
-    "R single-shot draws: (score, cost) arrays of shape (R, Q, K), one uniform cell per pair per draw."
+    "R single-shot draws: (score, cost) arrays (R, Q, K), one uniform cell per pair per draw."
     rng = np.random.default_rng(seed)
     Q, K = q.shape[:2]
     fq, fc = q.reshape(Q, K, -1), c.reshape(Q, K, -1)
@@ -243,7 +292,8 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
     pick = np.minimum((u * count).astype(np.int64), count - 1)
     if not valid.all():  # move valid cells to the front, then index among them
         order = np.argsort(~valid, axis=-1, kind='stable')
-        pick = np.take_along_axis(np.broadcast_to(order, (n_draws, *order.shape)), pick[..., None], -1)[..., 0]
+        orders = np.broadcast_to(order, (n_draws, *order.shape))
+        pick = np.take_along_axis(orders, pick[..., None], -1)[..., 0]
     qi, ki = np.indices((Q, K))
     return fq[qi, ki, pick], fc[qi, ki, pick]
 
@@ -255,19 +305,22 @@ def _sub_grid(d: Dense, mode: str):
     if mode == 'output_only': return q[:, :, :1, :], c[:, :, :1, :]
     return q, c
 
-def supervision(obs: pd.DataFrame, # observations; the training grid (split 'train', view 'grid') is used
+# %% ../nbs/01_stats.ipynb #5242dfa6
+def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are used
                 mode: str = 'dars', # one of `MODES`
                 lam: float = 0.05, # cost weight λ
                 beta: float = 0.2, # risk weight β
                 seed=None, # seed for single-shot draws
                 n_draws: int = 1, # R single-shot draws (mode 'single' only)
                 models: list | None = None, # model order (default: sorted names)
-                use_all_rows: bool = False, # train on every row, test views included (no training grid needed)
+                use_all_rows: bool = False, # train on every row, test views included
                ) -> Supervision:
     "Router supervision from repeated observations, in one of the modes of the paper."
-    if mode not in MODES: raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
+    if mode not in MODES:
+        raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
     if n_draws < 1: raise ValueError(f"n_draws must be at least 1, got {n_draws}")
-    if mode != 'single' and n_draws != 1: raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
+    if mode != 'single' and n_draws != 1:
+        raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
     d = training_grid(obs, models, use_all_rows)
     if mode == 'single':
         mq, mc = draw_single(d['score'], d['cost_norm'], n_draws, seed)
@@ -279,8 +332,10 @@ def supervision(obs: pd.DataFrame, # observations; the training grid (split 'tra
         missing = np.isnan(mq)
         if missing.any():
             qi, ki = np.argwhere(missing[0])[0]
-            raise ValueError(f"no observation for query {d.queries[qi][1]!r} and model {d.models[ki]!r} "
+            raise ValueError(f"no observation for query {d.queries[qi][1]!r} and model "
+                             f"{d.models[ki]!r} "
                              f"in mode {mode!r}")
         sig = {'no_risk': np.zeros_like(s['sigma_q']),
                'decomp_risk': s['sigma_in'] + s['sigma_out']}.get(mode, s['sigma_q'])[None]
-    return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam, beta)
+    return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam,
+                       beta)

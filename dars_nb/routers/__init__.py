@@ -11,7 +11,8 @@ import importlib
 from .base import Router, MeanRouter, align, query_features, family_targets, FAMILY_TARGETS
 
 # %% ../../nbs/19_routers.ipynb #5d509681
-ROUTER_CLASSES = {  # the paper's name -> (module, class); imported on first use, so torch loads only when needed
+# the paper's name -> (module, class); imported on first use, so torch loads only when needed
+ROUTER_CLASSES = {
     'MLP': ('mlp', 'MLPRouter'),
     'kNN': ('knn', 'KNNRouter'),
     'MIRT': ('mirt', 'MIRTRouter'),
@@ -24,14 +25,17 @@ _MODULE_OF = {cls: mod for mod, cls in ROUTER_CLASSES.values()}
 
 def __getattr__(name):
     "Import a router class (or build `ROUTERS`) on first access."
-    if name in _MODULE_OF: return getattr(importlib.import_module(f'dars_nb.routers.{_MODULE_OF[name]}'), name)
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f'dars_nb.routers.{_MODULE_OF[name]}'), name)
     if name == 'ROUTERS': return {k: __getattr__(cls) for k, (_, cls) in ROUTER_CLASSES.items()}
     raise AttributeError(f"module 'dars_nb.routers' has no attribute {name!r}")
 
+# %% ../../nbs/19_routers.ipynb #45d63518
 def __dir__():
     "The module's names, the routers imported on first use included."
     return sorted(set(globals()) | set(__all__))
 
-_all_ = ['Router', 'MeanRouter', 'MLPRouter', 'KNNRouter', 'MIRTRouter', 'EmbedLLMRouter', 'RMSoftmaxRouter',
+_all_ = ['Router', 'MeanRouter', 'MLPRouter', 'KNNRouter', 'MIRTRouter', 'EmbedLLMRouter',
+         'RMSoftmaxRouter',
          'GraphRouter', 'AvengersProRouter', 'ROUTERS', 'ROUTER_CLASSES', 'align', 'query_features',
          'family_targets', 'FAMILY_TARGETS']

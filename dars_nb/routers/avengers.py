@@ -4,6 +4,7 @@
 
 # %% ../../nbs/17_router_avengers.ipynb #1ad749a7
 from __future__ import annotations
+from fastcore.basics import patch
 import warnings
 import numpy as np
 import pandas as pd
@@ -29,17 +30,19 @@ def cluster_means(labels: np.ndarray, # cluster of every training query (Q,)
         A = members / counts[:, None]                              # row c averages cluster c
     return (A @ targets.reshape(len(labels), -1)).reshape(n_clusters, *targets.shape[1:])
 
-def cluster_weights(distances: np.ndarray, # distance of every query to every centroid (n, C); inf = unusable
+# %% ../../nbs/17_router_avengers.ipynb #5e15d046
+def cluster_weights(distances: np.ndarray, # query–centroid distances (n, C); inf = unusable
                     top_k: int, # clusters kept per query
                     beta_d: float, # softmax sharpness β_d
                    ) -> np.ndarray:
-    "Dense (n, C) weights: softmax(−β_d·d) over each query's `top_k` nearest clusters, zero elsewhere."
+    "Dense (n, C) weights: softmax(−β_d·d) over each query's `top_k` nearest clusters, else zero."
     n, C = distances.shape
     k = min(top_k, C)
     idx = np.argpartition(distances, k - 1, axis=1)[:, :k]
     d = np.take_along_axis(distances, idx, 1)
     finite = np.isfinite(d)
-    gap = np.where(finite, d - d.min(1, keepdims=True), 0.0)   # shift by the nearest: same softmax, no overflow
+    # shift by the nearest: same softmax, no overflow
+    gap = np.where(finite, d - d.min(1, keepdims=True), 0.0)
     w = np.where(finite, np.exp(-beta_d * gap), 0.0)
     W = np.zeros((n, C))
     np.put_along_axis(W, idx, w / w.sum(1, keepdims=True), 1)
@@ -47,72 +50,89 @@ def cluster_weights(distances: np.ndarray, # distance of every query to every ce
 
 # %% ../../nbs/17_router_avengers.ipynb #845cdb8b
 class AvengersProRouter(Router):
-    "Cluster router: k-means on normalised features, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·distance)."
+    "Cluster router: k-means, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·d)."
     def __init__(self,
                  n_clusters: int = 20, # C, the number of k-means clusters
                  top_k: int = 3, # clusters consulted per query
                  beta_d: float = 9.0, # sharpness of the softmax over distances
                  n_init: int = 10, # k-means restarts (the best is kept)
-                 batched: bool = True, # R draws: one clustering and one matrix product instead of one per draw
+                 batched: bool = True, # R draws: one clustering, one matrix product
                  random_state: int | None = None, # seed of k-means
                 ):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
 
-    def _cluster(self, Z):
-        with warnings.catch_warnings():  # duplicated queries: fewer distinct clusters is reported below as empty ones
-            warnings.simplefilter('ignore', ConvergenceWarning)
-            return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
+# %% ../../nbs/17_router_avengers.ipynb #da9d6fb4
+@patch
+def _cluster(self: AvengersProRouter, Z):
+    # duplicated queries: fewer distinct clusters is reported below as empty ones
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', ConvergenceWarning)
+        return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
 
-    def _fit(self, X, sup):
-        C = int(self.n_clusters)
-        if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
-        if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
-        if C > len(X): raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
-        Z = normalize(X)
-        T = family_targets(sup, 'stats')
-        targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)  # (Q, 3, R, K)
-        self.batched_ = bool(self.batched)
-        if self.batched_:
-            km = self._cluster(Z)
-            self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
-            self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
-            stats = cluster_means(km.labels_, targets, C)                                   # (C, 3, R, K)
-        else:  # R separate routers: cluster again for every draw
-            fits = [self._cluster(Z) for _ in range(sup.n_draws)]
-            self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
-            self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
-            self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])          # (R, C, d)
-            self.draw_sizes_ = np.stack([np.bincount(km.labels_, minlength=C) for km in fits])
-            stats = np.stack([cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
-        self.cluster_stats_ = stats.transpose(1, 2, 0, 3)                                    # (3, R, C, K)
+# %% ../../nbs/17_router_avengers.ipynb #6280d969
+@patch
+def _fit(self: AvengersProRouter, X, sup):
+    C = int(self.n_clusters)
+    if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
+    if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+    if C > len(X):
+        raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
+    Z = normalize(X)
+    T = family_targets(sup, 'stats')
+    # (Q, 3, R, K)
+    targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
+    self.batched_ = bool(self.batched)
+    if self.batched_:
+        km = self._cluster(Z)
+        self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
+        self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
+        stats = cluster_means(km.labels_, targets, C)  # (C, 3, R, K)
+    else:  # R separate routers: cluster again for every draw
+        fits = [self._cluster(Z) for _ in range(sup.n_draws)]
+        self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
+        self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
+        self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])  # (R, C, d)
+        self.draw_sizes_ = np.stack([np.bincount(km.labels_, minlength=C) for km in fits])
+        stats = np.stack(
+            [cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
+    self.cluster_stats_ = stats.transpose(1, 2, 0, 3)  # (3, R, C, K)
 
-    def _distances(self, X, centroids, sizes):
-        "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
-        d = euclidean_distances(normalize(X), centroids)                  # (n, C), no (n, C, d) difference array
-        return np.where(sizes > 0, d, np.inf)
+# %% ../../nbs/17_router_avengers.ipynb #8ee448a3
+@patch
+def _distances(self: AvengersProRouter, X, centroids, sizes):
+    "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
+    d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
+    return np.where(sizes > 0, d, np.inf)
 
-    def _predict_stats(self, X) -> dict:
-        k, stats = int(self.top_k), np.nan_to_num(self.cluster_stats_)
-        if self.batched_:
-            W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k, self.beta_d)
-            S = np.einsum('nc,trcm->trnm', W, stats)
-        else:
-            S = np.stack([np.einsum('nc,tcm->tnm', cluster_weights(self._distances(X, cen, size), k, self.beta_d), stats[:, r])
-                          for r, (cen, size) in enumerate(zip(self.draw_centroids_, self.draw_sizes_))], 1)
-        return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
+# %% ../../nbs/17_router_avengers.ipynb #99a441a0
+@patch
+def _predict_stats(self: AvengersProRouter, X) -> dict:
+    k, stats = int(self.top_k), np.nan_to_num(self.cluster_stats_)
+    if self.batched_:
+        W = cluster_weights(self._distances(X, self.centroids_, self.cluster_sizes_), k,
+                            self.beta_d)
+        S = np.einsum('nc,trcm->trnm', W, stats)
+    else:
+        S = np.stack([np.einsum('nc,tcm->tnm',
+                                cluster_weights(self._distances(X, cen, size), k, self.beta_d),
+                                stats[:, r])
+                      for r, (cen, size) in enumerate(zip(self.draw_centroids_, self.draw_sizes_))], 1)
+    return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
 
-
-    def predict_cluster(self, X, # query features (n, d)
-                       ) -> np.ndarray:
-        "Index of the nearest cluster of every query: (n,)."
-        self._check_fitted()
-        return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_, self.cluster_sizes_), axis=1)
+# %% ../../nbs/17_router_avengers.ipynb #7ed68707
+@patch
+def predict_cluster(self: AvengersProRouter, X, # query features (n, d)
+                   ) -> np.ndarray:
+    "Index of the nearest cluster of every query: (n,)."
+    self._check_fitted()
+    return np.argmin(self._distances(check_features(X, self.n_features_in_), self.centroids_,
+                                     self.cluster_sizes_), axis=1)
 
 # %% ../../nbs/17_router_avengers.ipynb #558b6fde
 def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its first draw is shown)
                           ) -> alt.Chart:
-    "Heat map of each model's utility in each cluster relative to the cluster mean; a dot marks the cluster's best model."
+    "Heat map of each model's utility per cluster against the cluster mean; a dot marks the best."
     mu_q, mu_c, sigma = router.cluster_stats_[:, 0]
     U = router._route(mu_q, mu_c, sigma)
     df = pd.DataFrame(U, columns=router.models_).rename_axis('cluster').reset_index().melt(
@@ -120,10 +140,13 @@ def plot_cluster_utilities(router: AvengersProRouter, # a fitted router (its fir
     df['relative'] = df['utility'] - df.groupby('cluster')['utility'].transform('mean')
     df['best'] = df['utility'] == df.groupby('cluster')['utility'].transform('max')
     df['queries'] = router.cluster_sizes_[df['cluster']]
-    base = alt.Chart(df).encode(x=alt.X('cluster:O', title='Cluster'), y=alt.Y('model:N', title='Model'))
+    base = alt.Chart(df).encode(x=alt.X('cluster:O', title='Cluster'),
+                                y=alt.Y('model:N', title='Model'))
     cells = base.mark_rect().encode(
-        color=alt.Color('relative:Q', title='Utility − cluster mean', scale=alt.Scale(scheme='blueorange', domainMid=0)),
+        color=alt.Color('relative:Q', title='Utility − cluster mean',
+                        scale=alt.Scale(scheme='blueorange', domainMid=0)),
         tooltip=['cluster', 'model', 'queries', alt.Tooltip('utility:Q', format='.3f')])
     dots = base.transform_filter('datum.best').mark_point(filled=True, color='black', size=30)
-    return (cells + dots).properties(title='AvengersPro: which model each cluster prefers (dot = best)',
+    return (cells + dots).properties(
+        title='AvengersPro: which model each cluster prefers (dot = best)',
                                      width=420, height=160)

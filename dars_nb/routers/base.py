@@ -4,15 +4,18 @@
 
 # %% ../../nbs/10_routers_base.ipynb #9461ff18
 from __future__ import annotations
+from functools import wraps
+from inspect import signature
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator
+from fastcore.basics import patch
+from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import NotFittedError
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'align',
-           'family_targets']
+__all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'check_router',
+           'training_settings', 'with_training_settings', 'align', 'family_targets']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -22,99 +25,246 @@ def check_features(X, # query features, (n, d)
     if isinstance(X, pd.DataFrame): X = X.to_numpy()
     try: X = np.asarray(X, dtype=float)
     except (TypeError, ValueError): raise ValueError("features must be numeric")
-    if X.ndim != 2: raise ValueError(f"features must be a 2-D array (queries, features), got {X.ndim} dimension(s)")
+    if X.ndim != 2:
+        raise ValueError(f"features must be a 2-D array (queries, features), got {X.ndim} "
+                         "dimension(s)")
     if len(X) == 0: raise ValueError("features have no rows")
-    if not np.isfinite(X).all(): raise ValueError(f"features contain NaN or infinite values in {int((~np.isfinite(X)).any(1).sum())} row(s)")
+    if not np.isfinite(X).all():
+        raise ValueError("features contain NaN or infinite values in "
+                         f"{int((~np.isfinite(X)).any(1).sum())} row(s)")
     if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on {n_features}")
+        raise ValueError(f"features have {X.shape[1]} columns but the router was fitted on "
+                         f"{n_features}")
     return X
 
+# %% ../../nbs/10_routers_base.ipynb #e4829e28
 def features_by_id(X: pd.DataFrame, # features indexed by query id
                    query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
                   ) -> np.ndarray:
-    "Rows of `X` for `query_ids`, in that order (ids compared as strings); one-line error for a missing or repeated id."
+    "Rows of `X` for `query_ids`, in that order (ids as strings); missing or repeated ids fail."
     index = X.index.astype(str)
-    if index.has_duplicates: raise ValueError(f"features have more than one row for query {index[index.duplicated()][0]!r}")
+    if index.has_duplicates:
+        raise ValueError("features have more than one row for query "
+                         f"{index[index.duplicated()][0]!r}")
     ids = pd.Index(list(query_ids)).astype(str)
     pos = index.get_indexer(ids)
     if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
     return X.to_numpy()[pos]
 
+# %% ../../nbs/10_routers_base.ipynb #d0b2ef34
 def check_supervision(sup, # a `Supervision`
                       n_rows: int, # rows of X
                      ) -> Supervision:
     "`sup` if it is a usable `Supervision` for `n_rows` feature rows, else a one-line ValueError."
-    if not isinstance(sup, Supervision): raise ValueError(f"supervision must be a dars_nb.stats.Supervision, got {type(sup).__name__}")
+    if not isinstance(sup, Supervision):
+        raise ValueError("supervision must be a dars_nb.stats.Supervision, got "
+                         f"{type(sup).__name__}")
     if sup.utility.shape[1] != n_rows:
-        raise ValueError(f"supervision has {sup.utility.shape[1]} queries but features have {n_rows} rows")
+        raise ValueError(f"supervision has {sup.utility.shape[1]} queries but features have "
+                         f"{n_rows} rows")
     for name in ('mu_q', 'mu_c', 'sigma', 'utility'):
-        if not np.isfinite(getattr(sup, name)).all(): raise ValueError(f"supervision {name} contains NaN or infinite values")
+        if not np.isfinite(getattr(sup, name)).all():
+            raise ValueError(f"supervision {name} contains NaN or infinite values")
     return sup
 
-# %% ../../nbs/10_routers_base.ipynb #9a8d5a55
+# %% ../../nbs/10_routers_base.ipynb #d83acff0
 class Router(BaseEstimator):
     "Base class of every router: `fit(X, sup)`, `predict_utility(X)`, `predict(X)`."
-    def fit(self, X, # query features: a DataFrame indexed by query id (matched by id), or a (Q, d) array in `sup.query_ids` order
-            sup: Supervision, # supervision in any mode, with one or R draws
-           ) -> 'Router':
-        "Fit on features `X` and supervision `sup` (R draws → R routers); a DataFrame's rows are aligned to `sup.query_ids` by id."
-        if isinstance(X, pd.DataFrame):
-            self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
-            if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
-        elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
-        X = check_features(X)
-        sup = check_supervision(sup, len(X))
-        self.models_ = list(sup.models)
-        self.n_features_in_ = X.shape[1]
-        self.n_draws_ = sup.n_draws
-        self.lam_, self.beta_, self.mode_ = sup.lam, sup.beta, sup.mode
-        self._fit(X, sup)
-        return self
+    def _fit(self, X, sup): raise NotImplementedError
+    def _predict_utility(self, X): return self._route(**self._predict_stats(X)) # by the statistics
+    def _predict_stats(self, X):
+        raise NotImplementedError(f"{type(self).__name__} does not predict μ_q, μ_c and σ")
 
     def _check_fitted(self):
         if not hasattr(self, 'models_'):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(X, sup) first")
+            name = type(self).__name__
+            raise NotFittedError(f"this {name} is not fitted yet: call fit(X, sup) first")
 
-    def _query_features(self, X) -> np.ndarray:
-        "Prediction features as an array in `X`'s own row order; a DataFrame's columns must be those seen in `fit`."
-        self._check_fitted()
-        names = getattr(self, 'feature_names_in_', None)
-        if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
-            differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
-            if len(differ): raise ValueError(f"feature column {X.columns[differ[0]]!r} is not the one seen in fit ({names[differ[0]]!r})")
-        return check_features(X, self.n_features_in_)
+# %% ../../nbs/10_routers_base.ipynb #30b90159
+@patch
+def fit(self: Router, X, # frame indexed by query id, or (Q, d) array in `sup.query_ids` order
+        sup: Supervision, # supervision in any mode, with one or R draws
+       ) -> 'Router':
+    "Fit on features `X` and supervision `sup` (R draws → R routers); frame rows are matched by id."
+    if isinstance(X, pd.DataFrame):
+        self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
+        if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
+    elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
+    X = check_features(X)
+    sup = check_supervision(sup, len(X))
+    self.models_ = list(sup.models)
+    self.n_features_in_ = X.shape[1]
+    self.n_draws_ = sup.n_draws
+    self.lam_, self.beta_, self.mode_ = sup.lam, sup.beta, sup.mode
+    self._fit(X, sup)
+    return self
 
-    def predict_utility(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-                       ) -> np.ndarray:
-        "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
-        U = np.asarray(self._predict_utility(self._query_features(X)))
-        return U[0] if self.n_draws_ == 1 else U
+# %% ../../nbs/10_routers_base.ipynb #a193430e
+@patch
+def _query_features(self: Router, X) -> np.ndarray:
+    "Features as an array in `X`'s own row order; a frame's columns must be those seen in `fit`."
+    self._check_fitted()
+    names = getattr(self, 'feature_names_in_', None)
+    if isinstance(X, pd.DataFrame) and names is not None and len(X.columns) == len(names):
+        differ = np.flatnonzero(np.asarray(X.columns.astype(str), dtype=object) != names)
+        if len(differ):
+            first, seen = X.columns[differ[0]], names[differ[0]]
+            raise ValueError(f"feature column {first!r} is not the one seen in fit ({seen!r})")
+    return check_features(X, self.n_features_in_)
 
-    def predict_stats(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-                     ) -> dict:
-        "Predicted μ_q, μ_c and σ per model: (n, K) arrays, or (R, n, K) for a router fitted on R draws."
-        s = self._predict_stats(self._query_features(X))
-        return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
+# %% ../../nbs/10_routers_base.ipynb #e99a4e51
+@patch
+def predict_utility(self: Router, X, # query features (n, d), array or DataFrame, its row order kept
+                   ) -> np.ndarray:
+    "Predicted utility per model: (n, K), or (R, n, K) for a router fitted on R draws."
+    U = np.asarray(self._predict_utility(self._query_features(X)))
+    return U[0] if self.n_draws_ == 1 else U
 
-    def predict(self, X, # query features (n, d): array or DataFrame, predicted in its own row order
-               ) -> np.ndarray:
-        "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
-        best = np.argmax(self.predict_utility(X), axis=-1)
-        return np.asarray(self.models_, dtype=object)[best]
+# %% ../../nbs/10_routers_base.ipynb #3150464c
+@patch
+def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+                 ) -> dict:
+    "Predicted μ_q, μ_c and σ per model: (n, K), or (R, n, K) for a router fitted on R draws."
+    s = self._predict_stats(self._query_features(X))
+    return {k: np.asarray(v[0] if self.n_draws_ == 1 else v) for k, v in s.items()}
 
-    def _route(self, mu_q, mu_c, sigma):
-        "Utility from predicted statistics with the training λ and β."
-        return utility(mu_q, mu_c, sigma, self.lam_, self.beta_)
+# %% ../../nbs/10_routers_base.ipynb #4e98c724
+@patch
+def _route(self: Router, mu_q, mu_c, sigma):
+    "Utility from predicted statistics with the training λ and β."
+    return utility(mu_q, mu_c, sigma, self.lam_, self.beta_)
 
-    def _fit(self, X, sup): raise NotImplementedError
-    def _predict_utility(self, X): return self._route(**self._predict_stats(X))   # families that predict the statistics
-    def _predict_stats(self, X): raise NotImplementedError(f"{type(self).__name__} does not predict μ_q, μ_c and σ")
+# %% ../../nbs/10_routers_base.ipynb #cad9e7bd
+@patch
+def predict(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
+           ) -> np.ndarray:
+    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
+    best = np.argmax(self.predict_utility(X), axis=-1)
+    return np.asarray(self.models_, dtype=object)[best]
 
 # %% ../../nbs/10_routers_base.ipynb #81bb6398
 class MeanRouter(Router):
     "Predicts every model's mean training utility for every query (the best fixed model)."
     def _fit(self, X, sup): self.mean_utility_ = sup.utility.mean(1)  # (R, K)
     def _predict_utility(self, X): return np.repeat(self.mean_utility_[:, None, :], len(X), axis=1)
+
+# %% ../../nbs/10_routers_base.ipynb #f3f40fef
+def _fails_in_one_line(fn, # call that must fail
+                       contains: str, # text the message must hold
+                      ):
+    "Assert `fn()` raises a one-line `ValueError` whose message holds `contains`."
+    try: fn()
+    except ValueError as e:
+        message = str(e)
+        assert contains in message and '\n' not in message, f"expected one line with {contains!r}, got {e!r}"
+        return
+    raise AssertionError(f"expected a ValueError with {contains!r}, got none")
+
+# %% ../../nbs/10_routers_base.ipynb #134a2c1a
+def _check_params(router: Router):
+    "Every `__init__` argument is a parameter by name; `set_params` and `clone` keep them all."
+    names = [k for k in signature(type(router)).parameters]
+    params = router.get_params()
+    assert sorted(params) == sorted(names), f"get_params lists {sorted(params)}, __init__ takes {sorted(names)}"
+    for k, v in params.items():
+        assert router.set_params(**{k: v}).get_params()[k] is v, f"set_params does not keep {k!r}"
+    copy = clone(router)
+    assert copy.get_params() == params, "clone changes the parameters"
+    assert not hasattr(copy, 'models_'), "clone keeps the fitted state"
+    _fails_in_one_line(lambda: copy.predict(np.zeros((1, 1))), 'not fitted')
+
+# %% ../../nbs/10_routers_base.ipynb #4669e322
+def _check_predictions(make, # returns a fresh copy of the router
+                       X: np.ndarray, # training features, rows in `sup.query_ids` order
+                       sup: Supervision, # R > 1 single-shot draws
+                       X_test: np.ndarray, # features to predict
+                      ):
+    "Shapes for one and for R draws, finite utilities, model names, and two fits that agree."
+    n, R, K = len(X_test), sup.n_draws, len(sup.models)
+    one = make().fit(X, sup.draw(0))
+    assert one.predict_utility(X_test).shape == (n, K), "one draw: predict_utility is not (n, K)"
+    assert one.predict(X_test).shape == (n,), "one draw: predict is not (n,)"
+    assert set(one.predict(X_test)) <= set(sup.models), "predict returns names that are not models"
+    many = make().fit(X, sup)
+    U = many.predict_utility(X_test)
+    assert U.shape == (R, n, K), "R draws: predict_utility is not (R, n, K)"
+    assert many.predict(X_test).shape == (R, n), "R draws: predict is not (R, n)"
+    assert np.isfinite(U).all(), "predicted utilities are not finite"
+    again = make().fit(X, sup).predict_utility(X_test)
+    assert np.array_equal(U, again), "two fits with the same parameters predict differently"
+    return many
+
+# %% ../../nbs/10_routers_base.ipynb #59798400
+def _check_errors(make, X: np.ndarray, sup: Supervision, X_test: np.ndarray, fitted: Router):
+    "Bad features, bad supervision and an unfitted router each give a one-line `ValueError`."
+    (Q, d), bad = X.shape, X.copy()
+    bad[min(5, Q - 1), d - 1] = np.nan
+    _fails_in_one_line(lambda: make().fit(bad, sup), 'NaN')
+    _fails_in_one_line(lambda: make().predict(X_test), 'not fitted')
+    rows = f'supervision has {Q} queries but features have {Q // 2} rows'
+    _fails_in_one_line(lambda: make().fit(X[:Q // 2], sup), rows)
+    _fails_in_one_line(lambda: make().fit(X, sup.label_names()),
+                       'must be a dars_nb.stats.Supervision')
+    columns = f'features have {d - 1} columns but the router was fitted on {d}'
+    _fails_in_one_line(lambda: fitted.predict(X_test[:, :d - 1]), columns)
+    bad_test = X_test.copy()
+    bad_test[0, 0] = np.inf
+    _fails_in_one_line(lambda: fitted.predict(bad_test), 'NaN or infinite')
+    broken = sup.subset(sup.query_ids)
+    broken.mu_q = broken.mu_q.copy()
+    broken.mu_q[0, min(2, Q - 1), 0] = np.nan
+    _fails_in_one_line(lambda: make().fit(X, broken), 'supervision mu_q contains NaN')
+
+# %% ../../nbs/10_routers_base.ipynb #99989480
+def check_router(router: Router, # an unfitted router with a fixed `random_state`
+                 X: np.ndarray, # training features (Q, d), rows in `sup.query_ids` order, d ≥ 2
+                 sup: Supervision, # R > 1 single-shot draws, e.g. `n_draws=3`
+                 X_test: np.ndarray, # features to predict (n, d)
+                ) -> None:
+    "Assert that `router` keeps the router contract: parameters, predictions and errors."
+    assert sup.n_draws > 1, "check_router needs a supervision with several draws"
+    _check_params(router)
+    make = lambda: clone(router)
+    fitted = _check_predictions(make, X, sup, X_test)
+    _check_errors(make, X, sup, X_test, fitted)
+
+# %% ../../nbs/10_routers_base.ipynb #d6f04d38
+def training_settings(epochs: int = 100, # full passes over the training queries
+                      lr: float = 0.01, # AdamW step size
+                      weight_decay: float = 1.0, # AdamW decoupled weight decay
+                      batch_size: int | None = None, # queries per step; None = all (full batch)
+                      batched: bool = True, # train the R draws together (False: one after another)
+                      n_threads: int | None = None, # torch threads in fit, predict (None: torch's)
+                      device: str = 'cpu', # torch device
+                      random_state: int | None = None, # seed of weights, minibatch order and masks
+                     ) -> dict:
+    "The training settings of a torch router, by name."
+    return dict(epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,
+                batched=batched,
+                n_threads=n_threads, device=device, random_state=random_state)
+
+# %% ../../nbs/10_routers_base.ipynb #0ced458d
+def with_training_settings(**defaults # the family's own defaults of some settings, e.g. `epochs=40`
+                          ):
+    "Class decorator: `__init__` takes the class's own parameters, then every `training_settings`."
+    shared = signature(training_settings).parameters
+    unknown = sorted(set(defaults) - set(shared))
+    if unknown: raise ValueError(f"unknown training setting {unknown[0]!r}")
+    def decorate(cls):
+        own = cls.__dict__.get('__init__', lambda self: None)
+        own_sig = signature(own)
+        settings = [p.replace(default=defaults.get(k, p.default)) for k, p in shared.items()]
+        full = own_sig.replace(parameters=[*own_sig.parameters.values(), *settings])
+        @wraps(own)
+        def __init__(self, *args, **kwargs):
+            given = full.bind(self, *args, **kwargs)
+            given.apply_defaults()
+            own(**{k: v for k, v in given.arguments.items() if k in own_sig.parameters})
+            for k in shared: setattr(self, k, given.arguments[k])
+        __init__.__signature__, __init__.__delwrap__ = full, training_settings  # docments read both
+        cls.__init__ = __init__
+        return cls
+    return decorate
 
 # %% ../../nbs/10_routers_base.ipynb #152f35da
 def align(features: pd.DataFrame, # features indexed by query_id
@@ -125,8 +275,10 @@ def align(features: pd.DataFrame, # features indexed by query_id
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 FAMILY_TARGETS = pd.DataFrame([
-    ('MLPRouter', 'regression', 'μ_q, μ_c, σ per model', 'scikit-learn MLP regressors on standardised features'),
-    ('KNNRouter', 'non-parametric', 'inverse-distance average of neighbours\' μ_q, μ_c, σ', 'cosine distance, k neighbours'),
+    ('MLPRouter', 'regression', 'μ_q, μ_c, σ per model',
+     'scikit-learn MLP regressors on standardised features'),
+    ('KNNRouter', 'non-parametric', 'inverse-distance average of neighbours\' μ_q, μ_c, σ',
+     'cosine distance, k neighbours'),
     ('MIRTRouter', 'IRT regression', 'separate IRT heads for μ_q, μ_c, σ', 'P = σ(Σ a·θ − b), BCE on soft scores'),
     ('EmbedLLMRouter', 'model-embedding regression', 'μ_q − β·σ, plus a cost head', 'model embeddings ⊙ projected query'),
     ('RMSoftmaxRouter', 'classification / regret minimisation', 'softmax(U/τ) over a grid of λ', 'features augmented with λ'),
@@ -141,7 +293,8 @@ def family_targets(sup: Supervision, # supervision in any mode
     if kind == 'stats': return dict(mu_q=sup.mu_q, mu_c=sup.mu_c, sigma=sup.sigma)
     if kind == 'risk_adjusted': return dict(quality=sup.mu_q - sup.beta * sup.sigma, mu_c=sup.mu_c)
     if kind == 'utility': return dict(utility=sup.utility)
-    raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
+    raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or "
+                     "'utility')")
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
 from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features

@@ -4,74 +4,85 @@
 
 # %% ../../nbs/14_router_embedllm.ipynb #6ddb5726
 from __future__ import annotations
+from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'EmbedLLMRouter')
+require('torch', 'torch', 'EmbedLLMRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
-from .base import family_targets, check_features
+from .base import with_training_settings, family_targets, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'EmbedLLMRouter']
+__all__ = ['EmbedLLMRouter']
 
 # %% ../../nbs/14_router_embedllm.ipynb #b7a39917
+@with_training_settings()
 class EmbedLLMRouter(EnsembleRouter):
-    "EmbedLLM: model embeddings ⊙ projected query → risk-adjusted quality and cost; routes by quality − λ·cost."
+    "EmbedLLM: model embeddings ⊙ projected query → risk-adjusted quality and cost heads."
     def __init__(self,
                  dim: int = 16, # size of the model embeddings and of the query projection
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
-                ):
-        self.dim, self.epochs, self.lr, self.weight_decay, self.batch_size = dim, epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
-
-    def _check_params(self):
-        if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
-
-    def _targets(self, sup):
-        t = family_targets(sup, 'risk_adjusted')
-        y = np.stack([t['quality'], t['mu_c']], 1)                   # (R, 2, Q, K)
-        return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 2, K, Q)
-
-    def _init_draw(self, gen, n_features, n_models):
-        d = int(self.dim)
-        Wp, bp = init_linear(gen, n_features, d)
-        return dict(E=torch.randn(n_models, d, generator=gen), Wp=Wp, bp=bp,
-                    w=torch.randn(2, d, generator=gen) / np.sqrt(d), c=torch.zeros(2, 1))
-
-    def _logits(self, p, X):
-        "Logits of the quality and the cost head: (R, 2, K, n)."
-        R, K, d = p['E'].shape
-        proj = shared_linear(X, p['Wp'], p['bp'])                    # (R, dim, n)
-        readout = (p['w'][:, :, None, :] * p['E'][:, None]).reshape(R, 2 * K, d)  # (w ⊙ E_m) per head
-        return (readout @ proj).reshape(R, 2, K, -1) + p['c'][..., None]
-
-    def _loss(self, p, X, T, rows, gen):
-        z = self._logits(p, X[rows])
-        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1, 2, 3))
-
-    def _heads(self, p, X):
-        P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)     # (R, 2, n, K)
-        return P[:, 0], P[:, 1]
-
-    def _scores(self, p, X):
-        quality, cost = self._heads(p, X)
-        return quality - self.lam_ * cost                           # the risk is inside `quality` already
-
-    def predict_heads(self, X, # query features (n, d)
-                     ) -> dict:
-        "Predicted risk-adjusted quality and cost per model: (n, K) arrays, or (R, n, K) for R draws."
-        self._check_fitted()
-        heads = self._evaluate(check_features(X, self.n_features_in_), self._heads)
-        return {k: (v[0] if self.n_draws_ == 1 else v).double().cpu().numpy() for k, v in zip(('quality', 'mu_c'), heads)}
+                ): self.dim = dim
 
     @property
     def model_embeddings_(self) -> np.ndarray:
         "The learned model embeddings E: (R, K, dim)."
         return self.params_['E'].cpu().numpy()
+
+# %% ../../nbs/14_router_embedllm.ipynb #6e11272d
+@patch
+def _check_params(self: EmbedLLMRouter):
+    if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
+
+# %% ../../nbs/14_router_embedllm.ipynb #18e3486f
+@patch
+def _targets(self: EmbedLLMRouter, sup):
+    t = family_targets(sup, 'risk_adjusted')
+    y = np.stack([t['quality'], t['mu_c']], 1)                   # (R, 2, Q, K)
+    return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 2, K, Q)
+
+# %% ../../nbs/14_router_embedllm.ipynb #0e6027ca
+@patch
+def _init_draw(self: EmbedLLMRouter, gen, n_features, n_models):
+    d = int(self.dim)
+    Wp, bp = init_linear(gen, n_features, d)
+    return dict(E=torch.randn(n_models, d, generator=gen), Wp=Wp, bp=bp,
+                w=torch.randn(2, d, generator=gen) / np.sqrt(d), c=torch.zeros(2, 1))
+
+# %% ../../nbs/14_router_embedllm.ipynb #522ced95
+@patch
+def _logits(self: EmbedLLMRouter, p, X):
+    "Logits of the quality and the cost head: (R, 2, K, n)."
+    R, K, d = p['E'].shape
+    proj = shared_linear(X, p['Wp'], p['bp'])                    # (R, dim, n)
+    # (w ⊙ E_m) per head
+    readout = (p['w'][:, :, None, :] * p['E'][:, None]).reshape(R, 2 * K, d)
+    return (readout @ proj).reshape(R, 2, K, -1) + p['c'][..., None]
+
+# %% ../../nbs/14_router_embedllm.ipynb #a272ae59
+@patch
+def _loss(self: EmbedLLMRouter, p, X, T, rows, gen):
+    z = self._logits(p, X[rows])
+    loss = F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none')
+    return loss.mean((1, 2, 3))
+
+# %% ../../nbs/14_router_embedllm.ipynb #451eedc1
+@patch
+def _heads(self: EmbedLLMRouter, p, X):
+    P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)     # (R, 2, n, K)
+    return P[:, 0], P[:, 1]
+
+# %% ../../nbs/14_router_embedllm.ipynb #b7f7c677
+@patch
+def _scores(self: EmbedLLMRouter, p, X):
+    quality, cost = self._heads(p, X)
+    return quality - self.lam_ * cost  # the risk is inside `quality` already
+
+# %% ../../nbs/14_router_embedllm.ipynb #5faf34e4
+@patch
+def predict_heads(self: EmbedLLMRouter, X, # query features (n, d)
+                 ) -> dict:
+    "Predicted risk-adjusted quality and cost per model: (n, K) arrays, or (R, n, K) for R draws."
+    self._check_fitted()
+    heads = self._evaluate(check_features(X, self.n_features_in_), self._heads)
+    return {k: (v[0] if self.n_draws_ == 1 else v).double().cpu().numpy() for k, v in zip(('quality', 'mu_c'), heads)}

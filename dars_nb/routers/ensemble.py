@@ -4,14 +4,17 @@
 
 # %% ../../nbs/12a_router_ensemble.ipynb #517f8064
 from __future__ import annotations
+from fastcore.basics import patch
 from contextlib import contextmanager
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'The neural routers (MIRT, EmbedLLM, RM-Softmax, GraphRouter)')
+# a missing torch: one line naming the extra
+require('torch', 'torch', 'The neural routers (MIRT, EmbedLLM, RM-Softmax, GraphRouter)')
+import torch
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['torch', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
+__all__ = ['draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
 
 # %% ../../nbs/12a_router_ensemble.ipynb #fb5c1788
 def draw_seeds(random_state, # int, or None for fresh entropy
@@ -29,9 +32,10 @@ def init_linear(gen: torch.Generator, # generator of one draw
                 n_in: int, # input width
                 n_out: int, # output width
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Weight (n_out, n_in) ~ N(0, 1/n_in) and zero bias (n_out, 1) of one linear layer, for one draw."
+    "Weight (n_out, n_in) ~ N(0, 1/n_in) and zero bias (n_out, 1) of one layer, for one draw."
     return torch.randn(n_out, n_in, generator=gen) / np.sqrt(n_in), torch.zeros(n_out, 1)
 
+# %% ../../nbs/12a_router_ensemble.ipynb #50dd6069
 def shared_linear(X: torch.Tensor, # shared input (n, d)
                   W: torch.Tensor, # weights (R, ..., out, d)
                   b: torch.Tensor | None = None, # biases (R, ..., out, 1)
@@ -40,6 +44,7 @@ def shared_linear(X: torch.Tensor, # shared input (n, d)
     out = (W.reshape(-1, W.shape[-1]) @ X.T).reshape(*W.shape[:-1], X.shape[0])
     return out if b is None else out + b
 
+# %% ../../nbs/12a_router_ensemble.ipynb #91ad9abe
 @contextmanager
 def torch_threads(n: int | None, # threads for torch inside the block; None leaves the setting alone
                  ):
@@ -58,75 +63,96 @@ class EnsembleRouter(Router):
     def _scores(self, p, X): raise NotImplementedError
     def _check_params(self): pass
 
-    def _tensor(self, a) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=self.device)
-
-    def _check_training(self):
-        if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
-        if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.weight_decay < 0: raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
-        if self.batch_size is not None and int(self.batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1 or None, got {self.batch_size}")
-        self._check_params()
-
-    def _fit(self, X, sup):
-        self._check_training()
-        seeds, shared = draw_seeds(self.random_state, sup.n_draws)
-        mean, scale = X.mean(0), X.std(0)
-        scale[scale < 1e-12] = 1.0
-        self.x_mean_, self.x_scale_ = mean, scale
-        with torch_threads(self.n_threads):
-            Xt = self._tensor((X - mean) / scale)
-            T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
-            if self.batched: P = self._train(Xt, T, seeds, shared)
-            else:
-                parts = [self._train(Xt, {k: v[r:r + 1] for k, v in T.items()}, seeds[r:r + 1], shared)
-                         for r in range(sup.n_draws)]
-                P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            self._keep(Xt, T)
-        self.params_ = P
-
-    def _keep(self, X, T):
-        "Hook: keep training tensors a family needs at prediction time (none by default)."
-
-    def _train(self, X, T, seeds, shared):
-        "Train len(seeds) draws together; targets `T` carry the same number of draws on axis 0."
-        inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_)) for s in seeds]
-        P = {k: torch.stack([i[k] for i in inits]).to(self.device).requires_grad_() for k in inits[0]}
-        opt = torch.optim.AdamW(list(P.values()), lr=self.lr, weight_decay=self.weight_decay)
-        gen = torch.Generator().manual_seed(shared)
-        Q = X.shape[0]
-        bs = Q if self.batch_size is None else min(int(self.batch_size), Q)
-        for _ in range(int(self.epochs)):
-            order = torch.randperm(Q, generator=gen).to(self.device) if bs < Q else None
-            for start in range(0, Q, bs):
-                rows = slice(None) if order is None else order[start:start + bs]
-                opt.zero_grad(set_to_none=True)
-                self._loss(P, X, T, rows, gen).sum().backward()
-                opt.step()
-        return {k: v.detach() for k, v in P.items()}
-
-    def _evaluate(self, X, fn):
-        "`fn(params, standardised X)` with the router's threads and without gradients."
-        with torch_threads(self.n_threads), torch.no_grad():
-            return fn(self.params_, self._tensor((X - self.x_mean_) / self.x_scale_))
-
     def _predict_utility(self, X): return self._evaluate(X, self._scores).double().cpu().numpy()
+
+# %% ../../nbs/12a_router_ensemble.ipynb #b4a2a14d
+@patch
+def _tensor(self: EnsembleRouter, a) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(a, dtype=np.float32), device=self.device)
+
+# %% ../../nbs/12a_router_ensemble.ipynb #eaaa8f87
+@patch
+def _check_training(self: EnsembleRouter):
+    if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+    if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
+    if self.weight_decay < 0:
+        raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+    if self.batch_size is not None and int(self.batch_size) < 1:
+        raise ValueError(f"batch_size must be at least 1 or None, got {self.batch_size}")
+    self._check_params()
+
+# %% ../../nbs/12a_router_ensemble.ipynb #ea500585
+@patch
+def _fit(self: EnsembleRouter, X, sup):
+    self._check_training()
+    seeds, shared = draw_seeds(self.random_state, sup.n_draws)
+    mean, scale = X.mean(0), X.std(0)
+    scale[scale < 1e-12] = 1.0
+    self.x_mean_, self.x_scale_ = mean, scale
+    with torch_threads(self.n_threads):
+        Xt = self._tensor((X - mean) / scale)
+        T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
+        if self.batched: P = self._train(Xt, T, seeds, shared)
+        else:
+            one = lambda r: {k: v[r:r + 1] for k, v in T.items()}
+            parts = [self._train(Xt, one(r), seeds[r:r + 1], shared)
+                     for r in range(sup.n_draws)]
+            P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        self._keep(Xt, T)
+    self.params_ = P
+
+# %% ../../nbs/12a_router_ensemble.ipynb #aacce588
+@patch
+def _keep(self: EnsembleRouter, X, T):
+    "Hook: keep training tensors a family needs at prediction time (none by default)."
+
+# %% ../../nbs/12a_router_ensemble.ipynb #5dc39825
+@patch
+def _train(self: EnsembleRouter, X, T, seeds, shared):
+    "Train len(seeds) draws together; targets `T` carry the same number of draws on axis 0."
+    inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_)) for s in seeds]
+    P = {k: torch.stack([i[k] for i in inits]).to(self.device).requires_grad_() for k in inits[0]}
+    opt = torch.optim.AdamW(list(P.values()), lr=self.lr, weight_decay=self.weight_decay)
+    gen = torch.Generator().manual_seed(shared)
+    Q = X.shape[0]
+    bs = Q if self.batch_size is None else min(int(self.batch_size), Q)
+    for _ in range(int(self.epochs)):
+        order = torch.randperm(Q, generator=gen).to(self.device) if bs < Q else None
+        for start in range(0, Q, bs):
+            rows = slice(None) if order is None else order[start:start + bs]
+            opt.zero_grad(set_to_none=True)
+            self._loss(P, X, T, rows, gen).sum().backward()
+            opt.step()
+    return {k: v.detach() for k, v in P.items()}
+
+# %% ../../nbs/12a_router_ensemble.ipynb #49b32c11
+@patch
+def _evaluate(self: EnsembleRouter, X, fn):
+    "`fn(params, standardised X)` with the router's threads and without gradients."
+    with torch_threads(self.n_threads), torch.no_grad():
+        return fn(self.params_, self._tensor((X - self.x_mean_) / self.x_scale_))
 
 # %% ../../nbs/12a_router_ensemble.ipynb #66bd6618
 class StatsHeads:
-    "Mixin for an `EnsembleRouter` whose `_logits(p, X)` (R, 3, K, n) are sigmoid heads for μ_q, μ_c and 2σ."
-    def _targets(self, sup):
-        t = family_targets(sup, 'stats')
-        y = np.stack([t['mu_q'], t['mu_c'], 2 * t['sigma']], 1)     # (R, 3, Q, K)
-        return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 3, K, Q)
-
-    def _heads(self, p, X):
-        P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)    # (R, 3, n, K)
-        return P[:, 0], P[:, 1], P[:, 2] / 2
+    "Mixin for an `EnsembleRouter` whose `_logits` (R, 3, K, n) are sigmoid heads for μ_q, μ_c, 2σ."
 
     def _scores(self, p, X): return self._route(*self._heads(p, X))
 
-    def _predict_stats(self, X) -> dict:
-        "Predicted μ_q, μ_c and σ per model, each (R, n, K)."
-        return {k: v.double().cpu().numpy() for k, v in zip(('mu_q', 'mu_c', 'sigma'), self._evaluate(X, self._heads))}
+# %% ../../nbs/12a_router_ensemble.ipynb #73486397
+@patch
+def _targets(self: StatsHeads, sup):
+    t = family_targets(sup, 'stats')
+    y = np.stack([t['mu_q'], t['mu_c'], 2 * t['sigma']], 1)     # (R, 3, Q, K)
+    return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 3, K, Q)
+
+# %% ../../nbs/12a_router_ensemble.ipynb #2afaac79
+@patch
+def _heads(self: StatsHeads, p, X):
+    P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)    # (R, 3, n, K)
+    return P[:, 0], P[:, 1], P[:, 2] / 2
+
+# %% ../../nbs/12a_router_ensemble.ipynb #bbf055b3
+@patch
+def _predict_stats(self: StatsHeads, X) -> dict:
+    "Predicted μ_q, μ_c and σ per model, each (R, n, K)."
+    return {k: v.double().cpu().numpy() for k, v in zip(('mu_q', 'mu_c', 'sigma'), self._evaluate(X, self._heads))}

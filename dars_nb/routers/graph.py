@@ -4,82 +4,92 @@
 
 # %% ../../nbs/16_router_graph.ipynb #547fd502
 from __future__ import annotations
+from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'GraphRouter')
+require('torch', 'torch', 'GraphRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
+from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'GraphRouter']
+__all__ = ['GraphRouter']
 
 # %% ../../nbs/16_router_graph.ipynb #4bdc2f25
+@with_training_settings(lr=0.03, weight_decay=0.1)
 class GraphRouter(StatsHeads, EnsembleRouter):
-    "GNN over the bipartite query–model graph; an edge predictor estimates μ_q, μ_c, σ; routes by the predicted utility."
+    "GNN over the query–model graph; an edge predictor estimates μ_q, μ_c, σ for routing."
     def __init__(self,
                  hidden: int = 16, # width of node states and of the edge predictor
-                 mask_rate: float = 0.5, # share of training queries whose edges are hidden (and predicted) per step
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.03, # AdamW step size
-                 weight_decay: float = 0.1, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights, masks and minibatch order
-                ):
-        self.hidden, self.mask_rate = hidden, mask_rate
-        self.epochs, self.lr, self.weight_decay, self.batch_size = epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
-
-    def _check_params(self):
-        if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
-        if not 0 < self.mask_rate < 1: raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
-
-    def _init_draw(self, gen, n_features, n_models):
-        h = int(self.hidden)
-        Wq, bq = init_linear(gen, n_features, h)
-        Wh, bm = init_linear(gen, h, h)
-        We, _ = init_linear(gen, 3, h)
-        (Wa, _), (Wv, _), (A, b1), (B, _), (C, _) = (init_linear(gen, h, h) for _ in range(5))
-        Wo, bo = init_linear(gen, h, 3)
-        return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh, We=We, bm=bm,
-                    Wa=Wa, Wv=Wv, A=A, B=B, C=C, b1=b1, Wo=Wo, bo=bo)
-
-    def _model_nodes(self, p, X_vis, e_vis):
-        "Model node states after the query → model round: (R, h, K)."
-        R, _, K, V = e_vis.shape
-        hq = torch.relu(shared_linear(X_vis, p['Wq'], p['bq']))           # (R, h, V)
-        from_edge = (p['We'] @ e_vis.reshape(R, 3, K * V)).reshape(R, -1, K, V)
-        msg = torch.relu(from_edge + (p['Wh'] @ hq + p['bm'])[:, :, None, :])   # (R, h, K, V)
-        return p['E'] + p['Wa'] @ msg.mean(-1)
-
-    def _edges(self, p, g, X):
-        "Edge logits (μ_q, μ_c, 2σ) between queries `X` and model nodes `g`: (R, 3, K, n)."
-        R, h, K = g.shape
-        n = X.shape[0]
-        hq = torch.relu(shared_linear(X, p['Wq'], p['bq']))               # (R, h, n)
-        att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)    # (R, K, n): each query attends to the models
-        hq = hq + p['Wv'] @ (g @ att)                                      # model → query
-        pair = (p['C'] @ (hq[:, :, None, :] * g[..., None]).reshape(R, h, K * n)).reshape(R, h, K, n)
-        z = torch.relu(pair + (p['A'] @ hq + p['b1'])[:, :, None, :] + (p['B'] @ g)[..., None])   # (R, h, K, n)
-        return (p['Wo'] @ z.reshape(R, h, K * n) + p['bo']).reshape(R, 3, K, n)
-
-    def _loss(self, p, X, T, rows, gen):
-        Q = X.shape[0]
-        perm = torch.randperm(Q, generator=gen).to(X.device)
-        n_vis = min(max(int(round((1 - self.mask_rate) * Q)), 1), Q - 1)
-        hidden = torch.zeros(Q, dtype=torch.bool, device=X.device)
-        hidden[perm[n_vis:]] = True
-        target = torch.arange(Q, device=X.device)[rows]
-        target = target[hidden[target]] if hidden[target].any() else target
-        vis = perm[:n_vis]
-        g = self._model_nodes(p, X[vis], T['y'][..., vis])
-        z = self._edges(p, g, X[target])
-        return F.binary_cross_entropy_with_logits(z, T['y'][..., target], reduction='none').mean((1, 2, 3))
+                 mask_rate: float = 0.5, # share of queries whose edges are hidden per step
+                ): self.hidden, self.mask_rate = hidden, mask_rate
 
     def _keep(self, X, T): self.graph_X_, self.graph_edges_ = X, T['y']
 
-    def _logits(self, p, X):
-        "Edge logits between queries `X` and the model nodes of the training graph: (R, 3, K, n)."
-        return self._edges(p, self._model_nodes(p, self.graph_X_, self.graph_edges_), X)
+# %% ../../nbs/16_router_graph.ipynb #592a52e6
+@patch
+def _check_params(self: GraphRouter):
+    if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
+    if not 0 < self.mask_rate < 1:
+        raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
+
+# %% ../../nbs/16_router_graph.ipynb #b9aff7fd
+@patch
+def _init_draw(self: GraphRouter, gen, n_features, n_models):
+    h = int(self.hidden)
+    Wq, bq = init_linear(gen, n_features, h)
+    Wh, bm = init_linear(gen, h, h)
+    We, _ = init_linear(gen, 3, h)
+    (Wa, _), (Wv, _), (A, b1), (B, _), (C, _) = (init_linear(gen, h, h) for _ in range(5))
+    Wo, bo = init_linear(gen, h, 3)
+    return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh,
+                We=We, bm=bm,
+                Wa=Wa, Wv=Wv, A=A, B=B, C=C, b1=b1, Wo=Wo, bo=bo)
+
+# %% ../../nbs/16_router_graph.ipynb #6ed6ecee
+@patch
+def _model_nodes(self: GraphRouter, p, X_vis, e_vis):
+    "Model node states after the query → model round: (R, h, K)."
+    R, _, K, V = e_vis.shape
+    hq = torch.relu(shared_linear(X_vis, p['Wq'], p['bq']))           # (R, h, V)
+    from_edge = (p['We'] @ e_vis.reshape(R, 3, K * V)).reshape(R, -1, K, V)
+    msg = torch.relu(from_edge + (p['Wh'] @ hq + p['bm'])[:, :, None, :])   # (R, h, K, V)
+    return p['E'] + p['Wa'] @ msg.mean(-1)
+
+# %% ../../nbs/16_router_graph.ipynb #348a99d8
+@patch
+def _edges(self: GraphRouter, p, g, X):
+    "Edge logits (μ_q, μ_c, 2σ) between queries `X` and model nodes `g`: (R, 3, K, n)."
+    R, h, K = g.shape
+    n = X.shape[0]
+    hq = torch.relu(shared_linear(X, p['Wq'], p['bq']))               # (R, h, n)
+    # (R, K, n): each query attends to the models
+    att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)
+    hq = hq + p['Wv'] @ (g @ att)                                      # model → query
+    pair = (p['C'] @ (hq[:, :, None, :] * g[..., None]).reshape(R, h, K * n)).reshape(R, h, K, n)
+    # (R, h, K, n)
+    z = torch.relu(pair + (p['A'] @ hq + p['b1'])[:, :, None, :] + (p['B'] @ g)[..., None])
+    return (p['Wo'] @ z.reshape(R, h, K * n) + p['bo']).reshape(R, 3, K, n)
+
+# %% ../../nbs/16_router_graph.ipynb #85c6bf52
+@patch
+def _loss(self: GraphRouter, p, X, T, rows, gen):
+    Q = X.shape[0]
+    perm = torch.randperm(Q, generator=gen).to(X.device)
+    n_vis = min(max(int(round((1 - self.mask_rate) * Q)), 1), Q - 1)
+    hidden = torch.zeros(Q, dtype=torch.bool, device=X.device)
+    hidden[perm[n_vis:]] = True
+    target = torch.arange(Q, device=X.device)[rows]
+    target = target[hidden[target]] if hidden[target].any() else target
+    vis = perm[:n_vis]
+    g = self._model_nodes(p, X[vis], T['y'][..., vis])
+    z = self._edges(p, g, X[target])
+    loss = F.binary_cross_entropy_with_logits(z, T['y'][..., target], reduction='none')
+    return loss.mean((1, 2, 3))
+
+# %% ../../nbs/16_router_graph.ipynb #114e6393
+@patch
+def _logits(self: GraphRouter, p, X):
+    "Edge logits between queries `X` and the model nodes of the training graph: (R, 3, K, n)."
+    return self._edges(p, self._model_nodes(p, self.graph_X_, self.graph_edges_), X)

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/12_router_knn.ipynb #104c2d9e
 from __future__ import annotations
+from fastcore.basics import patch
 import numpy as np
 from scipy import sparse
 from sklearn.preprocessing import normalize
@@ -18,7 +19,7 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
                       n_neighbors: int, # k
                       eps: float = 1e-6, # ε added to every distance before inverting
                      ) -> tuple[np.ndarray, np.ndarray]:
-    "Indices (n, k) of the k nearest training rows by cosine distance and their inverse-distance weights (rows sum to 1)."
+    "The k nearest training rows (n, k) by cosine distance, and inverse-distance weights (sum 1)."
     d = np.clip(1.0 - normalize(X) @ normalize(X_train).T, 0.0, None)
     k = min(n_neighbors, d.shape[1])
     idx = np.argpartition(d, k - 1, axis=1)[:, :k]
@@ -27,33 +28,42 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
 
 # %% ../../nbs/12_router_knn.ipynb #864da50b
 class KNNRouter(Router):
-    "Non-parametric router: inverse-distance average of the k nearest training queries' μ_q, μ_c, σ (cosine distance)."
+    "Non-parametric router: inverse-distance average of the k nearest queries' μ_q, μ_c, σ."
     def __init__(self,
                  n_neighbors: int = 10, # k, the number of neighbours averaged
                  eps: float = 1e-6, # ε in the weights 1/(d + ε)
-                 batched: bool = True, # R draws: one geometry and one sparse product instead of one pass per draw
-                 random_state: int | None = None, # unused: kNN is deterministic (accepted like every other router's)
+                 batched: bool = True, # R draws: one geometry, one sparse product
+                 random_state: int | None = None, # unused: kNN is deterministic
                 ):
         self.n_neighbors, self.eps, self.batched, self.random_state = n_neighbors, eps, batched, random_state
 
-    def _fit(self, X, sup):
-        if int(self.n_neighbors) < 1: raise ValueError(f"n_neighbors must be at least 1, got {self.n_neighbors}")
-        self.X_train_ = X.copy()
-        T = family_targets(sup, 'stats')
-        self.targets_ = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)  # (Q, 3, R, K)
+# %% ../../nbs/12_router_knn.ipynb #15cbcac9
+@patch
+def _fit(self: KNNRouter, X, sup):
+    if int(self.n_neighbors) < 1:
+        raise ValueError(f"n_neighbors must be at least 1, got {self.n_neighbors}")
+    self.X_train_ = X.copy()
+    T = family_targets(sup, 'stats')
+    # (Q, 3, R, K)
+    self.targets_ = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
 
-    def _weights(self, X) -> sparse.csr_matrix:
-        "Sparse (n, Q) matrix of neighbour weights."
-        idx, w = cosine_neighbours(self.X_train_, X, int(self.n_neighbors), self.eps)
-        n, k = idx.shape
-        return sparse.csr_matrix((w.ravel(), idx.ravel(), np.arange(0, n * k + 1, k)), shape=(n, len(self.X_train_)))
+# %% ../../nbs/12_router_knn.ipynb #aa5959b0
+@patch
+def _weights(self: KNNRouter, X) -> sparse.csr_matrix:
+    "Sparse (n, Q) matrix of neighbour weights."
+    idx, w = cosine_neighbours(self.X_train_, X, int(self.n_neighbors), self.eps)
+    n, k = idx.shape
+    return sparse.csr_matrix((w.ravel(), idx.ravel(), np.arange(0, n * k + 1, k)),
+                             shape=(n, len(self.X_train_)))
 
-    def _predict_stats(self, X) -> dict:
-        Q, _, R, K = self.targets_.shape
-        if self.batched:
-            S = (self._weights(X) @ self.targets_.reshape(Q, -1)).reshape(len(X), 3, R, K)
-        else:  # R separate routers: neighbours found again for every draw
-            S = np.stack([(self._weights(X) @ self.targets_[:, :, r].reshape(Q, -1)).reshape(len(X), 3, K)
-                          for r in range(R)], axis=2)
-        S = S.transpose(1, 2, 0, 3)  # (3, R, n, K)
-        return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])
+# %% ../../nbs/12_router_knn.ipynb #0a80fba8
+@patch
+def _predict_stats(self: KNNRouter, X) -> dict:
+    Q, _, R, K = self.targets_.shape
+    if self.batched:
+        S = (self._weights(X) @ self.targets_.reshape(Q, -1)).reshape(len(X), 3, R, K)
+    else:  # R separate routers: neighbours found again for every draw
+        per_draw = lambda r: self._weights(X) @ self.targets_[:, :, r].reshape(Q, -1)
+        S = np.stack([per_draw(r).reshape(len(X), 3, K) for r in range(R)], axis=2)
+    S = S.transpose(1, 2, 0, 3)  # (3, R, n, K)
+    return dict(mu_q=S[0], mu_c=S[1], sigma=S[2])

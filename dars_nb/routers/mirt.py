@@ -4,47 +4,50 @@
 
 # %% ../../nbs/13_router_mirt.ipynb #f73cf55d
 from __future__ import annotations
+from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'MIRTRouter')
+require('torch', 'torch', 'MIRTRouter')   # a missing torch: one line naming the extra
+import torch
 import torch.nn.functional as F
+from .base import with_training_settings
 from .ensemble import EnsembleRouter, StatsHeads, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'MIRTRouter']
+__all__ = ['MIRTRouter']
 
 # %% ../../nbs/13_router_mirt.ipynb #cdaa77a7
+@with_training_settings()
 class MIRTRouter(StatsHeads, EnsembleRouter):
     "IRT-Router with separate IRT heads for μ_q, μ_c and σ; routes by the predicted utility."
     def __init__(self,
                  dim: int = 8, # latent dimension of θ and a
-                 epochs: int = 100, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
-                ):
-        self.dim, self.epochs, self.lr, self.weight_decay, self.batch_size = dim, epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
+                ): self.dim = dim
 
-    def _check_params(self):
-        if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
+# %% ../../nbs/13_router_mirt.ipynb #27b34643
+@patch
+def _check_params(self: MIRTRouter):
+    if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
 
-    def _init_draw(self, gen, n_features, n_models):
-        d = int(self.dim)
-        Wa, ba = zip(*[init_linear(gen, n_features, d) for _ in range(3)])
-        Wb, bb = zip(*[init_linear(gen, n_features, 1) for _ in range(3)])
-        return dict(theta=torch.randn(3, n_models, d, generator=gen) / np.sqrt(d),
-                    Wa=torch.stack(Wa), ba=torch.stack(ba), Wb=torch.stack(Wb), bb=torch.stack(bb))
+# %% ../../nbs/13_router_mirt.ipynb #b2e6e614
+@patch
+def _init_draw(self: MIRTRouter, gen, n_features, n_models):
+    d = int(self.dim)
+    Wa, ba = zip(*[init_linear(gen, n_features, d) for _ in range(3)])
+    Wb, bb = zip(*[init_linear(gen, n_features, 1) for _ in range(3)])
+    return dict(theta=torch.randn(3, n_models, d, generator=gen) / np.sqrt(d),
+                Wa=torch.stack(Wa), ba=torch.stack(ba), Wb=torch.stack(Wb), bb=torch.stack(bb))
 
-    def _logits(self, p, X):
-        "IRT logits Σ a·θ − b of the three heads: (R, 3, K, n)."
-        a = F.softplus(shared_linear(X, p['Wa'], p['ba']))          # (R, 3, dim, n)
-        return p['theta'] @ a - shared_linear(X, p['Wb'], p['bb'])  # (R, 3, K, n)
+# %% ../../nbs/13_router_mirt.ipynb #4bc0b6b3
+@patch
+def _logits(self: MIRTRouter, p, X):
+    "IRT logits Σ a·θ − b of the three heads: (R, 3, K, n)."
+    a = F.softplus(shared_linear(X, p['Wa'], p['ba']))          # (R, 3, dim, n)
+    return p['theta'] @ a - shared_linear(X, p['Wb'], p['bb'])  # (R, 3, K, n)
 
-    def _loss(self, p, X, T, rows, gen):
-        z = self._logits(p, X[rows])
-        return F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none').mean((1, 2, 3))
+# %% ../../nbs/13_router_mirt.ipynb #9e267791
+@patch
+def _loss(self: MIRTRouter, p, X, T, rows, gen):
+    z = self._logits(p, X[rows])
+    loss = F.binary_cross_entropy_with_logits(z, T['y'][..., rows], reduction='none')
+    return loss.mean((1, 2, 3))

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/11_router_mlp.ipynb #8b421ed8
 from __future__ import annotations
+from fastcore.basics import patch
 import warnings
 import numpy as np
 from joblib import Parallel, delayed
@@ -13,10 +14,10 @@ from sklearn.preprocessing import StandardScaler
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['STATISTICS', 'MLPRouter']
+__all__ = ['MLPRouter']
 
 # %% ../../nbs/11_router_mlp.ipynb #3e4d863e
-STATISTICS = ('mu_q', 'mu_c', 'sigma')
+_STATISTICS = ('mu_q', 'mu_c', 'sigma')
 
 def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
     "An `MLPRegressor` fitted on (Z, y), or the constant itself when `y` never varies."
@@ -25,6 +26,7 @@ def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
         warnings.simplefilter('ignore', ConvergenceWarning)
         return MLPRegressor(**params).fit(Z, y)
 
+# %% ../../nbs/11_router_mlp.ipynb #46f4eb28
 def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
     "(n, width) predictions of a fitted regressor or a constant."
     if isinstance(reg, float): return np.full((len(Z), width), reg)
@@ -32,44 +34,55 @@ def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
 
 # %% ../../nbs/11_router_mlp.ipynb #b1789b6e
 class MLPRouter(Router):
-    "Regression router: scikit-learn MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
+    "Regression router: MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
     def __init__(self,
                  hidden_layer_sizes=(64,), # widths of the hidden layers
-                 alpha: float = 10.0, # L2 penalty of every network (scikit-learn scales it by 1/queries)
+                 alpha: float = 10.0, # L2 penalty (scikit-learn scales it by 1/queries)
                  learning_rate_init: float = 3e-3, # Adam step size
                  max_iter: int = 100, # training epochs at most
-                 early_stopping: bool = False, # hold out 10% of the queries and stop when their fit stalls
-                 batched: bool = False, # R draws: one network per statistic with R·K outputs instead of R independent networks
-                 n_jobs: int | None = None, # parallel fits over draws and statistics (joblib), None = one at a time
-                 random_state: int | None = None, # seed of every network's initialisation and shuffling
+                 early_stopping: bool = False, # stop when 10% held-out queries stop improving
+                 batched: bool = False, # R draws: one network per statistic with R·K outputs
+                 n_jobs: int | None = None, # parallel fits (joblib); None: one at a time
+                 random_state: int | None = None, # seed of initialisation and shuffling
                 ):
         self.hidden_layer_sizes, self.alpha, self.learning_rate_init = hidden_layer_sizes, alpha, learning_rate_init
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched
         self.n_jobs, self.random_state = n_jobs, random_state
 
-    def _network_params(self) -> dict:
-        return dict(hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)), alpha=self.alpha,
-                    learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
-                    early_stopping=self.early_stopping, random_state=self.random_state)
+# %% ../../nbs/11_router_mlp.ipynb #2d6f1942
+@patch
+def _network_params(self: MLPRouter) -> dict:
+    return dict(
+        hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
+        alpha=self.alpha,
+                learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
+                early_stopping=self.early_stopping, random_state=self.random_state)
 
-    def _fit(self, X, sup):
-        self.scaler_ = StandardScaler().fit(X)
-        Z = self.scaler_.transform(X)
-        T = family_targets(sup, 'stats')
-        R, Q, K = sup.utility.shape
-        self.batched_ = bool(self.batched) and R > 1
-        if self.batched_: jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in STATISTICS]
-        else: jobs = [(s, T[s][r]) for s in STATISTICS for r in range(R)]
-        params = self._network_params()
-        fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
-        self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in STATISTICS}
+# %% ../../nbs/11_router_mlp.ipynb #52402bb1
+@patch
+def _fit(self: MLPRouter, X, sup):
+    self.scaler_ = StandardScaler().fit(X)
+    Z = self.scaler_.transform(X)
+    T = family_targets(sup, 'stats')
+    R, Q, K = sup.utility.shape
+    self.batched_ = bool(self.batched) and R > 1
+    if self.batched_:
+        jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in _STATISTICS]
+    else: jobs = [(s, T[s][r]) for s in _STATISTICS for r in range(R)]
+    params = self._network_params()
+    fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
+    self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in _STATISTICS}
 
-    def _predict_stats(self, X) -> dict:
-        Z = self.scaler_.transform(X)
-        n, R, K = len(X), self.n_draws_, len(self.models_)
-        out = {}
-        for s, regs in self.regressors_.items():
-            if self.batched_: out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
-            else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
-        out['sigma'] = np.maximum(out['sigma'], 0.0)  # a standard deviation: a negative guess would reward risk
-        return out
+# %% ../../nbs/11_router_mlp.ipynb #fae79d5c
+@patch
+def _predict_stats(self: MLPRouter, X) -> dict:
+    Z = self.scaler_.transform(X)
+    n, R, K = len(X), self.n_draws_, len(self.models_)
+    out = {}
+    for s, regs in self.regressors_.items():
+        if self.batched_:
+            out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
+        else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
+    # a standard deviation: a negative guess would reward risk
+    out['sigma'] = np.maximum(out['sigma'], 0.0)
+    return out

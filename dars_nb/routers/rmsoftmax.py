@@ -4,15 +4,17 @@
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #e203e8c0
 from __future__ import annotations
+from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-torch = require('torch', 'torch', 'RMSoftmaxRouter')
+require('torch', 'torch', 'RMSoftmaxRouter')   # a missing torch: one line naming the extra
+import torch
 from ..stats import utility, soft_targets
-from .base import check_features
+from .base import with_training_settings, check_features
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
-__all__ = ['torch', 'lambda_targets', 'RMSoftmaxRouter']
+__all__ = ['lambda_targets', 'RMSoftmaxRouter']
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #8b0b8299
 def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
@@ -27,74 +29,84 @@ def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
     return soft_targets(utility(mu_q[:, None], mu_c[:, None], sigma[:, None], lams, beta), tau)
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #a0b2413d
+@with_training_settings(epochs=40)
 class RMSoftmaxRouter(EnsembleRouter):
-    "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over a grid of λ."
+    "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over λ."
     def __init__(self,
-                 lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # cost weights λ to train on (the supervision's λ is added)
+                 lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
                  tau: float = 0.05, # temperature of the target softmax(U/τ)
-                 lam_sampling: bool = True, # each step: one random λ of the grid per query (False: every λ)
+                 lam_sampling: bool = True, # one random λ per query and step (False: all)
                  hidden: int = 16, # width of the hidden layer
-                 epochs: int = 40, # full passes over the training queries
-                 lr: float = 0.01, # AdamW step size
-                 weight_decay: float = 1.0, # AdamW decoupled weight decay
-                 batch_size: int | None = None, # queries per step; None = all (full batch)
-                 batched: bool = True, # train the R draws together (False: one after another)
-                 n_threads: int | None = None, # torch CPU threads while fitting and predicting; None = torch's own setting
-                 device: str = 'cpu', # torch device
-                 random_state: int | None = None, # seed of initial weights and minibatch order
                 ):
         self.lam_grid, self.tau, self.lam_sampling, self.hidden = lam_grid, tau, lam_sampling, hidden
-        self.epochs, self.lr, self.weight_decay, self.batch_size = epochs, lr, weight_decay, batch_size
-        self.batched, self.n_threads, self.device, self.random_state = batched, n_threads, device, random_state
 
-    def _check_params(self):
-        grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
-        if grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
-            raise ValueError(f"lam_grid must hold finite non-negative cost weights, got {self.lam_grid!r}")
-        if not self.tau > 0: raise ValueError(f"tau must be positive, got {self.tau}")
-        if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
+# %% ../../nbs/15_router_rmsoftmax.ipynb #b3a1d72e
+@patch
+def _check_params(self: RMSoftmaxRouter):
+    grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
+    if grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
+        raise ValueError("lam_grid must hold finite non-negative cost weights, got "
+                         f"{self.lam_grid!r}")
+    if not self.tau > 0: raise ValueError(f"tau must be positive, got {self.tau}")
+    if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
 
-    def _targets(self, sup):
-        grid = np.unique(np.append(np.asarray(self.lam_grid, dtype=float), sup.lam))
-        self.lam_grid_ = grid
-        self.lam_scale_ = float(grid.max()) if grid.max() > 0 else 1.0
-        P = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, grid, sup.beta, self.tau)   # (R, G, Q, K)
-        return dict(p=P.transpose(0, 3, 1, 2), lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
+# %% ../../nbs/15_router_rmsoftmax.ipynb #4e3d6e44
+@patch
+def _targets(self: RMSoftmaxRouter, sup):
+    grid = np.unique(np.append(np.asarray(self.lam_grid, dtype=float), sup.lam))
+    self.lam_grid_ = grid
+    self.lam_scale_ = float(grid.max()) if grid.max() > 0 else 1.0
+    P = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, grid, sup.beta, self.tau)   # (R, G, Q, K)
+    return dict(p=P.transpose(0, 3, 1, 2),
+                lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
 
-    def _init_draw(self, gen, n_features, n_models):
-        h = int(self.hidden)
-        W1, b1 = init_linear(gen, n_features + 1, h)
-        W2, b2 = init_linear(gen, h, n_models)
-        return dict(W1=W1[:, :-1].contiguous(), wl=W1[:, -1:].contiguous(), b1=b1, W2=W2, b2=b2)
+# %% ../../nbs/15_router_rmsoftmax.ipynb #3109c330
+@patch
+def _init_draw(self: RMSoftmaxRouter, gen, n_features, n_models):
+    h = int(self.hidden)
+    W1, b1 = init_linear(gen, n_features + 1, h)
+    W2, b2 = init_linear(gen, h, n_models)
+    return dict(W1=W1[:, :-1].contiguous(), wl=W1[:, -1:].contiguous(), b1=b1, W2=W2, b2=b2)
 
-    def _log_policy(self, p, X, lams):
-        "log π(m | x, λ) for every λ in `lams` (G,): (R, K, G, n)."
-        R, G, n = p['W1'].shape[0], lams.shape[-1], X.shape[0]
-        hx = shared_linear(X, p['W1'], p['b1'])                          # (R, hidden, n), once for all λ
-        h = torch.relu(hx[:, :, None, :] + p['wl'][..., None] * lams.reshape(1, 1, G, 1))
-        z = (p['W2'] @ h.reshape(R, -1, G * n) + p['b2']).reshape(R, -1, G, n)
-        return torch.log_softmax(z, dim=1)
+# %% ../../nbs/15_router_rmsoftmax.ipynb #42777cd2
+@patch
+def _log_policy(self: RMSoftmaxRouter, p, X, lams):
+    "log π(m | x, λ) for every λ in `lams` (G,): (R, K, G, n)."
+    R, G, n = p['W1'].shape[0], lams.shape[-1], X.shape[0]
+    hx = shared_linear(X, p['W1'], p['b1'])  # (R, hidden, n), once for all λ
+    h = torch.relu(hx[:, :, None, :] + p['wl'][..., None] * lams.reshape(1, 1, G, 1))
+    z = (p['W2'] @ h.reshape(R, -1, G * n) + p['b2']).reshape(R, -1, G, n)
+    return torch.log_softmax(z, dim=1)
 
-    def _loss(self, p, X, T, rows, gen):
-        lams = T['lams'][0]
-        if not self.lam_sampling:
-            logp = self._log_policy(p, X[rows], lams)
-            return -(T['p'][..., rows] * logp).sum(1).mean((1, 2))
-        q = torch.arange(X.shape[0], device=X.device)[rows]
-        g = torch.randint(len(lams), (len(q),), generator=gen).to(X.device)   # one λ per query, shared by the draws
-        h = torch.relu(shared_linear(X[q], p['W1'], p['b1']) + p['wl'] * lams[g])   # (R, hidden, n)
-        logp = torch.log_softmax(p['W2'] @ h + p['b2'], dim=1)                      # (R, K, n)
-        return -(T['p'][:, :, g, q] * logp).sum(1).mean(-1)
+# %% ../../nbs/15_router_rmsoftmax.ipynb #b86bdca8
+@patch
+def _loss(self: RMSoftmaxRouter, p, X, T, rows, gen):
+    lams = T['lams'][0]
+    if not self.lam_sampling:
+        logp = self._log_policy(p, X[rows], lams)
+        return -(T['p'][..., rows] * logp).sum(1).mean((1, 2))
+    q = torch.arange(X.shape[0], device=X.device)[rows]
+    # one λ per query, shared by the draws
+    g = torch.randint(len(lams), (len(q),), generator=gen).to(X.device)
+    h = torch.relu(shared_linear(X[q], p['W1'], p['b1']) + p['wl'] * lams[g])   # (R, hidden, n)
+    logp = torch.log_softmax(p['W2'] @ h + p['b2'], dim=1)                      # (R, K, n)
+    return -(T['p'][:, :, g, q] * logp).sum(1).mean(-1)
 
-    def _scores(self, p, X, lam=None):
-        lam = torch.tensor([(self.lam_ if lam is None else lam) / self.lam_scale_], dtype=X.dtype, device=X.device)
-        return self._log_policy(p, X, lam)[:, :, 0].transpose(1, 2)    # (R, n, K)
+# %% ../../nbs/15_router_rmsoftmax.ipynb #70d23056
+@patch
+def _scores(self: RMSoftmaxRouter, p, X, lam=None):
+    lam = torch.tensor([(self.lam_ if lam is None else lam) / self.lam_scale_], dtype=X.dtype,
+                       device=X.device)
+    return self._log_policy(p, X, lam)[:, :, 0].transpose(1, 2)    # (R, n, K)
 
-    def predict_log_policy(self, X, # query features (n, d)
-                           lam: float | None = None, # cost weight λ to route for (default: the supervision's)
-                          ) -> np.ndarray:
-        "log π(m | x, λ): (n, K), or (R, n, K) for R draws; `predict_utility` is this at the training λ."
-        self._check_fitted()
-        if lam is not None and not (np.isfinite(lam) and lam >= 0): raise ValueError(f"lam must be a finite non-negative number, got {lam}")
-        S = self._evaluate(check_features(X, self.n_features_in_), lambda p, Z: self._scores(p, Z, lam)).double().cpu().numpy()
-        return S[0] if self.n_draws_ == 1 else S
+# %% ../../nbs/15_router_rmsoftmax.ipynb #c85ce1cd
+@patch
+def predict_log_policy(self: RMSoftmaxRouter, X, # query features (n, d)
+                       lam: float | None = None, # λ to route for (default: the supervision's)
+                      ) -> np.ndarray:
+    "log π(m | x, λ): (n, K), or (R, n, K); `predict_utility` is this at the training λ."
+    self._check_fitted()
+    if lam is not None and not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+    S = self._evaluate(check_features(X, self.n_features_in_), lambda p, Z: self._scores(p, Z, lam)).double().cpu().numpy()
+    return S[0] if self.n_draws_ == 1 else S
