@@ -27,18 +27,23 @@ VIEWS = ('grid', 'rewrite', 'decode')
 class ObservationError(ValueError):
     "A problem with an observation table, stated in one line."
 
-# %% ../nbs/00_observations.ipynb #ee105b84
+# %% ../nbs/00_observations.ipynb #4fd46342
 def _fail(msg): raise ObservationError(msg)
 
-def _check_values(df):
-    "Raise on the first value-level problem in `df`."
-    score = pd.to_numeric(df['score'], errors='coerce').to_numpy(dtype=float)
-    cost = pd.to_numeric(df['cost'], errors='coerce').to_numpy(dtype=float)
+def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
+    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range value."
+    score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
+    cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
     if np.isnan(score).any(): _fail(f"score is missing or not a number in {int(np.isnan(score).sum())} row(s)")
     bad = (score < 0) | (score > 1)
     if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {score[bad][0]!r}")
     if np.isnan(cost).any(): _fail(f"cost is missing or not a number in {int(np.isnan(cost).sum())} row(s)")
     if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. {cost[cost < 0][0]!r}")
+    return score, cost
+
+def _check_values(df):
+    "Raise on the first value-level problem in `df`."
+    score, cost = _check_measures(df['score'], df['cost'])
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
         unknown = sorted(set(pd.unique(df[col].astype(str))) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
@@ -211,23 +216,46 @@ def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, o
         d.values[c] = a.reshape(d.shape)
     return d
 
-# %% ../nbs/00_observations.ipynb #36cfa166
+# %% ../nbs/00_observations.ipynb #f95cfcdc
+def _check_dense(d: Dense, split: str, view: str):
+    "Raise on the first problem `validate` would find in the table of `d`, read from its axes."
+    missing = [c for c in ('score', 'cost') if c not in d.values]
+    if missing: _fail(f"missing column(s): {', '.join(missing)}")
+    for col, v, allowed in (('split', split, SPLITS), ('view', view, VIEWS)):
+        if v not in allowed: _fail(f"unknown {col} {v!r} (expected one of {', '.join(allowed)})")
+    for col, ids in (('rewrite_id', d.rewrite_ids), ('sample_id', d.sample_ids)):
+        ids = np.asarray(ids, float)
+        if (np.isnan(ids) | (ids < 0) | (ids % 1 != 0)).any(): _fail(f"{col} must be a non-negative integer in every row")
+    keys = (pd.MultiIndex.from_arrays([d.queries.get_level_values(i).astype(str) for i in (0, 1)]),
+            pd.Index(d.models).astype(str), pd.Index(d.rewrite_ids), pd.Index(d.sample_ids))
+    for name, k in zip(('query', 'model', 'rewrite_id', 'sample_id'), keys):
+        if k.has_duplicates: _fail(f"duplicate natural keys: {name} {k[k.duplicated()][0]!r} occurs twice in the grid")
+
+def _categorical(names, codes) -> pd.Categorical:
+    "`codes` into `names` as `validate` makes a key column: sorted string categories, the unused dropped."
+    cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)).remove_unused_categories()
+
+# %% ../nbs/00_observations.ipynb #280f838e
 def from_dense(d: Dense, # dense observations
                split: str = 'train', # split of every row
                view: str = 'grid', # view of every row
               ) -> pd.DataFrame:
-    "The long observation table of `d` (one row per non-missing cell)."
-    Q, K, N, M = d.shape
+    "The long observation table of `d` (one row per non-missing cell), validated from its axes."
+    _check_dense(d, split, view)
     q, m, n, j = (a.ravel() for a in np.indices(d.shape))
-    first = next(iter(d.values.values())).ravel()
-    keep = ~np.isnan(first)
-    ds = np.asarray(d.queries.get_level_values(0))[q[keep]]
-    qs = np.asarray(d.queries.get_level_values(1))[q[keep]]
-    out = pd.DataFrame(dict(dataset=ds, split=split, view=view, query_id=qs,
-                            model=np.asarray(d.models, dtype=object)[m[keep]],
-                            rewrite_id=d.rewrite_ids[n[keep]], sample_id=d.sample_ids[j[keep]]))
+    keep = ~np.isnan(next(iter(d.values.values())).ravel())
+    if not keep.any(): _fail("the observation table is empty")
+    q, m, n, j = q[keep], m[keep], n[keep], j[keep]
+    score, cost = _check_measures(d['score'].ravel()[keep], d['cost'].ravel()[keep])
+    one = lambda v: pd.Categorical.from_codes(np.zeros(len(q), np.int8), pd.Index([v], dtype=str))
+    out = pd.DataFrame(dict(dataset=_categorical(d.queries.get_level_values(0), q), split=one(split),
+                            view=one(view), query_id=_categorical(d.queries.get_level_values(1), q),
+                            model=_categorical(d.models, m), rewrite_id=np.asarray(d.rewrite_ids)[n].astype(np.int32),
+                            sample_id=np.asarray(d.sample_ids)[j].astype(np.int32)))
     for c, a in d.values.items(): out[c] = a.ravel()[keep]
-    return validate(out)
+    out['score'], out['cost'] = score, cost
+    return out
 
 # %% ../nbs/00_observations.ipynb #1ffc00aa
 def ensure_valid(obs: pd.DataFrame, # an observation table, validated or not
