@@ -15,7 +15,7 @@ __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allo
            'first_stage_stops', 'plot_first_stage_stops', 'adaptive_allocation_pairs', 'allocation_frontier',
            'compare_at_agreement', 'plot_allocation_frontier']
 
-# %% ../nbs/23_adaptive.ipynb #5b2da073
+# %% ../nbs/23_adaptive.ipynb #ae191e04
 def _side_stats(q, c, sides, lam, beta) -> dict:
     "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid, stacked: (S, Q, K) each."
     N, M = q.shape[-2:]
@@ -26,16 +26,19 @@ def _side_stats(q, c, sides, lam, beta) -> dict:
                 risk=np.stack([s['sigma_in'] + s['sigma_out'] for s in st]),
                 sigma=np.stack([s['sigma_q'] for s in st]), n=np.stack([s['n'] for s in st]))
 
+# %% ../nbs/23_adaptive.ipynb #a2f1d410
 def _masked(a):
     "NaN → −inf, so that maxima and argmaxima skip missing models."
     return np.where(np.isnan(a), -np.inf, a)
 
+# %% ../nbs/23_adaptive.ipynb #05ce7451
 def _margin(U):
     "Gap between the two best utilities over the last axis (inf with a single valid model)."
     top = np.sort(_masked(U), axis=-1)
     gap = top[..., -1] - (top[..., -2] if U.shape[-1] > 1 else -np.inf)
     return np.where(np.isneginf(top[..., -1]), np.nan, gap)
 
+# %% ../nbs/23_adaptive.ipynb #a6fe7b22
 def stage_statistics(obs_grid: pd.DataFrame, # observations with the training grid
                      side: int = 2, # use the first `side` rewrites × first `side` decodes
                      lam: float = 0.05, # cost weight λ
@@ -50,7 +53,7 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
                              label=models_[np.argmax(_masked(s['U'][0]), -1)], n_obs=s['n'][0].mean(-1)),
                         index=d.queries)
 
-# %% ../nbs/23_adaptive.ipynb #d894dc11
+# %% ../nbs/23_adaptive.ipynb #ec6358e9
 PAPER_STAGES = (2, 3, 5)
 PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
 
@@ -59,6 +62,7 @@ def _group_quantile(values, groups, mask, p):
     q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
     return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
+# %% ../nbs/23_adaptive.ipynb #d5bc4944
 def _check_rule(stages, quantiles):
     stages = tuple(int(s) for s in stages)
     if len(stages) < 1 or any(b <= a for a, b in zip(stages, stages[1:])):
@@ -69,6 +73,7 @@ def _check_rule(stages, quantiles):
         if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError(f"quantiles must lie in [0, 1], got {(pr, pm)}")
     return stages
 
+# %% ../nbs/23_adaptive.ipynb #f9ce97e1
 def _stop_levels(risk_q, margin, groups, quantiles):
     "Stage index at which each query stops: the first stage whose risk and margin thresholds it meets."
     S, Q = risk_q.shape
@@ -79,17 +84,20 @@ def _stop_levels(risk_q, margin, groups, quantiles):
         level[stop], active = k, active & ~stop
     return level
 
+# %% ../nbs/23_adaptive.ipynb #2dcce3ad
 def _full_utility(q, c, lam, beta):
     "DARS utility on the whole collected grid, NaN → −inf: (Q, K)."
     full = grid_stats(q, c)
     return _masked(utility(full['mu_q'], full['mu_c'], full['sigma_q'], lam, beta))
 
+# %% ../nbs/23_adaptive.ipynb #e9f076b1
 def _regret(U_full, label):
     "Full-grid utility lost by choosing `label` (index per query) instead of the full-grid best."
     with np.errstate(invalid='ignore'):
         r = U_full.max(-1) - U_full[np.arange(len(label)), label]
     return np.where(np.isfinite(r), r, np.nan)
 
+# %% ../nbs/23_adaptive.ipynb #04fe877e
 def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
@@ -116,7 +124,7 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #7c95c77f
+# %% ../nbs/23_adaptive.ipynb #40edfd42
 def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     "A per-pair allocation (index with a `model` level) folded into one row per query."
     if 'model' not in alloc.index.names: return alloc
@@ -131,6 +139,7 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     out['regret'] = g['full_utility'].max() - g['_chosen'].max()
     return out
 
+# %% ../nbs/23_adaptive.ipynb #da4f813c
 def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (or `adaptive_allocation_pairs`)
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
@@ -145,7 +154,7 @@ def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (o
     out['regret'] = float(a['regret'].mean())
     return pd.Series(out, dtype=object)
 
-# %% ../nbs/23_adaptive.ipynb #1d72aecc
+# %% ../nbs/23_adaptive.ipynb #31651ebc
 def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training grid
                       risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)), # p_R: stop only if R ≤ Q_{p_R}(R)
                       margin_levels=(0.5, 0.75, 0.9), # p_Δ: stop only if Δ ≥ Q_{p_Δ}(Δ)
@@ -180,6 +189,7 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
         stopped=np.einsum('gq,qi,qj->gij', member, r_ok, m_ok).ravel().round().astype(int))).assign(
         share_stopped=lambda f: f['stopped'] / f['queries'])
 
+# %% ../nbs/23_adaptive.ipynb #f56a1770
 def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            margin_p: float = 0.75, # the margin quantile to draw
                            title: str = 'Queries stopped at 2×2 as the risk test loosens', # chart title
@@ -197,7 +207,7 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
     label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(x='risk_p:Q', y='share:Q', text='text:N')
     return (line + vrule + hrule + label).properties(title=f'{title} (margin test at p_Δ = {margin_p:g})', width=420, height=260)
 
-# %% ../nbs/23_adaptive.ipynb #ffb1776a
+# %% ../nbs/23_adaptive.ipynb #63005629
 def _stopped_pairs(U, sigma, n, z, prior_weight):
     "Stage index at which each (query, model) pair stops under the interval-overlap rule: (Q, K)."
     S, Q, K = U.shape
@@ -216,6 +226,7 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
         level = np.where(grow, k + 1, level)
     return level
 
+# %% ../nbs/23_adaptive.ipynb #39cd6ed4
 def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
                               lam: float = 0.05, # cost weight λ
                               beta: float = 0.2, # risk weight β
@@ -244,7 +255,7 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #f01f03ae
+# %% ../nbs/23_adaptive.ipynb #171ccdf1
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
@@ -299,6 +310,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
     out['pareto'] = ~dominated.any(1)      # no setting of the same rule is cheaper and at least as good
     return out
 
+# %% ../nbs/23_adaptive.ipynb #ac2e7e07
 def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontier`
                          targets=(0.7, 0.8, 0.9, 0.95), # label agreement levels to reach
                         ) -> pd.DataFrame:
@@ -317,6 +329,7 @@ def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontie
     out['pairs_save_vs_query'] = 1 - out['per_pair_obs'] / out['per_query_obs']
     return out
 
+# %% ../nbs/23_adaptive.ipynb #9f7813b7
 def plot_allocation_frontier(frontier: pd.DataFrame, # output of `allocation_frontier`
                              title: str = 'Label agreement per observation spent', # chart title
                              highlight: str | None = 'a=0.25, b=1', # a per-query setting to label (the paper's rule)

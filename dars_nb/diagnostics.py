@@ -16,7 +16,7 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
            'uncertainty_decomposition', 'diagnose', 'plot_instability', 'plot_uncertainty', 'plot_diagnostics',
            'markdown_table', 'diagnose_main']
 
-# %% ../nbs/02_diagnostics.ipynb #793b3a36
+# %% ../nbs/02_diagnostics.ipynb #39f4a64e
 MIN_CELLS = 2  # observed cells every (query, model) pair needs before the diagnostics can read a grid
 
 def _grid(obs, models=None):
@@ -31,6 +31,7 @@ def _grid(obs, models=None):
                          f"observed cell(s) in the training grid; every (query, model) pair needs at least {MIN_CELLS}")
     return q, d['cost_norm']
 
+# %% ../nbs/02_diagnostics.ipynb #8f2d75a6
 QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 
 def _query_blocks(*arrays, block: int | None = None):
@@ -38,12 +39,14 @@ def _query_blocks(*arrays, block: int | None = None):
     block = block or QUERY_BLOCK
     for start in range(0, len(arrays[0]), block): yield tuple(a[start:start + block] for a in arrays)
 
+# %% ../nbs/02_diagnostics.ipynb #2dc36138
 def _share(parts) -> np.ndarray:
     "Σ hits / Σ count over the blocks' (hits, count) pairs (NaN when nothing was counted)."
     hits = count = 0.0
     for h, n in parts: hits, count = hits + np.asarray(h, float), count + np.asarray(n, float)
     with np.errstate(invalid='ignore', divide='ignore'): return hits / count
 
+# %% ../nbs/02_diagnostics.ipynb #128f7305
 def _cell_winners(q, c, lam, tol=TIE_TOL):
     "Winner sets as a boolean (query, model, cell) mask — models within `tol` of the cell's best u — and the observed cells (query, cell)."
     u = (q - lam * c).reshape(*q.shape[:2], -1)
@@ -66,7 +69,7 @@ def _unstable_pairs(q, eps):
     spread = np.nanmax(filled, -1) - np.nanmin(filled, -1)
     return (spread[has] > eps).sum(), has.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #ddd015e3
+# %% ../nbs/02_diagnostics.ipynb #6b81b61a
 def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                      lam: float = 0.05, # cost weight λ in u = q − λc
                      tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
@@ -75,10 +78,12 @@ def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or 
     q, c = _grid(obs)
     return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
 
+# %% ../nbs/02_diagnostics.ipynb #10152793
 def _flipping_queries(q, c, lam, tol=TIE_TOL):
     "(queries whose observed cells' winner sets are not all equal, queries) in one block."
     return _flips(*_cell_winners(q, c, lam, tol))
 
+# %% ../nbs/02_diagnostics.ipynb #65637e08
 def _flips(winners, seen):
     "(flipping queries, queries) from a block's winner sets and observed cells."
     seen = seen[:, None, :]
@@ -87,7 +92,7 @@ def _flips(winners, seen):
     flips = (wins_some != wins_all).any(-1) & seen.any((1, 2))
     return flips.sum(), len(winners)
 
-# %% ../nbs/02_diagnostics.ipynb #d5ee4d12
+# %% ../nbs/02_diagnostics.ipynb #34f58ada
 def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                               lam: float = 0.05, # cost weight λ
                               tol: float = TIE_TOL, # models within `tol` of the best utility all win
@@ -96,17 +101,19 @@ def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training 
     q, c = _grid(obs)
     return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
 
+# %% ../nbs/02_diagnostics.ipynb #034dfdf1
 def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
     "(observed cells whose winner set is not the distribution-aware set, observed cells) in one block."
     return _disagreements(*_cell_winners(q, c, lam, tol), grid_stats(q, c), lam, tol)
 
+# %% ../nbs/02_diagnostics.ipynb #c3e917ca
 def _disagreements(winners, seen, s, lam, tol=TIE_TOL):
     "(disagreeing cells, observed cells) from a block's winner sets, observed cells and `grid_stats`."
     da = best_models(s['mu_q'] - lam * s['mu_c'], tol)          # (Q, K)
     differ = (winners != da[..., None]).any(1)
     return differ[seen].sum(), seen.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #738d5357
+# %% ../nbs/02_diagnostics.ipynb #5a5738c4
 def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                              ) -> dict:
     "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
@@ -114,10 +121,12 @@ def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training 
     inp, out = _share(_variance_sums(*b) for b in _query_blocks(q, c))
     return {'input': float(inp), 'output': float(out)}
 
+# %% ../nbs/02_diagnostics.ipynb #bc0da37e
 def _variance_sums(q, c):
     "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, in one block."
     return _variances(grid_stats(q, c))
 
+# %% ../nbs/02_diagnostics.ipynb #30c8bdd6
 def _variances(s):
     "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, from a block's `grid_stats`."
     v = np.stack([s['sigma_in'] ** 2, s['sigma_out'] ** 2])
@@ -152,7 +161,7 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 
-# %% ../nbs/02_diagnostics.ipynb #4ddf9f7e
+# %% ../nbs/02_diagnostics.ipynb #cc4b7f4e
 _METRIC_NAMES = {'outcome_instability': 'Outcome instability', 'winner_flip_rate': 'Winner flip rate',
                  'single_vs_da_disagreement': 'Single vs DA disagreement'}
 
@@ -168,6 +177,7 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
 
+# %% ../nbs/02_diagnostics.ipynb #ece6ad2e
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.Chart:
     "Figure 2(b): input-side vs output-side variance per dataset."
@@ -181,6 +191,7 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         color=alt.Color('source:N', title='Uncertainty', scale=alt.Scale(range=['#4c78a8', '#f58518'])),
         tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
+# %% ../nbs/02_diagnostics.ipynb #2ffe5722
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.HConcatChart:
     "Figure 2(a) and 2(b) side by side, each with its own colours and bar offsets."

@@ -69,7 +69,7 @@ def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the vi
     quality, cost = view_means(obs_test, view, models)
     return quality - lam * cost
 
-# %% ../nbs/20_evaluate.ipynb #f1595ada
+# %% ../nbs/20_evaluate.ipynb #21fd04bf
 def _choice_series(choices) -> pd.Series:
     "Choices as a Series of model names indexed by query id (strings)."
     if isinstance(choices, pd.Series): s = choices
@@ -82,6 +82,7 @@ def _choice_series(choices) -> pd.Series:
     if s.index.has_duplicates: raise ValueError(f"query {s.index[s.index.duplicated()][0]!r} has more than one choice")
     return s
 
+# %% ../nbs/20_evaluate.ipynb #68a6198b
 def _lookup(choices, table: pd.DataFrame, require_all: bool = True, what: str = 'the test observations') -> pd.Series:
     "Value of the chosen model per query (a Series in `table` order, or choice order if not `require_all`)."
     s = _choice_series(choices)
@@ -100,11 +101,13 @@ def _lookup(choices, table: pd.DataFrame, require_all: bool = True, what: str = 
     out = pd.Series(vals, index=s.index)
     return out.reindex(table.index) if require_all else out
 
+# %% ../nbs/20_evaluate.ipynb #c7c786d8
 def _table(obs_test, view, lam) -> pd.DataFrame:
     "The per-query utility table: computed from observations, or passed through when already one."
     if isinstance(obs_test, pd.DataFrame) and 'score' not in obs_test.columns: return obs_test
     return per_query_view_utility(obs_test, view, lam)
 
+# %% ../nbs/20_evaluate.ipynb #b8d500af
 def chosen_utility(choices, # mapping or Series query_id -> model name
                    obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
@@ -152,7 +155,7 @@ def view_utility(choices, # mapping or Series query_id -> model name
     v = chosen_utility(choices, obs_test, view, lam).to_numpy()
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(v.mean())
 
-# %% ../nbs/20_evaluate.ipynb #229cfbec
+# %% ../nbs/20_evaluate.ipynb #444a717a
 def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                           view: str = 'rewrite', # 'rewrite' or 'decode'
                           lam: float = 0.05, # cost weight λ
@@ -160,6 +163,7 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a tabl
     "U_view of always choosing each model (NaN for a model missing any test query)."
     return _table(obs_test, view, lam).mean(skipna=False)
 
+# %% ../nbs/20_evaluate.ipynb #fe65da68
 def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = 0.05, # cost weight λ
@@ -169,6 +173,7 @@ def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table fro
     if u.isna().all(): raise ValueError("no model has observations of every test query")
     return str(u.idxmax()), float(u.max())
 
+# %% ../nbs/20_evaluate.ipynb #50a402ff
 def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holding the training grid (split 'train', view 'grid')
                                    lam: float = 0.05, # cost weight λ
                                    models: list | None = None, # model order (default: sorted names)
@@ -178,6 +183,7 @@ def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holdi
     if u.isna().all(): raise ValueError("no model has training-grid observations")
     return str(u.idxmax()), float(u.max())
 
+# %% ../nbs/20_evaluate.ipynb #4bc2a7b6
 def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -187,6 +193,7 @@ def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from 
     best = np.argmax(np.nan_to_num(t.to_numpy(float), nan=-np.inf), axis=1)
     return pd.Series(np.asarray(t.columns, dtype=object)[best], index=t.index)
 
+# %% ../nbs/20_evaluate.ipynb #2681820e
 def random_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    seed=0, # seed or numpy Generator
@@ -197,9 +204,11 @@ def random_choices(obs_test: pd.DataFrame, # test observations, or a table from 
     u = np.random.default_rng(seed).random(ok.shape) * ok          # the largest uniform among valid models wins
     return pd.Series(np.asarray(t.columns, dtype=object)[np.argmax(u, 1)], index=t.index)
 
+# %% ../nbs/20_evaluate.ipynb #93eb0aac
 def _maybe_ci(v, ci, n_boot, alpha, seed):
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(np.mean(v))
 
+# %% ../nbs/20_evaluate.ipynb #b1f2f9ae
 def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -211,6 +220,7 @@ def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from 
     "U_view of the per-query best model: the ceiling for any router on this view."
     return _maybe_ci(np.nanmax(_table(obs_test, view, lam).to_numpy(float), 1), ci, n_boot, alpha, seed)
 
+# %% ../nbs/20_evaluate.ipynb #1e45481e
 def random_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -224,7 +234,7 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a table from 
     v = np.nanmean(t.to_numpy(float), 1) if seed is None else _lookup(random_choices(t, view, seed), t).to_numpy()
     return _maybe_ci(v, ci, n_boot, alpha, 0 if seed is None else seed)
 
-# %% ../nbs/20_evaluate.ipynb #5f3ad32f
+# %% ../nbs/20_evaluate.ipynb #57a1c974
 def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     "(test table, training table or None), with `cost_norm` normalised over both when they are separate."
     if obs_train is None:
@@ -234,6 +244,7 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, 
     if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
+# %% ../nbs/20_evaluate.ipynb #61ec8ce1
 def utility_table(policies: Mapping, # name -> choices (mapping or Series query_id -> model)
                   obs_test: pd.DataFrame, # test observations (both views)
                   views=('rewrite', 'decode'), # views to evaluate
@@ -273,6 +284,7 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
                       vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i]) for i, name in enumerate(cols)]
     return pd.DataFrame(rows)
 
+# %% ../nbs/20_evaluate.ipynb #3d7127a9
 def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
                         title: str = 'Utility under the two evaluation views', # chart title
                        ) -> alt.Chart:
@@ -336,7 +348,7 @@ def true_regret(choices, # mapping or Series query_id -> model name (the queries
     regret = t.max(axis=1).reindex(chosen.index).to_numpy() - chosen.to_numpy()
     return _maybe_ci(regret, ci, n_boot, alpha, seed)
 
-# %% ../nbs/20_evaluate.ipynb #aad5f27e
+# %% ../nbs/20_evaluate.ipynb #9016ac89
 def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
                        X_train, # training features (DataFrame indexed by query_id, or rows in supervision order)
                        obs_train: pd.DataFrame, # observations with the training grid
@@ -365,6 +377,7 @@ def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)`
                               cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(), utility=np.nan))
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
+# %% ../nbs/20_evaluate.ipynb #65d523ed
 def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (several may be concatenated)
                       title: str = 'Cost–quality trade-off as λ grows', # chart title
                      ) -> alt.Chart:
@@ -381,7 +394,7 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
     labels = pts.mark_text(align='left', dx=7, fontSize=9, color='gray').encode(text='policy:N')
     return (line + pts + labels).properties(title=title, width=420, height=280)
 
-# %% ../nbs/20_evaluate.ipynb #ef2edf9a
+# %% ../nbs/20_evaluate.ipynb #f3c10b39
 def router_variance(utilities_per_draw, # R test utilities (one per single-shot router), or a long DataFrame
                     reference=None, # utility of the DARS-trained router: a number, or a Series indexed by group
                     by=None, # with a DataFrame: the column(s) naming a group (e.g. ['router', 'view'])
@@ -408,6 +421,7 @@ def router_variance(utilities_per_draw, # R test utilities (one per single-shot 
         out['z_reference'] = (out['reference'] - out['mean']) / out['std']
     return out.iloc[0].rename(None) if keys == ['group'] and not isinstance(utilities_per_draw, pd.DataFrame) else out
 
+# %% ../nbs/20_evaluate.ipynb #f301a5d0
 def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-shot router, columns `by` and `value`
                          reference: pd.DataFrame | None = None, # DARS utilities: columns `by` (+ `column`) and 'reference'
                          by: str = 'router', # the column on the vertical axis
@@ -432,7 +446,7 @@ def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-s
     if facet: chart = chart.facet(column=alt.Column(f'{column}:N', title=None, sort=['rewrite', 'decode']))
     return chart.properties(title=title)
 
-# %% ../nbs/20_evaluate.ipynb #68b8227e
+# %% ../nbs/20_evaluate.ipynb #59a4655a
 def draw_view_utilities(router, # a fitted router (one or R draws)
                         X_test, # test features, rows in the order of the tables' queries
                         tables: dict, # view -> table from `per_query_view_utility`, same query order
@@ -443,6 +457,7 @@ def draw_view_utilities(router, # a fitted router (one or R draws)
     return {v: np.take_along_axis(t.to_numpy(float)[None], pick[..., None], -1)[..., 0].mean(-1)
             for v, t in tables.items()}
 
+# %% ../nbs/20_evaluate.ipynb #590b8558
 def single_vs_dars(single, # router fitted on R single-shot draws
                    dars, # the same router fitted on DARS supervision
                    X_test, # test features, rows in the order of the tables' queries
@@ -455,6 +470,7 @@ def single_vs_dars(single, # router fitted on R single-shot draws
     rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0) for v, t in tables.items()]
     return pd.DataFrame(rows)
 
+# %% ../nbs/20_evaluate.ipynb #af4c1050
 def plot_single_vs_dars(long: pd.DataFrame, # output of `single_vs_dars`
                         title: str, # chart title
                        ) -> alt.Chart:

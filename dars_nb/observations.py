@@ -27,9 +27,10 @@ VIEWS = ('grid', 'rewrite', 'decode')
 class ObservationError(ValueError):
     "A problem with an observation table, stated in one line."
 
-# %% ../nbs/00_observations.ipynb #4fd46342
+# %% ../nbs/00_observations.ipynb #ceba84ac
 def _fail(msg): raise ObservationError(msg)
 
+# %% ../nbs/00_observations.ipynb #e9e65d7f
 def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
     "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range value."
     score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
@@ -41,6 +42,7 @@ def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
     if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. {cost[cost < 0][0]!r}")
     return score, cost
 
+# %% ../nbs/00_observations.ipynb #b4bb15d1
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
     score, cost = _check_measures(df['score'], df['cost'])
@@ -135,7 +137,7 @@ class Dense:
         "True when every cell of every grid holds an observation."
         return not np.isnan(next(iter(self.values.values()))).any()
 
-# %% ../nbs/00_observations.ipynb #d232f5d4
+# %% ../nbs/00_observations.ipynb #ac58e939
 def _compact(codes: np.ndarray, size: int):
     "Positions of integer `codes` in [0, size) among the values present (ascending), and those values."
     lo = int(codes.min())
@@ -146,6 +148,7 @@ def _compact(codes: np.ndarray, size: int):
     pos = (np.cumsum(present) - 1).astype(np.min_scalar_type(max(int(present.sum()), 1)))
     return pos[codes], np.flatnonzero(present) + lo
 
+# %% ../nbs/00_observations.ipynb #669a1b2d
 def dense_index(obs: pd.DataFrame, # validated observation table
                 models: list | None = None, # model order (default: sorted names)
                 level: str = 'cell', # 'cell': index into (Q, K, N, M); 'row': into (Q, K, N), ignoring the decode
@@ -173,6 +176,7 @@ def dense_index(obs: pd.DataFrame, # validated observation table
     if level == 'cell': flat *= M; flat += ji
     return Dense(queries, models, rewrite_ids, sample_ids), flat
 
+# %% ../nbs/00_observations.ipynb #4f524f77
 def canonical_layout(obs: pd.DataFrame, # validated observation table
                      models: list | None = None, # model order (default: sorted names)
                     ) -> Dense | None:
@@ -197,6 +201,7 @@ def canonical_layout(obs: pd.DataFrame, # validated observation table
                                          obs['query_id'].cat.categories.astype(str)], names=['dataset', 'query_id'])
     return Dense(queries, models, np.arange(r0, r0 + N), np.arange(s0, s0 + M))
 
+# %% ../nbs/00_observations.ipynb #f7334fa5
 def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, or a training grid)
              columns=('score', 'cost'), # numeric columns to place on the grid
              models: list | None = None, # model order (default: sorted names)
@@ -277,7 +282,7 @@ def select(obs: pd.DataFrame, # validated observation table
     return out.assign(**{c: out[c].cat.remove_unused_categories() for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 
-# %% ../nbs/00_observations.ipynb #87313671
+# %% ../nbs/00_observations.ipynb #6fceda1b
 def write_observations(obs: pd.DataFrame, # observation table
                        path, # destination ending in .parquet, .jsonl or .csv
                       ) -> Path:
@@ -291,6 +296,7 @@ def write_observations(obs: pd.DataFrame, # observation table
     else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
     return path
 
+# %% ../nbs/00_observations.ipynb #aed5094b
 def read_observations(path, # a .parquet, .jsonl or .csv file
                      ) -> pd.DataFrame:
     "Read and validate an observation file."

@@ -36,7 +36,7 @@ def run_ablations(datasets, # a `Dataset`, a list of them, or a mapping name -> 
     return run_experiments(datasets, routers, [Spec(m, beta) for m in ABLATIONS], n_draws, lam, seed, n_boot,
                            n_jobs=n_jobs, progress=progress, desc='ablations', reuse=reuse)
 
-# %% ../../nbs/22_ablations.ipynb #67ea330c
+# %% ../../nbs/22_ablations.ipynb #11ca729e
 def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     "Mean utility per `row` value (rows) and (dataset, view) (columns), plus the average column."
     r = results.assign(_view=results['view'].map(lambda v: VIEW_LABELS.get(v, v)))
@@ -46,12 +46,14 @@ def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     w[('Avg.', '')] = w.mean(axis=1)
     return w
 
+# %% ../../nbs/22_ablations.ipynb #b2d6d9e1
 def _best_bold(values: pd.DataFrame, block: str | None) -> pd.DataFrame:
     "True at the largest value of each column (within each `block` of the row index)."
     g = values.groupby(level=block, sort=False) if block else values
     best = g.transform('max') if block else values.max()
     return values.eq(best) & values.notna()
 
+# %% ../../nbs/22_ablations.ipynb #05c54adc
 def ablation_table(results: pd.DataFrame, # output of `run_ablations`
                    overall: bool = True, # add a block with the mean over routers
                   ) -> Table:
@@ -81,7 +83,7 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
     ).properties(width=200, height=alt.Step(18)).facet(column=alt.Column('dataset:N', title=None)
     ).resolve_scale(x='independent').properties(title=title)
 
-# %% ../../nbs/22_ablations.ipynb #5910d42b
+# %% ../../nbs/22_ablations.ipynb #c0af88f2
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
 BETAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -100,6 +102,7 @@ def run_sample_efficiency(datasets, # a `Dataset`, a list of them, or a mapping 
     return run_experiments(datasets, routers, [Spec('dars', beta, tuple(g)) for g in grids], 1, lam, seed, n_boot,
                            n_jobs=n_jobs, progress=progress, desc='sample efficiency', reuse=reuse)
 
+# %% ../../nbs/22_ablations.ipynb #521d94ee
 def run_beta_sweep(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
                    routers=None, # mapping name -> router, a list, or None for every family
                    betas=BETAS, # risk weights to try
@@ -114,6 +117,7 @@ def run_beta_sweep(datasets, # a `Dataset`, a list of them, or a mapping name ->
     return run_experiments(datasets, routers, [Spec('dars', float(b)) for b in betas], 1, lam, seed, n_boot,
                            n_jobs=n_jobs, progress=progress, desc='beta sweep', reuse=reuse)
 
+# %% ../../nbs/22_ablations.ipynb #bb4feec4
 def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency` or `run_beta_sweep`
                       by: str = 'beta', # the knob: 'beta' or 'grid'
                      ) -> Table:
@@ -124,7 +128,7 @@ def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency`
     else: vals = vals.sort_index()
     return Table(vals, _best_bold(vals, None))
 
-# %% ../../nbs/22_ablations.ipynb #2840c3ba
+# %% ../../nbs/22_ablations.ipynb #1f0e61e6
 def _knob_chart(results: pd.DataFrame, by: str, title: str, x_title: str, sort=None) -> alt.Chart:
     r = results.groupby(['dataset', by], sort=False)['utility'].mean().reset_index()
     return alt.Chart(r, title=title).mark_line(point=True).encode(
@@ -133,6 +137,7 @@ def _knob_chart(results: pd.DataFrame, by: str, title: str, x_title: str, sort=N
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]).properties(width=220, height=180)
 
+# %% ../../nbs/22_ablations.ipynb #b9b63530
 def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_efficiency`
                            title: str = 'Sample efficiency of DARS', # chart title
                           ) -> alt.Chart:
@@ -140,13 +145,14 @@ def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_effici
     grids = sorted(set(results['grid']), key=lambda g: np.prod([int(x) for x in g.split('x')]))
     return _knob_chart(results, 'grid', title, 'Observation grid (rewrites × decodes)', grids)
 
+# %% ../../nbs/22_ablations.ipynb #7cf286aa
 def plot_beta_sweep(results: pd.DataFrame, # output of `run_beta_sweep`
                     title: str = 'Sensitivity to the risk coefficient β', # chart title
                    ) -> alt.Chart:
     "Paper Fig. 3c: utility of DARS against β, per dataset."
     return _knob_chart(results, 'beta', title, 'Risk coefficient β')
 
-# %% ../../nbs/22_ablations.ipynb #98e897b1
+# %% ../../nbs/22_ablations.ipynb #1634a98f
 TEMPERATURES = (0.3, 0.5, 0.7, 0.9)
 
 def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
@@ -162,6 +168,7 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
         sample_id=lambda d, k=k: d['sample_id'] + k * n_decodes) for k, t in enumerate(temperatures)]
     return validate(pd.concat(parts, ignore_index=True))
 
+# %% ../../nbs/22_ablations.ipynb #aa72a6ed
 def temperature_study(obs: pd.DataFrame, # observations with a `temperature` column
                       lam: float = 0.05, # cost weight λ
                      ) -> pd.DataFrame:
@@ -178,6 +185,7 @@ def temperature_study(obs: pd.DataFrame, # observations with a `temperature` col
     if not rows: raise ValueError("no training grid at any temperature")
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature']).sort_index()
 
+# %% ../../nbs/22_ablations.ipynb #a32924c0
 def plot_temperature_study(study: pd.DataFrame, # output of `temperature_study`
                           ) -> alt.Chart:
     "Paper Fig. 3b: output-side variance and winner flip rate against the decoding temperature."

@@ -32,7 +32,7 @@ __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'BASELINES', 'ARRAY_COLUMNS', '
            'table_vs_fixed', 'table5', 'regret_table', 'protocol_draws', 'protocol_variance', 'plot_protocol_variance',
            'plot_protocol']
 
-# %% ../../nbs/21_protocol.ipynb #2511a68d
+# %% ../../nbs/21_protocol.ipynb #6bb9a4b5
 @dataclass
 class Dataset:
     "One dataset for the protocol: observations with `cost_norm`, query features, optional ground truth."
@@ -46,6 +46,7 @@ class Dataset:
         parts = ', '.join(f"{s}/{v}: {k}" for (s, v), k in n.items())
         return f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, truth={self.truth is not None})"
 
+# %% ../../nbs/21_protocol.ipynb #a20226ba
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # ground truth indexed (dataset, query_id, model), if known
@@ -66,6 +67,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
     elif truth is not None: raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
     return Dataset(str(names[0]), normalize_cost(obs), features, truth)
 
+# %% ../../nbs/21_protocol.ipynb #5d5c42f9
 def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                   features: pd.DataFrame, # query features indexed by query_id (shared by all datasets)
                   truth: pd.DataFrame | None = None, # ground truth, if known
@@ -216,7 +218,7 @@ def _chosen_positions(prep: Prepared, name: str, router, sup: Supervision, seed:
         raise ValueError(f"router {name!r} chose a model outside the pool: {picked.ravel()[np.argmax(pos.ravel() < 0)]!r}")
     return pos
 
-# %% ../../nbs/21_protocol.ipynb #8b3456a1
+# %% ../../nbs/21_protocol.ipynb #5eb3f257
 def _view_values(prep: Prepared, view: str, pos: np.ndarray) -> np.ndarray:
     "(R, n_view) utilities of the chosen models on one view."
     t = prep.tables[view]
@@ -227,6 +229,7 @@ def _view_values(prep: Prepared, view: str, pos: np.ndarray) -> np.ndarray:
         raise ValueError(f"model {prep.models[pos[r, at[i]]]!r} has no {view!r} observation of query {t.index[i]!r}")
     return vals
 
+# %% ../../nbs/21_protocol.ipynb #97c7d97b
 def score_unit(prep: Prepared, # the prepared dataset
                name: str, # the router's name in the output
                router, # an unfitted router
@@ -377,7 +380,7 @@ def as_datasets(datasets) -> list[Dataset]:
     if len({d.name for d in out}) < len(out): raise ValueError("dataset names must be unique")
     return out
 
-# %% ../../nbs/21_protocol.ipynb #4770121c
+# %% ../../nbs/21_protocol.ipynb #e851cbbb
 def _unit_jobs(units, todo, rs, preps, n_draws, lam, seed, alpha):
     "One delayed `score_unit` per unit to run; each supervision built once and shared by its units."
     sups = {}
@@ -387,6 +390,7 @@ def _unit_jobs(units, todo, rs, preps, n_draws, lam, seed, alpha):
     return (delayed(score_unit)(preps[d.name], name, rs[name], s, *sups[(d.name, s)], seed, 0, alpha)
             for d, name, s in (units[i] for i in todo))
 
+# %% ../../nbs/21_protocol.ipynb #30fd12a9
 def run_experiments(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
                     routers=None, # mapping name -> router, a list, or None for every family
                     specs=(Spec('single'), Spec('dars')), # supervisions to train with
@@ -434,7 +438,7 @@ def run_protocol(datasets, # a `Dataset`, a list of them, or a mapping name -> (
     return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws, lam, seed,
                            n_boot, progress=progress, n_jobs=n_jobs, desc='protocol')
 
-# %% ../../nbs/21_protocol.ipynb #a141881d
+# %% ../../nbs/21_protocol.ipynb #fc221874
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
 
 def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or any table with single and dars rows)
@@ -463,12 +467,14 @@ def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or an
         sorted(out.dropna(subset=['single', 'dars']).index, key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))),
         names=keys))
 
+# %% ../../nbs/21_protocol.ipynb #f2da5888
 class Wins(NamedTuple):
     "How many settings DARS improves."
     wins: int
     settings: int
     def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
 
+# %% ../../nbs/21_protocol.ipynb #8906f496
 class Verdict(NamedTuple):
     "DARS against single-shot, and both against the best fixed model chosen on training data."
     settings: int            # router–dataset–view settings
@@ -482,6 +488,7 @@ class Verdict(NamedTuple):
                 f"it beats the best fixed model (chosen on training data, interval above 0) in {self.dars_beats_fixed} of {n}"
                 f" (single-shot: {self.single_beats_fixed} of {n}) and falls below it in {self.dars_below_fixed} of {n}")
 
+# %% ../../nbs/21_protocol.ipynb #c73cb728
 def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                    by=None, # None for one count, or column(s) among dataset/router/view to count per group
                   ) -> Verdict | pd.DataFrame:
@@ -495,6 +502,7 @@ def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `com
     g = flags.groupby(level=by, sort=False)
     return g.sum().astype(int).assign(settings=g.size())[list(Verdict._fields)]
 
+# %% ../../nbs/21_protocol.ipynb #b3e63728
 def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                by=None, # None for one count, or column(s) among dataset/router/view to count per group
               ) -> Wins | pd.DataFrame:
@@ -504,15 +512,17 @@ def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare
     g = c.groupby(level=by, sort=False)['win']
     return pd.DataFrame({'wins': g.sum().astype(int), 'settings': g.size()})
 
-# %% ../../nbs/21_protocol.ipynb #56f774e5
+# %% ../../nbs/21_protocol.ipynb #81459552
 def _fmt(v, digits):
     if isinstance(v, str): return v
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool): return str(v)
     return '' if pd.isna(v) else f'{v:.{digits}f}'
 
+# %% ../../nbs/21_protocol.ipynb #d53ff83b
 def _header(c) -> str:
     return ' '.join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c)
 
+# %% ../../nbs/21_protocol.ipynb #1c0751bb
 class Table(NamedTuple):
     "A results table: values, optional ± std or [low, high] interval per cell, and which cells to show in bold."
     values: pd.DataFrame
@@ -553,6 +563,7 @@ class Table(NamedTuple):
             if b is not None: v = pd.concat([v, b.set_axis([_header(c) + f' {name}' for c in b.columns], axis=1)], axis=1)
         return v.reset_index()
 
+# %% ../../nbs/21_protocol.ipynb #b0d840e0
 def table1(results: pd.DataFrame, # output of `run_protocol`
            baselines: pd.DataFrame | None = None, # output of `protocol_baselines`: adds its rows below the routers
           ) -> Table:
@@ -574,6 +585,7 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
         vals, bold = pd.concat([vals, b]), pd.concat([bold, pd.DataFrame(False, b.index, cols)])
     return Table(vals, bold)
 
+# %% ../../nbs/21_protocol.ipynb #397d4dd1
 def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                   ) -> Table:
     "Difference to the best fixed model chosen on training data, [interval], per router / + DARS and dataset × view; above 0 in bold."
@@ -589,6 +601,7 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                 frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
+# %% ../../nbs/21_protocol.ipynb #24032932
 def table5(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:
     "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; winning DARS cells in bold."
@@ -615,7 +628,7 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
                   columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset']) for s in ('single', 'dars')]))
     return t
 
-# %% ../../nbs/21_protocol.ipynb #df07f761
+# %% ../../nbs/21_protocol.ipynb #0aae2cd5
 def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
                   ) -> pd.DataFrame:
     "One row per single-shot router: dataset, router, view, draw, utility."
@@ -626,6 +639,7 @@ def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
                         | {'draw': np.concatenate([np.arange(k) for k in n]),
                            'utility': np.concatenate(s['draw_utilities'].to_list())})
 
+# %% ../../nbs/21_protocol.ipynb #e933ed9f
 def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                      ) -> pd.DataFrame:
     "Spread of the R single-shot utilities per (dataset, router, view), with the DARS router as reference."
@@ -633,6 +647,7 @@ def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
     ref = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)['utility']
     return router_variance(protocol_draws(results), reference=ref, by=keys)
 
+# %% ../../nbs/21_protocol.ipynb #eb39698d
 def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                           ) -> alt.Chart:
     "Figure 2c per dataset: single-shot routers as boxes, the DARS router as a red diamond."
@@ -644,6 +659,7 @@ def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
               for d in dict.fromkeys(draws['dataset'])]
     return alt.vconcat(*charts) if len(charts) > 1 else charts[0]
 
+# %% ../../nbs/21_protocol.ipynb #f39613c5
 def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
                   title: str = 'Single-shot (mean ± std over draws) vs DARS', # chart title
                  ) -> alt.Chart:

@@ -55,7 +55,7 @@ QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop
                  n_boot=200, grids=((1, 1), (3, 3), (5, 5)), betas=(0.0, 0.2, 0.5), temperatures=(0.3, 0.7),
                  temperature_n_train=60)
 
-# %% ../../nbs/24_reproduce.ipynb #ba468a3a
+# %% ../../nbs/24_reproduce.ipynb #b135b695
 def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
                        method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
                       ) -> pd.DataFrame:
@@ -70,6 +70,7 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
     return query_features(first['query_text'].astype(str).tolist(), method=method,
                           index=pd.Index(first['query_id'].astype(str), name='query_id'))
 
+# %% ../../nbs/24_reproduce.ipynb #a8868bd7
 def read_features(path, # a .parquet (or .csv) file: one row per query, indexed by query_id or with a query_id column
                  ) -> pd.DataFrame:
     "A features table indexed by query_id (str), all columns numeric."
@@ -83,11 +84,13 @@ def read_features(path, # a .parquet (or .csv) file: one row per query, indexed 
     except (TypeError, ValueError): raise ValueError(f"features file {path.name} has non-numeric columns")
     return f
 
+# %% ../../nbs/24_reproduce.ipynb #8c0d8e37
 def _complete(obs: pd.DataFrame) -> bool:
     "True when one dataset's table has a training grid and test observations in a view."
     train = ((obs['split'] == 'train') & (obs['view'] == 'grid')).any()
     return bool(train and ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any())
 
+# %% ../../nbs/24_reproduce.ipynb #f446fc94
 def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
               features=None, # features file for `data` (default: from its query_text column)
               settings: Settings = FULL, # sizes of the simulated datasets
@@ -108,11 +111,12 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
     feats = read_features(features) if features is not None else features_from_text(obs)
     return datasets_from(obs, feats), obs
 
-# %% ../../nbs/24_reproduce.ipynb #c2bb97b8
+# %% ../../nbs/24_reproduce.ipynb #53b8a553
 def _as_table(t) -> Table:
     if isinstance(t, Table): return t
     return Table(t, pd.DataFrame(False, index=t.index, columns=t.columns))
 
+# %% ../../nbs/24_reproduce.ipynb #3f65a1b2
 def write_table(t, # a `Table` or a DataFrame
                 out: Path, # report folder
                 name: str, # file stem
@@ -126,6 +130,7 @@ def write_table(t, # a `Table` or a DataFrame
     (out / f'{name}.md').write_text(md)
     return md
 
+# %% ../../nbs/24_reproduce.ipynb #910ade6c
 def write_chart(chart: alt.Chart, # an altair chart
                 out: Path, # report folder
                 name: str, # file stem
@@ -157,17 +162,19 @@ class Run:
         st = self.settings
         return dict(seed=self.seed, n_boot=st.n_boot, n_jobs=self.n_jobs, progress=self.verbose)
 
-# %% ../../nbs/24_reproduce.ipynb #f4119268
+# %% ../../nbs/24_reproduce.ipynb #dade66fc
 @patch
 def table(self: Run, key: str, t, name: str, digits: int = 3):
     "Write table `t` as `name`.csv/.md and keep its Markdown under `key`."
     self.md[key] = write_table(t, self.out, name, digits)
 
+# %% ../../nbs/24_reproduce.ipynb #1cb1be32
 @patch
 def chart(self: Run, key: str, c: alt.Chart, name: str):
     "Save chart `c` as `name`.png/.svg and keep its image link under `key`."
     self.md[key] = write_chart(c, self.out, name)
 
+# %% ../../nbs/24_reproduce.ipynb #7b8a9b97
 @patch
 @contextmanager
 def timed(self: Run, name: str):
@@ -321,9 +328,10 @@ def figure3(eff: pd.DataFrame | None, # sample-efficiency results, if run
              plot_beta_sweep(bet))
     return alt.hconcat(*[c for c in parts if c])
 
-# %% ../../nbs/24_reproduce.ipynb #ce8f5a3c
+# %% ../../nbs/24_reproduce.ipynb #11b5f767
 def _stage_order(c: str) -> int: return int(c.split('_')[-1].split('x')[0])
 
+# %% ../../nbs/24_reproduce.ipynb #31101128
 def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None:
     "Adaptive-sampling summary per dataset, or None when the grids are too small."
     rows = []
@@ -343,6 +351,7 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
     rest = [c for c in t.columns if c not in ['queries', 'obs_per_pair'] + stages]
     return t[['queries', 'obs_per_pair'] + stages + rest]
 
+# %% ../../nbs/24_reproduce.ipynb #2074d054
 def adaptive_stage(run: Run, # the run
                    obs: pd.DataFrame, # the whole observation table
                   ) -> pd.DataFrame | None:
@@ -439,7 +448,7 @@ def _memory_text(s: dict) -> str:
     text = f"peak memory {s['peak_memory_mb']:.0f} MiB"
     return text + (f" + {s['worker_memory_mb']:.0f} MiB in worker processes" if s['worker_memory_mb'] else '')
 
-# %% ../../nbs/24_reproduce.ipynb #40a33b52
+# %% ../../nbs/24_reproduce.ipynb #c6100101
 def _report_head(s: dict, st: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
     src = ('the embedded simulator (' + ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 grids, {n} test queries'
@@ -457,6 +466,7 @@ def _report_head(s: dict, st: Settings, data, seed) -> list[str]:
                   'single-shot supervision see the same numbers there; their differences are router randomness only.', '']
     return lines
 
+# %% ../../nbs/24_reproduce.ipynb #5a3b412f
 def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
     "The text of report.md."
     per_ds = count_verdicts(res, by='dataset')
@@ -513,12 +523,13 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
               'Time per study: ' + ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in s['timings'].items()) + '.', '']
     return '\n'.join(lines)
 
-# %% ../../nbs/24_reproduce.ipynb #514a1f5e
+# %% ../../nbs/24_reproduce.ipynb #ce7bab04
 def _no_router_text(v) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if v.dars_beats_fixed or v.single_beats_fixed: return ''
     return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
 
+# %% ../../nbs/24_reproduce.ipynb #b092d3e4
 def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
     "One line per dataset: the baselines' utilities per view (and the fixed models' names)."
     views = list(dict.fromkeys(base['view']))
@@ -534,6 +545,7 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
         lines.append(f'- {d}: {text}' if md else f'  {d:<16} {text}')
     return lines
 
+# %% ../../nbs/24_reproduce.ipynb #ba27d7dd
 def _best_text(d: str, b, res: pd.DataFrame) -> str:
     "The best policy of a dataset, its utility and its difference to the training-chosen best fixed model per view."
     r, sup, u = b
@@ -542,7 +554,7 @@ def _best_text(d: str, b, res: pd.DataFrame) -> str:
                       for x in rows.itertuples())
     return f"{d}: {r} ({'DARS' if sup == 'dars' else 'single-shot'}) {u:.3f}, difference {diffs}"
 
-# %% ../../nbs/24_reproduce.ipynb #73ed4b23
+# %% ../../nbs/24_reproduce.ipynb #90ad9367
 def _router_lines(res: pd.DataFrame) -> list[str]:
     "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
     c = compare_supervision(res)
@@ -560,6 +572,7 @@ def _router_lines(res: pd.DataFrame) -> list[str]:
                          + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
     return lines
 
+# %% ../../nbs/24_reproduce.ipynb #50828a40
 def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{s['verdict_text']}.{_no_router_text(s['verdict'])}",
