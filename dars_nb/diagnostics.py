@@ -16,8 +16,9 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
            'uncertainty_decomposition', 'diagnose', 'plot_instability', 'plot_uncertainty', 'plot_diagnostics',
            'markdown_table', 'diagnose_main']
 
-# %% ../nbs/02_diagnostics.ipynb #39f4a64e
-MIN_CELLS = 2  # observed cells every (query, model) pair needs before the diagnostics can read a grid
+# %% ../nbs/02_diagnostics.ipynb #8643c2c6
+# observed cells every (query, model) pair needs before the diagnostics can read a grid
+MIN_CELLS = 2
 
 def _grid(obs, models=None):
     "Dense score and normalised-cost arrays of `obs` (a `Dense` grid, or a table: its training grid), checked."
@@ -27,11 +28,13 @@ def _grid(obs, models=None):
     if cells.size == 0: raise ValueError("cannot diagnose an empty training grid")
     if (cells < MIN_CELLS).any():
         qi, ki = np.argwhere(cells < MIN_CELLS)[0]
-        raise ValueError(f"cannot diagnose: query {d.queries[qi][-1]!r} and model {d.models[ki]!r} have {cells[qi, ki]} "
-                         f"observed cell(s) in the training grid; every (query, model) pair needs at least {MIN_CELLS}")
+        raise ValueError(f"cannot diagnose: query {d.queries[qi][-1]!r} and model {d.models[ki]!r} "
+                         f"have {cells[qi, ki]} "
+                         "observed cell(s) in the training grid; every (query, model) pair needs "
+                         f"at least {MIN_CELLS}")
     return q, d['cost_norm']
 
-# %% ../nbs/02_diagnostics.ipynb #8f2d75a6
+# %% ../nbs/02_diagnostics.ipynb #a891c0cb
 QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 
 def _query_blocks(*arrays, block: int | None = None):
@@ -39,14 +42,14 @@ def _query_blocks(*arrays, block: int | None = None):
     block = block or QUERY_BLOCK
     for start in range(0, len(arrays[0]), block): yield tuple(a[start:start + block] for a in arrays)
 
-# %% ../nbs/02_diagnostics.ipynb #2dc36138
+# %% ../nbs/02_diagnostics.ipynb #6ace00c1
 def _share(parts) -> np.ndarray:
     "Σ hits / Σ count over the blocks' (hits, count) pairs (NaN when nothing was counted)."
     hits = count = 0.0
     for h, n in parts: hits, count = hits + np.asarray(h, float), count + np.asarray(n, float)
     with np.errstate(invalid='ignore', divide='ignore'): return hits / count
 
-# %% ../nbs/02_diagnostics.ipynb #128f7305
+# %% ../nbs/02_diagnostics.ipynb #9471c6d8
 def _cell_winners(q, c, lam, tol=TIE_TOL):
     "Winner sets as a boolean (query, model, cell) mask — models within `tol` of the cell's best u — and the observed cells (query, cell)."
     u = (q - lam * c).reshape(*q.shape[:2], -1)
@@ -69,7 +72,7 @@ def _unstable_pairs(q, eps):
     spread = np.nanmax(filled, -1) - np.nanmin(filled, -1)
     return (spread[has] > eps).sum(), has.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #6b81b61a
+# %% ../nbs/02_diagnostics.ipynb #9a8cbc53
 def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                      lam: float = 0.05, # cost weight λ in u = q − λc
                      tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
@@ -78,12 +81,12 @@ def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or 
     q, c = _grid(obs)
     return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
 
-# %% ../nbs/02_diagnostics.ipynb #10152793
+# %% ../nbs/02_diagnostics.ipynb #2a2a97d6
 def _flipping_queries(q, c, lam, tol=TIE_TOL):
     "(queries whose observed cells' winner sets are not all equal, queries) in one block."
     return _flips(*_cell_winners(q, c, lam, tol))
 
-# %% ../nbs/02_diagnostics.ipynb #65637e08
+# %% ../nbs/02_diagnostics.ipynb #6288ed4f
 def _flips(winners, seen):
     "(flipping queries, queries) from a block's winner sets and observed cells."
     seen = seen[:, None, :]
@@ -92,7 +95,7 @@ def _flips(winners, seen):
     flips = (wins_some != wins_all).any(-1) & seen.any((1, 2))
     return flips.sum(), len(winners)
 
-# %% ../nbs/02_diagnostics.ipynb #34f58ada
+# %% ../nbs/02_diagnostics.ipynb #2c4eb03e
 def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                               lam: float = 0.05, # cost weight λ
                               tol: float = TIE_TOL, # models within `tol` of the best utility all win
@@ -101,19 +104,19 @@ def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training 
     q, c = _grid(obs)
     return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
 
-# %% ../nbs/02_diagnostics.ipynb #034dfdf1
+# %% ../nbs/02_diagnostics.ipynb #ed422328
 def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
     "(observed cells whose winner set is not the distribution-aware set, observed cells) in one block."
     return _disagreements(*_cell_winners(q, c, lam, tol), grid_stats(q, c), lam, tol)
 
-# %% ../nbs/02_diagnostics.ipynb #c3e917ca
+# %% ../nbs/02_diagnostics.ipynb #c1115415
 def _disagreements(winners, seen, s, lam, tol=TIE_TOL):
     "(disagreeing cells, observed cells) from a block's winner sets, observed cells and `grid_stats`."
     da = best_models(s['mu_q'] - lam * s['mu_c'], tol)          # (Q, K)
     differ = (winners != da[..., None]).any(1)
     return differ[seen].sum(), seen.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #5a5738c4
+# %% ../nbs/02_diagnostics.ipynb #b38aac3e
 def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
                              ) -> dict:
     "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
@@ -121,12 +124,12 @@ def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training 
     inp, out = _share(_variance_sums(*b) for b in _query_blocks(q, c))
     return {'input': float(inp), 'output': float(out)}
 
-# %% ../nbs/02_diagnostics.ipynb #bc0da37e
+# %% ../nbs/02_diagnostics.ipynb #9a24aea0
 def _variance_sums(q, c):
     "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, in one block."
     return _variances(grid_stats(q, c))
 
-# %% ../nbs/02_diagnostics.ipynb #30c8bdd6
+# %% ../nbs/02_diagnostics.ipynb #97c778d6
 def _variances(s):
     "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, from a block's `grid_stats`."
     v = np.stack([s['sigma_in'] ** 2, s['sigma_out'] ** 2])
@@ -136,7 +139,8 @@ def _variances(s):
 def _block_counts(q, c, lam, eps, tol):
     "The four diagnostics' (hits, count) of one block: winners and statistics computed once, read by all."
     s, (winners, seen) = grid_stats(q, c), _cell_winners(q, c, lam, tol)
-    return (_unstable_pairs(q, eps), _flips(winners, seen), _disagreements(winners, seen, s, lam, tol),
+    return (_unstable_pairs(q, eps), _flips(winners, seen), _disagreements(winners, seen, s, lam,
+                                                                           tol),
             _variances(s))
 
 def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
@@ -144,7 +148,8 @@ def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
     parts = [_block_counts(*b, lam, eps, tol) for b in _query_blocks(q, c)]
     inst, flips, dis, (inp, out) = (_share(p[k] for p in parts) for k in range(4))
     return dict(outcome_instability=float(inst), winner_flip_rate=float(flips),
-                single_vs_da_disagreement=float(dis), input_variance=float(inp), output_variance=float(out))
+                single_vs_da_disagreement=float(dis), input_variance=float(inp),
+                output_variance=float(out))
 
 # %% ../nbs/02_diagnostics.ipynb #7fb2dc9e
 def diagnose(obs: pd.DataFrame, # observations of one or more datasets
@@ -161,8 +166,9 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 
-# %% ../nbs/02_diagnostics.ipynb #cc4b7f4e
-_METRIC_NAMES = {'outcome_instability': 'Outcome instability', 'winner_flip_rate': 'Winner flip rate',
+# %% ../nbs/02_diagnostics.ipynb #d3751fdc
+_METRIC_NAMES = {'outcome_instability': 'Outcome instability',
+                 'winner_flip_rate': 'Winner flip rate',
                  'single_vs_da_disagreement': 'Single vs DA disagreement'}
 
 def plot_instability(table: pd.DataFrame, # output of `diagnose`
@@ -171,13 +177,14 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
     long = (table[list(_METRIC_NAMES)].rename(columns=_METRIC_NAMES).reset_index()
             .melt('dataset', var_name='metric', value_name='rate'))
     return alt.Chart(long, title='Single-shot labels are unstable').mark_bar().encode(
-        x=alt.X('metric:N', title=None, sort=list(_METRIC_NAMES.values()), axis=alt.Axis(labelAngle=-20)),
+        x=alt.X('metric:N', title=None, sort=list(_METRIC_NAMES.values()),
+                axis=alt.Axis(labelAngle=-20)),
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
 
-# %% ../nbs/02_diagnostics.ipynb #ece6ad2e
+# %% ../nbs/02_diagnostics.ipynb #fd408681
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.Chart:
     "Figure 2(b): input-side vs output-side variance per dataset."
@@ -188,14 +195,16 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         x=alt.X('dataset:N', title='Dataset', axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset('source:N'),
         y=alt.Y('variance:Q', title='Mean variance of the score'),
-        color=alt.Color('source:N', title='Uncertainty', scale=alt.Scale(range=['#4c78a8', '#f58518'])),
+        color=alt.Color('source:N', title='Uncertainty',
+                        scale=alt.Scale(range=['#4c78a8', '#f58518'])),
         tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
-# %% ../nbs/02_diagnostics.ipynb #2ffe5722
+# %% ../nbs/02_diagnostics.ipynb #9632adfd
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.HConcatChart:
     "Figure 2(a) and 2(b) side by side, each with its own colours and bar offsets."
-    return (plot_instability(table) | plot_uncertainty(table)).resolve_scale(color='independent', xOffset='independent')
+    return (plot_instability(table) | plot_uncertainty(table)).resolve_scale(color='independent',
+                                                                             xOffset='independent')
 
 # %% ../nbs/02_diagnostics.ipynb #b8e4d8fc
 def markdown_table(df, # a DataFrame (its named index becomes the first columns)
@@ -206,7 +215,8 @@ def markdown_table(df, # a DataFrame (its named index becomes the first columns)
     def cell(v):
         if isinstance(v, (float, np.floating)): return format(float(v), floatfmt) if np.isfinite(v) else ''
         return str(v)
-    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |', '|' + '|'.join('---' for _ in df.columns) + '|']
+    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
+             '|' + '|'.join('---' for _ in df.columns) + '|']
     return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)])
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
@@ -221,9 +231,12 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
     if out is None: return 0
     d = Path(out); d.mkdir(parents=True, exist_ok=True)
     table.to_csv(d / 'diagnostics.csv')
-    (d / 'diagnostics.md').write_text(f"# Diagnostics of {Path(obs).name}\n\n{markdown_table(table)}\n")
-    for name, chart in (('instability', plot_instability(table)), ('uncertainty', plot_uncertainty(table))):
+    (d / 'diagnostics.md').write_text("# Diagnostics of "
+                                      f"{Path(obs).name}\n\n{markdown_table(table)}\n")
+    for name, chart in (('instability', plot_instability(table)), ('uncertainty',
+                                                                   plot_uncertainty(table))):
         chart.save(str(d / f'{name}.png'), scale_factor=2); chart.save(str(d / f'{name}.svg'))
     if not quiet:
-        print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, instability.png/.svg, uncertainty.png/.svg")
+        print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, instability.png/.svg, "
+              "uncertainty.png/.svg")
     return 0

@@ -43,7 +43,8 @@ def view_means(obs_test: pd.DataFrame, # observations holding the view (other vi
                models: list | None = None, # model order (default: sorted names)
               ) -> tuple[pd.DataFrame, pd.DataFrame]:
     "Mean score and mean normalised cost per (query, model) over one view: two (queries × models) tables."
-    if view not in VIEWS: raise ValueError(f"unknown view {view!r} (expected one of {', '.join(VIEWS)})")
+    if view not in VIEWS: raise ValueError(f"unknown view {view!r} (expected one of "
+                                           f"{', '.join(VIEWS)})")
     part = select(_prepared(obs_test), view=view)
     if len(part) == 0: raise ValueError(f"no {view!r} observations in the table")
     d = to_dense(part, columns=('score', 'cost_norm'), models=models)
@@ -69,25 +70,31 @@ def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the vi
     quality, cost = view_means(obs_test, view, models)
     return quality - lam * cost
 
-# %% ../nbs/20_evaluate.ipynb #21fd04bf
+# %% ../nbs/20_evaluate.ipynb #14b1a535
 def _choice_series(choices) -> pd.Series:
     "Choices as a Series of model names indexed by query id (strings)."
     if isinstance(choices, pd.Series): s = choices
     elif isinstance(choices, Mapping): s = pd.Series(dict(choices), dtype=object)
-    else: raise ValueError(f"choices must be a mapping or a Series query_id -> model, got {type(choices).__name__}")
+    else: raise ValueError("choices must be a mapping or a Series query_id -> model, got "
+                           f"{type(choices).__name__}")
     ids = s.index
-    if isinstance(ids, pd.MultiIndex):   # e.g. (dataset, query_id): the query id is the named or the last level
+    # e.g. (dataset, query_id): the query id is the named or the last level
+    if isinstance(ids, pd.MultiIndex):
         ids = ids.get_level_values('query_id' if 'query_id' in ids.names else -1)
-    s = pd.Series(np.asarray(s, dtype=object).astype(str), index=pd.Index(ids.astype(str), name='query_id'))
-    if s.index.has_duplicates: raise ValueError(f"query {s.index[s.index.duplicated()][0]!r} has more than one choice")
+    s = pd.Series(np.asarray(s, dtype=object).astype(str), index=pd.Index(ids.astype(str),
+                                                                          name='query_id'))
+    if s.index.has_duplicates: raise ValueError(f"query {s.index[s.index.duplicated()][0]!r} has "
+                                                "more than one choice")
     return s
 
-# %% ../nbs/20_evaluate.ipynb #68a6198b
-def _lookup(choices, table: pd.DataFrame, require_all: bool = True, what: str = 'the test observations') -> pd.Series:
+# %% ../nbs/20_evaluate.ipynb #2e44983c
+def _lookup(choices, table: pd.DataFrame, require_all: bool = True,
+            what: str = 'the test observations') -> pd.Series:
     "Value of the chosen model per query (a Series in `table` order, or choice order if not `require_all`)."
     s = _choice_series(choices)
     qpos = table.index.get_indexer(s.index)
-    if (qpos < 0).any(): raise ValueError(f"choice for unknown query {s.index[qpos < 0][0]!r} (not in {what})")
+    if (qpos < 0).any(): raise ValueError(f"choice for unknown query {s.index[qpos < 0][0]!r} (not "
+                                          f"in {what})")
     if require_all and len(s) < len(table):
         raise ValueError(f"no choice for query {table.index.difference(s.index)[0]!r}")
     mpos = table.columns.get_indexer(s.to_numpy())
@@ -101,13 +108,13 @@ def _lookup(choices, table: pd.DataFrame, require_all: bool = True, what: str = 
     out = pd.Series(vals, index=s.index)
     return out.reindex(table.index) if require_all else out
 
-# %% ../nbs/20_evaluate.ipynb #c7c786d8
+# %% ../nbs/20_evaluate.ipynb #d64a41c9
 def _table(obs_test, view, lam) -> pd.DataFrame:
     "The per-query utility table: computed from observations, or passed through when already one."
     if isinstance(obs_test, pd.DataFrame) and 'score' not in obs_test.columns: return obs_test
     return per_query_view_utility(obs_test, view, lam)
 
-# %% ../nbs/20_evaluate.ipynb #b8d500af
+# %% ../nbs/20_evaluate.ipynb #362d0c99
 def chosen_utility(choices, # mapping or Series query_id -> model name
                    obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
@@ -130,11 +137,13 @@ def bootstrap_ci(per_query_values, # one value per test query: (n,), or (n, k) f
                 ) -> Estimate:
     "Mean and percentile-bootstrap interval over test queries (arrays of length k for a 2-D input)."
     v = np.asarray(per_query_values, dtype=float)
-    if v.ndim not in (1, 2) or len(v) == 0: raise ValueError("per_query_values must be a non-empty 1-D or 2-D array")
+    if v.ndim not in (1, 2) or len(v) == 0: raise ValueError("per_query_values must be a non-empty "
+                                                             "1-D or 2-D array")
     if np.isnan(v).any(): raise ValueError("per_query_values contains NaN")
     if not 0 < alpha < 1: raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     rng, n = np.random.default_rng(seed), len(v)
-    counts = rng.multinomial(n, np.full(n, 1 / n), size=n_boot)   # (n_boot, n): how often each query is drawn
+    # (n_boot, n): how often each query is drawn
+    counts = rng.multinomial(n, np.full(n, 1 / n), size=n_boot)
     means = counts @ v / n                                            # (n_boot,) or (n_boot, k)
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
     est = v.mean(0)
@@ -155,7 +164,7 @@ def view_utility(choices, # mapping or Series query_id -> model name
     v = chosen_utility(choices, obs_test, view, lam).to_numpy()
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(v.mean())
 
-# %% ../nbs/20_evaluate.ipynb #444a717a
+# %% ../nbs/20_evaluate.ipynb #8fbf284c
 def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                           view: str = 'rewrite', # 'rewrite' or 'decode'
                           lam: float = 0.05, # cost weight λ
@@ -163,7 +172,7 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a tabl
     "U_view of always choosing each model (NaN for a model missing any test query)."
     return _table(obs_test, view, lam).mean(skipna=False)
 
-# %% ../nbs/20_evaluate.ipynb #fe65da68
+# %% ../nbs/20_evaluate.ipynb #670e0501
 def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = 0.05, # cost weight λ
@@ -173,17 +182,18 @@ def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table fro
     if u.isna().all(): raise ValueError("no model has observations of every test query")
     return str(u.idxmax()), float(u.max())
 
-# %% ../nbs/20_evaluate.ipynb #50a402ff
+# %% ../nbs/20_evaluate.ipynb #1ce775ed
 def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holding the training grid (split 'train', view 'grid')
                                    lam: float = 0.05, # cost weight λ
                                    models: list | None = None, # model order (default: sorted names)
                                   ) -> tuple[str, float]:
     "The model with the highest mean training-grid utility q − λc (each query's grid mean, averaged over queries); ties → the first model."
-    u = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam, models).mean()
+    u = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam,
+                               models).mean()
     if u.isna().all(): raise ValueError("no model has training-grid observations")
     return str(u.idxmax()), float(u.max())
 
-# %% ../nbs/20_evaluate.ipynb #4bc2a7b6
+# %% ../nbs/20_evaluate.ipynb #f271b0c7
 def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -193,7 +203,7 @@ def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from 
     best = np.argmax(np.nan_to_num(t.to_numpy(float), nan=-np.inf), axis=1)
     return pd.Series(np.asarray(t.columns, dtype=object)[best], index=t.index)
 
-# %% ../nbs/20_evaluate.ipynb #2681820e
+# %% ../nbs/20_evaluate.ipynb #1040c372
 def random_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    seed=0, # seed or numpy Generator
@@ -201,14 +211,15 @@ def random_choices(obs_test: pd.DataFrame, # test observations, or a table from 
     "One uniformly random model per query among the models observed on it."
     t = _table(obs_test, view, 0.0)
     ok = ~np.isnan(t.to_numpy(float))
-    u = np.random.default_rng(seed).random(ok.shape) * ok          # the largest uniform among valid models wins
+    # the largest uniform among valid models wins
+    u = np.random.default_rng(seed).random(ok.shape) * ok
     return pd.Series(np.asarray(t.columns, dtype=object)[np.argmax(u, 1)], index=t.index)
 
-# %% ../nbs/20_evaluate.ipynb #93eb0aac
+# %% ../nbs/20_evaluate.ipynb #b41e7a73
 def _maybe_ci(v, ci, n_boot, alpha, seed):
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(np.mean(v))
 
-# %% ../nbs/20_evaluate.ipynb #b1f2f9ae
+# %% ../nbs/20_evaluate.ipynb #bb38f006
 def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -218,9 +229,10 @@ def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from 
                    seed=0, # bootstrap seed
                   ) -> float | Estimate:
     "U_view of the per-query best model: the ceiling for any router on this view."
-    return _maybe_ci(np.nanmax(_table(obs_test, view, lam).to_numpy(float), 1), ci, n_boot, alpha, seed)
+    return _maybe_ci(np.nanmax(_table(obs_test, view, lam).to_numpy(float), 1), ci, n_boot, alpha,
+                     seed)
 
-# %% ../nbs/20_evaluate.ipynb #1e45481e
+# %% ../nbs/20_evaluate.ipynb #0def7be9
 def random_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
@@ -231,11 +243,13 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a table from 
                   ) -> float | Estimate:
     "U_view of a uniformly random router: exact expected value, or one sampled router when `seed` is given."
     t = _table(obs_test, view, lam)
-    v = np.nanmean(t.to_numpy(float), 1) if seed is None else _lookup(random_choices(t, view, seed), t).to_numpy()
+    v = np.nanmean(t.to_numpy(float), 1) if seed is None else _lookup(random_choices(t, view, seed),
+                                                                      t).to_numpy()
     return _maybe_ci(v, ci, n_boot, alpha, 0 if seed is None else seed)
 
-# %% ../nbs/20_evaluate.ipynb #57a1c974
-def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+# %% ../nbs/20_evaluate.ipynb #950a1436
+def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
+                                                                  pd.DataFrame | None]:
     "(test table, training table or None), with `cost_norm` normalised over both when they are separate."
     if obs_train is None:
         obs_test = _prepared(obs_test)
@@ -244,7 +258,7 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, 
     if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
-# %% ../nbs/20_evaluate.ipynb #61ec8ce1
+# %% ../nbs/20_evaluate.ipynb #52e63a14
 def utility_table(policies: Mapping, # name -> choices (mapping or Series query_id -> model)
                   obs_test: pd.DataFrame, # test observations (both views)
                   views=('rewrite', 'decode'), # views to evaluate
@@ -276,26 +290,31 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
         if fixed is not None:
             ref = t[fixed[0]].to_numpy(float)
             if np.isnan(ref).any():
-                raise ValueError(f"the training-chosen model {fixed[0]!r} has no {view!r} observation of some test query")
-            V = np.column_stack([V, V - ref[:, None]])   # utilities and paired differences: one set of resamples
+                raise ValueError(f"the training-chosen model {fixed[0]!r} has no {view!r} "
+                                 "observation of some test query")
+            # utilities and paired differences: one set of resamples
+            V = np.column_stack([V, V - ref[:, None]])
         est, low, high = (np.asarray(a) for a in bootstrap_ci(V, n_boot, alpha, seed))
         if fixed is None: est, low, high = (np.concatenate([a, np.full(k, np.nan)]) for a in (est, low, high))
-        rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i], high=high[i], detail=detail.get(name, ''),
+        rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i],
+                      high=high[i], detail=detail.get(name, ''),
                       vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i]) for i, name in enumerate(cols)]
     return pd.DataFrame(rows)
 
-# %% ../nbs/20_evaluate.ipynb #3d7127a9
+# %% ../nbs/20_evaluate.ipynb #17afda42
 def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
                         title: str = 'Utility under the two evaluation views', # chart title
                        ) -> alt.Chart:
     "Point-and-interval chart of U_view per policy, one panel per view."
     base = alt.Chart(table).encode(y=alt.Y('policy:N', title=None, sort=None),
                                    color=alt.Color('kind:N', title='Policy'))
-    bars = base.mark_rule().encode(x=alt.X('low:Q', title='Utility (mean of q − λc)', scale=alt.Scale(zero=False)),
+    bars = base.mark_rule().encode(x=alt.X('low:Q', title='Utility (mean of q − λc)',
+                                           scale=alt.Scale(zero=False)),
                                    x2='high:Q')
     points = base.mark_point(filled=True, size=60).encode(
         x='utility:Q', tooltip=['policy', 'detail', 'view', alt.Tooltip('utility:Q', format='.4f'),
-                                alt.Tooltip('low:Q', format='.4f'), alt.Tooltip('high:Q', format='.4f')])
+                                alt.Tooltip('low:Q', format='.4f'),
+                                alt.Tooltip('high:Q', format='.4f')])
     return (bars + points).properties(width=200, height=alt.Step(18)).facet(
         column=alt.Column('view:N', title=None, sort=['rewrite', 'decode'])).properties(title=title)
 
@@ -304,11 +323,13 @@ def _features(X, ids, what: str) -> np.ndarray:
     "Rows of `X` for `ids`: looked up when `X` is a DataFrame indexed by query_id, else taken in order."
     if isinstance(X, pd.DataFrame):
         pos = X.index.astype(str).get_indexer(pd.Index(ids).astype(str))
-        if (pos < 0).any(): raise ValueError(f"no {what} features for query {list(ids)[int(np.argmax(pos < 0))]!r}")
+        if (pos < 0).any(): raise ValueError(f"no {what} features for query "
+                                             f"{list(ids)[int(np.argmax(pos < 0))]!r}")
         return X.to_numpy(float)[pos]
     X = np.asarray(X, dtype=float)
     if X.ndim != 2 or len(X) != len(ids):
-        raise ValueError(f"{what} features must be 2-D with one row per query ({len(ids)}), got shape {X.shape}")
+        raise ValueError(f"{what} features must be 2-D with one row per query ({len(ids)}), got "
+                         f"shape {X.shape}")
     return X
 
 def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
@@ -319,11 +340,13 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
                ) -> pd.Series:
     "Fit a clone of `router` on `sup` and return its choices indexed by test query id."
     if test_ids is None:
-        if not isinstance(X_test, pd.DataFrame): raise ValueError("test_ids is required when X_test is not a DataFrame")
+        if not isinstance(X_test, pd.DataFrame): raise ValueError("test_ids is required when "
+                                                                  "X_test is not a DataFrame")
         test_ids = X_test.index
     fitted = clone(router).fit(_features(X_train, sup.query_ids, 'training'), sup)
     pred = fitted.predict(_features(X_test, test_ids, 'test'))
-    return pd.Series(np.asarray(pred, dtype=object), index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
+    return pd.Series(np.asarray(pred, dtype=object), index=pd.Index(pd.Index(test_ids).astype(str),
+                                                                    name='query_id'))
 
 # %% ../nbs/20_evaluate.ipynb #92682078
 def true_utility(truth: pd.DataFrame, # indexed (dataset, query_id, model) with mu_q, mu_c (or utility)
@@ -343,12 +366,13 @@ def true_regret(choices, # mapping or Series query_id -> model name (the queries
     "Mean over the chosen queries of (best true utility − true utility of the chosen model)."
     t = true_utility(truth, lam).unstack('model')
     t.index = t.index.get_level_values('query_id').astype(str)
-    if t.index.has_duplicates: raise ValueError("query ids repeat across datasets in the truth frame; pass one dataset")
+    if t.index.has_duplicates: raise ValueError("query ids repeat across datasets in the truth "
+                                                "frame; pass one dataset")
     chosen = _lookup(choices, t, require_all=False, what='the truth frame')
     regret = t.max(axis=1).reindex(chosen.index).to_numpy() - chosen.to_numpy()
     return _maybe_ci(regret, ci, n_boot, alpha, seed)
 
-# %% ../nbs/20_evaluate.ipynb #9016ac89
+# %% ../nbs/20_evaluate.ipynb #0773d2d7
 def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
                        X_train, # training features (DataFrame indexed by query_id, or rows in supervision order)
                        obs_train: pd.DataFrame, # observations with the training grid
@@ -370,14 +394,17 @@ def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)`
     name = name or type(router).__name__
     rows = []
     for lam in lams:
-        choices = fit_predict(router, X_train, sup0.with_weights(lam=float(lam)), X_test, quality.index)
+        choices = fit_predict(router, X_train, sup0.with_weights(lam=float(lam)), X_test,
+                              quality.index)
         q, c = _lookup(choices, quality).mean(), _lookup(choices, cost).mean()
-        rows.append(dict(policy=name, kind='router', lam=float(lam), cost=c, quality=q, utility=q - lam * c))
+        rows.append(dict(policy=name, kind='router', lam=float(lam), cost=c, quality=q,
+                         utility=q - lam * c))
     fixed = pd.DataFrame(dict(policy=quality.columns, kind='fixed model', lam=np.nan,
-                              cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(), utility=np.nan))
+                              cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(),
+                              utility=np.nan))
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
-# %% ../nbs/20_evaluate.ipynb #65d523ed
+# %% ../nbs/20_evaluate.ipynb #d69ea54f
 def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (several may be concatenated)
                       title: str = 'Cost–quality trade-off as λ grows', # chart title
                      ) -> alt.Chart:
@@ -388,13 +415,15 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
     fixed = curve[curve['kind'] != 'router'].drop_duplicates('policy')
     line = alt.Chart(routers).mark_line(point=True).encode(
         x=x, y=y, color=alt.Color('policy:N', title='Router'), order='lam:Q',
-        tooltip=['policy', 'lam', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q', format='.3f')])
+        tooltip=['policy', 'lam', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q',
+                                                                                   format='.3f')])
     pts = alt.Chart(fixed).mark_point(shape='diamond', size=70, color='gray').encode(
-        x=x, y=y, tooltip=['policy', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q', format='.3f')])
+        x=x, y=y, tooltip=['policy', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q',
+                                                                                      format='.3f')])
     labels = pts.mark_text(align='left', dx=7, fontSize=9, color='gray').encode(text='policy:N')
     return (line + pts + labels).properties(title=title, width=420, height=280)
 
-# %% ../nbs/20_evaluate.ipynb #f3c10b39
+# %% ../nbs/20_evaluate.ipynb #7b997267
 def router_variance(utilities_per_draw, # R test utilities (one per single-shot router), or a long DataFrame
                     reference=None, # utility of the DARS-trained router: a number, or a Series indexed by group
                     by=None, # with a DataFrame: the column(s) naming a group (e.g. ['router', 'view'])
@@ -407,21 +436,26 @@ def router_variance(utilities_per_draw, # R test utilities (one per single-shot 
     else:
         v = np.asarray(utilities_per_draw, dtype=float).ravel()
         df, keys = pd.DataFrame({value: v, 'group': 'all'}), ['group']
-    if len(df) == 0 or df[value].isna().any(): raise ValueError("utilities must be non-empty and free of NaN")
+    if len(df) == 0 or df[value].isna().any(): raise ValueError("utilities must be non-empty and "
+                                                                "free of NaN")
     g = df.groupby(keys, observed=True, sort=False)[value]
-    out = pd.DataFrame(dict(n=g.size(), mean=g.mean(), std=g.std(ddof=1), min=g.min(), q05=g.quantile(0.05),
+    out = pd.DataFrame(dict(n=g.size(), mean=g.mean(), std=g.std(ddof=1), min=g.min(),
+                            q05=g.quantile(0.05),
                             median=g.median(), q95=g.quantile(0.95), max=g.max()))
     out['range'] = out['max'] - out['min']
     if reference is not None:
-        ref = reference if isinstance(reference, pd.Series) else pd.Series(float(reference), index=out.index)
+        ref = reference if isinstance(reference, pd.Series) else pd.Series(float(reference),
+                                                                           index=out.index)
         row_keys = pd.MultiIndex.from_frame(df[keys]) if len(keys) > 1 else pd.Index(df[keys[0]])
         below = df.assign(_below=df[value].to_numpy() < ref.reindex(row_keys).to_numpy(float))
         out['reference'] = ref.reindex(out.index).to_numpy(float)
-        out['share_below_reference'] = below.groupby(keys, observed=True, sort=False)['_below'].mean()
+        out['share_below_reference'] = below.groupby(keys, observed=True,
+                                                     sort=False)['_below'].mean()
         out['z_reference'] = (out['reference'] - out['mean']) / out['std']
-    return out.iloc[0].rename(None) if keys == ['group'] and not isinstance(utilities_per_draw, pd.DataFrame) else out
+    return out.iloc[0].rename(None) if keys == ['group'] and not isinstance(utilities_per_draw,
+                                                                            pd.DataFrame) else out
 
-# %% ../nbs/20_evaluate.ipynb #f301a5d0
+# %% ../nbs/20_evaluate.ipynb #3184fb41
 def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-shot router, columns `by` and `value`
                          reference: pd.DataFrame | None = None, # DARS utilities: columns `by` (+ `column`) and 'reference'
                          by: str = 'router', # the column on the vertical axis
@@ -436,17 +470,21 @@ def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-s
     if reference is not None:
         data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value}).assign(kind='DARS')],
                          ignore_index=True)
-    base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility', scale=alt.Scale(zero=False)),
+    base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
+                                          scale=alt.Scale(zero=False)),
                                   y=alt.Y(f'{by}:N', title=None))
-    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(extent='min-max', size=14, color='#4c78a8')
-    dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True, size=90,
+    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(extent='min-max',
+                                                                              size=14, color='#4c78a8')
+    dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True,
+                                                                      size=90,
                                                                       color='#e45756').encode(
         tooltip=keys + [alt.Tooltip(f'{value}:Q', format='.4f')])
     chart = alt.layer(box, dars).properties(width=230, height=alt.Step(26))
-    if facet: chart = chart.facet(column=alt.Column(f'{column}:N', title=None, sort=['rewrite', 'decode']))
+    if facet: chart = chart.facet(column=alt.Column(f'{column}:N', title=None,
+                                                    sort=['rewrite', 'decode']))
     return chart.properties(title=title)
 
-# %% ../nbs/20_evaluate.ipynb #59a4655a
+# %% ../nbs/20_evaluate.ipynb #6e96d317
 def draw_view_utilities(router, # a fitted router (one or R draws)
                         X_test, # test features, rows in the order of the tables' queries
                         tables: dict, # view -> table from `per_query_view_utility`, same query order
@@ -457,7 +495,7 @@ def draw_view_utilities(router, # a fitted router (one or R draws)
     return {v: np.take_along_axis(t.to_numpy(float)[None], pick[..., None], -1)[..., 0].mean(-1)
             for v, t in tables.items()}
 
-# %% ../nbs/20_evaluate.ipynb #590b8558
+# %% ../nbs/20_evaluate.ipynb #9e276cb6
 def single_vs_dars(single, # router fitted on R single-shot draws
                    dars, # the same router fitted on DARS supervision
                    X_test, # test features, rows in the order of the tables' queries
@@ -465,22 +503,25 @@ def single_vs_dars(single, # router fitted on R single-shot draws
                   ) -> pd.DataFrame:
     "Long table (policy, view, utility, sd): the single-shot draws, DARS and the random router."
     s, d = draw_view_utilities(single, X_test, tables), draw_view_utilities(dars, X_test, tables)
-    rows = [dict(policy=f'single-shot ({len(s[v])} draws)', view=v, utility=s[v].mean(), sd=s[v].std()) for v in tables]
+    rows = [dict(policy=f'single-shot ({len(s[v])} draws)', view=v, utility=s[v].mean(),
+                 sd=s[v].std()) for v in tables]
     rows += [dict(policy='DARS', view=v, utility=d[v][0], sd=0.0) for v in tables]
     rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0) for v, t in tables.items()]
     return pd.DataFrame(rows)
 
-# %% ../nbs/20_evaluate.ipynb #af4c1050
+# %% ../nbs/20_evaluate.ipynb #37f900be
 def plot_single_vs_dars(long: pd.DataFrame, # output of `single_vs_dars`
                         title: str, # chart title
                        ) -> alt.Chart:
     "Mean test utility per policy and view, with ± one standard deviation over single-shot draws."
     base = alt.Chart(long.assign(lo=long.utility - long.sd, hi=long.utility + long.sd))
-    x = alt.X('policy:N', title=None, sort=['random', long.policy.iloc[0], 'DARS'], axis=alt.Axis(labelAngle=0))
+    x = alt.X('policy:N', title=None, sort=['random', long.policy.iloc[0], 'DARS'],
+              axis=alt.Axis(labelAngle=0))
     y_title = 'Mean test utility (q − λ·cost)'
     points = base.mark_point(filled=True, size=80).encode(
         x=x, y=alt.Y('utility:Q', title=y_title, scale=alt.Scale(zero=False)),
-        color=alt.Color('policy:N', legend=None), tooltip=['policy', 'view', alt.Tooltip('utility:Q', format='.4f')])
+        color=alt.Color('policy:N', legend=None), tooltip=['policy', 'view',
+                                                           alt.Tooltip('utility:Q', format='.4f')])
     bars = base.mark_errorbar().encode(x=x, y=alt.Y('lo:Q', title=y_title), y2='hi:Q')
     return (alt.layer(bars, points).properties(width=260, height=200)
             .facet(column=alt.Column('view:N', title='Test view')).properties(title=title))

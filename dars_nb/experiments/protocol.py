@@ -19,7 +19,8 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from ..observations import ensure_valid, select, model_order
 from ..stats import supervision, normalize_cost, MODES, Supervision
-from ..evaluate import (per_query_view_utility, bootstrap_ci, router_variance, plot_router_variance, true_utility,
+from ..evaluate import (per_query_view_utility, bootstrap_ci, router_variance,
+                              plot_router_variance, true_utility,
                               true_regret, best_fixed_model, best_fixed_model_from_training)
 from ..routers.base import align
 
@@ -32,21 +33,23 @@ __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'BASELINES', 'ARRAY_COLUMNS', '
            'table_vs_fixed', 'table5', 'regret_table', 'protocol_draws', 'protocol_variance', 'plot_protocol_variance',
            'plot_protocol']
 
-# %% ../../nbs/21_protocol.ipynb #6bb9a4b5
+# %% ../../nbs/21_protocol.ipynb #8688cdbc
 @dataclass
 class Dataset:
     "One dataset for the protocol: observations with `cost_norm`, query features, optional ground truth."
     name: str
-    obs: pd.DataFrame           # training grid and test views of this dataset, cost normalised over all rows
+    # training grid and test views of this dataset, cost normalised over all rows
+    obs: pd.DataFrame
     features: pd.DataFrame      # query features indexed by query_id (str)
-    truth: pd.DataFrame | None = None  # indexed (dataset, query_id, model) with mu_q, mu_c (simulator), or None
+    # indexed (dataset, query_id, model) with mu_q, mu_c (simulator), or None
+    truth: pd.DataFrame | None = None
 
     def __repr__(self):
         n = self.obs.groupby(['split', 'view'], observed=True)['query_id'].nunique().to_dict()
         parts = ', '.join(f"{s}/{v}: {k}" for (s, v), k in n.items())
         return f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, truth={self.truth is not None})"
 
-# %% ../../nbs/21_protocol.ipynb #a20226ba
+# %% ../../nbs/21_protocol.ipynb #46627ed3
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # ground truth indexed (dataset, query_id, model), if known
@@ -54,20 +57,24 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
     "Validate one dataset's observations, normalise cost over train and test together, and check the features."
     obs = ensure_valid(obs)
     names = list(obs['dataset'].cat.categories)
-    if len(names) != 1: raise ValueError(f"make_dataset takes one dataset at a time, got {len(names)}: use datasets_from")
+    if len(names) != 1: raise ValueError("make_dataset takes one dataset at a time, got "
+                                         f"{len(names)}: use datasets_from")
     if not ((obs['split'] == 'train') & (obs['view'] == 'grid')).any():
         raise ValueError(f"dataset {names[0]!r} has no training grid (split 'train', view 'grid')")
     if not ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any():
-        raise ValueError(f"dataset {names[0]!r} has no test observations (view 'rewrite' or 'decode')")
-    if not isinstance(features, pd.DataFrame): raise ValueError("features must be a DataFrame indexed by query_id")
+        raise ValueError(f"dataset {names[0]!r} has no test observations (view 'rewrite' or "
+                         "'decode')")
+    if not isinstance(features, pd.DataFrame): raise ValueError("features must be a DataFrame "
+                                                                "indexed by query_id")
     features = features.set_axis(features.index.astype(str).rename('query_id'))
-    align(features, obs['query_id'].cat.categories.astype(str))     # every query needs a feature row
+    # every query needs a feature row
+    align(features, obs['query_id'].cat.categories.astype(str))
     if truth is not None and names[0] in truth.index.get_level_values('dataset'):
         truth = truth.xs(names[0], level='dataset', drop_level=False)
     elif truth is not None: raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
     return Dataset(str(names[0]), normalize_cost(obs), features, truth)
 
-# %% ../../nbs/21_protocol.ipynb #5d5c42f9
+# %% ../../nbs/21_protocol.ipynb #e7367fb7
 def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                   features: pd.DataFrame, # query features indexed by query_id (shared by all datasets)
                   truth: pd.DataFrame | None = None, # ground truth, if known
@@ -104,7 +111,8 @@ def resolve_routers(routers=None, # mapping name -> router (instance or class), 
     out = {str(k): (r() if isinstance(r, type) else r) for k, r in routers.items()}
     if not out: raise ValueError("no routers given")
     for k, r in out.items():
-        if not (hasattr(r, 'fit') and hasattr(r, 'predict')): raise ValueError(f"router {k!r} has no fit/predict")
+        if not (hasattr(r, 'fit') and hasattr(r, 'predict')): raise ValueError(f"router {k!r} has "
+                                                                               "no fit/predict")
     return out
 
 # %% ../../nbs/21_protocol.ipynb #91da7175
@@ -149,7 +157,8 @@ def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np
     "True U* = μ_q − λμ_c (n, K) of the test queries `ids`."
     t = true_utility(truth, lam).xs(name, level='dataset').unstack('model')
     t = t.set_axis(t.index.astype(str), axis=0).reindex(index=list(ids), columns=list(models))
-    if t.isna().any(axis=None): raise ValueError(f"the truth frame of {name!r} misses some test (query, model) pairs")
+    if t.isna().any(axis=None): raise ValueError(f"the truth frame of {name!r} misses some test "
+                                                 "(query, model) pairs")
     return t.to_numpy(float)
 
 # %% ../../nbs/21_protocol.ipynb #5fefbe0c
@@ -160,7 +169,8 @@ def prepare_dataset(ds: Dataset, # the dataset
     "The parts of a dataset that every unit reads, computed once."
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
     views = [v for v in views if (test['view'] == v).any()]
-    if not views: raise ValueError(f"dataset {ds.name!r} has no test observations in the requested views")
+    if not views: raise ValueError(f"dataset {ds.name!r} has no test observations in the requested "
+                                   "views")
     models = model_order(ds.obs)
     tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views}
     test_ids = pd.Index([]).append([t.index for t in tables.values()]).unique()
@@ -175,7 +185,8 @@ def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
     if grid is None: return train, f'{len(rids)}x{len(sids)}'
     n, m = (int(g) for g in grid)
     if not (1 <= n <= len(rids) and 1 <= m <= len(sids)):
-        raise ValueError(f"sub-grid {n}x{m} does not fit the collected {len(rids)}x{len(sids)} training grid")
+        raise ValueError(f"sub-grid {n}x{m} does not fit the collected {len(rids)}x{len(sids)} "
+                         "training grid")
     keep = train['rewrite_id'].isin(rids[:n]) & train['sample_id'].isin(sids[:m])
     return train[keep.to_numpy()], f'{n}x{m}'
 
@@ -190,7 +201,8 @@ def supervise(ds: Dataset, # the dataset
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
     train, grid = _training_rows(ds.obs, spec.grid)
     R = int(n_draws) if spec.mode == 'single' else 1
-    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta, seed=derive_seed(seed, 'draws', ds.name),
+    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta, seed=derive_seed(seed, 'draws',
+                                                                                  ds.name),
                       n_draws=R, models=models)
     return sup, grid
 
@@ -204,7 +216,8 @@ def _choices(router, X, sup, X_test) -> np.ndarray:
     if pred.shape == (n,):
         return np.stack([np.asarray(clone(router).fit(X, sup.draw(r)).predict(X_test), dtype=object)
                          for r in range(R)])
-    raise ValueError(f"router {type(router).__name__} predicted shape {pred.shape}, expected ({R}, {n}) or ({n},)")
+    raise ValueError(f"router {type(router).__name__} predicted shape {pred.shape}, expected ({R}, "
+                     f"{n}) or ({n},)")
 
 def _chosen_positions(prep: Prepared, name: str, router, sup: Supervision, seed: int) -> np.ndarray:
     "Fit a clone of `router` and return the positions of its chosen models: (R, n test queries)."
@@ -212,13 +225,15 @@ def _chosen_positions(prep: Prepared, name: str, router, sup: Supervision, seed:
     if est.get_params().get('random_state', 0) is None:
         est.set_params(random_state=derive_seed(seed, 'router', prep.name, name))
     with single_threaded():
-        picked = _choices(est, align(prep.features, sup.query_ids), sup, align(prep.features, prep.test_ids))
+        picked = _choices(est, align(prep.features, sup.query_ids), sup, align(prep.features,
+                                                                               prep.test_ids))
     pos = pd.Index(prep.models).get_indexer(picked.ravel()).reshape(picked.shape)
     if (pos < 0).any():
-        raise ValueError(f"router {name!r} chose a model outside the pool: {picked.ravel()[np.argmax(pos.ravel() < 0)]!r}")
+        raise ValueError(f"router {name!r} chose a model outside the pool: "
+                         f"{picked.ravel()[np.argmax(pos.ravel() < 0)]!r}")
     return pos
 
-# %% ../../nbs/21_protocol.ipynb #5eb3f257
+# %% ../../nbs/21_protocol.ipynb #c7f42fcb
 def _view_values(prep: Prepared, view: str, pos: np.ndarray) -> np.ndarray:
     "(R, n_view) utilities of the chosen models on one view."
     t = prep.tables[view]
@@ -226,10 +241,11 @@ def _view_values(prep: Prepared, view: str, pos: np.ndarray) -> np.ndarray:
     vals = t.to_numpy(float)[np.arange(len(t))[None], pos[:, at]]
     if np.isnan(vals).any():
         r, i = np.argwhere(np.isnan(vals))[0]
-        raise ValueError(f"model {prep.models[pos[r, at[i]]]!r} has no {view!r} observation of query {t.index[i]!r}")
+        raise ValueError(f"model {prep.models[pos[r, at[i]]]!r} has no {view!r} observation of "
+                         f"query {t.index[i]!r}")
     return vals
 
-# %% ../../nbs/21_protocol.ipynb #97c7d97b
+# %% ../../nbs/21_protocol.ipynb #ac549055
 def score_unit(prep: Prepared, # the prepared dataset
                name: str, # the router's name in the output
                router, # an unfitted router
@@ -243,15 +259,19 @@ def score_unit(prep: Prepared, # the prepared dataset
     "Fit `router` on `sup` and score its choices on every view: one row per view."
     pos, R = _chosen_positions(prep, name, router, sup, seed), sup.n_draws
     U, regret = prep.true_utility, np.nan
-    if U is not None: regret = float((U.max(1) - U[np.arange(len(U)), pos]).mean())   # over draws and queries
+    # over draws and queries
+    if U is not None: regret = float((U.max(1) - U[np.arange(len(U)), pos]).mean())
     rows = []
     for view in prep.tables:
         vals = _view_values(prep, view, pos)
         per_draw, per_query = vals.mean(1), vals.mean(0)
-        e = (bootstrap_ci(per_query, n_boot, alpha, derive_seed(seed, 'bootstrap', prep.name, view)) if n_boot
+        e = (bootstrap_ci(per_query, n_boot, alpha, derive_seed(seed, 'bootstrap', prep.name,
+                                                                view)) if n_boot
              else (np.nan, np.nan, np.nan))
-        rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode, beta=float(spec.beta), grid=grid,
-                         view=view, utility=float(per_draw.mean()), ci_low=float(e[1]), ci_high=float(e[2]),
+        rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode,
+                         beta=float(spec.beta), grid=grid,
+                         view=view, utility=float(per_draw.mean()), ci_low=float(e[1]),
+                         ci_high=float(e[2]),
                          single_std=float(per_draw.std(ddof=1)) if R > 1 else np.nan, n_draws=R,
                          true_regret=regret, draw_utilities=per_draw, per_query=per_query))
     return rows
@@ -275,10 +295,12 @@ def run_unit(ds: Dataset, # the dataset
     return score_unit(prep, name, router, spec, sup, grid, seed, n_boot, alpha)
 
 # %% ../../nbs/21_protocol.ipynb #7875ef7d
-RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low', 'ci_high',
+RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low',
+                  'ci_high',
                   'best_fixed', 'vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high',
                   'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']
-BASELINES = ('best fixed model (training)', 'best fixed model (test, optimistic)', 'oracle', 'random')
+BASELINES = ('best fixed model (training)', 'best fixed model (test, optimistic)', 'oracle',
+             'random')
 ARRAY_COLUMNS = ['draw_utilities', 'per_query']
 
 def scalars(results: pd.DataFrame, # output of `run_experiments` / `run_protocol`
@@ -314,12 +336,15 @@ def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
     out = {}
     for v, t in tables.items():
         if t[fixed].isna().any():
-            raise ValueError(f"{ds.name}: the training-chosen model {fixed!r} has no {v!r} observation "
+            raise ValueError(f"{ds.name}: the training-chosen model {fixed!r} has no {v!r} "
+                             "observation "
                              f"of query {t.index[t[fixed].isna()][0]!r}")
         on_test, _ = best_fixed_model(t)
         T = t.to_numpy(float)
-        vals = pd.DataFrame(dict(zip(BASELINES, (T[:, models.index(fixed)], T[:, models.index(on_test)],
-                                                 np.nanmax(T, 1), np.nanmean(T, 1)))), index=t.index)
+        vals = pd.DataFrame(dict(zip(BASELINES, (T[:, models.index(fixed)],
+                                                 T[:, models.index(on_test)],
+                                                 np.nanmax(T, 1), np.nanmean(T, 1)))),
+                                                 index=t.index)
         out[v] = (vals, {BASELINES[0]: fixed, BASELINES[1]: on_test})
     return out
 
@@ -345,8 +370,10 @@ def protocol_baselines(datasets, # a `Dataset`, a list of them, or a mapping nam
     rows = []
     for d in as_datasets(datasets):
         for v, (vals, names) in baseline_values(d, lam, views).items():
-            e = bootstrap_ci(vals.to_numpy(), n_boot, alpha, derive_seed(seed, 'bootstrap', d.name, v))
-            rows += [dict(dataset=d.name, view=v, policy=p, model=names.get(p, ''), utility=e.estimate[i],
+            e = bootstrap_ci(vals.to_numpy(), n_boot, alpha, derive_seed(seed, 'bootstrap', d.name,
+                                                                         v))
+            rows += [dict(dataset=d.name, view=v, policy=p, model=names.get(p, ''),
+                          utility=e.estimate[i],
                           ci_low=e.low[i], ci_high=e.high[i]) for i, p in enumerate(BASELINES)]
     return pd.DataFrame(rows)
 
@@ -364,7 +391,8 @@ def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
         if baselines is None or v not in baselines.get(d, {}): continue
         vals, names = baselines[d][v]
         ref = vals[BASELINES[0]].to_numpy()
-        f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)    # paired: the same queries for router and baseline
+        # paired: the same queries for router and baseline
+        f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)
         table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'], table.loc[idx, 'vs_best_fixed_high'] = f
         table.loc[idx, 'best_fixed'] = names[BASELINES[0]]
     return table
@@ -380,17 +408,19 @@ def as_datasets(datasets) -> list[Dataset]:
     if len({d.name for d in out}) < len(out): raise ValueError("dataset names must be unique")
     return out
 
-# %% ../../nbs/21_protocol.ipynb #e851cbbb
+# %% ../../nbs/21_protocol.ipynb #1701428a
 def _unit_jobs(units, todo, rs, preps, n_draws, lam, seed, alpha):
     "One delayed `score_unit` per unit to run; each supervision built once and shared by its units."
     sups = {}
     for i in todo:
         d, _, s = units[i]
-        if (d.name, s) not in sups: sups[(d.name, s)] = supervise(d, s, n_draws, lam, seed, preps[d.name].models)
-    return (delayed(score_unit)(preps[d.name], name, rs[name], s, *sups[(d.name, s)], seed, 0, alpha)
+        if (d.name, s) not in sups: sups[(d.name, s)] = supervise(d, s, n_draws, lam, seed,
+                                                                  preps[d.name].models)
+    return (delayed(score_unit)(preps[d.name], name, rs[name], s, *sups[(d.name, s)], seed, 0,
+                                alpha)
             for d, name, s in (units[i] for i in todo))
 
-# %% ../../nbs/21_protocol.ipynb #30fd12a9
+# %% ../../nbs/21_protocol.ipynb #2dff9c85
 def run_experiments(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
                     routers=None, # mapping name -> router, a list, or None for every family
                     specs=(Spec('single'), Spec('dars')), # supervisions to train with
@@ -435,10 +465,11 @@ def run_protocol(datasets, # a `Dataset`, a list of them, or a mapping name -> (
                  progress: bool = True, # show a progress bar (on a terminal only)
                 ) -> pd.DataFrame:
     "The paper's comparison: every router under R single-shot draws and under DARS, both views, one tidy table."
-    return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws, lam, seed,
+    return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws,
+                           lam, seed,
                            n_boot, progress=progress, n_jobs=n_jobs, desc='protocol')
 
-# %% ../../nbs/21_protocol.ipynb #fc221874
+# %% ../../nbs/21_protocol.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
 
 def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or any table with single and dars rows)
@@ -449,60 +480,72 @@ def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or an
     keys = ['dataset', 'router', 'view']
     part = results[results['supervision'].isin([baseline, treatment])]
     if part.duplicated(keys + ['supervision']).any():
-        raise ValueError("several rows per (dataset, router, view, supervision): pass the output of run_protocol")
+        raise ValueError("several rows per (dataset, router, view, supervision): pass the output "
+                         "of run_protocol")
     w = part.pivot(index=keys, columns='supervision', values='utility')
-    if baseline not in w or treatment not in w: raise ValueError(f"results need both {baseline!r} and {treatment!r} rows")
+    if baseline not in w or treatment not in w: raise ValueError(f"results need both {baseline!r} "
+                                                                 f"and {treatment!r} rows")
     std = part[part['supervision'] == baseline].set_index(keys)['single_std']
-    out = pd.DataFrame({'single': w[baseline], 'single_std': std.reindex(w.index), 'dars': w[treatment]})
+    out = pd.DataFrame({'single': w[baseline], 'single_std': std.reindex(w.index),
+                        'dars': w[treatment]})
     out['difference'] = out['dars'] - out['single']
     out['win'] = out['difference'] > 0
     if 'vs_best_fixed' in part.columns:
         for side, sup in (('single', baseline), ('dars', treatment)):
             s = part[part['supervision'] == sup].set_index(keys)
-            for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'), ('vs_fixed_high', 'vs_best_fixed_high')):
+            for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'),
+                             ('vs_fixed_high', 'vs_best_fixed_high')):
                 out[f'{side}_{col}'] = s[src].reindex(out.index)
         out['best_fixed'] = part.set_index(keys)['best_fixed'].groupby(level=keys).first().reindex(out.index)
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     return out.dropna(subset=['single', 'dars']).reindex(pd.MultiIndex.from_tuples(
-        sorted(out.dropna(subset=['single', 'dars']).index, key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))),
+        sorted(out.dropna(subset=['single', 'dars']).index,
+               key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))),
         names=keys))
 
-# %% ../../nbs/21_protocol.ipynb #f2da5888
+# %% ../../nbs/21_protocol.ipynb #a1ad1359
 class Wins(NamedTuple):
     "How many settings DARS improves."
     wins: int
     settings: int
     def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
 
-# %% ../../nbs/21_protocol.ipynb #8906f496
+# %% ../../nbs/21_protocol.ipynb #bf782853
 class Verdict(NamedTuple):
     "DARS against single-shot, and both against the best fixed model chosen on training data."
     settings: int            # router–dataset–view settings
     dars_beats_single: int   # DARS utility above the single-shot mean
-    dars_beats_fixed: int    # DARS router: interval of the difference to the best fixed model above 0
+    # DARS router: interval of the difference to the best fixed model above 0
+    dars_beats_fixed: int
     dars_below_fixed: int    # DARS router: that interval below 0
     single_beats_fixed: int  # single-shot routers (mean over draws): interval above 0
     def __str__(self):
         n = self.settings
-        return (f"DARS beats single-shot in {self.dars_beats_single} of {n} router–dataset–view settings; "
-                f"it beats the best fixed model (chosen on training data, interval above 0) in {self.dars_beats_fixed} of {n}"
-                f" (single-shot: {self.single_beats_fixed} of {n}) and falls below it in {self.dars_below_fixed} of {n}")
+        return (f"DARS beats single-shot in {self.dars_beats_single} of {n} router–dataset–view "
+                "settings; "
+                "it beats the best fixed model (chosen on training data, interval above 0) in "
+                f"{self.dars_beats_fixed} of {n}"
+                f" (single-shot: {self.single_beats_fixed} of {n}) and falls below it in "
+                f"{self.dars_below_fixed} of {n}")
 
-# %% ../../nbs/21_protocol.ipynb #c73cb728
+# %% ../../nbs/21_protocol.ipynb #2e522eea
 def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                    by=None, # None for one count, or column(s) among dataset/router/view to count per group
                   ) -> Verdict | pd.DataFrame:
     "Both counts, never one without the other: DARS vs single-shot, and routers vs the training-chosen best fixed model."
     c = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in c.columns or c['dars_vs_fixed'].isna().any():
-        raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
-    flags = pd.DataFrame({'dars_beats_single': c['win'], 'dars_beats_fixed': c['dars_vs_fixed_low'] > 0,
-                          'dars_below_fixed': c['dars_vs_fixed_high'] < 0, 'single_beats_fixed': c['single_vs_fixed_low'] > 0})
+        raise ValueError("results have no difference to the best fixed model: pass the output of "
+                         "run_protocol")
+    flags = pd.DataFrame({'dars_beats_single': c['win'],
+                          'dars_beats_fixed': c['dars_vs_fixed_low'] > 0,
+                          'dars_below_fixed': c['dars_vs_fixed_high'] < 0,
+                          'single_beats_fixed': c['single_vs_fixed_low'] > 0})
     if by is None: return Verdict(len(c), *(int(flags[k].sum()) for k in Verdict._fields[1:]))
     g = flags.groupby(level=by, sort=False)
     return g.sum().astype(int).assign(settings=g.size())[list(Verdict._fields)]
 
-# %% ../../nbs/21_protocol.ipynb #b3e63728
+# %% ../../nbs/21_protocol.ipynb #61137222
 def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                by=None, # None for one count, or column(s) among dataset/router/view to count per group
               ) -> Wins | pd.DataFrame:
@@ -512,17 +555,17 @@ def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare
     g = c.groupby(level=by, sort=False)['win']
     return pd.DataFrame({'wins': g.sum().astype(int), 'settings': g.size()})
 
-# %% ../../nbs/21_protocol.ipynb #81459552
+# %% ../../nbs/21_protocol.ipynb #52ca9722
 def _fmt(v, digits):
     if isinstance(v, str): return v
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool): return str(v)
     return '' if pd.isna(v) else f'{v:.{digits}f}'
 
-# %% ../../nbs/21_protocol.ipynb #d53ff83b
+# %% ../../nbs/21_protocol.ipynb #43e00b27
 def _header(c) -> str:
     return ' '.join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c)
 
-# %% ../../nbs/21_protocol.ipynb #1c0751bb
+# %% ../../nbs/21_protocol.ipynb #9a5476bc
 class Table(NamedTuple):
     "A results table: values, optional ± std or [low, high] interval per cell, and which cells to show in bold."
     values: pd.DataFrame
@@ -563,7 +606,7 @@ class Table(NamedTuple):
             if b is not None: v = pd.concat([v, b.set_axis([_header(c) + f' {name}' for c in b.columns], axis=1)], axis=1)
         return v.reset_index()
 
-# %% ../../nbs/21_protocol.ipynb #b0d840e0
+# %% ../../nbs/21_protocol.ipynb #631f29ad
 def table1(results: pd.DataFrame, # output of `run_protocol`
            baselines: pd.DataFrame | None = None, # output of `protocol_baselines`: adds its rows below the routers
           ) -> Table:
@@ -572,28 +615,34 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
     routers, datasets = list(dict.fromkeys(c.index.get_level_values('router'))), list(dict.fromkeys(c.index.get_level_values('dataset')))
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = pd.MultiIndex.from_tuples([(d, VIEW_LABELS.get(v, v)) for d in datasets for v in views])
-    rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')], names=['router', 'supervision'])
+    rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
+                                     names=['router', 'supervision'])
     vals, bold = pd.DataFrame(np.nan, rows, cols), pd.DataFrame(False, rows, cols)
     for (d, r, v), row in c.iterrows():
         col = (d, VIEW_LABELS.get(v, v))
         vals.loc[(r, 'single-shot'), col], vals.loc[(r, '+ DARS'), col] = row['single'], row['dars']
         bold.loc[(r, '+ DARS'), col] = bool(row['win'])
     if baselines is not None:
-        b = baselines.assign(col=[(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'], baselines['view'])])
-        b = b.pivot(index='policy', columns='col', values='utility').reindex(index=list(BASELINES), columns=cols)
+        b = baselines.assign(col=[(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'],
+                                                                             baselines['view'])])
+        b = b.pivot(index='policy', columns='col', values='utility').reindex(index=list(BASELINES),
+                                                                             columns=cols)
         b.index = pd.MultiIndex.from_tuples([('baseline', p) for p in b.index], names=rows.names)
         vals, bold = pd.concat([vals, b]), pd.concat([bold, pd.DataFrame(False, b.index, cols)])
     return Table(vals, bold)
 
-# %% ../../nbs/21_protocol.ipynb #397d4dd1
+# %% ../../nbs/21_protocol.ipynb #15876400
 def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                   ) -> Table:
     "Difference to the best fixed model chosen on training data, [interval], per router / + DARS and dataset × view; above 0 in bold."
     c = compare_supervision(results)
-    if 'dars_vs_fixed' not in c.columns: raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    if 'dars_vs_fixed' not in c.columns: raise ValueError("results have no difference to the best "
+                                                          "fixed model: pass the output of "
+                                                          "run_protocol")
     routers = list(dict.fromkeys(c.index.get_level_values('router')))
     cols = pd.MultiIndex.from_tuples(list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
-    rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')], names=['router', 'supervision'])
+    rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
+                                     names=['router', 'supervision'])
     frames = {k: pd.DataFrame(np.nan, rows, cols) for k in ('vs', 'low', 'high')}
     for (d, r, v), row in c.iterrows():
         for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
@@ -601,14 +650,15 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                 frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
-# %% ../../nbs/21_protocol.ipynb #24032932
+# %% ../../nbs/21_protocol.ipynb #311d48bf
 def table5(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:
     "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; winning DARS cells in bold."
     c = compare_supervision(results)
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = [f'{s} {VIEW_LABELS.get(v, v)}' for v in views for s in ('Single', 'DARS')]
-    idx = pd.MultiIndex.from_tuples(list(dict.fromkeys((r, d) for d, r, _ in c.index)), names=['router', 'dataset'])
+    idx = pd.MultiIndex.from_tuples(list(dict.fromkeys((r, d) for d, r, _ in c.index)),
+                                    names=['router', 'dataset'])
     idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(c.index.get_level_values('router'))).index(k[0])),
                                     names=['router', 'dataset'])
     vals, std, bold = pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols), pd.DataFrame(False, idx, cols)
@@ -628,7 +678,7 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
                   columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset']) for s in ('single', 'dars')]))
     return t
 
-# %% ../../nbs/21_protocol.ipynb #0aae2cd5
+# %% ../../nbs/21_protocol.ipynb #519aca97
 def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
                   ) -> pd.DataFrame:
     "One row per single-shot router: dataset, router, view, draw, utility."
@@ -639,7 +689,7 @@ def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
                         | {'draw': np.concatenate([np.arange(k) for k in n]),
                            'utility': np.concatenate(s['draw_utilities'].to_list())})
 
-# %% ../../nbs/21_protocol.ipynb #e933ed9f
+# %% ../../nbs/21_protocol.ipynb #5f290526
 def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                      ) -> pd.DataFrame:
     "Spread of the R single-shot utilities per (dataset, router, view), with the DARS router as reference."
@@ -647,7 +697,7 @@ def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
     ref = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)['utility']
     return router_variance(protocol_draws(results), reference=ref, by=keys)
 
-# %% ../../nbs/21_protocol.ipynb #eb39698d
+# %% ../../nbs/21_protocol.ipynb #8ca96200
 def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                           ) -> alt.Chart:
     "Figure 2c per dataset: single-shot routers as boxes, the DARS router as a red diamond."
@@ -659,7 +709,7 @@ def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
               for d in dict.fromkeys(draws['dataset'])]
     return alt.vconcat(*charts) if len(charts) > 1 else charts[0]
 
-# %% ../../nbs/21_protocol.ipynb #f39613c5
+# %% ../../nbs/21_protocol.ipynb #9ed4358f
 def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
                   title: str = 'Single-shot (mean ± std over draws) vs DARS', # chart title
                  ) -> alt.Chart:
@@ -669,12 +719,16 @@ def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
     c['low'], c['high'] = c['single'] - c['single_std'].fillna(0), c['single'] + c['single_std'].fillna(0)
     base = alt.Chart(c).encode(y=alt.Y('router:N', title=None, sort=None))
     x = alt.X('single:Q', title='Test utility (mean of q − λc)', scale=alt.Scale(zero=False))
-    rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)), x2='high:Q')
+    rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)),
+                                                  x2='high:Q')
     single = base.mark_point(filled=True, size=50, color='#4c78a8').encode(
-        x=x, tooltip=['router', alt.Tooltip('single:Q', format='.4f'), alt.Tooltip('single_std:Q', format='.4f')])
+        x=x, tooltip=['router', alt.Tooltip('single:Q', format='.4f'), alt.Tooltip('single_std:Q',
+                                                                                   format='.4f')])
     dars = base.mark_point(shape='diamond', filled=True, size=90, color='#e45756').encode(
         x='dars:Q', tooltip=['router', alt.Tooltip('dars:Q', format='.4f'), 'win'])
     return alt.layer(rule, single, dars, data=c).properties(width=180, height=alt.Step(20)).facet(
-        row=alt.Row('dataset:N', title=None), column=alt.Column('view:N', title=None, sort=['U_rew', 'U_dec'])
+        row=alt.Row('dataset:N', title=None), column=alt.Column('view:N', title=None,
+                                                                sort=['U_rew', 'U_dec'])
     ).resolve_scale(x='independent').properties(
-        title=alt.TitleParams(title, subtitle='blue: single-shot mean ± 1 std over the R draws; red diamond: DARS'))
+        title=alt.TitleParams(title, subtitle='blue: single-shot mean ± 1 std over the R draws; '
+                                              'red diamond: DARS'))

@@ -19,14 +19,20 @@ from fastcore.basics import patch
 from ..observations import read_observations, validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
-from .protocol import (PAPER_TEST_SIZES, VIEW_LABELS, Table, datasets_from, simulated_datasets,
-                                          resolve_routers, run_protocol, compare_supervision, count_wins, count_verdicts, table1,
-                                          table_vs_fixed, protocol_baselines, BASELINES, table5, regret_table, protocol_draws, protocol_variance,
+from .protocol import (PAPER_TEST_SIZES, VIEW_LABELS, Table, datasets_from,
+                                          simulated_datasets,
+                                          resolve_routers, run_protocol, compare_supervision,
+                                          count_wins, count_verdicts, table1,
+                                          table_vs_fixed, protocol_baselines, BASELINES, table5,
+                                          regret_table, protocol_draws, protocol_variance,
                                           plot_protocol_variance, plot_protocol, scalars)
-from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations, ablation_table,
+from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations,
+                                           ablation_table,
                                            plot_ablations, run_sample_efficiency, run_beta_sweep,
-                                           sensitivity_table, plot_sample_efficiency, plot_beta_sweep,
-                                           temperature_observations, temperature_study, plot_temperature_study,
+                                           sensitivity_table, plot_sample_efficiency,
+                                           plot_beta_sweep,
+                                           temperature_observations, temperature_study,
+                                           plot_temperature_study,
                                            plot_figure3)
 
 # %% auto #0
@@ -40,7 +46,8 @@ __all__ = ['FULL', 'QUICK', 'TORCH_ROUTERS', 'Settings', 'features_from_text', '
 class Settings:
     "The sizes of one reproduction run."
     n_train: int = 200                       # training queries per simulated dataset
-    test_sizes: dict = field(default_factory=lambda: dict(PAPER_TEST_SIZES))  # profile -> test queries
+    # profile -> test queries
+    test_sizes: dict = field(default_factory=lambda: dict(PAPER_TEST_SIZES))
     n_draws: int = 100                       # R, single-shot draws per router
     n_boot: int = 1000                       # bootstrap resamples per interval
     grids: tuple = GRIDS                     # sub-grids of the sample-efficiency study
@@ -51,18 +58,21 @@ class Settings:
     beta: float = 0.2                        # risk weight β of DARS
 
 FULL = Settings()
-QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop_like': 60}, n_draws=10,
-                 n_boot=200, grids=((1, 1), (3, 3), (5, 5)), betas=(0.0, 0.2, 0.5), temperatures=(0.3, 0.7),
+QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop_like': 60},
+                 n_draws=10,
+                 n_boot=200, grids=((1, 1), (3, 3), (5, 5)), betas=(0.0, 0.2, 0.5),
+                 temperatures=(0.3, 0.7),
                  temperature_n_train=60)
 
-# %% ../../nbs/24_reproduce.ipynb #b135b695
+# %% ../../nbs/24_reproduce.ipynb #cb07c7d8
 def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
                        method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
                       ) -> pd.DataFrame:
     "Query features from the text of each query's original wording (its lowest rewrite_id)."
     from dars_nb.routers.base import query_features
     if 'query_text' not in obs.columns:
-        raise ValueError("no query features: give a features file or a 'query_text' column in the observations")
+        raise ValueError("no query features: give a features file or a 'query_text' column in the "
+                         "observations")
     rows = obs[['query_id', 'rewrite_id', 'query_text']].dropna(subset=['query_text'])
     first = rows.sort_values(['query_id', 'rewrite_id'], kind='stable').drop_duplicates('query_id')
     missing = set(obs['query_id'].astype(str)) - set(first['query_id'].astype(str))
@@ -70,27 +80,29 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
     return query_features(first['query_text'].astype(str).tolist(), method=method,
                           index=pd.Index(first['query_id'].astype(str), name='query_id'))
 
-# %% ../../nbs/24_reproduce.ipynb #a8868bd7
+# %% ../../nbs/24_reproduce.ipynb #73d864a5
 def read_features(path, # a .parquet (or .csv) file: one row per query, indexed by query_id or with a query_id column
                  ) -> pd.DataFrame:
     "A features table indexed by query_id (str), all columns numeric."
     path = Path(path)
     if not path.exists(): raise ValueError(f"no features file at {path}")
     try: f = pd.read_parquet(path) if path.suffix.lower() == '.parquet' else pd.read_csv(path)
-    except Exception as e: raise ValueError(f"cannot read {path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    except Exception as e: raise ValueError(f"cannot read {path.name}: "
+                                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if 'query_id' in f.columns: f = f.set_index('query_id')
     f = f.set_axis(f.index.astype(str).rename('query_id'))
     try: f = f.astype(float)
-    except (TypeError, ValueError): raise ValueError(f"features file {path.name} has non-numeric columns")
+    except (TypeError, ValueError): raise ValueError(f"features file {path.name} has non-numeric "
+                                                     "columns")
     return f
 
-# %% ../../nbs/24_reproduce.ipynb #8c0d8e37
+# %% ../../nbs/24_reproduce.ipynb #d0bf72bd
 def _complete(obs: pd.DataFrame) -> bool:
     "True when one dataset's table has a training grid and test observations in a view."
     train = ((obs['split'] == 'train') & (obs['view'] == 'grid')).any()
     return bool(train and ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any())
 
-# %% ../../nbs/24_reproduce.ipynb #f446fc94
+# %% ../../nbs/24_reproduce.ipynb #7bfdd7e7
 def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
               features=None, # features file for `data` (default: from its query_text column)
               settings: Settings = FULL, # sizes of the simulated datasets
@@ -104,19 +116,21 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
         return dss, validate(obs.drop(columns='cost_norm'))
     obs = read_observations(data)
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
-    if not usable: raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")
+    if not usable: raise ValueError("no dataset in the file has both a training grid and test "
+                                    "observations (view 'rewrite' or 'decode')")
     skipped = sorted(set(obs['dataset'].cat.categories) - set(usable))
-    if skipped: log(f"      skipping dataset(s) without a training grid or test views: {', '.join(skipped)}")
+    if skipped: log("      skipping dataset(s) without a training grid or test views: "
+                    f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
     feats = read_features(features) if features is not None else features_from_text(obs)
     return datasets_from(obs, feats), obs
 
-# %% ../../nbs/24_reproduce.ipynb #53b8a553
+# %% ../../nbs/24_reproduce.ipynb #3054a5f7
 def _as_table(t) -> Table:
     if isinstance(t, Table): return t
     return Table(t, pd.DataFrame(False, index=t.index, columns=t.columns))
 
-# %% ../../nbs/24_reproduce.ipynb #3f65a1b2
+# %% ../../nbs/24_reproduce.ipynb #6f6f4d15
 def write_table(t, # a `Table` or a DataFrame
                 out: Path, # report folder
                 name: str, # file stem
@@ -130,7 +144,7 @@ def write_table(t, # a `Table` or a DataFrame
     (out / f'{name}.md').write_text(md)
     return md
 
-# %% ../../nbs/24_reproduce.ipynb #910ade6c
+# %% ../../nbs/24_reproduce.ipynb #97b2803c
 def write_chart(chart: alt.Chart, # an altair chart
                 out: Path, # report folder
                 name: str, # file stem
@@ -162,19 +176,19 @@ class Run:
         st = self.settings
         return dict(seed=self.seed, n_boot=st.n_boot, n_jobs=self.n_jobs, progress=self.verbose)
 
-# %% ../../nbs/24_reproduce.ipynb #dade66fc
+# %% ../../nbs/24_reproduce.ipynb #cbc446be
 @patch
 def table(self: Run, key: str, t, name: str, digits: int = 3):
     "Write table `t` as `name`.csv/.md and keep its Markdown under `key`."
     self.md[key] = write_table(t, self.out, name, digits)
 
-# %% ../../nbs/24_reproduce.ipynb #1cb1be32
+# %% ../../nbs/24_reproduce.ipynb #07bc4e58
 @patch
 def chart(self: Run, key: str, c: alt.Chart, name: str):
     "Save chart `c` as `name`.png/.svg and keep its image link under `key`."
     self.md[key] = write_chart(c, self.out, name)
 
-# %% ../../nbs/24_reproduce.ipynb #7b8a9b97
+# %% ../../nbs/24_reproduce.ipynb #f00801d3
 @patch
 @contextmanager
 def timed(self: Run, name: str):
@@ -231,7 +245,8 @@ def protocol_stage(run: Run, # the run
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     "Every router under R single-shot draws and under DARS, and the baselines: (results, baselines)."
     st = run.settings
-    run.log(f"[3/8] protocol: {len(dss)} × {len(rs)} routers × (R = {st.n_draws} single-shot + DARS)")
+    run.log(f"[3/8] protocol: {len(dss)} × {len(rs)} routers × (R = {st.n_draws} single-shot + "
+            "DARS)")
     res = run_protocol(dss, rs, st.n_draws, st.lam, st.beta, **run.common)
     scalars(res).to_csv(run.out / 'protocol_results.csv', index=False)
     if st.n_draws > 1: protocol_draws(res).to_csv(run.out / 'protocol_draws.csv', index=False)
@@ -290,12 +305,15 @@ def temperature_stage(run: Run, # the run
     "Fig. 3b: diagnostics per decoding temperature; None without temperatures."
     st = run.settings
     if simulated:
-        run.log(f"[6/8] decoding temperature: simulated worlds at T = {', '.join(map(str, st.temperatures))}")
-        tobs = pd.concat([temperature_observations(p, st.temperatures, st.temperature_n_train, seed=run.seed)
+        run.log("[6/8] decoding temperature: simulated worlds at T = "
+                f"{', '.join(map(str, st.temperatures))}")
+        tobs = pd.concat([temperature_observations(p, st.temperatures, st.temperature_n_train,
+                                                   seed=run.seed)
                           for p in st.test_sizes], ignore_index=True)
         study = temperature_study(validate(tobs), st.lam)
     elif 'temperature' in obs.columns and obs['temperature'].notna().all():
-        run.log(f"[6/8] decoding temperature: T = {', '.join(map(str, sorted(obs['temperature'].unique())))} in the data")
+        run.log("[6/8] decoding temperature: T = "
+                f"{', '.join(map(str, sorted(obs['temperature'].unique())))} in the data")
         study = temperature_study(obs, st.lam)
     else:
         run.log("[6/8] decoding temperature: skipped (the observations have no temperature column)")
@@ -324,14 +342,15 @@ def figure3(eff: pd.DataFrame | None, # sample-efficiency results, if run
            ) -> alt.Chart:
     "The paper's Figure 3 from the sensitivity studies that ran."
     if eff is not None and study is not None: return plot_figure3(eff, study, bet)
-    parts = (eff is not None and plot_sample_efficiency(eff), study is not None and plot_temperature_study(study),
+    parts = (eff is not None and plot_sample_efficiency(eff),
+             study is not None and plot_temperature_study(study),
              plot_beta_sweep(bet))
     return alt.hconcat(*[c for c in parts if c])
 
-# %% ../../nbs/24_reproduce.ipynb #11b5f767
+# %% ../../nbs/24_reproduce.ipynb #07d48a5c
 def _stage_order(c: str) -> int: return int(c.split('_')[-1].split('x')[0])
 
-# %% ../../nbs/24_reproduce.ipynb #31101128
+# %% ../../nbs/24_reproduce.ipynb #5ed2ecc3
 def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None:
     "Adaptive-sampling summary per dataset, or None when the grids are too small."
     rows = []
@@ -340,7 +359,8 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
         side = min(g['rewrite_id'].nunique(), g['sample_id'].nunique())
         stages = tuple(s for s in PAPER_STAGES if s <= side)
         if len(stages) < 2: continue
-        s = allocation_summary(adaptive_allocation(g, lam, beta, stages, PAPER_QUANTILES[:len(stages) - 1]))
+        s = allocation_summary(adaptive_allocation(g, lam, beta, stages,
+                                                   PAPER_QUANTILES[:len(stages) - 1]))
         rows.append(s.rename(d))
     if not rows: return None
     t = pd.DataFrame(rows).rename_axis('dataset')
@@ -351,7 +371,7 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
     rest = [c for c in t.columns if c not in ['queries', 'obs_per_pair'] + stages]
     return t[['queries', 'obs_per_pair'] + stages + rest]
 
-# %% ../../nbs/24_reproduce.ipynb #2074d054
+# %% ../../nbs/24_reproduce.ipynb #3774c26f
 def adaptive_stage(run: Run, # the run
                    obs: pd.DataFrame, # the whole observation table
                   ) -> pd.DataFrame | None:
@@ -399,14 +419,16 @@ def _summary(run: Run, res: pd.DataFrame, base: pd.DataFrame, dss: list, rs: dic
     mem_main, mem_workers = _peak_memory_mb()
     names = [d.name for d in dss]
     best = {d: (r['router'], r['supervision'], float(r['utility'])) for d, r in _best_routers(res).iterrows()}
-    return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict, verdict_text=str(verdict),
+    return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict,
+                verdict_text=str(verdict),
                 baselines=base, seconds=time.perf_counter() - run.started, peak_memory_mb=mem_main,
                 worker_memory_mb=mem_workers, n_jobs=run.n_jobs, cpus=os.cpu_count(),
                 timings=dict(run.timings), best=best, routers=list(rs), datasets=names,
                 grid_sides=dict(zip(names, (_grid_sides(d.obs) for d in dss))))
 
 # %% ../../nbs/24_reproduce.ipynb #c67a87f6
-TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')   # default families that need `torch`
+# default families that need `torch`
+TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
 
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file
@@ -420,8 +442,10 @@ def reproduce(out, # folder for the report (created if needed)
              ) -> dict:
     "Run every study of the paper and write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
-        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: pip install 'dars_nb[torch]'")
-    if n_jobs is None: n_jobs = 1 if quick else -1   # starting workers costs more than a quick run gains
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: pip install "
+                         "'dars_nb[torch]'")
+    # starting workers costs more than a quick run gains
+    if n_jobs is None: n_jobs = 1 if quick else -1
     run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
     run.out.mkdir(parents=True, exist_ok=True)
     with run.timed('data'): rs, dss, obs = data_stage(run, data, features, routers)
@@ -435,7 +459,8 @@ def reproduce(out, # folder for the report (created if needed)
         run.chart('fig3', figure3(eff, study, bet), 'fig3_sensitivity')
     with run.timed('adaptive'): adaptive_stage(run, obs)
     summary, truth = _summary(run, res, base, dss, rs), bool(res['true_regret'].notna().any())
-    (run.out / 'report.md').write_text(_report(summary, run.settings, run.md, res, truth, data, seed))
+    (run.out / 'report.md').write_text(_report(summary, run.settings, run.md, res, truth, data,
+                                               seed))
     summary['files'] = sorted(p.name for p in run.out.iterdir())
     run.log(_summary_text(summary, res, truth))
     return summary
@@ -448,88 +473,117 @@ def _memory_text(s: dict) -> str:
     text = f"peak memory {s['peak_memory_mb']:.0f} MiB"
     return text + (f" + {s['worker_memory_mb']:.0f} MiB in worker processes" if s['worker_memory_mb'] else '')
 
-# %% ../../nbs/24_reproduce.ipynb #c6100101
+# %% ../../nbs/24_reproduce.ipynb #54474ed8
 def _report_head(s: dict, st: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
-    src = ('the embedded simulator (' + ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 grids, {n} test queries'
+    src = ('the embedded simulator (' + ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 '
+                                                  f'grids, {n} test queries'
            for p, n in st.test_sizes.items()) + ')') if data is None else f'`{data}`'
     one_cell = [d for d, (n, m) in s['grid_sides'].items() if n * m == 1]
     lines = [
         '# DARS reproduction report', '',
-        f'Data: {src}. Routers: {", ".join(s["routers"])}. Single-shot supervision: R = {st.n_draws} draws per router '
+        f'Data: {src}. Routers: {", ".join(s["routers"])}. Single-shot supervision: R = '
+        f'{st.n_draws} draws per router '
         f'(one batched fit); DARS: one fit. λ = {st.lam}, β = {st.beta}, seed {seed}. '
-        f'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the decode view (U_dec), '
+        'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the '
+        'decode view (U_dec), '
         f'with {st.n_boot}-resample bootstrap intervals in `protocol_results.csv`.', '',
-        f'Wall time {_fmt_seconds(s["seconds"])} on {s["cpus"]} CPU(s) (n_jobs = {s["n_jobs"]}); {_memory_text(s)}.', '']
+        f'Wall time {_fmt_seconds(s["seconds"])} on {s["cpus"]} CPU(s) (n_jobs = {s["n_jobs"]}); '
+        f'{_memory_text(s)}.', '']
     if one_cell:
-        lines += [f'Note: {", ".join(one_cell)} {"has" if len(one_cell) == 1 else "have"} one observation per (query, model) pair (a 1×1 grid), so DARS and '
-                  'single-shot supervision see the same numbers there; their differences are router randomness only.', '']
+        lines += [f'Note: {", ".join(one_cell)} {"has" if len(one_cell) == 1 else "have"} one '
+                  'observation per (query, model) pair (a 1×1 grid), so DARS and '
+                  'single-shot supervision see the same numbers there; their differences are '
+                  'router randomness only.', '']
     return lines
 
-# %% ../../nbs/24_reproduce.ipynb #5a3b412f
+# %% ../../nbs/24_reproduce.ipynb #5b2cd88d
 def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
     "The text of report.md."
     per_ds = count_verdicts(res, by='dataset')
     lines = _report_head(s, st, data, seed)
     lines += [
         '## Headline', '', f'**{s["verdict_text"]}.**' + _no_router_text(s['verdict']), '',
-        'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / single-shot beats it / '
+        'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / '
+        'single-shot beats it / '
         'DARS falls below it: ' + '; '.join(f'{d} {r.dars_beats_single}/{r.dars_beats_fixed}/{r.single_beats_fixed}/'
                                             f'{r.dars_below_fixed} of {r.settings}' for d, r in per_ds.iterrows()) + '.', '',
-        f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query difference lies above 0 '
-        '(the same test queries resampled for router and baseline). The best fixed model is the one model with the best '
-        'mean training-grid utility — what one would deploy without a router; the one chosen on the test set is shown '
+        f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query '
+        'difference lies above 0 '
+        '(the same test queries resampled for router and baseline). The best fixed model is the '
+        'one model with the best '
+        'mean training-grid utility — what one would deploy without a router; the one chosen on '
+        'the test set is shown '
         'too, labelled optimistic.', '', *_baseline_lines(s['baselines'], md=True), '',
-        'Best policy per dataset (mean over the evaluated views), against the best fixed model chosen on training data: ' +
+        'Best policy per dataset (mean over the evaluated views), against the best fixed model '
+        'chosen on training data: ' +
         '; '.join(_best_text(d, b, res) for d, b in s['best'].items()) + '.', '',
         '## 1. Diagnostics (paper Fig. 2a, 2b)', '',
-        'How unstable single-shot labels are before any router is trained: share of unstable (query, model) pairs, '
-        'of queries whose winner flips across grid cells, of cells whose winner disagrees with the distribution-aware '
-        'label, and the input-side / output-side variance of the score.', '', md['diagnostics'], md['fig2ab'], '',
+        'How unstable single-shot labels are before any router is trained: share of unstable '
+        '(query, model) pairs, '
+        'of queries whose winner flips across grid cells, of cells whose winner disagrees with the '
+        'distribution-aware '
+        'label, and the input-side / output-side variance of the score.', '', md['diagnostics'],
+        md['fig2ab'], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
-        f'Each router trained on {st.n_draws} single-shot draws (mean, and ± std over draws in Table 5) and once on DARS '
-        'supervision, then the baselines. Bold: DARS beats the single-shot mean.', '', md['table1'], '',
-        'Difference to the best fixed model chosen on training data, with its paired-bootstrap interval (single-shot: '
-        'the per-query mean over the draws). Bold: the interval lies above 0.', '', md['table1_vs_fixed'], '',
+        f'Each router trained on {st.n_draws} single-shot draws (mean, and ± std over draws in '
+        'Table 5) and once on DARS '
+        'supervision, then the baselines. Bold: DARS beats the single-shot mean.', '', md['table1'],
+        '',
+        'Difference to the best fixed model chosen on training data, with its paired-bootstrap '
+        'interval (single-shot: '
+        'the per-query mean over the draws). Bold: the interval lies above 0.', '',
+        md['table1_vs_fixed'], '',
         md['table5'], '', md['fig_protocol'], '']
     if truth:
         lines += ['### True regret', '',
-                  'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, so each router can be scored '
-                  'without test-time noise: mean over test queries of max U* − U*(chosen model). Lower is better; the '
+                  'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, so '
+                  'each router can be scored '
+                  'without test-time noise: mean over test queries of max U* − U*(chosen model). '
+                  'Lower is better; the '
                   'single-shot figure is the mean over the R routers.', '', md['regret'], '']
     if 'variance' in md:
         lines += ['### Router variance (paper Fig. 2c)', '',
-                  'Spread of test utility across the routers trained on different single-shot draws, and where the DARS '
-                  'router falls (share of single-shot routers below it).', '', md['variance'], md['fig2c'], '']
+                  'Spread of test utility across the routers trained on different single-shot '
+                  'draws, and where the DARS '
+                  'router falls (share of single-shot routers below it).', '', md['variance'],
+                  md['fig2c'], '']
     lines += ['## 3. Ablations (paper Table 3)', '',
-              'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant per column.', '',
+              'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant '
+              'per column.', '',
               md['table3_mean'], '', md['fig_ablations'], '',
               '## 4. Sensitivity (paper Fig. 3)', '']
     if 'efficiency' in md:
-        lines += ['### (a) Sample efficiency: DARS from the leading n×m corner of each grid', '', md['efficiency'], '']
+        lines += ['### (a) Sample efficiency: DARS from the leading n×m corner of each grid', '',
+                  md['efficiency'], '']
     if 'temperature' in md:
-        lines += ['### (b) Decoding temperature: diagnostics of the training grid observed at each temperature', '',
+        lines += ['### (b) Decoding temperature: diagnostics of the training grid observed at each '
+                  'temperature', '',
                   md['temperature'], '']
     lines += ['### (c) Risk coefficient β', '', md['beta'], '', md['fig3'], '']
     if 'adaptive' in md:
         lines += ['## 5. Adaptive sampling', '',
-                  'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin Δ(x) in its highest; '
-                  'otherwise grow to 3×3 (then everything stops; 5×5 is the cap). Observations per (query, model), calls '
-                  'saved against fixed grids, and agreement of the adaptive label with the full-grid DARS label.', '',
+                  'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin '
+                  'Δ(x) in its highest; '
+                  'otherwise grow to 3×3 (then everything stops; 5×5 is the cap). Observations per '
+                  '(query, model), calls '
+                  'saved against fixed grids, and agreement of the adaptive label with the '
+                  'full-grid DARS label.', '',
                   md['adaptive'], '']
     lines += ['## Files', '',
-              'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results in `*_results.csv`, '
+              'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results in '
+              '`*_results.csv`, '
               'per-draw single-shot utilities in `protocol_draws.csv`.', '',
               'Time per study: ' + ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in s['timings'].items()) + '.', '']
     return '\n'.join(lines)
 
-# %% ../../nbs/24_reproduce.ipynb #ce7bab04
+# %% ../../nbs/24_reproduce.ipynb #970c8789
 def _no_router_text(v) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if v.dars_beats_fixed or v.single_beats_fixed: return ''
     return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
 
-# %% ../../nbs/24_reproduce.ipynb #b092d3e4
+# %% ../../nbs/24_reproduce.ipynb #198e39bf
 def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
     "One line per dataset: the baselines' utilities per view (and the fixed models' names)."
     views = list(dict.fromkeys(base['view']))
@@ -539,22 +593,24 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
         u = g.set_index(['policy', 'view'])
         def vals(p): return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
         def model(p): return ' / '.join(dict.fromkeys(u.xs(p, level='policy')['model']))
-        text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) {vals(BASELINES[0])}; "
+        text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) "
+                f"{vals(BASELINES[0])}; "
                 f"chosen on test, optimistic ({model(BASELINES[1])}) {vals(BASELINES[1])}; "
                 f"oracle {vals('oracle')}; random {vals('random')}")
         lines.append(f'- {d}: {text}' if md else f'  {d:<16} {text}')
     return lines
 
-# %% ../../nbs/24_reproduce.ipynb #ba27d7dd
+# %% ../../nbs/24_reproduce.ipynb #d8454f8e
 def _best_text(d: str, b, res: pd.DataFrame) -> str:
     "The best policy of a dataset, its utility and its difference to the training-chosen best fixed model per view."
     r, sup, u = b
     rows = res[(res['dataset'] == d) & (res['router'] == r) & (res['supervision'] == sup)]
-    diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} [{x.vs_best_fixed_low:+.3f}, {x.vs_best_fixed_high:+.3f}]"
+    diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} "
+                      f"[{x.vs_best_fixed_low:+.3f}, {x.vs_best_fixed_high:+.3f}]"
                       for x in rows.itertuples())
     return f"{d}: {r} ({'DARS' if sup == 'dars' else 'single-shot'}) {u:.3f}, difference {diffs}"
 
-# %% ../../nbs/24_reproduce.ipynb #90ad9367
+# %% ../../nbs/24_reproduce.ipynb #655fe131
 def _router_lines(res: pd.DataFrame) -> list[str]:
     "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
     c = compare_supervision(res)
@@ -572,21 +628,26 @@ def _router_lines(res: pd.DataFrame) -> list[str]:
                          + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
     return lines
 
-# %% ../../nbs/24_reproduce.ipynb #50828a40
+# %% ../../nbs/24_reproduce.ipynb #85a80457
 def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{s['verdict_text']}.{_no_router_text(s['verdict'])}",
-             'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / DARS < best fixed:']
+             'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / '
+             'DARS < best fixed:']
     for d, r in count_verdicts(res, by='dataset').iterrows():
-        lines.append(f"  {d:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / {r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")
+        lines.append(f"  {d:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / "
+                     f"{r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")
     lines += _baseline_lines(s['baselines'])
     lines += _router_lines(res)
-    lines.append('Best policy per dataset (mean over the views), difference to the training-chosen best fixed model [interval]:')
+    lines.append('Best policy per dataset (mean over the views), difference to the training-chosen '
+                 'best fixed model [interval]:')
     lines += ['  ' + _best_text(d, b, res) for d, b in s['best'].items()]
     if truth:
         reg = res.drop_duplicates(['dataset', 'router', 'supervision']).groupby('supervision')['true_regret'].mean()
-        lines.append(f"Mean true regret: single-shot {reg.get('single', np.nan):.4f}, DARS {reg.get('dars', np.nan):.4f}")
-    lines += [f"Report: {Path(s['out']) / 'report.md'}  ({_fmt_seconds(s['seconds'])}; {_memory_text(s)})",
+        lines.append(f"Mean true regret: single-shot {reg.get('single', np.nan):.4f}, DARS "
+                     f"{reg.get('dars', np.nan):.4f}")
+    lines += [f"Report: {Path(s['out']) / 'report.md'}  ({_fmt_seconds(s['seconds'])}; "
+              f"{_memory_text(s)})",
               '=' * 72]
     return '\n'.join(lines)
 
