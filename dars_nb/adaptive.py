@@ -78,7 +78,7 @@ def _check_rule(stages, quantiles):
 
 # %% ../nbs/23_adaptive.ipynb #f3bffe2a
 def _stop_levels(risk_q, margin, groups, quantiles):
-    "Stage index at which each query stops: the first stage whose risk and margin thresholds it meets."
+    "Stage at which each query stops: the first stage whose risk and margin thresholds it meets."
     S, Q = risk_q.shape
     level, active = np.full(Q, S - 1), np.ones(Q, bool)
     for k, (pr, pm) in enumerate(quantiles):            # decision points; the last stage is the cap
@@ -101,7 +101,7 @@ def _regret(U_full, label):
     return np.where(np.isfinite(r), r, np.nan)
 
 # %% ../nbs/23_adaptive.ipynb #3cae0501
-def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
+def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
@@ -205,7 +205,7 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            margin_p: float = 0.75, # the margin quantile to draw
                            title: str = 'Queries stopped at 2×2 as the risk test loosens', # chart title
                           ) -> alt.Chart:
-    "Share of queries stopped at the first stage against the risk quantile p_R, one line per dataset."
+    "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
     s = stops[np.isclose(stops['margin_p'], margin_p)]
     x = alt.X('risk_p:Q', title='Risk quantile p_R (stop only if R ≤ Q_p_R(R))',
               scale=alt.Scale(domain=[0, 1]))
@@ -241,11 +241,11 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
     return level
 
 # %% ../nbs/23_adaptive.ipynb #69fea3bd
-def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
+def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
                               lam: float = 0.05, # cost weight λ
                               beta: float = 0.2, # risk weight β
                               stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
-                              z: float = 1.0, # width of the confidence intervals, in standard errors
+                              z: float = 1.0, # width of the intervals, in standard errors
                               prior_weight: float = 2.0, # pseudo-observations shrinking the score variance toward ¼
                               models: list | None = None, # model order (default: sorted names)
                              ) -> pd.DataFrame:

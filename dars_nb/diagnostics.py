@@ -57,7 +57,7 @@ def _cell_winners(q, c, lam, tol=TIE_TOL):
     return winners, ~np.isnan(u).all(1)
 
 # %% ../nbs/02_diagnostics.ipynb #70aca3a9
-def outcome_instability(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
+def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
                         eps: float = 1e-6, # tolerance ε on max q − min q
                        ) -> float:
     "Share of (query, model) pairs whose grid scores are not all equal."
@@ -73,7 +73,7 @@ def _unstable_pairs(q, eps):
     return (spread[has] > eps).sum(), has.sum()
 
 # %% ../nbs/02_diagnostics.ipynb #9a8cbc53
-def winner_flip_rate(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
+def winner_flip_rate(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
                      lam: float = 0.05, # cost weight λ in u = q − λc
                      tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
                     ) -> float:
@@ -96,9 +96,9 @@ def _flips(winners, seen):
     return flips.sum(), len(winners)
 
 # %% ../nbs/02_diagnostics.ipynb #2c4eb03e
-def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
+def single_vs_da_disagreement(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
                               lam: float = 0.05, # cost weight λ
-                              tol: float = TIE_TOL, # models within `tol` of the best utility all win
+                              tol: float = TIE_TOL, # models within `tol` of the best utility win
                              ) -> float:
     "Share of (query, cell) whose winner set differs from the models with the best μ_q − λμ_c."
     q, c = _grid(obs)
@@ -106,18 +106,18 @@ def single_vs_da_disagreement(obs: pd.DataFrame, # observations (their training 
 
 # %% ../nbs/02_diagnostics.ipynb #ed422328
 def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
-    "(observed cells whose winner set is not the distribution-aware set, observed cells) in one block."
+    "(cells whose winner set is not the distribution-aware set, observed cells) in one block."
     return _disagreements(*_cell_winners(q, c, lam, tol), grid_stats(q, c), lam, tol)
 
 # %% ../nbs/02_diagnostics.ipynb #c1115415
 def _disagreements(winners, seen, s, lam, tol=TIE_TOL):
-    "(disagreeing cells, observed cells) from a block's winner sets, observed cells and `grid_stats`."
+    "(disagreeing cells, observed cells) from a block's winners, observed cells and `grid_stats`."
     da = best_models(s['mu_q'] - lam * s['mu_c'], tol)          # (Q, K)
     differ = (winners != da[..., None]).any(1)
     return differ[seen].sum(), seen.sum()
 
 # %% ../nbs/02_diagnostics.ipynb #b38aac3e
-def uncertainty_decomposition(obs: pd.DataFrame, # observations (their training grid) or a `Dense` grid
+def uncertainty_decomposition(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
                              ) -> dict:
     "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
     q, c = _grid(obs)
@@ -137,7 +137,7 @@ def _variances(s):
 
 # %% ../nbs/02_diagnostics.ipynb #a5051ce4
 def _block_counts(q, c, lam, eps, tol):
-    "The four diagnostics' (hits, count) of one block: winners and statistics computed once, read by all."
+    "The four diagnostics' (hits, count) of one block: winners and statistics computed once."
     s, (winners, seen) = grid_stats(q, c), _cell_winners(q, c, lam, tol)
     return (_unstable_pairs(q, eps), _flips(winners, seen), _disagreements(winners, seen, s, lam,
                                                                            tol),

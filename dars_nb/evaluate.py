@@ -116,7 +116,7 @@ def _table(obs_test, view, lam) -> pd.DataFrame:
 
 # %% ../nbs/20_evaluate.ipynb #362d0c99
 def chosen_utility(choices, # mapping or Series query_id -> model name
-                   obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+                   obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
                   ) -> pd.Series:
@@ -152,7 +152,7 @@ def bootstrap_ci(per_query_values, # one value per test query: (n,), or (n, k) f
 
 # %% ../nbs/20_evaluate.ipynb #773fc249
 def view_utility(choices, # mapping or Series query_id -> model name
-                 obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+                 obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                  view: str = 'rewrite', # 'rewrite' (U_rew) or 'decode' (U_dec)
                  lam: float = 0.05, # cost weight λ
                  ci: bool = False, # also return a bootstrap confidence interval
@@ -165,7 +165,7 @@ def view_utility(choices, # mapping or Series query_id -> model name
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(v.mean())
 
 # %% ../nbs/20_evaluate.ipynb #8fbf284c
-def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                           view: str = 'rewrite', # 'rewrite' or 'decode'
                           lam: float = 0.05, # cost weight λ
                          ) -> pd.Series:
@@ -173,7 +173,7 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a tabl
     return _table(obs_test, view, lam).mean(skipna=False)
 
 # %% ../nbs/20_evaluate.ipynb #670e0501
-def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = 0.05, # cost weight λ
                     ) -> tuple[str, float]:
@@ -194,7 +194,7 @@ def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holdi
     return str(u.idxmax()), float(u.max())
 
 # %% ../nbs/20_evaluate.ipynb #f271b0c7
-def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def oracle_choices(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
                   ) -> pd.Series:
@@ -204,7 +204,7 @@ def oracle_choices(obs_test: pd.DataFrame, # test observations, or a table from 
     return pd.Series(np.asarray(t.columns, dtype=object)[best], index=t.index)
 
 # %% ../nbs/20_evaluate.ipynb #1040c372
-def random_choices(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def random_choices(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    seed=0, # seed or numpy Generator
                   ) -> pd.Series:
@@ -220,7 +220,7 @@ def _maybe_ci(v, ci, n_boot, alpha, seed):
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(np.mean(v))
 
 # %% ../nbs/20_evaluate.ipynb #bb38f006
-def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def oracle_utility(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
                    ci: bool = False, # also return a bootstrap confidence interval
@@ -233,7 +233,7 @@ def oracle_utility(obs_test: pd.DataFrame, # test observations, or a table from 
                      seed)
 
 # %% ../nbs/20_evaluate.ipynb #0def7be9
-def random_utility(obs_test: pd.DataFrame, # test observations, or a table from `per_query_view_utility`
+def random_utility(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
                    view: str = 'rewrite', # 'rewrite' or 'decode'
                    lam: float = 0.05, # cost weight λ
                    seed=None, # None: the exact expectation; a seed: one sampled random router
@@ -250,7 +250,7 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a table from 
 # %% ../nbs/20_evaluate.ipynb #950a1436
 def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
                                                                   pd.DataFrame | None]:
-    "(test table, training table or None), with `cost_norm` normalised over both when they are separate."
+    "(test table, training table or None), `cost_norm` normalised over both when separate."
     if obs_train is None:
         obs_test = _prepared(obs_test)
         has_grid = ((obs_test['split'] == 'train') & (obs_test['view'] == 'grid')).any()
@@ -320,7 +320,7 @@ def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
 
 # %% ../nbs/20_evaluate.ipynb #8a146996
 def _features(X, ids, what: str) -> np.ndarray:
-    "Rows of `X` for `ids`: looked up when `X` is a DataFrame indexed by query_id, else taken in order."
+    "Rows of `X` for `ids`: looked up in a DataFrame indexed by query_id, else taken in order."
     if isinstance(X, pd.DataFrame):
         pos = X.index.astype(str).get_indexer(pd.Index(ids).astype(str))
         if (pos < 0).any(): raise ValueError(f"no {what} features for query "
@@ -349,15 +349,15 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
                                                                     name='query_id'))
 
 # %% ../nbs/20_evaluate.ipynb #92682078
-def true_utility(truth: pd.DataFrame, # indexed (dataset, query_id, model) with mu_q, mu_c (or utility)
+def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                  lam: float = 0.05, # cost weight λ
                 ) -> pd.Series:
     "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column when μ_q or μ_c is missing."
     return truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns) else truth['utility']
 
 def true_regret(choices, # mapping or Series query_id -> model name (the queries to score)
-                truth: pd.DataFrame, # indexed (dataset, query_id, model) with mu_q, mu_c (or utility)
-                lam: float = 0.05, # cost weight λ (recomputes U* = μ_q − λμ_c when both columns exist)
+                truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
+                lam: float = 0.05, # cost weight λ (U* = μ_q − λμ_c when both columns exist)
                 ci: bool = False, # also return a bootstrap confidence interval
                 n_boot: int = 1000, # bootstrap resamples
                 alpha: float = 0.05, # 1 − confidence level
@@ -385,7 +385,7 @@ def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)`
                        seed=0, # seed for single-shot supervision
                        name: str | None = None, # label of the router in the output (default: its class name)
                       ) -> pd.DataFrame:
-    "Mean normalised cost and quality of the router's choices per λ, plus one point per fixed model."
+    "Mean normalised cost and quality of the router's choices per λ, and one point per fixed model."
     if 'cost_norm' not in obs_train.columns or 'cost_norm' not in obs_test.columns:
         if obs_train is obs_test: obs_train = obs_test = _prepared(obs_train)
         else: obs_train, obs_test = normalize_jointly(obs_train, obs_test)
@@ -426,10 +426,10 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
 # %% ../nbs/20_evaluate.ipynb #7b997267
 def router_variance(utilities_per_draw, # R test utilities (one per single-shot router), or a long DataFrame
                     reference=None, # utility of the DARS-trained router: a number, or a Series indexed by group
-                    by=None, # with a DataFrame: the column(s) naming a group (e.g. ['router', 'view'])
+                    by=None, # with a DataFrame: the column(s) naming a group
                     value: str = 'utility', # with a DataFrame: the column of utilities
                    ) -> pd.Series | pd.DataFrame:
-    "Spread of test utility over routers trained on independent single-shot draws (a row per group)."
+    "Spread of test utility over routers trained on independent single-shot draws, per group."
     if isinstance(utilities_per_draw, pd.DataFrame):
         if by is None: raise ValueError("by is required when utilities_per_draw is a DataFrame")
         df, keys = utilities_per_draw, [by] if isinstance(by, str) else list(by)
@@ -487,7 +487,7 @@ def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-s
 # %% ../nbs/20_evaluate.ipynb #6e96d317
 def draw_view_utilities(router, # a fitted router (one or R draws)
                         X_test, # test features, rows in the order of the tables' queries
-                        tables: dict, # view -> table from `per_query_view_utility`, same query order
+                        tables: dict, # view -> `per_query_view_utility` table, same query order
                        ) -> dict:
     "U_view of every draw of `router`: {view: array of shape (R,)}."
     S = np.asarray(router.predict_utility(X_test))

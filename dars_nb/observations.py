@@ -32,7 +32,7 @@ def _fail(msg): raise ObservationError(msg)
 
 # %% ../nbs/00_observations.ipynb #1d11c922
 def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
-    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range value."
+    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
     score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
     cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
     if np.isnan(score).any(): _fail("score is missing or not a number in "
@@ -87,7 +87,7 @@ def validate(obs: pd.DataFrame, # the long observation table
 
 # %% ../nbs/00_observations.ipynb #c986d2f0
 def example_observations() -> pd.DataFrame:
-    "A small hand-checkable table: 1 dataset, 2 queries, 2 models, 2×2 training grids plus test views."
+    "A hand-checkable table: 1 dataset, 2 queries, 2 models, 2×2 training grids and test views."
     rows = []
     grids = {('q1', 'small'): [[1, 0], [1, 1]], ('q1', 'large'): [[1, 1], [1, 1]],
              ('q2', 'small'): [[0, 0], [0, 1]], ('q2', 'large'): [[1, 0], [0, 1]]}
@@ -147,7 +147,7 @@ class Dense:
 
 # %% ../nbs/00_observations.ipynb #9478d5c6
 def _compact(codes: np.ndarray, size: int):
-    "Positions of integer `codes` in [0, size) among the values present (ascending), and those values."
+    "Positions of integer `codes` in [0, size) among the values present (ascending), and the values."
     lo = int(codes.min())
     if lo: codes, size = codes - lo, size - lo
     present = np.zeros(size, bool)
@@ -188,7 +188,7 @@ def dense_index(obs: pd.DataFrame, # validated observation table
 def canonical_layout(obs: pd.DataFrame, # validated observation table
                      models: list | None = None, # model order (default: sorted names)
                     ) -> Dense | None:
-    "The axes when `obs` is a complete grid already sorted by (query, model, rewrite, decode), else None."
+    "The axes when `obs` is a complete grid sorted by (query, model, rewrite, decode), else None."
     models = model_order(obs, models)
     qc = obs['query_id'].cat.codes.to_numpy()
     if len(obs['dataset'].cat.categories) != 1 or len(obs) == 0: return None
@@ -214,7 +214,7 @@ def canonical_layout(obs: pd.DataFrame, # validated observation table
 def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, or a training grid)
              columns=('score', 'cost'), # numeric columns to place on the grid
              models: list | None = None, # model order (default: sorted names)
-             extra: dict | None = None, # more per-row arrays to place, name -> array aligned with `obs`
+             extra: dict | None = None, # more per-row arrays, name -> array aligned with `obs`
             ) -> Dense:
     "Arrays of shape (queries, models, N, M) for each of `columns` (and `extra`), NaN where a cell has no row."
     arrays = {c: obs[c].to_numpy(dtype=float) for c in columns} | dict(extra or {})
@@ -249,7 +249,7 @@ def _check_dense(d: Dense, split: str, view: str):
                                    "occurs twice in the grid")
 
 def _categorical(names, codes) -> pd.Categorical:
-    "`codes` into `names` as `validate` makes a key column: sorted string categories, the unused dropped."
+    "`codes` into `names` as `validate` makes a key column: sorted string categories, no unused."
     cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
     return pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)).remove_unused_categories()
 

@@ -22,7 +22,7 @@ ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA',
              'output_only': 'Output-only DA',
              'no_risk': 'DARS w/o risk', 'decomp_risk': 'DARS w/ decomp. risk', 'dars': 'Full DARS'}
 
-def run_ablations(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+def run_ablations(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                   routers=None, # mapping name -> router, a list, or None for every family
                   n_draws: int = 100, # R, single-shot draws
                   lam: float = 0.05, # cost weight λ
@@ -91,7 +91,7 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
 BETAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
-def run_sample_efficiency(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+def run_sample_efficiency(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                           routers=None, # mapping name -> router, a list, or None for every family
                           grids=GRIDS, # (rewrites, decodes) sub-grids of the training grid
                           lam: float = 0.05, # cost weight λ
@@ -108,7 +108,7 @@ def run_sample_efficiency(datasets, # a `Dataset`, a list of them, or a mapping 
                            n_jobs=n_jobs, progress=progress, desc='sample efficiency', reuse=reuse)
 
 # %% ../../nbs/22_ablations.ipynb #fb4038c4
-def run_beta_sweep(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+def run_beta_sweep(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                    routers=None, # mapping name -> router, a list, or None for every family
                    betas=BETAS, # risk weights to try
                    lam: float = 0.05, # cost weight λ

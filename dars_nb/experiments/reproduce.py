@@ -243,7 +243,7 @@ def protocol_stage(run: Run, # the run
                    dss: list, # the protocol's datasets
                    rs: dict, # routers by name
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Every router under R single-shot draws and under DARS, and the baselines: (results, baselines)."
+    "Every router under R single-shot draws and under DARS, and the baselines."
     st = run.settings
     run.log(f"[3/8] protocol: {len(dss)} × {len(rs)} routers × (R = {st.n_draws} single-shot + "
             "DARS)")
@@ -426,13 +426,13 @@ def _summary(run: Run, res: pd.DataFrame, base: pd.DataFrame, dss: list, rs: dic
                 timings=dict(run.timings), best=best, routers=list(rs), datasets=names,
                 grid_sides=dict(zip(names, (_grid_sides(d.obs) for d in dss))))
 
-# %% ../../nbs/24_reproduce.ipynb #c67a87f6
+# %% ../../nbs/24_reproduce.ipynb #4eaf5179
 # default families that need `torch`
 TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
 
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file
-              quick: bool = False, # small sizes for a smoke test (about a minute)
+              quick: bool = False, # small sizes for a smoke test
               n_jobs: int | None = None, # joblib workers (None: every core for the full run, 1 for `quick`)
               seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
               features=None, # features file for `data` (default: from its query_text column)
@@ -440,7 +440,7 @@ def reproduce(out, # folder for the report (created if needed)
               settings: Settings | None = None, # sizes (default: `QUICK` if `quick` else `FULL`)
               verbose: bool = True, # print progress and the final summary
              ) -> dict:
-    "Run every study of the paper and write tables, charts and report.md to `out`; return a summary."
+    "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
         raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: pip install "
                          "'dars_nb[torch]'")
@@ -656,9 +656,9 @@ def reproduce_main(out: str, # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
-                   quiet: bool = False, # no progress lines, bars or summary; errors still go to stderr
+                   quiet: bool = False, # no progress lines, bars or summary (errors still on stderr)
                   ) -> int:
-    "Entry point of `dars reproduce`: run `reproduce`, return 0, or 1 with a one-line error on stderr."
+    "Entry point of `dars reproduce`: run `reproduce`; 0, or 1 with a one-line error on stderr."
     try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
     except (ValueError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
