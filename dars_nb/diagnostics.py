@@ -56,7 +56,7 @@ def _cell_winners(q, c, lam, tol=TIE_TOL):
     winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
     return winners, ~np.isnan(u).all(1)
 
-# %% ../nbs/02_diagnostics.ipynb #70aca3a9
+# %% ../nbs/02_diagnostics.ipynb #faeb1ce0
 def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
                         eps: float = 1e-6, # tolerance ε on max q − min q
                        ) -> float:
@@ -64,6 +64,7 @@ def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or
     q, _ = _grid(obs)
     return float(_share(_unstable_pairs(b, eps) for b, in _query_blocks(q)))
 
+# %% ../nbs/02_diagnostics.ipynb #0897140f
 def _unstable_pairs(q, eps):
     "(pairs whose scores spread more than ε, observed pairs) in one block."
     flat = q.reshape(*q.shape[:2], -1)
@@ -135,7 +136,7 @@ def _variances(s):
     v = np.stack([s['sigma_in'] ** 2, s['sigma_out'] ** 2])
     return np.nansum(v, (1, 2)), (~np.isnan(v)).sum((1, 2))
 
-# %% ../nbs/02_diagnostics.ipynb #a5051ce4
+# %% ../nbs/02_diagnostics.ipynb #025f6f4d
 def _block_counts(q, c, lam, eps, tol):
     "The four diagnostics' (hits, count) of one block: winners and statistics computed once."
     s, (winners, seen) = grid_stats(q, c), _cell_winners(q, c, lam, tol)
@@ -143,6 +144,7 @@ def _block_counts(q, c, lam, eps, tol):
                                                                            tol),
             _variances(s))
 
+# %% ../nbs/02_diagnostics.ipynb #8fd7eb9d
 def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
     "The four diagnostics of one checked grid, in one pass over its blocks of queries."
     parts = [_block_counts(*b, lam, eps, tol) for b in _query_blocks(q, c)]

@@ -21,12 +21,13 @@ __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_
            'plot_cost_quality', 'router_variance', 'plot_router_variance', 'draw_view_utilities', 'single_vs_dars',
            'plot_single_vs_dars']
 
-# %% ../nbs/20_evaluate.ipynb #bb4b718a
+# %% ../nbs/20_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
     "`obs` validated (if its keys are not categorical yet) and with `cost_norm`."
     obs = ensure_valid(obs)
     return obs if 'cost_norm' in obs.columns else normalize_cost(obs)
 
+# %% ../nbs/20_evaluate.ipynb #3b45680e
 def normalize_jointly(*tables: pd.DataFrame, # observation tables of the same datasets (e.g. train and test)
                      ) -> list[pd.DataFrame]:
     "Add `cost_norm` to every table with Z_d = the largest raw cost of dataset d over all of them."
@@ -123,13 +124,14 @@ def chosen_utility(choices, # mapping or Series query_id -> model name
     "Per-query view utility of the chosen model (one value per test query)."
     return _lookup(choices, _table(obs_test, view, lam))
 
-# %% ../nbs/20_evaluate.ipynb #0803fe28
+# %% ../nbs/20_evaluate.ipynb #696f687b
 class Estimate(NamedTuple):
     "A mean over test queries with its bootstrap confidence interval."
     estimate: float
     low: float
     high: float
 
+# %% ../nbs/20_evaluate.ipynb #6c971464
 def bootstrap_ci(per_query_values, # one value per test query: (n,), or (n, k) for k policies resampled together
                  n_boot: int = 1000, # bootstrap resamples
                  alpha: float = 0.05, # 1 − confidence level
@@ -318,7 +320,7 @@ def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
     return (bars + points).properties(width=200, height=alt.Step(18)).facet(
         column=alt.Column('view:N', title=None, sort=['rewrite', 'decode'])).properties(title=title)
 
-# %% ../nbs/20_evaluate.ipynb #8a146996
+# %% ../nbs/20_evaluate.ipynb #2b206fa5
 def _features(X, ids, what: str) -> np.ndarray:
     "Rows of `X` for `ids`: looked up in a DataFrame indexed by query_id, else taken in order."
     if isinstance(X, pd.DataFrame):
@@ -332,6 +334,7 @@ def _features(X, ids, what: str) -> np.ndarray:
                          f"shape {X.shape}")
     return X
 
+# %% ../nbs/20_evaluate.ipynb #8341f970
 def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
                 X_train, # training features: DataFrame indexed by query_id, or rows in `sup` order
                 sup: Supervision, # supervision of the training queries
@@ -348,13 +351,14 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
     return pd.Series(np.asarray(pred, dtype=object), index=pd.Index(pd.Index(test_ids).astype(str),
                                                                     name='query_id'))
 
-# %% ../nbs/20_evaluate.ipynb #92682078
+# %% ../nbs/20_evaluate.ipynb #727c07ba
 def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                  lam: float = 0.05, # cost weight λ
                 ) -> pd.Series:
     "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column when μ_q or μ_c is missing."
     return truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns) else truth['utility']
 
+# %% ../nbs/20_evaluate.ipynb #b3ad9ef4
 def true_regret(choices, # mapping or Series query_id -> model name (the queries to score)
                 truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                 lam: float = 0.05, # cost weight λ (U* = μ_q − λμ_c when both columns exist)

@@ -58,13 +58,14 @@ def _check_values(df):
             _fail(f"{col} must be a non-negative integer in every row")
     return score, cost
 
-# %% ../nbs/00_observations.ipynb #4ad8c18d
+# %% ../nbs/00_observations.ipynb #a9796168
 def _as_category(s: pd.Series) -> pd.Series:
     "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
         return s.cat.remove_unused_categories()
     return s.astype(str).astype('category')
 
+# %% ../nbs/00_observations.ipynb #d631f01b
 def validate(obs: pd.DataFrame, # the long observation table
             ) -> pd.DataFrame: # a validated copy with categorical key columns
     "Check `obs` against the schema; raise one `ObservationError` naming the first problem."
@@ -230,7 +231,7 @@ def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, o
         d.values[c] = a.reshape(d.shape)
     return d
 
-# %% ../nbs/00_observations.ipynb #f95cfcdc
+# %% ../nbs/00_observations.ipynb #4124f519
 def _check_dense(d: Dense, split: str, view: str):
     "Raise on the first problem `validate` would find in the table of `d`, read from its axes."
     missing = [c for c in ('score', 'cost') if c not in d.values]
@@ -248,6 +249,7 @@ def _check_dense(d: Dense, split: str, view: str):
         if k.has_duplicates: _fail(f"duplicate natural keys: {name} {k[k.duplicated()][0]!r} "
                                    "occurs twice in the grid")
 
+# %% ../nbs/00_observations.ipynb #40386cff
 def _categorical(names, codes) -> pd.Categorical:
     "`codes` into `names` as `validate` makes a key column: sorted string categories, no unused."
     cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
@@ -276,13 +278,14 @@ def from_dense(d: Dense, # dense observations
     out['score'], out['cost'] = score, cost
     return out
 
-# %% ../nbs/00_observations.ipynb #1ffc00aa
+# %% ../nbs/00_observations.ipynb #d9267476
 def ensure_valid(obs: pd.DataFrame, # an observation table, validated or not
                 ) -> pd.DataFrame:
     "`obs` itself when already validated (categorical keys), else its validated copy."
     if all(isinstance(obs[c].dtype, pd.CategoricalDtype) for c in CATEGORICAL_COLUMNS if c in obs): return obs
     return validate(obs)
 
+# %% ../nbs/00_observations.ipynb #c64f6740
 def select(obs: pd.DataFrame, # validated observation table
            split: str | None = None, # 'train' or 'test', or None for both
            view: str | None = None, # 'grid', 'rewrite' or 'decode', or None for all

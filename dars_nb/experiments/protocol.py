@@ -96,12 +96,13 @@ def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test quer
     sizes = PAPER_TEST_SIZES if test_sizes is None else test_sizes
     return [make_dataset(*simulate(p, n_train=n_train, n_test=n, seed=seed)) for p, n in sizes.items()]
 
-# %% ../../nbs/21_protocol.ipynb #38c39436
+# %% ../../nbs/21_protocol.ipynb #66c3a814
 def available_routers() -> dict:
     "The seven router families of `dars_nb.routers`, by the paper's names."
     from dars_nb.routers import ROUTERS
     return dict(ROUTERS)
 
+# %% ../../nbs/21_protocol.ipynb #3e9a7543
 def resolve_routers(routers=None, # mapping name -> router (instance or class), a list, one router, or None for all
                    ) -> dict:
     "Routers as an ordered mapping name -> unfitted instance."
@@ -143,7 +144,7 @@ class Spec(NamedTuple):
     beta: float = 0.2
     grid: tuple | None = None
 
-# %% ../../nbs/21_protocol.ipynb #d1921aff
+# %% ../../nbs/21_protocol.ipynb #a3393dce
 @dataclass
 class Prepared:
     "What every unit of one dataset reads: models, per-view utility tables, test features, true U*."
@@ -154,6 +155,7 @@ class Prepared:
     features: pd.DataFrame      # query features indexed by query_id
     true_utility: np.ndarray | None = None  # (test queries, models) U* = μ_q − λμ_c, or None
 
+# %% ../../nbs/21_protocol.ipynb #a5df0ff5
 def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np.ndarray:
     "True U* = μ_q − λμ_c (n, K) of the test queries `ids`."
     t = true_utility(truth, lam).xs(name, level='dataset').unstack('model')
@@ -178,7 +180,7 @@ def prepare_dataset(ds: Dataset, # the dataset
     U = None if ds.truth is None else _true_utility(ds.truth, ds.name, test_ids, models, lam)
     return Prepared(ds.name, models, tables, test_ids, ds.features, U)
 
-# %% ../../nbs/21_protocol.ipynb #040d462e
+# %% ../../nbs/21_protocol.ipynb #e164783d
 def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
     "Training-grid rows (the first n rewrites × m decodes with `grid`) and the grid's label."
     train = select(obs, split='train', view='grid')
@@ -191,6 +193,7 @@ def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
     keep = train['rewrite_id'].isin(rids[:n]) & train['sample_id'].isin(sids[:m])
     return train[keep.to_numpy()], f'{n}x{m}'
 
+# %% ../../nbs/21_protocol.ipynb #597d7746
 def supervise(ds: Dataset, # the dataset
               spec: Spec = Spec(), # how to build the supervision
               n_draws: int = 100, # R, single-shot draws (mode 'single' only)
@@ -207,7 +210,7 @@ def supervise(ds: Dataset, # the dataset
                       n_draws=R, models=models)
     return sup, grid
 
-# %% ../../nbs/21_protocol.ipynb #663a7051
+# %% ../../nbs/21_protocol.ipynb #7ada88c6
 def _choices(router, X, sup, X_test) -> np.ndarray:
     "Model names chosen per draw and test query: (R, n). A router without a draw axis is fitted per draw."
     R, n = sup.n_draws, len(X_test)
@@ -220,6 +223,7 @@ def _choices(router, X, sup, X_test) -> np.ndarray:
     raise ValueError(f"router {type(router).__name__} predicted shape {pred.shape}, expected ({R}, "
                      f"{n}) or ({n},)")
 
+# %% ../../nbs/21_protocol.ipynb #4a49e259
 def _chosen_positions(prep: Prepared, name: str, router, sup: Supervision, seed: int) -> np.ndarray:
     "Fit a clone of `router` and return the positions of its chosen models: (R, n test queries)."
     est = clone(router)
@@ -309,13 +313,14 @@ def scalars(results: pd.DataFrame, # output of `run_experiments` / `run_protocol
     "The results without their array columns (per-draw and per-query values), for display and CSV."
     return results.drop(columns=ARRAY_COLUMNS, errors='ignore')
 
-# %% ../../nbs/21_protocol.ipynb #144b4b44
+# %% ../../nbs/21_protocol.ipynb #d94a714a
 def _grid_label(ds: Dataset, grid) -> str:
     "The label `run_unit` gives a spec's grid on `ds`."
     if grid is not None: return f'{int(grid[0])}x{int(grid[1])}'
     train = ds.obs[((ds.obs['split'] == 'train') & (ds.obs['view'] == 'grid')).to_numpy()]
     return f"{train['rewrite_id'].nunique()}x{train['sample_id'].nunique()}"
 
+# %% ../../nbs/21_protocol.ipynb #895c4c3a
 def _reusable(reuse, units, n_draws) -> dict:
     "Unit position -> its rows taken from `reuse`, for units already computed there."
     if reuse is None or reuse.empty or 'per_query' not in reuse.columns: return {}
@@ -329,7 +334,7 @@ def _reusable(reuse, units, n_draws) -> dict:
         if key in groups: found[i] = groups[key].to_dict('records')
     return found
 
-# %% ../../nbs/21_protocol.ipynb #3c53251e
+# %% ../../nbs/21_protocol.ipynb #f9f2d126
 def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
     "Per view: the baselines' per-query utilities and the models the fixed ones pick, from the view tables."
     models = model_order(ds.obs)
@@ -349,6 +354,7 @@ def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
         out[v] = (vals, {BASELINES[0]: fixed, BASELINES[1]: on_test})
     return out
 
+# %% ../../nbs/21_protocol.ipynb #cbf49e8d
 def baseline_values(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
                     views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)

@@ -100,7 +100,8 @@ def read_features(path, # a .parquet (or .csv) file: one row per query, indexed 
 def _complete(obs: pd.DataFrame) -> bool:
     "True when one dataset's table has a training grid and test observations in a view."
     train = ((obs['split'] == 'train') & (obs['view'] == 'grid')).any()
-    return bool(train and ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any())
+    test = ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any()
+    return bool(train and test)
 
 # %% ../../nbs/24_reproduce.ipynb #7bfdd7e7
 def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
@@ -138,7 +139,8 @@ def write_table(t, # a `Table` or a DataFrame
                ) -> str:
     "Write `name`.csv and `name`.md; return the Markdown."
     t = _as_table(t)
-    csv = t.to_frame() if isinstance(t.values.columns, pd.MultiIndex) or t.std is not None else t.values.reset_index()
+    wide = isinstance(t.values.columns, pd.MultiIndex) or t.std is not None
+    csv = t.to_frame() if wide else t.values.reset_index()
     csv.to_csv(out / f'{name}.csv', index=False)
     md = t.to_markdown(digits)
     (out / f'{name}.md').write_text(md)
@@ -268,16 +270,18 @@ def ablation_stage(run: Run, # the run
     t3 = ablation_table(abl)
     run.table('table3', t3, 'table3')
     mean = (t3.values.index.get_level_values('router') == 'mean of routers')
-    run.md['table3_mean'] = Table(t3.values[mean], t3.bold[mean]).to_markdown() if mean.any() else run.md['table3']
+    run.md['table3_mean'] = run.md['table3']
+    if mean.any(): run.md['table3_mean'] = Table(t3.values[mean], t3.bold[mean]).to_markdown()
     run.chart('fig_ablations', plot_ablations(abl), 'fig_ablations')
     return abl
 
-# %% ../../nbs/24_reproduce.ipynb #27b720ca
+# %% ../../nbs/24_reproduce.ipynb #11382b1c
 def _grid_sides(obs: pd.DataFrame) -> tuple[int, int]:
     "(rewrites, decodes) of the training grid of one dataset."
     g = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
     return g['rewrite_id'].nunique(), g['sample_id'].nunique()
 
+# %% ../../nbs/24_reproduce.ipynb #a84e4759
 def efficiency_stage(run: Run, # the run
                      dss: list, # the protocol's datasets
                      rs: dict, # routers by name
@@ -322,7 +326,7 @@ def temperature_stage(run: Run, # the run
     run.table('temperature', study[cols], 'temperature', 4)
     return study
 
-# %% ../../nbs/24_reproduce.ipynb #0124f813
+# %% ../../nbs/24_reproduce.ipynb #733edf03
 def beta_stage(run: Run, # the run
                dss: list, # the protocol's datasets
                rs: dict, # routers by name
@@ -336,6 +340,7 @@ def beta_stage(run: Run, # the run
     run.table('beta', sensitivity_table(bet, 'beta'), 'beta_sweep')
     return bet
 
+# %% ../../nbs/24_reproduce.ipynb #556a7fc4
 def figure3(eff: pd.DataFrame | None, # sample-efficiency results, if run
             study: pd.DataFrame | None, # temperature study, if run
             bet: pd.DataFrame, # β-sweep results
@@ -381,7 +386,7 @@ def adaptive_stage(run: Run, # the run
     if adapt is not None: run.table('adaptive', adapt, 'adaptive_sampling', 3)
     return adapt
 
-# %% ../../nbs/24_reproduce.ipynb #94694f36
+# %% ../../nbs/24_reproduce.ipynb #3da691f9
 def _descendants(pid: int) -> list[int]:
     "Process ids of every live descendant of `pid` (Linux /proc; empty elsewhere)."
     children = {}
@@ -395,9 +400,11 @@ def _descendants(pid: int) -> list[int]:
         out += kids; todo += kids
     return out
 
+# %% ../../nbs/24_reproduce.ipynb #434467a7
 def _peak_memory_mb() -> tuple[float, float]:
     "Peak resident memory (MiB) of this process, and the sum of its live workers' peaks (Linux)."
-    main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 ** 2 if sys.platform == 'darwin' else 1024)
+    unit = 1024 ** 2 if sys.platform == 'darwin' else 1024          # ru_maxrss: bytes on macOS, KiB on Linux
+    main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / unit
     workers = 0.0
     for pid in _descendants(os.getpid()):
         try: status = Path(f'/proc/{pid}/status').read_text()
@@ -406,19 +413,22 @@ def _peak_memory_mb() -> tuple[float, float]:
         if hwm: workers += int(hwm[0].split()[1]) / 1024
     return main, workers
 
-# %% ../../nbs/24_reproduce.ipynb #69ed8a6d
+# %% ../../nbs/24_reproduce.ipynb #7b93a7a1
 def _best_routers(results: pd.DataFrame) -> pd.DataFrame:
     "Per dataset, the (router, supervision) with the highest utility averaged over the views."
-    m = results.groupby(['dataset', 'router', 'supervision'], sort=False)['utility'].mean().reset_index()
+    keys = ['dataset', 'router', 'supervision']
+    m = results.groupby(keys, sort=False)['utility'].mean().reset_index()
     best = m.loc[m.groupby('dataset', sort=False)['utility'].idxmax()]
     return best.set_index('dataset')
 
+# %% ../../nbs/24_reproduce.ipynb #9591fd81
 def _summary(run: Run, res: pd.DataFrame, base: pd.DataFrame, dss: list, rs: dict) -> dict:
     "What `reproduce` returns (before the list of files)."
     wins, verdict = count_wins(res), count_verdicts(res)
     mem_main, mem_workers = _peak_memory_mb()
     names = [d.name for d in dss]
-    best = {d: (r['router'], r['supervision'], float(r['utility'])) for d, r in _best_routers(res).iterrows()}
+    best = {d: (r['router'], r['supervision'], float(r['utility']))
+            for d, r in _best_routers(res).iterrows()}
     return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict,
                 verdict_text=str(verdict),
                 baselines=base, seconds=time.perf_counter() - run.started, peak_memory_mb=mem_main,
@@ -465,116 +475,135 @@ def reproduce(out, # folder for the report (created if needed)
     run.log(_summary_text(summary, res, truth))
     return summary
 
-# %% ../../nbs/24_reproduce.ipynb #e94736ed
+# %% ../../nbs/24_reproduce.ipynb #f390874e
 def _fmt_seconds(s: float) -> str:
     return f'{s:.0f} s' if s < 120 else f'{s / 60:.1f} min'
 
+# %% ../../nbs/24_reproduce.ipynb #efb23ae4
 def _memory_text(s: dict) -> str:
     text = f"peak memory {s['peak_memory_mb']:.0f} MiB"
-    return text + (f" + {s['worker_memory_mb']:.0f} MiB in worker processes" if s['worker_memory_mb'] else '')
+    if not s['worker_memory_mb']: return text
+    return text + f" + {s['worker_memory_mb']:.0f} MiB in worker processes"
 
-# %% ../../nbs/24_reproduce.ipynb #54474ed8
+# %% ../../nbs/24_reproduce.ipynb #863cdd88
 def _report_head(s: dict, st: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
-    src = ('the embedded simulator (' + ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 '
-                                                  f'grids, {n} test queries'
-           for p, n in st.test_sizes.items()) + ')') if data is None else f'`{data}`'
+    sizes = ', '.join(f'`{p}`: {st.n_train} training queries with 5×5 grids, {n} test queries'
+                      for p, n in st.test_sizes.items())
+    src = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
     one_cell = [d for d, (n, m) in s['grid_sides'].items() if n * m == 1]
     lines = [
         '# DARS reproduction report', '',
         f'Data: {src}. Routers: {", ".join(s["routers"])}. Single-shot supervision: R = '
-        f'{st.n_draws} draws per router '
-        f'(one batched fit); DARS: one fit. λ = {st.lam}, β = {st.beta}, seed {seed}. '
+        f'{st.n_draws} '
+        f'draws per router (one batched fit); DARS: one fit. λ = {st.lam}, β = {st.beta}, seed '
+        f'{seed}. '
         'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the '
-        'decode view (U_dec), '
-        f'with {st.n_boot}-resample bootstrap intervals in `protocol_results.csv`.', '',
+        'decode '
+        f'view (U_dec), with {st.n_boot}-resample bootstrap intervals in `protocol_results.csv`.',
+        '',
         f'Wall time {_fmt_seconds(s["seconds"])} on {s["cpus"]} CPU(s) (n_jobs = {s["n_jobs"]}); '
         f'{_memory_text(s)}.', '']
     if one_cell:
         lines += [f'Note: {", ".join(one_cell)} {"has" if len(one_cell) == 1 else "have"} one '
-                  'observation per (query, model) pair (a 1×1 grid), so DARS and '
-                  'single-shot supervision see the same numbers there; their differences are '
-                  'router randomness only.', '']
+                  'observation per (query, model) pair (a 1×1 grid), so DARS and single-shot '
+                  'supervision see the same numbers there; their differences are router randomness '
+                  'only.', '']
     return lines
 
-# %% ../../nbs/24_reproduce.ipynb #5b2cd88d
-def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
-    "The text of report.md."
-    per_ds = count_verdicts(res, by='dataset')
-    lines = _report_head(s, st, data, seed)
-    lines += [
+# %% ../../nbs/24_reproduce.ipynb #2e6e2518
+def _report_headline(s: dict, res: pd.DataFrame) -> list[str]:
+    "The headline of report.md: verdicts, per dataset, the baselines and the best policy."
+    per_ds = '; '.join(f'{d} {r.dars_beats_single}/{r.dars_beats_fixed}/{r.single_beats_fixed}/'
+                       f'{r.dars_below_fixed} of {r.settings}'
+                       for d, r in count_verdicts(res, by='dataset').iterrows())
+    best = '; '.join(_best_text(d, b, res) for d, b in s['best'].items())
+    return [
         '## Headline', '', f'**{s["verdict_text"]}.**' + _no_router_text(s['verdict']), '',
         'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / '
-        'single-shot beats it / '
-        'DARS falls below it: ' + '; '.join(f'{d} {r.dars_beats_single}/{r.dars_beats_fixed}/{r.single_beats_fixed}/'
-                                            f'{r.dars_below_fixed} of {r.settings}' for d, r in per_ds.iterrows()) + '.', '',
+        f'single-shot beats it / DARS falls below it: {per_ds}.', '',
         f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query '
-        'difference lies above 0 '
-        '(the same test queries resampled for router and baseline). The best fixed model is the '
-        'one model with the best '
-        'mean training-grid utility — what one would deploy without a router; the one chosen on '
-        'the test set is shown '
-        'too, labelled optimistic.', '', *_baseline_lines(s['baselines'], md=True), '',
+        'difference lies above 0 (the same test queries resampled for router and baseline). The '
+        'best '
+        'fixed model is the one model with the best mean training-grid utility — what one would '
+        'deploy '
+        'without a router; the one chosen on the test set is shown too, labelled optimistic.', '',
+        *_baseline_lines(s['baselines'], md=True), '',
         'Best policy per dataset (mean over the evaluated views), against the best fixed model '
-        'chosen on training data: ' +
-        '; '.join(_best_text(d, b, res) for d, b in s['best'].items()) + '.', '',
+        'chosen '
+        f'on training data: {best}.', '']
+
+# %% ../../nbs/24_reproduce.ipynb #7ba5d62f
+def _report_protocol(st: Settings, md: dict, truth: bool) -> list[str]:
+    "Sections 1 and 2 of report.md: diagnostics, and single-shot against DARS."
+    lines = [
         '## 1. Diagnostics (paper Fig. 2a, 2b)', '',
         'How unstable single-shot labels are before any router is trained: share of unstable '
-        '(query, model) pairs, '
-        'of queries whose winner flips across grid cells, of cells whose winner disagrees with the '
-        'distribution-aware '
-        'label, and the input-side / output-side variance of the score.', '', md['diagnostics'],
-        md['fig2ab'], '',
+        '(query, model) pairs, of queries whose winner flips across grid cells, of cells whose '
+        'winner '
+        'disagrees with the distribution-aware label, and the input-side / output-side variance of '
+        'the score.', '', md['diagnostics'], md['fig2ab'], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
         f'Each router trained on {st.n_draws} single-shot draws (mean, and ± std over draws in '
-        'Table 5) and once on DARS '
-        'supervision, then the baselines. Bold: DARS beats the single-shot mean.', '', md['table1'],
+        'Table 5) '
+        'and once on DARS supervision, then the baselines. Bold: DARS beats the single-shot mean.',
         '',
+        md['table1'], '',
         'Difference to the best fixed model chosen on training data, with its paired-bootstrap '
-        'interval (single-shot: '
-        'the per-query mean over the draws). Bold: the interval lies above 0.', '',
-        md['table1_vs_fixed'], '',
-        md['table5'], '', md['fig_protocol'], '']
+        'interval (single-shot: the per-query mean over the draws). Bold: the interval lies above '
+        '0.',
+        '', md['table1_vs_fixed'], '', md['table5'], '', md['fig_protocol'], '']
     if truth:
         lines += ['### True regret', '',
                   'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, so '
-                  'each router can be scored '
-                  'without test-time noise: mean over test queries of max U* − U*(chosen model). '
-                  'Lower is better; the '
-                  'single-shot figure is the mean over the R routers.', '', md['regret'], '']
+                  'each '
+                  'router can be scored without test-time noise: mean over test queries of max U* '
+                  '− '
+                  'U*(chosen model). Lower is better; the single-shot figure is the mean over the '
+                  'R '
+                  'routers.', '', md['regret'], '']
     if 'variance' in md:
         lines += ['### Router variance (paper Fig. 2c)', '',
                   'Spread of test utility across the routers trained on different single-shot '
-                  'draws, and where the DARS '
-                  'router falls (share of single-shot routers below it).', '', md['variance'],
-                  md['fig2c'], '']
-    lines += ['## 3. Ablations (paper Table 3)', '',
-              'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant '
-              'per column.', '',
-              md['table3_mean'], '', md['fig_ablations'], '',
-              '## 4. Sensitivity (paper Fig. 3)', '']
+                  'draws, '
+                  'and where the DARS router falls (share of single-shot routers below it).', '',
+                  md['variance'], md['fig2c'], '']
+    return lines
+
+# %% ../../nbs/24_reproduce.ipynb #3c10e45b
+def _report_studies(s: dict, md: dict) -> list[str]:
+    "Sections 3 to 5 of report.md: ablations, sensitivity, adaptive sampling, and the files."
+    lines = ['## 3. Ablations (paper Table 3)', '',
+             'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant per '
+             'column.', '', md['table3_mean'], '', md['fig_ablations'], '',
+             '## 4. Sensitivity (paper Fig. 3)', '']
     if 'efficiency' in md:
         lines += ['### (a) Sample efficiency: DARS from the leading n×m corner of each grid', '',
                   md['efficiency'], '']
     if 'temperature' in md:
         lines += ['### (b) Decoding temperature: diagnostics of the training grid observed at each '
-                  'temperature', '',
-                  md['temperature'], '']
+                  'temperature', '', md['temperature'], '']
     lines += ['### (c) Risk coefficient β', '', md['beta'], '', md['fig3'], '']
     if 'adaptive' in md:
         lines += ['## 5. Adaptive sampling', '',
                   'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin '
-                  'Δ(x) in its highest; '
-                  'otherwise grow to 3×3 (then everything stops; 5×5 is the cap). Observations per '
-                  '(query, model), calls '
-                  'saved against fixed grids, and agreement of the adaptive label with the '
-                  'full-grid DARS label.', '',
-                  md['adaptive'], '']
-    lines += ['## Files', '',
-              'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results in '
-              '`*_results.csv`, '
-              'per-draw single-shot utilities in `protocol_draws.csv`.', '',
-              'Time per study: ' + ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in s['timings'].items()) + '.', '']
+                  'Δ(x) '
+                  'in its highest; otherwise grow to 3×3 (then everything stops; 5×5 is the cap). '
+                  'Observations per (query, model), calls saved against fixed grids, and agreement '
+                  'of '
+                  'the adaptive label with the full-grid DARS label.', '', md['adaptive'], '']
+    times = ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in s['timings'].items())
+    return lines + ['## Files', '',
+                    'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results '
+                    'in '
+                    '`*_results.csv`, per-draw single-shot utilities in `protocol_draws.csv`.', '',
+                    f'Time per study: {times}.', '']
+
+# %% ../../nbs/24_reproduce.ipynb #c517e55a
+def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
+    "The text of report.md."
+    lines = (_report_head(s, st, data, seed) + _report_headline(s, res) + _report_protocol(st, md, truth)
+             + _report_studies(s, md))
     return '\n'.join(lines)
 
 # %% ../../nbs/24_reproduce.ipynb #970c8789
