@@ -274,16 +274,32 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #b031fa3e
+# %% ../nbs/23_adaptive.ipynb #1286f6df
+def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
+    "Position of the true best model of each query of the grid `d` (-1 where the truth has none)."
+    best = truth.reset_index()
+    best = best[best['is_best']].set_index('query_id')['model'].astype(str)
+    ids = d.queries.get_level_values(1).astype(str)
+    return pd.Index(d.models).get_indexer(best.reindex(ids).to_numpy())
+
+# %% ../nbs/23_adaptive.ipynb #45ae4154
+def _pareto(out: pd.DataFrame) -> np.ndarray:
+    "True where no setting of the same rule is cheaper and at least as good."
+    o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
+    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
+                 & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
+    return ~dominated.any(1)
+
+# %% ../nbs/23_adaptive.ipynb #da985e06
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides of both adaptive rules
-                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at quantiles (a, 1 − a)
-                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at quantiles (b, 1 − b)
+                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
+                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
                         pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z values of the per-pair rule
                         prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
-                        truth: pd.DataFrame | None = None, # optional ground truth (`dars_nb.simulate`): adds agreement with the true best model
+                        truth: pd.DataFrame | None = None, # ground truth (`dars_nb.simulate`): adds agreement with the true best
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
                        ) -> pd.DataFrame:
     "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
@@ -301,10 +317,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
     full_label = np.argmax(U_full, -1)
     Q, K = full_label.shape[0], U.shape[-1]
     qi, ki = np.indices((Q, K))
-    if truth is not None:
-        best = truth.reset_index()
-        best = best[best['is_best']].set_index('query_id')['model'].astype(str)
-        true_label = pd.Index(d.models).get_indexer(best.reindex(d.queries.get_level_values(1).astype(str)).to_numpy())
+    if truth is not None: true_label = _true_labels(truth, d)
     rows = []
     def add(rule, setting, n_pair, label):
         row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
@@ -325,11 +338,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
         add('per pair', f'z={z:g}', n[lvl, qi, ki], np.argmax(_masked(U[lvl, qi, ki]), -1))
     out = pd.DataFrame(rows)
     for f in fixed: out[f'calls_saved_vs_{f}x{f}'] = 1 - out['obs_per_pair'] / (f * f)
-    o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
-    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
-                 & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
-    # no setting of the same rule is cheaper and at least as good
-    out['pareto'] = ~dominated.any(1)
+    out['pareto'] = _pareto(out)
     return out
 
 # %% ../nbs/23_adaptive.ipynb #6b8090cf
