@@ -51,8 +51,7 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
     models_ = np.asarray(d.models, dtype=object)
     return pd.DataFrame(dict(risk=_masked(s['risk'][0]).max(-1), margin=_margin(s['U'][0]),
                              label=models_[np.argmax(_masked(s['U'][0]), -1)],
-                             n_obs=s['n'][0].mean(-1)),
-                        index=d.queries)
+                             n_obs=s['n'][0].mean(-1)), index=d.queries)
 
 # %% ../nbs/23_adaptive.ipynb #38cd1ce7
 PAPER_STAGES = (2, 3, 5)
@@ -266,15 +265,15 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
                                      names=['dataset', 'query_id', 'model'])
     out = pd.DataFrame(dict(stage=np.asarray(stages)[level].ravel(),
                             n_obs=s['n'][level, qi, ki].ravel(),
-                            utility=U_stop.ravel(), full_utility=np.where(np.isfinite(U_full),
-                                                                          U_full, np.nan).ravel(),
+                            utility=U_stop.ravel(),
+                            full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
                             is_label=(ki == np.argmax(_masked(U_stop), -1)[:, None]).ravel(),
                             is_full_label=(ki == np.argmax(U_full, -1)[:, None]).ravel()),
                             index=idx)
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #1286f6df
+# %% ../nbs/23_adaptive.ipynb #b23547dc
 def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
     "Position of the true best model of each query of the grid `d` (-1 where the truth has none)."
     best = truth.reset_index()
@@ -282,7 +281,7 @@ def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
     ids = d.queries.get_level_values(1).astype(str)
     return pd.Index(d.models).get_indexer(best.reindex(ids).to_numpy())
 
-# %% ../nbs/23_adaptive.ipynb #45ae4154
+# %% ../nbs/23_adaptive.ipynb #ef92de39
 def _pareto(out: pd.DataFrame) -> np.ndarray:
     "True where no setting of the same rule is cheaper and at least as good."
     o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
@@ -290,7 +289,7 @@ def _pareto(out: pd.DataFrame) -> np.ndarray:
                  & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
     return ~dominated.any(1)
 
-# %% ../nbs/23_adaptive.ipynb #da985e06
+# %% ../nbs/23_adaptive.ipynb #1a1fbe55
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
@@ -377,8 +376,8 @@ def plot_allocation_frontier(frontier: pd.DataFrame, # output of `allocation_fro
                                                               range=['#4c78a8', '#f58518',
                                                                      '#7f7f7f']))
     pts = alt.Chart(frontier).mark_point(opacity=0.6).encode(
-        x=x, y=y, color=color, tooltip=['rule', 'setting', alt.Tooltip('obs_per_pair:Q',
-                                                                       format='.2f'),
+        x=x, y=y, color=color,
+        tooltip=['rule', 'setting', alt.Tooltip('obs_per_pair:Q', format='.2f'),
                                         alt.Tooltip('label_agreement:Q', format='.3f'),
                                         alt.Tooltip('regret:Q', format='.4f')])
     front = alt.Chart(frontier[frontier['pareto']]).mark_line(interpolate='step-after').encode(

@@ -140,9 +140,8 @@ def _variances(s):
 def _block_counts(q, c, lam, eps, tol):
     "The four diagnostics' (hits, count) of one block: winners and statistics computed once."
     s, (winners, seen) = grid_stats(q, c), _cell_winners(q, c, lam, tol)
-    return (_unstable_pairs(q, eps), _flips(winners, seen), _disagreements(winners, seen, s, lam,
-                                                                           tol),
-            _variances(s))
+    return (_unstable_pairs(q, eps), _flips(winners, seen),
+            _disagreements(winners, seen, s, lam, tol), _variances(s))
 
 # %% ../nbs/02_diagnostics.ipynb #8fd7eb9d
 def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
@@ -235,8 +234,8 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
     table.to_csv(d / 'diagnostics.csv')
     (d / 'diagnostics.md').write_text("# Diagnostics of "
                                       f"{Path(obs).name}\n\n{markdown_table(table)}\n")
-    for name, chart in (('instability', plot_instability(table)), ('uncertainty',
-                                                                   plot_uncertainty(table))):
+    for name, chart in (('instability', plot_instability(table)),
+                        ('uncertainty', plot_uncertainty(table))):
         chart.save(str(d / f'{name}.png'), scale_factor=2); chart.save(str(d / f'{name}.svg'))
     if not quiet:
         print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, instability.png/.svg, "

@@ -82,8 +82,8 @@ def _choice_series(choices) -> pd.Series:
     # e.g. (dataset, query_id): the query id is the named or the last level
     if isinstance(ids, pd.MultiIndex):
         ids = ids.get_level_values('query_id' if 'query_id' in ids.names else -1)
-    s = pd.Series(np.asarray(s, dtype=object).astype(str), index=pd.Index(ids.astype(str),
-                                                                          name='query_id'))
+    s = pd.Series(np.asarray(s, dtype=object).astype(str),
+                  index=pd.Index(ids.astype(str), name='query_id'))
     if s.index.has_duplicates: raise ValueError(f"query {s.index[s.index.duplicated()][0]!r} has "
                                                 "more than one choice")
     return s
@@ -311,8 +311,7 @@ def plot_view_utilities(table: pd.DataFrame, # output of `utility_table`
     base = alt.Chart(table).encode(y=alt.Y('policy:N', title=None, sort=None),
                                    color=alt.Color('kind:N', title='Policy'))
     bars = base.mark_rule().encode(x=alt.X('low:Q', title='Utility (mean of q − λc)',
-                                           scale=alt.Scale(zero=False)),
-                                   x2='high:Q')
+                                           scale=alt.Scale(zero=False)), x2='high:Q')
     points = base.mark_point(filled=True, size=60).encode(
         x='utility:Q', tooltip=['policy', 'detail', 'view', alt.Tooltip('utility:Q', format='.4f'),
                                 alt.Tooltip('low:Q', format='.4f'),
@@ -348,8 +347,8 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
         test_ids = X_test.index
     fitted = clone(router).fit(_features(X_train, sup.query_ids, 'training'), sup)
     pred = fitted.predict(_features(X_test, test_ids, 'test'))
-    return pd.Series(np.asarray(pred, dtype=object), index=pd.Index(pd.Index(test_ids).astype(str),
-                                                                    name='query_id'))
+    return pd.Series(np.asarray(pred, dtype=object),
+                     index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
 
 # %% ../nbs/20_evaluate.ipynb #727c07ba
 def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
@@ -419,11 +418,11 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
     fixed = curve[curve['kind'] != 'router'].drop_duplicates('policy')
     line = alt.Chart(routers).mark_line(point=True).encode(
         x=x, y=y, color=alt.Color('policy:N', title='Router'), order='lam:Q',
-        tooltip=['policy', 'lam', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q',
-                                                                                   format='.3f')])
+        tooltip=['policy', 'lam', alt.Tooltip('cost:Q', format='.3f'),
+                 alt.Tooltip('quality:Q', format='.3f')])
     pts = alt.Chart(fixed).mark_point(shape='diamond', size=70, color='gray').encode(
-        x=x, y=y, tooltip=['policy', alt.Tooltip('cost:Q', format='.3f'), alt.Tooltip('quality:Q',
-                                                                                      format='.3f')])
+        x=x, y=y, tooltip=['policy', alt.Tooltip('cost:Q', format='.3f'),
+                           alt.Tooltip('quality:Q', format='.3f')])
     labels = pts.mark_text(align='left', dx=7, fontSize=9, color='gray').encode(text='policy:N')
     return (line + pts + labels).properties(title=title, width=420, height=280)
 

@@ -170,7 +170,7 @@ def dense_index(obs: pd.DataFrame, # validated observation table
     qi, present = _compact(qcodes, nd * nq)
     queries = pd.MultiIndex.from_arrays([obs['dataset'].cat.categories[present // nq].astype(str),
                                          obs['query_id'].cat.categories[present % nq].astype(str)],
-                                        names=['dataset', 'query_id'])
+                                         names=['dataset', 'query_id'])
     cats = list(map(str, obs['model'].cat.categories))
     lookup = np.full(len(cats), -1, np.int16)
     for i, m in enumerate(models):

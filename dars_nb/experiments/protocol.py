@@ -205,9 +205,8 @@ def supervise(ds: Dataset, # the dataset
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
     train, grid = _training_rows(ds.obs, spec.grid)
     R = int(n_draws) if spec.mode == 'single' else 1
-    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta, seed=derive_seed(seed, 'draws',
-                                                                                  ds.name),
-                      n_draws=R, models=models)
+    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta,
+                      seed=derive_seed(seed, 'draws', ds.name), n_draws=R, models=models)
     return sup, grid
 
 # %% ../../nbs/21_protocol.ipynb #7ada88c6
@@ -230,8 +229,8 @@ def _chosen_positions(prep: Prepared, name: str, router, sup: Supervision, seed:
     if est.get_params().get('random_state', 0) is None:
         est.set_params(random_state=derive_seed(seed, 'router', prep.name, name))
     with single_threaded():
-        picked = _choices(est, align(prep.features, sup.query_ids), sup, align(prep.features,
-                                                                               prep.test_ids))
+        picked = _choices(est, align(prep.features, sup.query_ids), sup,
+                          align(prep.features, prep.test_ids))
     pos = pd.Index(prep.models).get_indexer(picked.ravel()).reshape(picked.shape)
     if (pos < 0).any():
         raise ValueError(f"router {name!r} chose a model outside the pool: "
@@ -270,8 +269,8 @@ def score_unit(prep: Prepared, # the prepared dataset
     for view in prep.tables:
         vals = _view_values(prep, view, pos)
         per_draw, per_query = vals.mean(1), vals.mean(0)
-        e = (bootstrap_ci(per_query, n_boot, alpha, derive_seed(seed, 'bootstrap', prep.name,
-                                                                view)) if n_boot
+        e = (bootstrap_ci(per_query, n_boot, alpha,
+                          derive_seed(seed, 'bootstrap', prep.name, view)) if n_boot
              else (np.nan, np.nan, np.nan))
         rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode,
                          beta=float(spec.beta), grid=grid,
@@ -377,8 +376,8 @@ def protocol_baselines(datasets, # `Dataset`(s), or a mapping name -> (obs, feat
     rows = []
     for d in as_datasets(datasets):
         for v, (vals, names) in baseline_values(d, lam, views).items():
-            e = bootstrap_ci(vals.to_numpy(), n_boot, alpha, derive_seed(seed, 'bootstrap', d.name,
-                                                                         v))
+            e = bootstrap_ci(vals.to_numpy(), n_boot, alpha,
+                             derive_seed(seed, 'bootstrap', d.name, v))
             rows += [dict(dataset=d.name, view=v, policy=p, model=names.get(p, ''),
                           utility=e.estimate[i],
                           ci_low=e.low[i], ci_high=e.high[i]) for i, p in enumerate(BASELINES)]
@@ -507,8 +506,7 @@ def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or an
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     return out.dropna(subset=['single', 'dars']).reindex(pd.MultiIndex.from_tuples(
         sorted(out.dropna(subset=['single', 'dars']).index,
-               key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))),
-        names=keys))
+               key=lambda k: tuple(order[c].index(v) for c, v in zip(keys, k))), names=keys))
 
 # %% ../../nbs/21_protocol.ipynb #a1ad1359
 class Wins(NamedTuple):
@@ -734,13 +732,13 @@ def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
     rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)),
                                                   x2='high:Q')
     single = base.mark_point(filled=True, size=50, color='#4c78a8').encode(
-        x=x, tooltip=['router', alt.Tooltip('single:Q', format='.4f'), alt.Tooltip('single_std:Q',
-                                                                                   format='.4f')])
+        x=x, tooltip=['router', alt.Tooltip('single:Q', format='.4f'),
+                      alt.Tooltip('single_std:Q', format='.4f')])
     dars = base.mark_point(shape='diamond', filled=True, size=90, color='#e45756').encode(
         x='dars:Q', tooltip=['router', alt.Tooltip('dars:Q', format='.4f'), 'win'])
     return alt.layer(rule, single, dars, data=c).properties(width=180, height=alt.Step(20)).facet(
-        row=alt.Row('dataset:N', title=None), column=alt.Column('view:N', title=None,
-                                                                sort=['U_rew', 'U_dec'])
+        row=alt.Row('dataset:N', title=None),
+        column=alt.Column('view:N', title=None, sort=['U_rew', 'U_dec'])
     ).resolve_scale(x='independent').properties(
         title=alt.TitleParams(title, subtitle='blue: single-shot mean ± 1 std over the R draws; '
                                               'red diamond: DARS'))

@@ -32,8 +32,7 @@ from .ablations import (GRIDS, BETAS, TEMPERATURES, run_ablations,
                                            sensitivity_table, plot_sample_efficiency,
                                            plot_beta_sweep,
                                            temperature_observations, temperature_study,
-                                           plot_temperature_study,
-                                           plot_figure3)
+                                           plot_temperature_study, plot_figure3)
 
 # %% auto #0
 __all__ = ['FULL', 'QUICK', 'TORCH_ROUTERS', 'Settings', 'features_from_text', 'read_features', 'load_data', 'write_table',
@@ -61,8 +60,7 @@ FULL = Settings()
 QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop_like': 60},
                  n_draws=10,
                  n_boot=200, grids=((1, 1), (3, 3), (5, 5)), betas=(0.0, 0.2, 0.5),
-                 temperatures=(0.3, 0.7),
-                 temperature_n_train=60)
+                 temperatures=(0.3, 0.7), temperature_n_train=60)
 
 # %% ../../nbs/24_reproduce.ipynb #cb07c7d8
 def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
@@ -348,8 +346,7 @@ def figure3(eff: pd.DataFrame | None, # sample-efficiency results, if run
     "The paper's Figure 3 from the sensitivity studies that ran."
     if eff is not None and study is not None: return plot_figure3(eff, study, bet)
     parts = (eff is not None and plot_sample_efficiency(eff),
-             study is not None and plot_temperature_study(study),
-             plot_beta_sweep(bet))
+             study is not None and plot_temperature_study(study), plot_beta_sweep(bet))
     return alt.hconcat(*[c for c in parts if c])
 
 # %% ../../nbs/24_reproduce.ipynb #07d48a5c
@@ -403,7 +400,8 @@ def _descendants(pid: int) -> list[int]:
 # %% ../../nbs/24_reproduce.ipynb #434467a7
 def _peak_memory_mb() -> tuple[float, float]:
     "Peak resident memory (MiB) of this process, and the sum of its live workers' peaks (Linux)."
-    unit = 1024 ** 2 if sys.platform == 'darwin' else 1024          # ru_maxrss: bytes on macOS, KiB on Linux
+    # ru_maxrss: bytes on macOS, KiB on Linux
+    unit = 1024 ** 2 if sys.platform == 'darwin' else 1024
     main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / unit
     workers = 0.0
     for pid in _descendants(os.getpid()):
@@ -547,8 +545,7 @@ def _report_protocol(st: Settings, md: dict, truth: bool) -> list[str]:
         f'Each router trained on {st.n_draws} single-shot draws (mean, and ± std over draws in '
         'Table 5) '
         'and once on DARS supervision, then the baselines. Bold: DARS beats the single-shot mean.',
-        '',
-        md['table1'], '',
+        '', md['table1'], '',
         'Difference to the best fixed model chosen on training data, with its paired-bootstrap '
         'interval (single-shot: the per-query mean over the draws). Bold: the interval lies above '
         '0.',
