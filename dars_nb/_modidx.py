@@ -438,6 +438,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'dars_nb.docs.static_outputs': ('docs.html#static_outputs', 'dars_nb/docs.py'),
                               'dars_nb.docs.to_markdown': ('docs.html#to_markdown', 'dars_nb/docs.py')},
             'dars_nb.evaluate': { 'dars_nb.evaluate.Estimate': ('evaluate.html#estimate', 'dars_nb/evaluate.py'),
+                                  'dars_nb.evaluate._baseline_columns': ('evaluate.html#_baseline_columns', 'dars_nb/evaluate.py'),
                                   'dars_nb.evaluate._choice_series': ('evaluate.html#_choice_series', 'dars_nb/evaluate.py'),
                                   'dars_nb.evaluate._features': ('evaluate.html#_features', 'dars_nb/evaluate.py'),
                                   'dars_nb.evaluate._lookup': ('evaluate.html#_lookup', 'dars_nb/evaluate.py'),

@@ -260,7 +260,20 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
     if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
-# %% ../nbs/20_evaluate.ipynb #52e63a14
+# %% ../nbs/20_evaluate.ipynb #732e8634
+def _baseline_columns(t: pd.DataFrame, fixed) -> tuple[dict, dict]:
+    "Per-query utilities of the baselines on one view's table, and the models the fixed ones pick."
+    cols, detail = {}, {}
+    if fixed is not None:
+        cols['best fixed model (training)'] = t[fixed[0]].to_numpy()
+        detail['best fixed model (training)'] = fixed[0]
+    best, _ = best_fixed_model(t)
+    cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), f'{best} (chosen on test: optimistic)'
+    cols['oracle'] = np.nanmax(t.to_numpy(float), 1)
+    cols['random'] = np.nanmean(t.to_numpy(float), 1)
+    return cols, detail
+
+# %% ../nbs/20_evaluate.ipynb #45117d9e
 def utility_table(policies: Mapping, # name -> choices (mapping or Series query_id -> model)
                   obs_test: pd.DataFrame, # test observations (both views)
                   views=('rewrite', 'decode'), # views to evaluate
@@ -269,9 +282,9 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed=0, # bootstrap seed
-                  obs_train: pd.DataFrame | None = None, # training grid for the training-chosen best fixed model (default: the one in `obs_test`, if any)
+                  obs_train: pd.DataFrame | None = None, # training grid (default: the one in `obs_test`, if any)
                  ) -> pd.DataFrame:
-    "One row per (policy, view): U_view with its interval, and the paired difference to the training-chosen best fixed model."
+    "One row per (policy, view): U_view with its interval, and its paired difference to the best fixed model."
     obs_test, train = _training_rows_of(obs_test, obs_train)
     fixed = best_fixed_model_from_training(train, lam) if train is not None else None
     rows = []
@@ -280,12 +293,8 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
         cols = {name: _lookup(c, t).to_numpy() for name, c in policies.items()}
         kinds, detail = dict.fromkeys(cols, 'router'), {}
         if baselines:
-            if fixed is not None:
-                cols['best fixed model (training)'], detail['best fixed model (training)'] = t[fixed[0]].to_numpy(), fixed[0]
-            best, _ = best_fixed_model(t)
-            cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), f'{best} (chosen on test: optimistic)'
-            cols['oracle'] = np.nanmax(t.to_numpy(float), 1)
-            cols['random'] = np.nanmean(t.to_numpy(float), 1)
+            base, detail = _baseline_columns(t, fixed)
+            cols.update(base)
             kinds.update({k: 'baseline' for k in cols if k not in policies})
         V = np.column_stack(list(cols.values()))
         k = V.shape[1]
@@ -297,10 +306,12 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
             # utilities and paired differences: one set of resamples
             V = np.column_stack([V, V - ref[:, None]])
         est, low, high = (np.asarray(a) for a in bootstrap_ci(V, n_boot, alpha, seed))
-        if fixed is None: est, low, high = (np.concatenate([a, np.full(k, np.nan)]) for a in (est, low, high))
+        if fixed is None:        # no training grid: no differences to report
+            est, low, high = (np.concatenate([a, np.full(k, np.nan)]) for a in (est, low, high))
         rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i],
                       high=high[i], detail=detail.get(name, ''),
-                      vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i]) for i, name in enumerate(cols)]
+                      vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i])
+                 for i, name in enumerate(cols)]
     return pd.DataFrame(rows)
 
 # %% ../nbs/20_evaluate.ipynb #17afda42
