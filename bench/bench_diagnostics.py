@@ -1,7 +1,9 @@
 """How the four diagnostics grow with the number of queries (10k -> 1M), on the dense training grid.
 
 Run: .venv/bin/python bench/bench_diagnostics.py [--sizes 10000 100000 1000000] [--reps 3]
-Prints the median seconds per diagnostic and size, and the time per query (flat = linear).
+Prints the median seconds per diagnostic and size, the time per query (flat = linear), and the four
+diagnostics one after another against `diagnose`'s single pass over the grid (winners and grid statistics
+computed once per block).
 """
 import argparse, statistics, time
 
@@ -11,7 +13,7 @@ import pandas as pd
 from dars_nb.observations import Dense
 from summary import emit
 from dars_nb.diagnostics import (outcome_instability, winner_flip_rate, single_vs_da_disagreement,
-                                 uncertainty_decomposition)
+                                 uncertainty_decomposition, _diagnose_grid)
 
 DIAGNOSTICS = {'outcome_instability': outcome_instability, 'winner_flip_rate': winner_flip_rate,
                'single_vs_da_disagreement': single_vs_da_disagreement,
@@ -43,8 +45,17 @@ def main(argv=None):
             for _ in range(a.reps if n < 1_000_000 else 1):
                 t = time.perf_counter(); fn(grid); times.append(time.perf_counter() - t)
             rows.append(dict(diagnostic=name, queries=n, seconds=statistics.median(times)))
+        times = []
+        for _ in range(a.reps if n < 1_000_000 else 1):
+            t = time.perf_counter(); _diagnose_grid(grid['score'], grid['cost_norm']); times.append(time.perf_counter() - t)
+        rows.append(dict(diagnostic='diagnose (one pass)', queries=n, seconds=statistics.median(times)))
         del grid
     t = pd.DataFrame(rows)
+    one = t[t.diagnostic == 'diagnose (one pass)'].set_index('queries')['seconds']
+    t = t[t.diagnostic != 'diagnose (one pass)']
+    four = t.groupby('queries')['seconds'].sum()
+    print("the four one after another vs diagnose's one pass (seconds):",
+          ', '.join(f"{q:,}: {four[q]:.2f} vs {one[q]:.2f} (x{four[q] / one[q]:.2f})" for q in four.index))
     t['microseconds_per_query'] = t['seconds'] / t['queries'] * 1e6
     print(f"diagnostics on dense 6-model 5x5 grids (median of {a.reps}; 1 run at 1M queries)")
     print(t.pivot(index='diagnostic', columns='queries', values='seconds').round(3).to_string())

@@ -15,7 +15,7 @@ __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allo
            'first_stage_stops', 'plot_first_stage_stops', 'adaptive_allocation_pairs', 'allocation_frontier',
            'compare_at_agreement', 'plot_allocation_frontier']
 
-# %% ../nbs/23_adaptive.ipynb #5b2da073
+# %% ../nbs/23_adaptive.ipynb #5edd7741
 def _side_stats(q, c, sides, lam, beta) -> dict:
     "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid, stacked: (S, Q, K) each."
     N, M = q.shape[-2:]
@@ -26,16 +26,19 @@ def _side_stats(q, c, sides, lam, beta) -> dict:
                 risk=np.stack([s['sigma_in'] + s['sigma_out'] for s in st]),
                 sigma=np.stack([s['sigma_q'] for s in st]), n=np.stack([s['n'] for s in st]))
 
+# %% ../nbs/23_adaptive.ipynb #3314bd70
 def _masked(a):
     "NaN → −inf, so that maxima and argmaxima skip missing models."
     return np.where(np.isnan(a), -np.inf, a)
 
+# %% ../nbs/23_adaptive.ipynb #a780e538
 def _margin(U):
     "Gap between the two best utilities over the last axis (inf with a single valid model)."
     top = np.sort(_masked(U), axis=-1)
     gap = top[..., -1] - (top[..., -2] if U.shape[-1] > 1 else -np.inf)
     return np.where(np.isneginf(top[..., -1]), np.nan, gap)
 
+# %% ../nbs/23_adaptive.ipynb #f7c97e3b
 def stage_statistics(obs_grid: pd.DataFrame, # observations with the training grid
                      side: int = 2, # use the first `side` rewrites × first `side` decodes
                      lam: float = 0.05, # cost weight λ
@@ -47,10 +50,10 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
     s = _side_stats(d['score'], d['cost_norm'], [side], lam, beta)
     models_ = np.asarray(d.models, dtype=object)
     return pd.DataFrame(dict(risk=_masked(s['risk'][0]).max(-1), margin=_margin(s['U'][0]),
-                             label=models_[np.argmax(_masked(s['U'][0]), -1)], n_obs=s['n'][0].mean(-1)),
-                        index=d.queries)
+                             label=models_[np.argmax(_masked(s['U'][0]), -1)],
+                             n_obs=s['n'][0].mean(-1)), index=d.queries)
 
-# %% ../nbs/23_adaptive.ipynb #d894dc11
+# %% ../nbs/23_adaptive.ipynb #38cd1ce7
 PAPER_STAGES = (2, 3, 5)
 PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
 
@@ -59,18 +62,22 @@ def _group_quantile(values, groups, mask, p):
     q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
     return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
+# %% ../nbs/23_adaptive.ipynb #9fb988c3
 def _check_rule(stages, quantiles):
     stages = tuple(int(s) for s in stages)
     if len(stages) < 1 or any(b <= a for a, b in zip(stages, stages[1:])):
         raise ValueError(f"stages must be increasing grid sides, got {stages}")
     if len(quantiles) != len(stages) - 1:
-        raise ValueError(f"need one (risk, margin) quantile pair per decision point: {len(stages) - 1} for stages {stages}")
+        raise ValueError("need one (risk, margin) quantile pair per decision point: "
+                         f"{len(stages) - 1} for stages {stages}")
     for pr, pm in quantiles:
-        if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError(f"quantiles must lie in [0, 1], got {(pr, pm)}")
+        if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError("quantiles must lie in [0, 1], "
+                                                                 f"got {(pr, pm)}")
     return stages
 
+# %% ../nbs/23_adaptive.ipynb #f3bffe2a
 def _stop_levels(risk_q, margin, groups, quantiles):
-    "Stage index at which each query stops: the first stage whose risk and margin thresholds it meets."
+    "Stage at which each query stops: the first stage whose risk and margin thresholds it meets."
     S, Q = risk_q.shape
     level, active = np.full(Q, S - 1), np.ones(Q, bool)
     for k, (pr, pm) in enumerate(quantiles):            # decision points; the last stage is the cap
@@ -79,18 +86,21 @@ def _stop_levels(risk_q, margin, groups, quantiles):
         level[stop], active = k, active & ~stop
     return level
 
+# %% ../nbs/23_adaptive.ipynb #01131770
 def _full_utility(q, c, lam, beta):
     "DARS utility on the whole collected grid, NaN → −inf: (Q, K)."
     full = grid_stats(q, c)
     return _masked(utility(full['mu_q'], full['mu_c'], full['sigma_q'], lam, beta))
 
+# %% ../nbs/23_adaptive.ipynb #a8f1cedc
 def _regret(U_full, label):
     "Full-grid utility lost by choosing `label` (index per query) instead of the full-grid best."
     with np.errstate(invalid='ignore'):
         r = U_full.max(-1) - U_full[np.arange(len(label)), label]
     return np.where(np.isfinite(r), r, np.nan)
 
-def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
+# %% ../nbs/23_adaptive.ipynb #3cae0501
+def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
@@ -109,14 +119,16 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
     U_full = _full_utility(q, c, lam, beta)
     label, full_label = np.argmax(_masked(s['U'][at]), -1), np.argmax(U_full, -1)
     names = np.asarray(d.models, dtype=object)
-    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=s['n'][at].mean(-1), risk=risk_q[at],
-                            margin=margin[at], label=names[label], full_label=names[full_label]), index=d.queries)
+    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=s['n'][at].mean(-1),
+                            risk=risk_q[at],
+                            margin=margin[at], label=names[label], full_label=names[full_label]),
+                            index=d.queries)
     out['agrees'] = out['label'] == out['full_label']
     out['regret'] = _regret(U_full, label)
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #7c95c77f
+# %% ../nbs/23_adaptive.ipynb #7b6ff40b
 def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     "A per-pair allocation (index with a `model` level) folded into one row per query."
     if 'model' not in alloc.index.names: return alloc
@@ -125,12 +137,14 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     g = alloc.assign(_label=np.where(alloc['is_label'], models, None),
                      _full=np.where(alloc['is_full_label'], models, None),
                      _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)).groupby(level=keys, sort=False)
-    out = pd.DataFrame(dict(stage=g['stage'].max(), n_obs=g['n_obs'].mean(), label=g['_label'].first(),
+    out = pd.DataFrame(dict(stage=g['stage'].max(), n_obs=g['n_obs'].mean(),
+                            label=g['_label'].first(),
                             full_label=g['_full'].first()))
     out['agrees'] = out['label'] == out['full_label']
     out['regret'] = g['full_utility'].max() - g['_chosen'].max()
     return out
 
+# %% ../nbs/23_adaptive.ipynb #b9449a92
 def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (or `adaptive_allocation_pairs`)
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
@@ -145,7 +159,7 @@ def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (o
     out['regret'] = float(a['regret'].mean())
     return pd.Series(out, dtype=object)
 
-# %% ../nbs/23_adaptive.ipynb #1d72aecc
+# %% ../nbs/23_adaptive.ipynb #403b0ab9
 def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training grid
                       risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)), # p_R: stop only if R ≤ Q_{p_R}(R)
                       margin_levels=(0.5, 0.75, 0.9), # p_Δ: stop only if Δ ≥ Q_{p_Δ}(Δ)
@@ -155,7 +169,8 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
                       models: list | None = None, # model order (default: sorted names)
                      ) -> pd.DataFrame:
     "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and queries stopped at the first stage."
-    rl, ml = np.atleast_1d(np.asarray(risk_levels, float)), np.atleast_1d(np.asarray(margin_levels, float))
+    rl, ml = np.atleast_1d(np.asarray(risk_levels, float)), np.atleast_1d(np.asarray(margin_levels,
+                                                                                     float))
     if len(rl) == 0 or len(ml) == 0 or ((rl < 0) | (rl > 1)).any() or ((ml < 0) | (ml > 1)).any():
         raise ValueError("risk_levels and margin_levels must be non-empty quantiles in [0, 1]")
     d = training_grid(obs_grid, models)
@@ -163,41 +178,49 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
     risk, margin = _masked(s['risk'][0]).max(-1), _margin(s['U'][0])
     codes, names = pd.factorize(d.queries.get_level_values(0))
     everyone, G = np.ones(len(codes), bool), len(names)
-    r_thr = np.stack([_group_quantile(risk, codes, everyone, p) for p in rl], 1)     # (Q, Lr), as `adaptive_allocation`
+    # (Q, Lr), as `adaptive_allocation`
+    r_thr = np.stack([_group_quantile(risk, codes, everyone, p) for p in rl], 1)
     m_thr = np.stack([_group_quantile(margin, codes, everyone, p) for p in ml], 1)   # (Q, Lm)
     r_ok, m_ok = (risk[:, None] <= r_thr).astype(float), (margin[:, None] >= m_thr).astype(float)
     member = (codes[None, :] == np.arange(G)[:, None]).astype(float)                  # (G, Q)
-    first = np.unique(codes, return_index=True)[1]                                    # one query per dataset
+    # one query per dataset
+    first = np.unique(codes, return_index=True)[1]
     Lr, Lm = len(rl), len(ml)
     grid = lambda a: a.reshape(G, Lr, Lm).ravel()
     ones_ = np.ones((G, Lr, Lm))
     return pd.DataFrame(dict(
-        dataset=np.repeat(np.asarray(names, dtype=object), Lr * Lm), risk_p=np.tile(np.repeat(rl, Lm), G),
+        dataset=np.repeat(np.asarray(names, dtype=object), Lr * Lm),
+        risk_p=np.tile(np.repeat(rl, Lm), G),
         margin_p=np.tile(ml, G * Lr), risk_threshold=grid(r_thr[first][:, :, None] * ones_),
-        margin_threshold=grid(m_thr[first][:, None, :] * ones_), queries=np.repeat(member.sum(1).astype(int), Lr * Lm),
+        margin_threshold=grid(m_thr[first][:, None, :] * ones_),
+        queries=np.repeat(member.sum(1).astype(int), Lr * Lm),
         pass_risk=grid((member @ r_ok)[:, :, None] * ones_).astype(int),
         pass_margin=grid((member @ m_ok)[:, None, :] * ones_).astype(int),
         stopped=np.einsum('gq,qi,qj->gij', member, r_ok, m_ok).ravel().round().astype(int))).assign(
         share_stopped=lambda f: f['stopped'] / f['queries'])
 
+# %% ../nbs/23_adaptive.ipynb #a66840a5
 def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            margin_p: float = 0.75, # the margin quantile to draw
                            title: str = 'Queries stopped at 2×2 as the risk test loosens', # chart title
                           ) -> alt.Chart:
-    "Share of queries stopped at the first stage against the risk quantile p_R, one line per dataset."
+    "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
     s = stops[np.isclose(stops['margin_p'], margin_p)]
-    x = alt.X('risk_p:Q', title='Risk quantile p_R (stop only if R ≤ Q_p_R(R))', scale=alt.Scale(domain=[0, 1]))
+    x = alt.X('risk_p:Q', title='Risk quantile p_R (stop only if R ≤ Q_p_R(R))',
+              scale=alt.Scale(domain=[0, 1]))
     line = alt.Chart(s).mark_line(point=True).encode(
-        x=x, y=alt.Y('share_stopped:Q', title='Share of queries stopped at 2×2', axis=alt.Axis(format='%')),
+        x=x, y=alt.Y('share_stopped:Q', title='Share of queries stopped at 2×2',
+                     axis=alt.Axis(format='%')),
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', 'risk_p', 'risk_threshold', 'pass_risk', 'pass_margin', 'stopped'])
     paper = pd.DataFrame({'risk_p': [0.25], 'share': [0.25], 'text': ["paper's p_R = 0.25"]})
     vrule = alt.Chart(paper).mark_rule(strokeDash=[4, 4], color='gray').encode(x='risk_p:Q')
     hrule = alt.Chart(paper).mark_rule(strokeDash=[2, 2], color='gray').encode(y='share:Q')
     label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(x='risk_p:Q', y='share:Q', text='text:N')
-    return (line + vrule + hrule + label).properties(title=f'{title} (margin test at p_Δ = {margin_p:g})', width=420, height=260)
+    return (line + vrule + hrule + label).properties(title=f'{title} (margin test at p_Δ = '
+                                                           f'{margin_p:g})', width=420, height=260)
 
-# %% ../nbs/23_adaptive.ipynb #ffb1776a
+# %% ../nbs/23_adaptive.ipynb #c594beb5
 def _stopped_pairs(U, sigma, n, z, prior_weight):
     "Stage index at which each (query, model) pair stops under the interval-overlap rule: (Q, K)."
     S, Q, K = U.shape
@@ -216,11 +239,12 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
         level = np.where(grow, k + 1, level)
     return level
 
-def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (e.g. 5×5)
+# %% ../nbs/23_adaptive.ipynb #69fea3bd
+def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
                               lam: float = 0.05, # cost weight λ
                               beta: float = 0.2, # risk weight β
                               stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
-                              z: float = 1.0, # width of the confidence intervals, in standard errors
+                              z: float = 1.0, # width of the intervals, in standard errors
                               prior_weight: float = 2.0, # pseudo-observations shrinking the score variance toward ¼
                               models: list | None = None, # model order (default: sorted names)
                              ) -> pd.DataFrame:
@@ -235,25 +259,46 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
     qi, ki = np.indices((Q, K))
     U_stop = s['U'][level, qi, ki]
     U_full = _full_utility(q, c, lam, beta)
-    idx = pd.MultiIndex.from_arrays([np.repeat(d.queries.get_level_values(0), K), np.repeat(d.queries.get_level_values(1), K),
-                                     np.tile(np.asarray(d.models, dtype=object), Q)], names=['dataset', 'query_id', 'model'])
-    out = pd.DataFrame(dict(stage=np.asarray(stages)[level].ravel(), n_obs=s['n'][level, qi, ki].ravel(),
-                            utility=U_stop.ravel(), full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
+    idx = pd.MultiIndex.from_arrays([np.repeat(d.queries.get_level_values(0), K),
+                                     np.repeat(d.queries.get_level_values(1), K),
+                                     np.tile(np.asarray(d.models, dtype=object), Q)],
+                                     names=['dataset', 'query_id', 'model'])
+    out = pd.DataFrame(dict(stage=np.asarray(stages)[level].ravel(),
+                            n_obs=s['n'][level, qi, ki].ravel(),
+                            utility=U_stop.ravel(),
+                            full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
                             is_label=(ki == np.argmax(_masked(U_stop), -1)[:, None]).ravel(),
-                            is_full_label=(ki == np.argmax(U_full, -1)[:, None]).ravel()), index=idx)
+                            is_full_label=(ki == np.argmax(U_full, -1)[:, None]).ravel()),
+                            index=idx)
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #f01f03ae
+# %% ../nbs/23_adaptive.ipynb #b23547dc
+def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
+    "Position of the true best model of each query of the grid `d` (-1 where the truth has none)."
+    best = truth.reset_index()
+    best = best[best['is_best']].set_index('query_id')['model'].astype(str)
+    ids = d.queries.get_level_values(1).astype(str)
+    return pd.Index(d.models).get_indexer(best.reindex(ids).to_numpy())
+
+# %% ../nbs/23_adaptive.ipynb #ef92de39
+def _pareto(out: pd.DataFrame) -> np.ndarray:
+    "True where no setting of the same rule is cheaper and at least as good."
+    o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
+    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
+                 & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
+    return ~dominated.any(1)
+
+# %% ../nbs/23_adaptive.ipynb #1a1fbe55
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides of both adaptive rules
-                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at quantiles (a, 1 − a)
-                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at quantiles (b, 1 − b)
+                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
+                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
                         pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z values of the per-pair rule
                         prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
-                        truth: pd.DataFrame | None = None, # optional ground truth (`dars_nb.simulate`): adds agreement with the true best model
+                        truth: pd.DataFrame | None = None, # ground truth (`dars_nb.simulate`): adds agreement with the true best
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
                        ) -> pd.DataFrame:
     "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
@@ -271,21 +316,20 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
     full_label = np.argmax(U_full, -1)
     Q, K = full_label.shape[0], U.shape[-1]
     qi, ki = np.indices((Q, K))
-    if truth is not None:
-        best = truth.reset_index()
-        best = best[best['is_best']].set_index('query_id')['model'].astype(str)
-        true_label = pd.Index(d.models).get_indexer(best.reindex(d.queries.get_level_values(1).astype(str)).to_numpy())
+    if truth is not None: true_label = _true_labels(truth, d)
     rows = []
     def add(rule, setting, n_pair, label):
         row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
-                   label_agreement=float((label == full_label).mean()), regret=float(np.nanmean(_regret(U_full, label))))
+                   label_agreement=float((label == full_label).mean()),
+                   regret=float(np.nanmean(_regret(U_full, label))))
         if truth is not None: row['true_best_agreement'] = float((label == true_label).mean())
         rows.append(row)
     for k, side in enumerate(sides):
         add('fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
     later = second_levels if len(stages) > 2 else (None,)
     for a, b in (product(query_levels, later) if len(stages) > 1 else ()):
-        lvl = _stop_levels(risk_q, margin, groups, [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else []))
+        lvl = _stop_levels(risk_q, margin, groups,
+                           [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else []))
         name = f'a={a:g}' if b is None else f'a={a:g}, b={b:g}'
         add('per query', name, n[lvl, np.arange(Q)], np.argmax(_masked(U[lvl, np.arange(Q)]), -1))
     for z in pair_z:
@@ -293,12 +337,10 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
         add('per pair', f'z={z:g}', n[lvl, qi, ki], np.argmax(_masked(U[lvl, qi, ki]), -1))
     out = pd.DataFrame(rows)
     for f in fixed: out[f'calls_saved_vs_{f}x{f}'] = 1 - out['obs_per_pair'] / (f * f)
-    o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
-    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
-                 & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
-    out['pareto'] = ~dominated.any(1)      # no setting of the same rule is cheaper and at least as good
+    out['pareto'] = _pareto(out)
     return out
 
+# %% ../nbs/23_adaptive.ipynb #6b8090cf
 def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontier`
                          targets=(0.7, 0.8, 0.9, 0.95), # label agreement levels to reach
                         ) -> pd.DataFrame:
@@ -306,34 +348,44 @@ def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontie
     f = frontier.reset_index(drop=True)
     t = np.asarray(targets, float)
     out = pd.DataFrame({'target': t})
-    for rule, key in (('per query', 'per_query'), ('per pair', 'per_pair'), ('fixed grid', 'fixed_grid')):
+    for rule, key in (('per query', 'per_query'), ('per pair', 'per_pair'), ('fixed grid',
+                                                                             'fixed_grid')):
         g = f[f['rule'] == rule]
-        reach = g['label_agreement'].to_numpy()[None, :] >= t[:, None]              # (targets, settings)
+        # (targets, settings)
+        reach = g['label_agreement'].to_numpy()[None, :] >= t[:, None]
         cost = np.where(reach, g['obs_per_pair'].to_numpy()[None, :], np.inf)
         best = np.argmin(cost, 1)
         ok = np.isfinite(cost[np.arange(len(t)), best])
-        out[f'{key}_setting'] = np.where(ok, g['setting'].to_numpy()[best] if len(g) else None, None)
+        out[f'{key}_setting'] = np.where(ok, g['setting'].to_numpy()[best] if len(g) else None,
+                                         None)
         out[f'{key}_obs'] = np.where(ok, cost[np.arange(len(t)), best], np.nan)
     out['pairs_save_vs_query'] = 1 - out['per_pair_obs'] / out['per_query_obs']
     return out
 
+# %% ../nbs/23_adaptive.ipynb #9bc15f0c
 def plot_allocation_frontier(frontier: pd.DataFrame, # output of `allocation_frontier`
                              title: str = 'Label agreement per observation spent', # chart title
                              highlight: str | None = 'a=0.25, b=1', # a per-query setting to label (the paper's rule)
                             ) -> alt.Chart:
     "Every setting as a point, the Pareto front of each rule as a line; fixed grids for reference."
     x = alt.X('obs_per_pair:Q', title='Observations per (query, model) pair')
-    y = alt.Y('label_agreement:Q', title='Agreement with the full-grid label', scale=alt.Scale(zero=False))
-    color = alt.Color('rule:N', title='Rule', scale=alt.Scale(domain=['per query', 'per pair', 'fixed grid'],
-                                                              range=['#4c78a8', '#f58518', '#7f7f7f']))
+    y = alt.Y('label_agreement:Q', title='Agreement with the full-grid label',
+              scale=alt.Scale(zero=False))
+    color = alt.Color('rule:N', title='Rule', scale=alt.Scale(domain=['per query', 'per pair',
+                                                                      'fixed grid'],
+                                                              range=['#4c78a8', '#f58518',
+                                                                     '#7f7f7f']))
     pts = alt.Chart(frontier).mark_point(opacity=0.6).encode(
-        x=x, y=y, color=color, tooltip=['rule', 'setting', alt.Tooltip('obs_per_pair:Q', format='.2f'),
-                                        alt.Tooltip('label_agreement:Q', format='.3f'), alt.Tooltip('regret:Q', format='.4f')])
+        x=x, y=y, color=color,
+        tooltip=['rule', 'setting', alt.Tooltip('obs_per_pair:Q', format='.2f'),
+                                        alt.Tooltip('label_agreement:Q', format='.3f'),
+                                        alt.Tooltip('regret:Q', format='.4f')])
     front = alt.Chart(frontier[frontier['pareto']]).mark_line(interpolate='step-after').encode(
         x=x, y=y, color=color, order='obs_per_pair:Q')
     chart = front + pts
     mark = frontier[(frontier['rule'] == 'per query') & (frontier['setting'] == highlight)]
     if len(mark):
-        chart += alt.Chart(mark.assign(text="paper's rule")).mark_text(align='left', dx=6, dy=14, fontSize=10).encode(
+        chart += alt.Chart(mark.assign(text="paper's rule")).mark_text(align='left', dx=6, dy=14,
+                                                                       fontSize=10).encode(
             x=x, y=y, text='text:N')
     return chart.properties(title=title, width=420, height=280)

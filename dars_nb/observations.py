@@ -27,18 +27,28 @@ VIEWS = ('grid', 'rewrite', 'decode')
 class ObservationError(ValueError):
     "A problem with an observation table, stated in one line."
 
-# %% ../nbs/00_observations.ipynb #ee105b84
+# %% ../nbs/00_observations.ipynb #2b5a6830
 def _fail(msg): raise ObservationError(msg)
 
-def _check_values(df):
-    "Raise on the first value-level problem in `df`."
-    score = pd.to_numeric(df['score'], errors='coerce').to_numpy(dtype=float)
-    cost = pd.to_numeric(df['cost'], errors='coerce').to_numpy(dtype=float)
-    if np.isnan(score).any(): _fail(f"score is missing or not a number in {int(np.isnan(score).sum())} row(s)")
+# %% ../nbs/00_observations.ipynb #1d11c922
+def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
+    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
+    score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
+    cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
+    if np.isnan(score).any(): _fail("score is missing or not a number in "
+                                    f"{int(np.isnan(score).sum())} row(s)")
     bad = (score < 0) | (score > 1)
     if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {score[bad][0]!r}")
-    if np.isnan(cost).any(): _fail(f"cost is missing or not a number in {int(np.isnan(cost).sum())} row(s)")
-    if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. {cost[cost < 0][0]!r}")
+    if np.isnan(cost).any(): _fail("cost is missing or not a number in "
+                                   f"{int(np.isnan(cost).sum())} row(s)")
+    if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. "
+                               f"{cost[cost < 0][0]!r}")
+    return score, cost
+
+# %% ../nbs/00_observations.ipynb #5acb33ba
+def _check_values(df):
+    "Raise on the first value-level problem in `df`."
+    score, cost = _check_measures(df['score'], df['cost'])
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
         unknown = sorted(set(pd.unique(df[col].astype(str))) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
@@ -48,17 +58,19 @@ def _check_values(df):
             _fail(f"{col} must be a non-negative integer in every row")
     return score, cost
 
-# %% ../nbs/00_observations.ipynb #4ad8c18d
+# %% ../nbs/00_observations.ipynb #a9796168
 def _as_category(s: pd.Series) -> pd.Series:
     "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
         return s.cat.remove_unused_categories()
     return s.astype(str).astype('category')
 
+# %% ../nbs/00_observations.ipynb #d631f01b
 def validate(obs: pd.DataFrame, # the long observation table
             ) -> pd.DataFrame: # a validated copy with categorical key columns
     "Check `obs` against the schema; raise one `ObservationError` naming the first problem."
-    if not isinstance(obs, pd.DataFrame): _fail(f"observations must be a pandas DataFrame, got {type(obs).__name__}")
+    if not isinstance(obs, pd.DataFrame): _fail("observations must be a pandas DataFrame, got "
+                                                f"{type(obs).__name__}")
     missing = [c for c in REQUIRED_COLUMNS if c not in obs.columns]
     if missing: _fail(f"missing column(s): {', '.join(missing)}")
     if len(obs) == 0: _fail("the observation table is empty")
@@ -76,7 +88,7 @@ def validate(obs: pd.DataFrame, # the long observation table
 
 # %% ../nbs/00_observations.ipynb #c986d2f0
 def example_observations() -> pd.DataFrame:
-    "A small hand-checkable table: 1 dataset, 2 queries, 2 models, 2×2 training grids plus test views."
+    "A hand-checkable table: 1 dataset, 2 queries, 2 models, 2×2 training grids and test views."
     rows = []
     grids = {('q1', 'small'): [[1, 0], [1, 1]], ('q1', 'large'): [[1, 1], [1, 1]],
              ('q2', 'small'): [[0, 0], [0, 1]], ('q2', 'large'): [[1, 0], [0, 1]]}
@@ -85,7 +97,8 @@ def example_observations() -> pd.DataFrame:
         for n in range(2):
             for j in range(2):
                 rows.append(dict(dataset='toy', split='train', view='grid', query_id=q, model=m,
-                                 rewrite_id=n + 1, sample_id=j, score=float(g[n][j]), cost=price[m]))
+                                 rewrite_id=n + 1, sample_id=j, score=float(g[n][j]),
+                                 cost=price[m]))
     for q, m, s in [('q3', 'small', [1, 0, 1]), ('q3', 'large', [1, 1, 1])]:
         for k in range(3):
             rows.append(dict(dataset='toy', split='test', view='rewrite', query_id=q, model=m,
@@ -100,7 +113,8 @@ def model_order(obs: pd.DataFrame, # observation table
                ) -> list[str]:
     "The model axis used for every (queries, models) array."
     m = obs['model']
-    if isinstance(m.dtype, pd.CategoricalDtype):  # read the categories present, never the 20M strings
+    # read the categories present, never the 20M strings
+    if isinstance(m.dtype, pd.CategoricalDtype):
         cats = m.cat.categories
         seen = np.zeros(len(cats), bool)
         seen[m.cat.codes.to_numpy()] = True
@@ -109,7 +123,8 @@ def model_order(obs: pd.DataFrame, # observation table
     if models is None: return present
     models = [str(m) for m in models]
     unknown = sorted(set(present) - set(models))
-    if unknown: _fail(f"model {unknown[0]!r} is in the observations but not in the given model order")
+    if unknown: _fail(f"model {unknown[0]!r} is in the observations but not in the given model "
+                      "order")
     return models
 
 # %% ../nbs/00_observations.ipynb #816c0f1f
@@ -124,15 +139,16 @@ class Dense:
 
     def __getitem__(self, k): return self.values[k]
     @property
-    def shape(self): return (len(self.queries), len(self.models), len(self.rewrite_ids), len(self.sample_ids))
+    def shape(self): return (len(self.queries), len(self.models), len(self.rewrite_ids),
+                             len(self.sample_ids))
     @property
     def complete(self) -> bool:
         "True when every cell of every grid holds an observation."
         return not np.isnan(next(iter(self.values.values()))).any()
 
-# %% ../nbs/00_observations.ipynb #d232f5d4
+# %% ../nbs/00_observations.ipynb #9478d5c6
 def _compact(codes: np.ndarray, size: int):
-    "Positions of integer `codes` in [0, size) among the values present (ascending), and those values."
+    "Positions of integer `codes` in [0, size) among the values present (ascending), and the values."
     lo = int(codes.min())
     if lo: codes, size = codes - lo, size - lo
     present = np.zeros(size, bool)
@@ -141,6 +157,7 @@ def _compact(codes: np.ndarray, size: int):
     pos = (np.cumsum(present) - 1).astype(np.min_scalar_type(max(int(present.sum()), 1)))
     return pos[codes], np.flatnonzero(present) + lo
 
+# %% ../nbs/00_observations.ipynb #83534dba
 def dense_index(obs: pd.DataFrame, # validated observation table
                 models: list | None = None, # model order (default: sorted names)
                 level: str = 'cell', # 'cell': index into (Q, K, N, M); 'row': into (Q, K, N), ignoring the decode
@@ -153,7 +170,7 @@ def dense_index(obs: pd.DataFrame, # validated observation table
     qi, present = _compact(qcodes, nd * nq)
     queries = pd.MultiIndex.from_arrays([obs['dataset'].cat.categories[present // nq].astype(str),
                                          obs['query_id'].cat.categories[present % nq].astype(str)],
-                                        names=['dataset', 'query_id'])
+                                         names=['dataset', 'query_id'])
     cats = list(map(str, obs['model'].cat.categories))
     lookup = np.full(len(cats), -1, np.int16)
     for i, m in enumerate(models):
@@ -168,10 +185,11 @@ def dense_index(obs: pd.DataFrame, # validated observation table
     if level == 'cell': flat *= M; flat += ji
     return Dense(queries, models, rewrite_ids, sample_ids), flat
 
+# %% ../nbs/00_observations.ipynb #80a7c392
 def canonical_layout(obs: pd.DataFrame, # validated observation table
                      models: list | None = None, # model order (default: sorted names)
                     ) -> Dense | None:
-    "The axes when `obs` is a complete grid already sorted by (query, model, rewrite, decode), else None."
+    "The axes when `obs` is a complete grid sorted by (query, model, rewrite, decode), else None."
     models = model_order(obs, models)
     qc = obs['query_id'].cat.codes.to_numpy()
     if len(obs['dataset'].cat.categories) != 1 or len(obs) == 0: return None
@@ -189,13 +207,15 @@ def canonical_layout(obs: pd.DataFrame, # validated observation table
               (s.reshape(-1, M), np.arange(s0, s0 + M)[None, :]))
     if not all((a == b).all() for a, b in checks): return None
     queries = pd.MultiIndex.from_arrays([np.repeat(str(obs['dataset'].cat.categories[0]), Q),
-                                         obs['query_id'].cat.categories.astype(str)], names=['dataset', 'query_id'])
+                                         obs['query_id'].cat.categories.astype(str)],
+                                         names=['dataset', 'query_id'])
     return Dense(queries, models, np.arange(r0, r0 + N), np.arange(s0, s0 + M))
 
+# %% ../nbs/00_observations.ipynb #8b261ed4
 def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, or a training grid)
              columns=('score', 'cost'), # numeric columns to place on the grid
              models: list | None = None, # model order (default: sorted names)
-             extra: dict | None = None, # more per-row arrays to place, name -> array aligned with `obs`
+             extra: dict | None = None, # more per-row arrays, name -> array aligned with `obs`
             ) -> Dense:
     "Arrays of shape (queries, models, N, M) for each of `columns` (and `extra`), NaN where a cell has no row."
     arrays = {c: obs[c].to_numpy(dtype=float) for c in columns} | dict(extra or {})
@@ -211,31 +231,61 @@ def to_dense(obs: pd.DataFrame, # validated observation table (one split/view, o
         d.values[c] = a.reshape(d.shape)
     return d
 
-# %% ../nbs/00_observations.ipynb #36cfa166
+# %% ../nbs/00_observations.ipynb #4124f519
+def _check_dense(d: Dense, split: str, view: str):
+    "Raise on the first problem `validate` would find in the table of `d`, read from its axes."
+    missing = [c for c in ('score', 'cost') if c not in d.values]
+    if missing: _fail(f"missing column(s): {', '.join(missing)}")
+    for col, v, allowed in (('split', split, SPLITS), ('view', view, VIEWS)):
+        if v not in allowed: _fail(f"unknown {col} {v!r} (expected one of {', '.join(allowed)})")
+    for col, ids in (('rewrite_id', d.rewrite_ids), ('sample_id', d.sample_ids)):
+        ids = np.asarray(ids, float)
+        if (np.isnan(ids) | (ids < 0) | (ids % 1 != 0)).any(): _fail(f"{col} must be a "
+                                                                     "non-negative integer in "
+                                                                     "every row")
+    keys = (pd.MultiIndex.from_arrays([d.queries.get_level_values(i).astype(str) for i in (0, 1)]),
+            pd.Index(d.models).astype(str), pd.Index(d.rewrite_ids), pd.Index(d.sample_ids))
+    for name, k in zip(('query', 'model', 'rewrite_id', 'sample_id'), keys):
+        if k.has_duplicates: _fail(f"duplicate natural keys: {name} {k[k.duplicated()][0]!r} "
+                                   "occurs twice in the grid")
+
+# %% ../nbs/00_observations.ipynb #40386cff
+def _categorical(names, codes) -> pd.Categorical:
+    "`codes` into `names` as `validate` makes a key column: sorted string categories, no unused."
+    cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)).remove_unused_categories()
+
+# %% ../nbs/00_observations.ipynb #280f838e
 def from_dense(d: Dense, # dense observations
                split: str = 'train', # split of every row
                view: str = 'grid', # view of every row
               ) -> pd.DataFrame:
-    "The long observation table of `d` (one row per non-missing cell)."
-    Q, K, N, M = d.shape
+    "The long observation table of `d` (one row per non-missing cell), validated from its axes."
+    _check_dense(d, split, view)
     q, m, n, j = (a.ravel() for a in np.indices(d.shape))
-    first = next(iter(d.values.values())).ravel()
-    keep = ~np.isnan(first)
-    ds = np.asarray(d.queries.get_level_values(0))[q[keep]]
-    qs = np.asarray(d.queries.get_level_values(1))[q[keep]]
-    out = pd.DataFrame(dict(dataset=ds, split=split, view=view, query_id=qs,
-                            model=np.asarray(d.models, dtype=object)[m[keep]],
-                            rewrite_id=d.rewrite_ids[n[keep]], sample_id=d.sample_ids[j[keep]]))
+    keep = ~np.isnan(next(iter(d.values.values())).ravel())
+    if not keep.any(): _fail("the observation table is empty")
+    q, m, n, j = q[keep], m[keep], n[keep], j[keep]
+    score, cost = _check_measures(d['score'].ravel()[keep], d['cost'].ravel()[keep])
+    one = lambda v: pd.Categorical.from_codes(np.zeros(len(q), np.int8), pd.Index([v], dtype=str))
+    out = pd.DataFrame(dict(dataset=_categorical(d.queries.get_level_values(0), q),
+                            split=one(split),
+                            view=one(view), query_id=_categorical(d.queries.get_level_values(1), q),
+                            model=_categorical(d.models, m),
+                            rewrite_id=np.asarray(d.rewrite_ids)[n].astype(np.int32),
+                            sample_id=np.asarray(d.sample_ids)[j].astype(np.int32)))
     for c, a in d.values.items(): out[c] = a.ravel()[keep]
-    return validate(out)
+    out['score'], out['cost'] = score, cost
+    return out
 
-# %% ../nbs/00_observations.ipynb #1ffc00aa
+# %% ../nbs/00_observations.ipynb #d9267476
 def ensure_valid(obs: pd.DataFrame, # an observation table, validated or not
                 ) -> pd.DataFrame:
     "`obs` itself when already validated (categorical keys), else its validated copy."
     if all(isinstance(obs[c].dtype, pd.CategoricalDtype) for c in CATEGORICAL_COLUMNS if c in obs): return obs
     return validate(obs)
 
+# %% ../nbs/00_observations.ipynb #c64f6740
 def select(obs: pd.DataFrame, # validated observation table
            split: str | None = None, # 'train' or 'test', or None for both
            view: str | None = None, # 'grid', 'rewrite' or 'decode', or None for all
@@ -249,7 +299,7 @@ def select(obs: pd.DataFrame, # validated observation table
     return out.assign(**{c: out[c].cat.remove_unused_categories() for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 
-# %% ../nbs/00_observations.ipynb #87313671
+# %% ../nbs/00_observations.ipynb #a4efccad
 def write_observations(obs: pd.DataFrame, # observation table
                        path, # destination ending in .parquet, .jsonl or .csv
                       ) -> Path:
@@ -263,6 +313,7 @@ def write_observations(obs: pd.DataFrame, # observation table
     else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
     return path
 
+# %% ../nbs/00_observations.ipynb #32aa57e4
 def read_observations(path, # a .parquet, .jsonl or .csv file
                      ) -> pd.DataFrame:
     "Read and validate an observation file."
@@ -271,9 +322,12 @@ def read_observations(path, # a .parquet, .jsonl or .csv file
     ext = path.suffix.lower()
     try:
         if ext == '.parquet': df = pd.read_parquet(path)
-        elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype={'query_id': str})
+        elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl',
+                                                           dtype={'query_id': str})
         elif ext == '.csv': df = pd.read_csv(path, dtype={'query_id': str})
-        else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
+        else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or "
+                    ".csv)")
     except ObservationError: raise
-    except Exception as e: _fail(f"cannot read {path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    except Exception as e: _fail(f"cannot read {path.name}: "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return validate(df)

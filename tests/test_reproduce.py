@@ -87,20 +87,3 @@ def test_missing_file_and_missing_features(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert "query_text" in err
-
-
-def test_quiet_prints_nothing_but_the_error(tmp_path, capsys):
-    (tmp_path / 'obs.txt').write_text('whatever')
-    assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.txt'), quiet=True) == 1
-    captured = capsys.readouterr()
-    assert captured.out == '' and captured.err.startswith('dars reproduce: error: unknown observation file type')
-
-
-def test_without_torch_the_default_run_stops_at_once(tmp_path, capsys, monkeypatch):
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a, **k: None if name == 'torch' else real(name, *a, **k))
-    assert reproduce_main(str(tmp_path / 'out'), quick=True) == 1
-    err = capsys.readouterr().err
-    assert err == "dars reproduce: error: the routers MIRT, EmbedLLM, RM-Softmax, GraphRouter need torch: pip install 'dars_nb[torch]'\n"
-    assert not (tmp_path / 'out').exists()

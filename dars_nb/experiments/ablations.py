@@ -18,10 +18,11 @@ __all__ = ['ABLATIONS', 'GRIDS', 'BETAS', 'TEMPERATURES', 'run_ablations', 'abla
            'temperature_observations', 'temperature_study', 'plot_temperature_study', 'plot_figure3']
 
 # %% ../../nbs/22_ablations.ipynb #f9f8659e
-ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA', 'output_only': 'Output-only DA',
+ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA',
+             'output_only': 'Output-only DA',
              'no_risk': 'DARS w/o risk', 'decomp_risk': 'DARS w/ decomp. risk', 'dars': 'Full DARS'}
 
-def run_ablations(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+def run_ablations(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                   routers=None, # mapping name -> router, a list, or None for every family
                   n_draws: int = 100, # R, single-shot draws
                   lam: float = 0.05, # cost weight λ
@@ -33,25 +34,29 @@ def run_ablations(datasets, # a `Dataset`, a list of them, or a mapping name -> 
                   reuse: pd.DataFrame | None = None, # earlier results of the same run (e.g. `run_protocol`'s): matching units are not rerun
                  ) -> pd.DataFrame:
     "Every router under the six supervisions of the paper's ablation (Table 3), in the protocol's tidy format."
-    return run_experiments(datasets, routers, [Spec(m, beta) for m in ABLATIONS], n_draws, lam, seed, n_boot,
+    return run_experiments(datasets, routers, [Spec(m, beta) for m in ABLATIONS], n_draws, lam,
+                           seed, n_boot,
                            n_jobs=n_jobs, progress=progress, desc='ablations', reuse=reuse)
 
-# %% ../../nbs/22_ablations.ipynb #67ea330c
+# %% ../../nbs/22_ablations.ipynb #b912c568
 def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     "Mean utility per `row` value (rows) and (dataset, view) (columns), plus the average column."
     r = results.assign(_view=results['view'].map(lambda v: VIEW_LABELS.get(v, v)))
-    w = r.pivot_table(index=row, columns=['dataset', '_view'], values='utility', aggfunc='mean', sort=False)
+    w = r.pivot_table(index=row, columns=['dataset', '_view'], values='utility', aggfunc='mean',
+                      sort=False)
     cols = [(d, VIEW_LABELS.get(v, v)) for d in dict.fromkeys(r['dataset']) for v in dict.fromkeys(results['view'])]
     w = w.reindex(columns=pd.MultiIndex.from_tuples(cols))
     w[('Avg.', '')] = w.mean(axis=1)
     return w
 
+# %% ../../nbs/22_ablations.ipynb #9ae44ae6
 def _best_bold(values: pd.DataFrame, block: str | None) -> pd.DataFrame:
     "True at the largest value of each column (within each `block` of the row index)."
     g = values.groupby(level=block, sort=False) if block else values
     best = g.transform('max') if block else values.max()
     return values.eq(best) & values.notna()
 
+# %% ../../nbs/22_ablations.ipynb #a9724187
 def ablation_table(results: pd.DataFrame, # output of `run_ablations`
                    overall: bool = True, # add a block with the mean over routers
                   ) -> Table:
@@ -75,17 +80,18 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
     order = [ABLATIONS[m] for m in ABLATIONS if m in set(r['supervision'])]
     return alt.Chart(r).mark_point(filled=True, size=80).encode(
         y=alt.Y('variant:N', title=None, sort=order),
-        x=alt.X('utility:Q', title='Mean test utility (routers and views)', scale=alt.Scale(zero=False)),
+        x=alt.X('utility:Q', title='Mean test utility (routers and views)',
+                scale=alt.Scale(zero=False)),
         color=alt.Color('variant:N', title='Variant', sort=order, legend=None),
         tooltip=['dataset', 'variant', alt.Tooltip('utility:Q', format='.4f')],
     ).properties(width=200, height=alt.Step(18)).facet(column=alt.Column('dataset:N', title=None)
     ).resolve_scale(x='independent').properties(title=title)
 
-# %% ../../nbs/22_ablations.ipynb #5910d42b
+# %% ../../nbs/22_ablations.ipynb #4b7678cf
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
 BETAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
-def run_sample_efficiency(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+def run_sample_efficiency(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                           routers=None, # mapping name -> router, a list, or None for every family
                           grids=GRIDS, # (rewrites, decodes) sub-grids of the training grid
                           lam: float = 0.05, # cost weight λ
@@ -97,10 +103,12 @@ def run_sample_efficiency(datasets, # a `Dataset`, a list of them, or a mapping 
                           reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
                          ) -> pd.DataFrame:
     "DARS trained on the leading n×m corner of every training grid, for each sub-grid in `grids`."
-    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(g)) for g in grids], 1, lam, seed, n_boot,
+    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(g)) for g in grids], 1, lam,
+                           seed, n_boot,
                            n_jobs=n_jobs, progress=progress, desc='sample efficiency', reuse=reuse)
 
-def run_beta_sweep(datasets, # a `Dataset`, a list of them, or a mapping name -> (obs, features[, truth])
+# %% ../../nbs/22_ablations.ipynb #fb4038c4
+def run_beta_sweep(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
                    routers=None, # mapping name -> router, a list, or None for every family
                    betas=BETAS, # risk weights to try
                    lam: float = 0.05, # cost weight λ
@@ -111,9 +119,11 @@ def run_beta_sweep(datasets, # a `Dataset`, a list of them, or a mapping name ->
                    reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
                   ) -> pd.DataFrame:
     "Full DARS at every β in `betas`."
-    return run_experiments(datasets, routers, [Spec('dars', float(b)) for b in betas], 1, lam, seed, n_boot,
+    return run_experiments(datasets, routers, [Spec('dars', float(b)) for b in betas], 1, lam, seed,
+                           n_boot,
                            n_jobs=n_jobs, progress=progress, desc='beta sweep', reuse=reuse)
 
+# %% ../../nbs/22_ablations.ipynb #3f5d79d7
 def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency` or `run_beta_sweep`
                       by: str = 'beta', # the knob: 'beta' or 'grid'
                      ) -> Table:
@@ -124,15 +134,17 @@ def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency`
     else: vals = vals.sort_index()
     return Table(vals, _best_bold(vals, None))
 
-# %% ../../nbs/22_ablations.ipynb #2840c3ba
+# %% ../../nbs/22_ablations.ipynb #8fd7778a
 def _knob_chart(results: pd.DataFrame, by: str, title: str, x_title: str, sort=None) -> alt.Chart:
     r = results.groupby(['dataset', by], sort=False)['utility'].mean().reset_index()
     return alt.Chart(r, title=title).mark_line(point=True).encode(
         x=alt.X(f'{by}:O', title=x_title, sort=sort),
-        y=alt.Y('utility:Q', title='Mean test utility (routers and views)', scale=alt.Scale(zero=False)),
+        y=alt.Y('utility:Q', title='Mean test utility (routers and views)',
+                scale=alt.Scale(zero=False)),
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]).properties(width=220, height=180)
 
+# %% ../../nbs/22_ablations.ipynb #64e62c1b
 def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_efficiency`
                            title: str = 'Sample efficiency of DARS', # chart title
                           ) -> alt.Chart:
@@ -140,13 +152,14 @@ def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_effici
     grids = sorted(set(results['grid']), key=lambda g: np.prod([int(x) for x in g.split('x')]))
     return _knob_chart(results, 'grid', title, 'Observation grid (rewrites × decodes)', grids)
 
+# %% ../../nbs/22_ablations.ipynb #a2b7dd95
 def plot_beta_sweep(results: pd.DataFrame, # output of `run_beta_sweep`
                     title: str = 'Sensitivity to the risk coefficient β', # chart title
                    ) -> alt.Chart:
     "Paper Fig. 3c: utility of DARS against β, per dataset."
     return _knob_chart(results, 'beta', title, 'Risk coefficient β')
 
-# %% ../../nbs/22_ablations.ipynb #98e897b1
+# %% ../../nbs/22_ablations.ipynb #6286efb9
 TEMPERATURES = (0.3, 0.5, 0.7, 0.9)
 
 def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
@@ -162,14 +175,17 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
         sample_id=lambda d, k=k: d['sample_id'] + k * n_decodes) for k, t in enumerate(temperatures)]
     return validate(pd.concat(parts, ignore_index=True))
 
+# %% ../../nbs/22_ablations.ipynb #b9b11f95
 def temperature_study(obs: pd.DataFrame, # observations with a `temperature` column
                       lam: float = 0.05, # cost weight λ
                      ) -> pd.DataFrame:
     "Diagnostics of the training grid per (dataset, temperature): output-side variance, winner flip rate, …"
-    if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' column")
+    if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' "
+                                                          "column")
     obs = ensure_valid(obs)
     temp = pd.to_numeric(obs['temperature'], errors='coerce')
-    if temp.isna().any(): raise ValueError(f"{int(temp.isna().sum())} observation(s) have no numeric temperature")
+    if temp.isna().any(): raise ValueError(f"{int(temp.isna().sum())} observation(s) have no "
+                                           "numeric temperature")
     rows = []
     for t in np.unique(temp.round(6)):
         part = select(obs[(temp.round(6) == t).to_numpy()])          # unused categories dropped
@@ -178,6 +194,7 @@ def temperature_study(obs: pd.DataFrame, # observations with a `temperature` col
     if not rows: raise ValueError("no training grid at any temperature")
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature']).sort_index()
 
+# %% ../../nbs/22_ablations.ipynb #ec78c07d
 def plot_temperature_study(study: pd.DataFrame, # output of `temperature_study`
                           ) -> alt.Chart:
     "Paper Fig. 3b: output-side variance and winner flip rate against the decoding temperature."
@@ -191,5 +208,6 @@ def plot_figure3(efficiency: pd.DataFrame, # output of `run_sample_efficiency`
     "Paper Fig. 3: (a) sample efficiency, (b) decoding temperature, (c) β sensitivity."
     top = alt.hconcat(plot_sample_efficiency(efficiency, '(a) Sample efficiency of DARS'),
                       plot_temperature_study(study).properties(title='(b) Decoding temperature'))
-    return alt.vconcat(top.resolve_scale(color='independent'), plot_beta_sweep(betas, '(c) Risk coefficient β')
+    return alt.vconcat(top.resolve_scale(color='independent'),
+                       plot_beta_sweep(betas, '(c) Risk coefficient β')
                        ).resolve_scale(color='independent')   # two rows: fits a text column
