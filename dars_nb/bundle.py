@@ -700,7 +700,7 @@ def train_main(config: str, # path of the training TOML file
                out: str, # file to write the router bundle to
                quiet: bool = False, # print nothing
               ) -> int:
-    "Train a router bundle from `config` and save it to `out`; returns 0."
+    "Train a router from a TOML config and save it as one file."
     path = save_bundle(train(config, quiet=quiet), out)
     if not quiet: print(f"saved the router bundle to {path}")
     return 0
@@ -732,7 +732,7 @@ def route_main(router: str, # path of a router bundle
                lam: float | None = None, # cost weight λ (default: the bundle's)
                quiet: bool = False, # print only the chosen models
               ) -> int:
-    "Print the chosen model per question (with --file: one JSON line per question); returns 0."
+    "Print the model a saved router picks for each question (with --file, one JSON line each)."
     if (question is None) == (file is None):
         raise ValueError("give one question or --file, not both and not neither")
     bundle = load_bundle(router)

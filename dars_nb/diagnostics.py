@@ -225,7 +225,7 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
                   out: str | None = None, # folder for the tables (CSV, Markdown) and the two charts (PNG, SVG)
                   quiet: bool = False, # print the table only, not the list of written files
                  ) -> int:
-    "`dars diagnose`: print the four diagnostics per dataset and, with `out`, write tables and charts; returns 0."
+    "Print the four diagnostics of an observation file per dataset, and write tables and charts."
     from dars_nb.observations import read_observations
     table = diagnose(read_observations(obs))
     print(markdown_table(table))

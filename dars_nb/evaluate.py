@@ -11,7 +11,7 @@ import pandas as pd
 import altair as alt
 from sklearn.base import clone
 from .observations import ensure_valid, to_dense, select, VIEWS
-from .stats import normalize_cost, normalized_cost, supervision, Supervision
+from .stats import normalize_cost, normalized_cost, supervision, Supervision, cell_means
 
 # %% auto #0
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_ci',
@@ -53,11 +53,7 @@ def view_means(obs_test: pd.DataFrame, # observations holding the view (other vi
     if ids.has_duplicates:
         raise ValueError(f"query_id {ids[ids.duplicated()][0]!r} occurs in more than one dataset; "
                          "evaluate one dataset at a time")
-    Q, K = d.shape[:2]
-    q, c = d['score'].reshape(Q, K, -1), d['cost_norm'].reshape(Q, K, -1)
-    n = (~np.isnan(q)).sum(-1)
-    with np.errstate(invalid='ignore', divide='ignore'):
-        mq, mc = np.nansum(q, -1) / n, np.nansum(c, -1) / n
+    mq, mc, _ = cell_means(d['score'], d['cost_norm'])
     cols = pd.Index(d.models, name='model')
     return pd.DataFrame(mq, index=ids, columns=cols), pd.DataFrame(mc, index=ids, columns=cols)
 
@@ -260,7 +256,7 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
     if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
-# %% ../nbs/20_evaluate.ipynb #732e8634
+# %% ../nbs/20_evaluate.ipynb #fc37d950
 def _baseline_columns(t: pd.DataFrame, fixed) -> tuple[dict, dict]:
     "Per-query utilities of the baselines on one view's table, and the models the fixed ones pick."
     cols, detail = {}, {}
@@ -273,7 +269,7 @@ def _baseline_columns(t: pd.DataFrame, fixed) -> tuple[dict, dict]:
     cols['random'] = np.nanmean(t.to_numpy(float), 1)
     return cols, detail
 
-# %% ../nbs/20_evaluate.ipynb #45117d9e
+# %% ../nbs/20_evaluate.ipynb #eb004501
 def utility_table(policies: Mapping, # name -> choices (mapping or Series query_id -> model)
                   obs_test: pd.DataFrame, # test observations (both views)
                   views=('rewrite', 'decode'), # views to evaluate

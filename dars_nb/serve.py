@@ -799,7 +799,7 @@ def serve_main(router, # a router bundle file (`dars train --out`)
                port: int = 8000, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:
-    "Serve the routing endpoint until interrupted; the exit code for the `dars serve` command."
+    "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
     import uvicorn
     pool_, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
     from dars_nb.bundle import load_bundle

@@ -11,9 +11,9 @@ import pandas as pd
 from .observations import validate, ensure_valid, to_dense, dense_index, canonical_layout, select, Dense
 
 # %% auto #0
-__all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'grid_stats', 'training_grid', 'utility', 'row_sums',
-           'stats_from_sums', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences',
-           'Supervision', 'draw_single', 'supervision']
+__all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'cell_means', 'grid_stats', 'training_grid', 'utility',
+           'row_sums', 'stats_from_sums', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets',
+           'pairwise_preferences', 'Supervision', 'draw_single', 'supervision']
 
 # %% ../nbs/01_stats.ipynb #ab5ee1da
 def normalized_cost(obs: pd.DataFrame, # validated observation table
@@ -37,37 +37,52 @@ def normalize_cost(obs: pd.DataFrame, # observation table (raw `cost` in dollars
     obs = ensure_valid(obs)
     return obs.assign(cost_norm=normalized_cost(obs, recompute=True))
 
-# %% ../nbs/01_stats.ipynb #f6ebb1bd
+# %% ../nbs/01_stats.ipynb #6cc06aef
+def cell_means(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
+               c: np.ndarray | None = None, # normalised costs of the same shape, NaN where `q` is
+              ) -> tuple:
+    "(μ_q, μ_c, n) over the last two axes, counting only the observed cells of `q`."
+    flat = q.reshape(*q.shape[:-2], -1)
+    n = (~np.isnan(flat)).sum(-1)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        mu_c = None if c is None else np.nansum(c.reshape(flat.shape), -1) / n
+        return np.nansum(flat, -1) / n, mu_c, n
+
+# %% ../nbs/01_stats.ipynb #f61cdfb7
+def _complete_stats(q, c) -> dict:
+    "`grid_stats` of grids with no missing cell: plain sums (einsum: no temporaries)."
+    N, M = q.shape[-2:]
+    flatq = q.reshape(*q.shape[:-2], -1)
+    row = np.einsum('...nm->...n', q) / M                                  # (..., N)
+    mu_q = row.mean(-1)
+    second = np.einsum('...i,...i->...', flatq, flatq) / (N * M)
+    sigma_q = np.sqrt(np.maximum(second - mu_q ** 2, 0))
+    sigma_in = row.std(-1)
+    sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))    # law of total variance
+    mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
+    n = np.full(flatq.shape[:-1], N * M)
+    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+
+# %% ../nbs/01_stats.ipynb #8a445d5f
+def _partial_stats(q, c) -> dict:
+    "`grid_stats` of grids with missing cells: NaN-aware means over the observed cells."
+    mu_q, mu_c, n = cell_means(q, c)
+    flatq = q.reshape(*q.shape[:-2], -1)
+    sigma_q = np.sqrt(np.nansum((flatq - mu_q[..., None]) ** 2, -1) / n)
+    rown = (~np.isnan(q)).sum(-1)
+    row = np.nansum(q, -1) / rown
+    rowvar = np.nansum((q - row[..., None]) ** 2, -1) / rown
+    sigma_in = np.sqrt(np.nanmean((row - np.nanmean(row, -1, keepdims=True)) ** 2, -1))
+    sigma_out = np.sqrt(np.nanmean(rowvar, -1))
+    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+
+# %% ../nbs/01_stats.ipynb #81cbe563
 def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
                c: np.ndarray | None = None, # normalised costs of the same shape
               ) -> dict:
     "μ_q, μ_c, σ_q, σ_in, σ_out and the count n over the last two axes of `q`."
-    flatq = q.reshape(*q.shape[:-2], -1)
-    complete = not np.isnan(flatq).any()
     with np.errstate(invalid='ignore', divide='ignore'):
-        # no missing cell: plain sums (einsum: no temporaries), no NaN-aware reductions
-        if complete:
-            N, M = q.shape[-2:]
-            n = np.full(flatq.shape[:-1], N * M)
-            row = np.einsum('...nm->...n', q) / M                                  # (..., N)
-            mu_q = row.mean(-1)
-            second = np.einsum('...i,...i->...', flatq, flatq) / (N * M)
-            sigma_q = np.sqrt(np.maximum(second - mu_q ** 2, 0))
-            sigma_in = row.std(-1)
-            # law of total variance
-            sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))
-            mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
-        else:
-            n = (~np.isnan(flatq)).sum(-1)
-            mu_q = np.nansum(flatq, -1) / n
-            sigma_q = np.sqrt(np.nansum((flatq - mu_q[..., None]) ** 2, -1) / n)
-            rown = (~np.isnan(q)).sum(-1)
-            row = np.nansum(q, -1) / rown
-            rowvar = np.nansum((q - row[..., None]) ** 2, -1) / rown
-            sigma_in = np.sqrt(np.nanmean((row - np.nanmean(row, -1, keepdims=True)) ** 2, -1))
-            sigma_out = np.sqrt(np.nanmean(rowvar, -1))
-            mu_c = None if c is None else np.nansum(c.reshape(flatq.shape), -1) / n
-    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+        return _partial_stats(q, c) if np.isnan(q).any() else _complete_stats(q, c)
 
 # %% ../nbs/01_stats.ipynb #1c11961b
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views

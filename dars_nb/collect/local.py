@@ -503,7 +503,7 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 def serve_main(port: int = 8080, # port of the OpenAI-compatible front on 127.0.0.1
                models: str = 'smollm2,gemma3', # comma-separated aliases from LOCAL_MODELS
               ) -> int:
-    "Serve the small local models behind an OpenAI-compatible endpoint until Ctrl-C, SIGTERM or SIGHUP."
+    "Serve small local LLMs behind an OpenAI-compatible endpoint until Ctrl-C, SIGTERM or SIGHUP."
     aliases = tuple(m.strip() for m in models.split(',') if m.strip())
     try:
         with stop_signals(), start_local_server(aliases, port=port) as server:

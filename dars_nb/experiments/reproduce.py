@@ -684,7 +684,7 @@ def reproduce_main(out: str, # report folder
                    features: str | None = None, # features file for `data`
                    quiet: bool = False, # no progress lines, bars or summary (errors still on stderr)
                   ) -> int:
-    "Entry point of `dars reproduce`: run `reproduce`; 0, or 1 with a one-line error on stderr."
+    "Run the whole experiment and write its report: tables, charts and report.md."
     try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
     except (ValueError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
