@@ -289,53 +289,82 @@ def _pareto(out: pd.DataFrame) -> np.ndarray:
                  & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
     return ~dominated.any(1)
 
-# %% ../nbs/23_adaptive.ipynb #1a1fbe55
-def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
-                        lam: float = 0.05, # cost weight λ
-                        beta: float = 0.2, # risk weight β
-                        stages=PAPER_STAGES, # grid sides of both adaptive rules
-                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
-                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
-                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z values of the per-pair rule
-                        prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
-                        truth: pd.DataFrame | None = None, # ground truth (`dars_nb.simulate`): adds agreement with the true best
-                        fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
-                       ) -> pd.DataFrame:
-    "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
-    stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
+# %% ../nbs/23_adaptive.ipynb #fbe19fb9
+def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
+    "What every rule of the frontier reads: statistics at every side and stage, full-grid labels."
     d = training_grid(obs_grid)
     q, c = d['score'], d['cost_norm']
     N, M = q.shape[-2:]
     sides = sorted(set(range(min(stages), min(N, M) + 1)) | set(stages))
     s = _side_stats(q, c, sides, lam, beta)
     pos = [sides.index(x) for x in stages]
-    U, n, sig = s['U'][pos], s['n'][pos], s['sigma'][pos]
-    risk_q, margin = _masked(s['risk'][pos]).max(-1), _margin(U)
-    groups = pd.factorize(d.queries.get_level_values(0))[0]
+    U, n = s['U'][pos], s['n'][pos]
     U_full = _full_utility(q, c, lam, beta)
-    full_label = np.argmax(U_full, -1)
-    Q, K = full_label.shape[0], U.shape[-1]
-    qi, ki = np.indices((Q, K))
-    if truth is not None: true_label = _true_labels(truth, d)
-    rows = []
-    def add(rule, setting, n_pair, label):
-        row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
-                   label_agreement=float((label == full_label).mean()),
-                   regret=float(np.nanmean(_regret(U_full, label))))
-        if truth is not None: row['true_best_agreement'] = float((label == true_label).mean())
-        rows.append(row)
-    for k, side in enumerate(sides):
-        add('fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
+    return dict(sides=sides, s=s, U=U, n=n, sig=s['sigma'][pos], U_full=U_full,
+                risk_q=_masked(s['risk'][pos]).max(-1), margin=_margin(U),
+                groups=pd.factorize(d.queries.get_level_values(0))[0],
+                full_label=np.argmax(U_full, -1),
+                true_label=None if truth is None else _true_labels(truth, d))
+
+# %% ../nbs/23_adaptive.ipynb #d2089870
+def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
+    "One setting of one rule: observations per pair, agreement with the full grid's label, regret."
+    row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
+               label_agreement=float((label == g['full_label']).mean()),
+               regret=float(np.nanmean(_regret(g['U_full'], label))))
+    if g['true_label'] is not None: row['true_best_agreement'] = float((label == g['true_label']).mean())
+    return row
+
+# %% ../nbs/23_adaptive.ipynb #41784380
+def _fixed_rows(g: dict) -> list:
+    "The fixed grids, one row per side."
+    s = g['s']
+    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
+            for k, side in enumerate(g['sides'])]
+
+# %% ../nbs/23_adaptive.ipynb #db7d9f00
+def _per_query_rows(g: dict, stages, query_levels, second_levels) -> list:
+    "The per-query rule, one row per (a, b)."
+    U, n, Q = g['U'], g['n'], len(g['full_label'])
     later = second_levels if len(stages) > 2 else (None,)
+    rows = []
     for a, b in (product(query_levels, later) if len(stages) > 1 else ()):
-        lvl = _stop_levels(risk_q, margin, groups,
-                           [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else []))
+        levels = [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else [])
+        lvl = _stop_levels(g['risk_q'], g['margin'], g['groups'], levels)
         name = f'a={a:g}' if b is None else f'a={a:g}, b={b:g}'
-        add('per query', name, n[lvl, np.arange(Q)], np.argmax(_masked(U[lvl, np.arange(Q)]), -1))
+        label = np.argmax(_masked(U[lvl, np.arange(Q)]), -1)
+        rows.append(_frontier_row(g, 'per query', name, n[lvl, np.arange(Q)], label))
+    return rows
+
+# %% ../nbs/23_adaptive.ipynb #8cdb93bd
+def _per_pair_rows(g: dict, pair_z, prior_weight: float) -> list:
+    "The per-pair rule, one row per z."
+    U, n = g['U'], g['n']
+    qi, ki = np.indices((len(g['full_label']), U.shape[-1]))
+    rows = []
     for z in pair_z:
-        lvl = _stopped_pairs(U, sig, n, z, prior_weight)
-        add('per pair', f'z={z:g}', n[lvl, qi, ki], np.argmax(_masked(U[lvl, qi, ki]), -1))
-    out = pd.DataFrame(rows)
+        lvl = _stopped_pairs(U, g['sig'], n, z, prior_weight)
+        label = np.argmax(_masked(U[lvl, qi, ki]), -1)
+        rows.append(_frontier_row(g, 'per pair', f'z={z:g}', n[lvl, qi, ki], label))
+    return rows
+
+# %% ../nbs/23_adaptive.ipynb #7fafeefe
+def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
+                        lam: float = 0.05, # cost weight λ
+                        beta: float = 0.2, # risk weight β
+                        stages=PAPER_STAGES, # grid sides of both adaptive rules
+                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
+                        second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
+                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z of the per-pair rule
+                        prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
+                        truth: pd.DataFrame | None = None, # ground truth: adds agreement with the true best
+                        fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
+                       ) -> pd.DataFrame:
+    "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
+    stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
+    g = _frontier_grid(obs_grid, stages, lam, beta, truth)
+    out = pd.DataFrame(_fixed_rows(g) + _per_query_rows(g, stages, query_levels, second_levels)
+                       + _per_pair_rows(g, pair_z, prior_weight))
     for f in fixed: out[f'calls_saved_vs_{f}x{f}'] = 1 - out['obs_per_pair'] / (f * f)
     out['pareto'] = _pareto(out)
     return out
