@@ -289,7 +289,7 @@ def _pareto(out: pd.DataFrame) -> np.ndarray:
                  & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
     return ~dominated.any(1)
 
-# %% ../nbs/23_adaptive.ipynb #fbe19fb9
+# %% ../nbs/23_adaptive.ipynb #84e107a3
 def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
     "What every rule of the frontier reads: statistics at every side and stage, full-grid labels."
     d = training_grid(obs_grid)
@@ -306,7 +306,7 @@ def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
                 full_label=np.argmax(U_full, -1),
                 true_label=None if truth is None else _true_labels(truth, d))
 
-# %% ../nbs/23_adaptive.ipynb #d2089870
+# %% ../nbs/23_adaptive.ipynb #f992d5a8
 def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
     "One setting of one rule: observations per pair, agreement with the full grid's label, regret."
     row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
@@ -315,14 +315,14 @@ def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
     if g['true_label'] is not None: row['true_best_agreement'] = float((label == g['true_label']).mean())
     return row
 
-# %% ../nbs/23_adaptive.ipynb #41784380
+# %% ../nbs/23_adaptive.ipynb #b7385477
 def _fixed_rows(g: dict) -> list:
     "The fixed grids, one row per side."
     s = g['s']
     return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
             for k, side in enumerate(g['sides'])]
 
-# %% ../nbs/23_adaptive.ipynb #db7d9f00
+# %% ../nbs/23_adaptive.ipynb #0cd44b30
 def _per_query_rows(g: dict, stages, query_levels, second_levels) -> list:
     "The per-query rule, one row per (a, b)."
     U, n, Q = g['U'], g['n'], len(g['full_label'])
@@ -336,7 +336,7 @@ def _per_query_rows(g: dict, stages, query_levels, second_levels) -> list:
         rows.append(_frontier_row(g, 'per query', name, n[lvl, np.arange(Q)], label))
     return rows
 
-# %% ../nbs/23_adaptive.ipynb #8cdb93bd
+# %% ../nbs/23_adaptive.ipynb #0429dd15
 def _per_pair_rows(g: dict, pair_z, prior_weight: float) -> list:
     "The per-pair rule, one row per z."
     U, n = g['U'], g['n']
@@ -348,7 +348,7 @@ def _per_pair_rows(g: dict, pair_z, prior_weight: float) -> list:
         rows.append(_frontier_row(g, 'per pair', f'z={z:g}', n[lvl, qi, ki], label))
     return rows
 
-# %% ../nbs/23_adaptive.ipynb #7fafeefe
+# %% ../nbs/23_adaptive.ipynb #6cd5cdba
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β

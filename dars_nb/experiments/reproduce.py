@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import altair as alt
 from fastcore.basics import patch
+from ..extras import install_hint
 from ..observations import read_observations, validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
@@ -450,8 +451,7 @@ def reproduce(out, # folder for the report (created if needed)
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
-        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: pip install "
-                         "'dars_nb[torch]'")
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
     run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
