@@ -9,6 +9,7 @@ import re
 from contextlib import nullcontext
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from fastcore.basics import patch
 import numpy as np
 import pandas as pd
 from .prompts import rewrite_messages, parse_rewrites, choice_list, task_kind, _field
@@ -17,7 +18,8 @@ from ..routers.base import sentence_model_path, sentence_embeddings
 
 # %% auto #0
 __all__ = ['SIMILARITY_BACKENDS', 'DEFAULT_MIN_SIMILARITY', 'VALIDITY_COLUMNS', 'FILLED', 'numeric_tokens', 'similarity_backend',
-           'pair_similarity', 'rewrite_checks', 'rewrite_validity', 'rewrite_table', 'ensure_rewrites']
+           'pair_similarity', 'rewrite_checks', 'rewrite_validity', 'rewrite_table', 'rewrite_calls_max',
+           'ensure_rewrites']
 
 # %% ../../nbs/34_rewrite.ipynb #dffdd601
 _NUM = re.compile(r'(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?|(?<![\w.])-?\.\d+')
@@ -164,48 +166,80 @@ def rewrite_table(store, # a `dars_nb.collect.store.Store`
             for i, text in sorted(store.rewrites(ds, qid).items())]
     return pd.DataFrame(rows, columns=['dataset', 'query_id', 'rewrite_id', 'text'])
 
+def rewrite_calls_max(n_missing: int, # rewrites a query still needs
+                      attempts: int, # rounds: one call for all missing rewrites, then one call per rewrite still missing
+                     ) -> int:
+    "The most rewriter calls one query can take."
+    return 0 if n_missing <= 0 else 1 + (attempts - 1) * n_missing
+
+# %% ../../nbs/34_rewrite.ipynb #741d86f1
+class _QueryRewrites:
+    "One query's rewrites: what is stored, what stored answers already paid for, and the rounds still to run."
+    def __init__(self, store, row, rewriter: str, counts: dict):
+        self.store, self.row, self.rewriter, self.counts = store, row, rewriter, counts
+        self.ds, self.qid, n = str(row['dataset']), str(row['query_id']), int(row['n_rewrites'])
+        have = store.rewrites(self.ds, self.qid)
+        self.missing = [i for i in range(1, n + 1) if i not in have]
+        self.answers = store.rewriter_answers(self.ds, self.qid)
+
+    def keep(self, i: int, text: str, model: str):
+        if i not in self.missing: return
+        self.store.put_rewrite(self.ds, self.qid, i, text, model=model)
+        self.missing.remove(i)
+        self.counts['filled' if model == FILLED else 'stored'] += 1
+
+    def replay(self):
+        "Rewrites of answers stored (paid for) but not parsed before a restart."
+        for a in self.answers:
+            for i, text in zip(a['slots'], parse_rewrites(a['text'], len(a['slots']))): self.keep(i, text, self.rewriter)
+
+    def done_in(self, rnd: int, i: int | None = None) -> bool:
+        "Whether round `rnd` (for rewrite `i` after the first) already has a stored answer."
+        return any(a['round'] == rnd and (i is None or a['slots'] == [i]) for a in self.answers)
+
+# %% ../../nbs/34_rewrite.ipynb #b29b5783
+@patch
+async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
+    "One rewriter call for `slots`; the answer is stored before it is parsed."
+    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95, **kw)
+    self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
+    self.counts['calls'] += 1
+    for i, text in zip(slots, parse_rewrites(comp.text, len(slots))): self.keep(i, text, self.rewriter)
+
+@patch
+async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: bool, **kw):
+    "Replay stored answers, then the rounds not yet run, then fill what is still missing."
+    self.replay()
+    if self.missing and not self.done_in(1): await self.ask(client, list(self.missing), 1, **kw)
+    for rnd in range(2, attempts + 1):            # then one rewrite per call for what is still missing
+        for i in list(self.missing):
+            if not self.done_in(rnd, i): await self.ask(client, [i], rnd, **kw)
+    if fill_with_original:
+        for i in list(self.missing): self.keep(i, str(_field(self.row, 'question', '')), FILLED)
+
+# %% ../../nbs/34_rewrite.ipynb #99ba8921
 async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           store, # a `dars_nb.collect.store.Store`
                           tasks: pd.DataFrame, # task table with an `n_rewrites` column (rewrites wanted per query)
                           rewriter: str, # the rewriter's model name in the client's pool
                           max_tokens: int = 1024, # longest rewriter answer
                           temperature: float = 0.7, # rewriter sampling temperature
-                          attempts: int = 2, # rounds: one call for all missing rewrites, then one call per rewrite still missing
+                          attempts: int = 2, # rounds: one call for all missing rewrites, then one per rewrite still missing
                           fill_with_original: bool = True, # store the original wording for rewrites still missing
                           progress: bool = False, # show a progress bar (on stderr, only when it is a terminal)
                          ) -> dict:
     "Ask the rewriter for every missing rewrite of `tasks` and store it; returns counts of calls, stored and filled rewrites."
     if 'n_rewrites' not in tasks.columns: raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
     counts = dict(calls=0, stored=0, filled=0)
-    rows = [r for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
-    todo = []
-    for r in rows:
-        have = store.rewrites(str(r['dataset']), str(r['query_id']))
-        if any(i not in have for i in range(1, int(r['n_rewrites']) + 1)): todo.append((r, dict(have)))
+    todo = [_QueryRewrites(store, r, rewriter, counts) for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
+    todo = [q for q in todo if q.missing]
     if not todo: return counts
-
-    async def ask(r, k):
-        comp = await client.complete(rewriter, rewrite_messages(r, k), temperature=temperature, top_p=0.95, max_tokens=max_tokens)
-        counts['calls'] += 1
-        return parse_rewrites(comp.text, k)
-
-    async def one(r, have):
-        ds, qid, n = str(r['dataset']), str(r['query_id']), int(r['n_rewrites'])
-        missing = [i for i in range(1, n + 1) if i not in have]
-        def keep(i, text):
-            store.put_rewrite(ds, qid, i, text, model=rewriter); counts['stored'] += 1; missing.remove(i)
-        for i, text in zip(list(missing), await ask(r, len(missing))): keep(i, text)
-        for _ in range(attempts - 1):              # then one rewrite per call for what is still missing
-            for i in list(missing):
-                got = await ask(r, 1)
-                if got: keep(i, got[0])
-        if fill_with_original:
-            for i in missing:
-                store.put_rewrite(ds, qid, i, str(_field(r, 'question', '')), model=FILLED); counts['filled'] += 1
-
-    with (client.progress(desc='rewriter calls') if progress else nullcontext()):
+    most = sum(rewrite_calls_max(len(q.missing), attempts) for q in todo)
+    kw = dict(max_tokens=max_tokens, temperature=temperature)
+    with (client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()):
         # every query runs to its end (what was paid for is stored) before the first error is raised
-        results = await asyncio.gather(*[one(r, have) for r, have in todo], return_exceptions=True)
+        results = await asyncio.gather(*[q.run(client, attempts, fill_with_original, **kw) for q in todo],
+                                       return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]
     if errors: raise next((e for e in errors if isinstance(e, BudgetExceeded)), errors[0])
     return counts
