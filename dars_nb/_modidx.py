@@ -308,6 +308,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'dars_nb.collect.run._Metered.__getattr__': ( 'collect.html#_metered.__getattr__',
                                                                                    'dars_nb/collect/run.py'),
                                      'dars_nb.collect.run._Metered.__init__': ('collect.html#_metered.__init__', 'dars_nb/collect/run.py'),
+                                     'dars_nb.collect.run._Metered._slot': ('collect.html#_metered._slot', 'dars_nb/collect/run.py'),
                                      'dars_nb.collect.run._Metered.complete': ('collect.html#_metered.complete', 'dars_nb/collect/run.py'),
                                      'dars_nb.collect.run._Metered.stopped': ('collect.html#_metered.stopped', 'dars_nb/collect/run.py'),
                                      'dars_nb.collect.run._batches': ('collect.html#_batches', 'dars_nb/collect/run.py'),

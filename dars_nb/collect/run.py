@@ -481,19 +481,28 @@ class _Metered:
     @property
     def stopped(self): return self.shared.get('stopped') or self.client.stopped
 
+    def _slot(self, spec) -> asyncio.Semaphore:
+        "The endpoint's concurrency slots: a request is reserved only once it can be sent, not while it waits."
+        sems = self.shared.setdefault('slots', {})
+        if spec.base_url not in sems:
+            n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
+            sems[spec.base_url] = asyncio.Semaphore(n)
+        return sems[spec.base_url]
+
     async def complete(self, model: str, messages: list, max_tokens: int = 512, **kw):
         "`Client.complete`, within the store's budget and cap."
         spec = self.client.pool.spec(model)
         est = spec.cost(estimate_prompt_tokens(messages), max_tokens * (kw.get('n') or 1))
-        why = self.stopped or _over_limits(self.ledger, self.limits, est)
-        if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
-        entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
-        try:
-            comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
-            status, cost = 'ok', comp.cost_usd
-            return comp
-        except PermanentError: status, cost = 'failed', 0.0; raise
-        finally: self.ledger.settle(entry, cost, status)     # cancelled or killed in flight: 'lost' at its maximum
+        async with self._slot(spec):
+            why = self.stopped or _over_limits(self.ledger, self.limits, est)
+            if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
+            entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
+            try:
+                comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
+                status, cost = 'ok', comp.cost_usd
+                return comp
+            except PermanentError: status, cost = 'failed', 0.0; raise
+            finally: self.ledger.settle(entry, cost, status)     # cancelled or killed in flight: 'lost' at its maximum
 
 # %% ../../nbs/35_collect.ipynb #a043f0c8
 def _clients(cfg, store) -> tuple:
