@@ -525,7 +525,9 @@ def salvage_store(path, # the damaged store
             for table, cols in [('observations', STORE_COLUMNS), *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
+                new._q('BEGIN')                               # one commit per table, not one per row
                 report[table] = (len(rows), _copy_rows(new, table, rows))
+                new._q('COMMIT')
     finally: conn.close()
     return report
 
