@@ -559,8 +559,8 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
 
 # %% ../../nbs/31_store.ipynb #806f5932
 def _usd(x: float) -> str:
-    "Dollars as people read them: cents for large sums, every significant digit of a small one (no exponent)."
-    return f"${x:,.2f}" if x >= 100 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
+    "Dollars as people read them: cents from a dollar up, every significant digit of a small one (no exponent)."
+    return f"${x:,.2f}" if x >= 1 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
 
 def store_status(path, # the store file
                 ) -> str:
