@@ -120,7 +120,8 @@ def rewrite_messages(row, # a task row
     if kind == 'choice': parts += [f"Options (for reference only, keep as they are):\n{format_choices(choice_list(row))}", '']
     parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the {label.lower()}. Put each one between "
               f"<rewrite> and </rewrite> tags, one after another, and write nothing else."]
-    return [{'role': 'system', 'content': REWRITE_SYSTEM}, {'role': 'user', 'content': '\n'.join(parts)}]
+    return [{'role': 'system', 'content': REWRITE_SYSTEM},
+            {'role': 'user', 'content': '\n'.join(parts)}]
 
 # %% ../../nbs/33_prompts.ipynb #1204494b
 _THINK = re.compile(r'<think>.*?(</think>|$)', re.S | re.I)
@@ -153,7 +154,8 @@ def parse_rewrites(text: str | None, # the rewriter's raw answer
     text = _THINK.sub('', str(text)).strip()
     items = _TAG.findall(text)
     if not items and '<rewrite' not in text.lower(): items = _json_list(text) or []
-    if not items and '<rewrite' in text.lower():   # tags opened but never closed: keep only complete ones
+    # tags opened but never closed: keep only complete ones
+    if not items and '<rewrite' in text.lower():
         items = [p for p in re.split(r'<rewrite[^>]*>', text, flags=re.I)[1:-1]]
     if not items:
         marks = list(_NUMBERED.finditer(text))

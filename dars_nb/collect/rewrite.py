@@ -57,7 +57,8 @@ def pair_similarity(a, # original texts
     if len(a) != len(b): raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
-    if backend == 'sentence':   # the routers' cached encoder: unit vectors, so the dot product is the cosine
+    # the routers' cached encoder: unit vectors, so the dot product is the cosine
+    if backend == 'sentence':
         E = sentence_embeddings(a + b)
         return np.clip(np.einsum('ij,ij->i', E[:len(a)], E[len(a):]), -1, 1).astype(float), backend
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -143,10 +144,12 @@ def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rew
     else: expect = pd.Series(int(have.max()) if len(have) else 1, index=t.index)
     got = pd.MultiIndex.from_frame(t[['dataset', 'query_id']]).map(lambda k: have.get(k, 0))
     t = t.assign(complete=np.asarray(got) >= expect.to_numpy())
-    per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'), complete=('complete', 'mean'))
+    per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'),
+                                                               complete=('complete', 'mean'))
     g = checks.groupby(['dataset', 'split'], observed=True)
     per_r = g.agg(rewrites=('text', 'size'), original_dup=('original_dup', 'mean'), rewrite_dup=('rewrite_dup', 'mean'),
-                  sim_mean=('similarity', 'mean'), sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))),
+                  sim_mean=('similarity', 'mean'), sim_p05=('similarity',
+                                                            lambda s: float(np.quantile(s, 0.05))),
                   numbers_preserved=('numbers_preserved', 'mean'), structural_pass=('structural_pass', 'mean'),
                   review_flag=('review_flag', 'mean'))
     out = per_q.join(per_r, how='left')
@@ -156,7 +159,8 @@ def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rew
     return out[VALIDITY_COLUMNS]
 
 # %% ../../nbs/34_rewrite.ipynb #454ad8e5
-FILLED = '(original wording)'   # the `model` recorded for a rewrite slot filled with the original query
+# the `model` recorded for a rewrite slot filled with the original query
+FILLED = '(original wording)'
 
 def rewrite_table(store, # a `dars_nb.collect.store.Store`
                   tasks: pd.DataFrame, # the queries whose rewrites to read (dataset, query_id)
@@ -201,7 +205,8 @@ class _QueryRewrites:
 @patch
 async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     "One rewriter call for `slots`; the answer is stored before it is parsed."
-    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95, **kw)
+    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95,
+                                 **kw)
     self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
     self.counts['calls'] += 1
     for i, text in zip(slots, parse_rewrites(comp.text, len(slots))): self.keep(i, text, self.rewriter)
@@ -211,7 +216,8 @@ async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: b
     "Replay stored answers, then the rounds not yet run, then fill what is still missing."
     self.replay()
     if self.missing and not self.done_in(1): await self.ask(client, list(self.missing), 1, **kw)
-    for rnd in range(2, attempts + 1):            # then one rewrite per call for what is still missing
+    # then one rewrite per call for what is still missing
+    for rnd in range(2, attempts + 1):
         for i in list(self.missing):
             if not self.done_in(rnd, i): await self.ask(client, [i], rnd, **kw)
     if fill_with_original:

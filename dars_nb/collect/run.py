@@ -40,7 +40,8 @@ __all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT
 # %% ../../nbs/35_collect.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train', 'drop': 'load_drop',
            'gpqa': 'load_gpqa'}
-_POOL_KEYS = ('models', 'rewriter', 'limits')   # ([serve] is read by `dars serve`, so one file can drive both)
+# ([serve] is read by `dars serve`, so one file can drive both)
+_POOL_KEYS = ('models', 'rewriter', 'limits')
 _COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
                             top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
                             rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
@@ -167,7 +168,8 @@ def _collection(col, pool) -> dict:
     for k in ('test_rewrites', 'test_decodes'): _num(c[k], k, 0, True)
     if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
         raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {c['similarity']!r}")
-    return {**c, 'models': _check_models(c['models'], pool), 'answer_grammar': _check_grammar(c['answer_grammar'])}
+    return {**c, 'models': _check_models(c['models'], pool),
+            'answer_grammar': _check_grammar(c['answer_grammar'])}
 
 def _datasets(raw, c, pool, base) -> tuple:
     "The [[datasets]] entries, checked against each other and against what the grid needs."
@@ -262,8 +264,10 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
             raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + test = {spec.train + spec.test}")
-        train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed, n_test=spec.test)
-        parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites), test.assign(split='test', n_rewrites=cfg.test_rewrites)]
+        train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
+                                   n_test=spec.test)
+        parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
+                  test.assign(split='test', n_rewrites=cfg.test_rewrites)]
     out = pd.concat(parts, ignore_index=True)
     out['query_id'] = out['query_id'].astype(str)
     return out
@@ -317,8 +321,10 @@ def plan_rewrites(config, # a CollectConfig, TOML path or dict
         first = _chars_to_tokens(rewrite_messages(r, n))
         rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls, prompt_tokens_est=first,
                          prompt_tokens_max=first + (calls - 1) * _chars_to_tokens(rewrite_messages(r, 1)),
-                         completion_tokens_typical=min(cfg.rewrite_max_tokens, n * (len(str(r['question'])) // 4 + 15))))
-    cols = ['dataset', 'query_id', 'n_missing', 'calls_max', 'prompt_tokens_est', 'prompt_tokens_max', 'completion_tokens_typical']
+                         completion_tokens_typical=min(cfg.rewrite_max_tokens,
+                                                       n * (len(str(r['question'])) // 4 + 15))))
+    cols = ['dataset', 'query_id', 'n_missing', 'calls_max', 'prompt_tokens_est',
+            'prompt_tokens_max', 'completion_tokens_typical']
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../../nbs/35_collect.ipynb #0950e939
@@ -327,8 +333,10 @@ def _candidate_rows(cfg, plan, done) -> pd.DataFrame:
     todo = plan
     typical = pd.Series(plan['kind'].map(TYPICAL_COMPLETION).to_numpy(float), index=plan.index)
     if done is not None and len(done):
-        d = done.assign(dataset=done['dataset'].astype(str), model=done['model'].astype(str), query_id=done['query_id'].astype(str))
-        keys = pd.MultiIndex.from_frame(d[KEY_COLUMNS].astype({'rewrite_id': int, 'sample_id': int}))
+        d = done.assign(dataset=done['dataset'].astype(str), model=done['model'].astype(str),
+                        query_id=done['query_id'].astype(str))
+        keys = pd.MultiIndex.from_frame(d[KEY_COLUMNS].astype({'rewrite_id': int,
+                                                               'sample_id': int}))
         todo = plan[~pd.MultiIndex.from_frame(plan[KEY_COLUMNS]).isin(keys)]
         if 'completion_tokens' in d.columns:
             seen = d.groupby(['model', 'dataset'])['completion_tokens'].mean()
@@ -440,8 +448,10 @@ def _score(kind, text, gold):
     from dars_nb.scoring import find_answer, score_with_answer
     from dars_nb.extras import MissingExtra
     try: return score_with_answer(kind, text, gold)
-    except MissingExtra: raise                  # a missing scorer package stops the run; it is not a wrong answer
-    except Exception:                           # a scorer crash on a strange answer counts as unparseable
+    # a missing scorer package stops the run; it is not a wrong answer
+    except MissingExtra: raise
+    # a scorer crash on a strange answer counts as unparseable
+    except Exception:
         try: return 0.0, False, find_answer(text)
         except Exception: return 0.0, False, None
 
@@ -502,20 +512,24 @@ class _Metered:
                 status, cost = 'ok', comp.cost_usd
                 return comp
             except PermanentError: status, cost = 'failed', 0.0; raise
-            finally: self.ledger.settle(entry, cost, status)     # cancelled or killed in flight: 'lost' at its maximum
+            # cancelled or killed in flight: 'lost' at its maximum
+            finally: self.ledger.settle(entry, cost, status)
 
 # %% ../../nbs/35_collect.ipynb #a043f0c8
 def _clients(cfg, store) -> tuple:
     "The run's client and its views for the answers and for the rewriter, all counted in the store's ledger."
     ledger = store.ledger()
-    if 'ledger' in inspect.signature(Client).parameters:          # a client that keeps the ledger itself
+    # a client that keeps the ledger itself
+    if 'ledger' in inspect.signature(Client).parameters:
         c = Client(cfg.pool, seed=cfg.seed, ledger=ledger)
         return c, c, c
-    lim = cfg.pool.limits                                          # otherwise the views hold the budget and the cap
+    # otherwise the views hold the budget and the cap
+    lim = cfg.pool.limits
     c = Client(dataclasses.replace(cfg.pool, limits=dataclasses.replace(lim, call_budget=None, spend_cap_usd=None)),
                seed=cfg.seed)
     shared = {}
-    return c, _Metered(c, ledger, 'generation', lim, shared), _Metered(c, ledger, 'rewrite', lim, shared)
+    return c, _Metered(c, ledger, 'generation', lim, shared), _Metered(c, ledger, 'rewrite', lim,
+                                                                       shared)
 
 # %% ../../nbs/35_collect.ipynb #5a783ce9
 class _Collector:
@@ -555,7 +569,8 @@ async def ask(self: _Collector, model: str, batch: list, keys: list, task, wordi
     except BudgetExceeded as e: self.stop = self.stop or str(e)
     except PermanentError as e:
         self.failures += [(k, str(e)) for k in keys]; self.bad[model] += 1
-        if self.ok[model] == 0 and self.bad[model] >= 3: self.queues[model].clear()   # every call of this model fails
+        # every call of this model fails
+        if self.ok[model] == 0 and self.bad[model] >= 3: self.queues[model].clear()
 
 # %% ../../nbs/35_collect.ipynb #88a794ca
 @patch
@@ -576,7 +591,8 @@ async def call(self: _Collector, model: str, batch: list):
     shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
     for j, k, text, ct in zip(batch, keys, got, shares):
         self.store.insert(self.observation(j, k, task, wording, comp, text, ct, len(got))); self.collected += 1
-    for j in batch[len(got):]: self.queues[model].append([j])       # fewer choices than asked: the rest one by one
+    # fewer choices than asked: the rest one by one
+    for j in batch[len(got):]: self.queues[model].append([j])
 
 # %% ../../nbs/35_collect.ipynb #4694f969
 @patch
@@ -646,7 +662,8 @@ def _record_plan(store, cfg, plan: pd.DataFrame):
     planned = plan.groupby(['dataset', 'model'], sort=False).size()
     lim = cfg.pool.limits
     store.set_meta('plan', dict(config=cfg.source, started=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
-                                limits=dict(call_budget=lim.call_budget, spend_cap_usd=lim.spend_cap_usd),
+                                limits=dict(call_budget=lim.call_budget,
+                                            spend_cap_usd=lim.spend_cap_usd),
                                 planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
 
 # %% ../../nbs/35_collect.ipynb #0f6521ca
@@ -689,7 +706,8 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity, writ
         write_observations(table, cfg.output); out = cfg.output
     need = tasks[tasks['n_rewrites'] > 0]
     if validity and len(need): rv = rewrite_validity(need, rewrite_table(store, need), similarity=similarity or cfg.similarity)
-    return dict(status=status, missing=missing, message=message, table=table, output=out, rewrite_validity=rv)
+    return dict(status=status, missing=missing, message=message, table=table, output=out,
+                rewrite_validity=rv)
 
 # %% ../../nbs/35_collect.ipynb #b9f3ab1c
 async def acollect(config, # a CollectConfig, TOML path or dict
@@ -769,10 +787,12 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
     done, stored, spent = _stored_state(cfg, tasks)
     rw = plan_rewrites(cfg, tasks, stored) if cfg.pool.rewriter is not None else None
     cost = estimate_cost(cfg, plan, rw, done)
-    counts = plan.groupby(['dataset', 'split', 'view', 'model'], sort=False).size().unstack('model', fill_value=0)
+    counts = plan.groupby(['dataset', 'split', 'view', 'model'], sort=False).size().unstack('model',
+                                                                                            fill_value=0)
     sel = tasks.groupby(['dataset', 'split'], sort=False).size().rename('queries')
     calls, most, typ = int(cost.loc['total', 'to_do']), cost.loc['total', 'cost_max_usd'], cost.loc['total', 'cost_typical_usd']
-    cols = ['role', 'planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'cost_max_usd', 'cost_typical_usd']
+    cols = ['role', 'planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'cost_max_usd',
+            'cost_typical_usd']
     lines = [f"dry run: nothing is called and nothing is written",
              f"models: {', '.join(cfg.model_names)}; rewriter: {cfg.pool.rewriter.name if cfg.pool.rewriter else '(none)'}",
              f"grid: N={cfg.n_rewrites} rewrites x M={cfg.n_decodes} decodes (train); test views: {cfg.test_rewrites} "
@@ -815,7 +835,8 @@ def _exit_status(res: CollectResult) -> int:
     "The exit code of a finished run; an incomplete run also says why on stderr."
     if res.status == 'complete': return EXIT_OK
     if res.status == 'budget':
-        print(f"{_PREFIX}stopped with {res.missing} observation(s) missing: {res.message}", file=sys.stderr)
+        print(f"{_PREFIX}stopped with {res.missing} observation(s) missing: {res.message}",
+              file=sys.stderr)
         return EXIT_BUDGET
     print(f"{_PREFIX}error: run incomplete ({res.missing} observation(s) missing): {res.message}; "
           "the same command retries the missing calls", file=sys.stderr)

@@ -112,7 +112,8 @@ def _check_file(path: Path, readonly: bool) -> bool:
 # %% ../../nbs/31_store.ipynb #695e8529
 def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
     target = path.resolve().as_uri() + '?mode=ro' if readonly else path
-    conn = sqlite3.connect(target, uri=readonly, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(target, uri=readonly, timeout=timeout_s, isolation_level=None,
+                           check_same_thread=False)
     conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
     return conn
 
@@ -266,7 +267,8 @@ def _frame(store, sql) -> pd.DataFrame:
 @patch
 def to_frame(self: Store) -> pd.DataFrame:
     "All stored observations as a validated observation table, in key order."
-    df = _frame(self, f"SELECT {', '.join(STORE_COLUMNS)}, created_at FROM observations ORDER BY {', '.join(KEY_COLUMNS)}")
+    df = _frame(self,
+                f"SELECT {', '.join(STORE_COLUMNS)}, created_at FROM observations ORDER BY {', '.join(KEY_COLUMNS)}")
     if not len(df): return df
     p = df['parsed']
     df['parsed'] = p.astype(bool) if p.notna().all() else p.map({1: True, 0: False}).astype('boolean')
@@ -312,7 +314,8 @@ def rewrites(self: Store, dataset: str, # dataset name
 @patch
 def rewrites_frame(self: Store) -> pd.DataFrame:
     "Every stored rewrite: dataset, query_id, rewrite_id, text, model."
-    return _frame(self, 'SELECT dataset, query_id, rewrite_id, text, model FROM rewrites ORDER BY rowid')
+    return _frame(self,
+                  'SELECT dataset, query_id, rewrite_id, text, model FROM rewrites ORDER BY rowid')
 
 # %% ../../nbs/31_store.ipynb #bce2abbd
 @patch
@@ -342,7 +345,8 @@ def put_rewriter_answer(self: Store, dataset: str, # dataset name
                         model: str | None = None, # the rewriter
                        ) -> int: # the answer's id
     "Store one raw rewriter answer in its own transaction."
-    args = (str(dataset), str(query_id), int(round), json.dumps([int(s) for s in slots]), str(text), model, time.time())
+    args = (str(dataset), str(query_id), int(round), json.dumps([int(s) for s in slots]), str(text),
+            model, time.time())
     with self._lock:
         cur = self._conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, text, model, created_at) '
                                  'VALUES (?, ?, ?, ?, ?, ?, ?)', args)
@@ -408,7 +412,8 @@ def settle(self: SpendLedger, entry: int, # an id from `reserve`
     c = _money(cost_usd, 'cost_usd')
     held = self._open.pop(entry, None)
     if held is None: raise StoreError(f"ledger entry {entry} is not open in this run")
-    self.store._q("UPDATE ledger SET cost_usd = ?, status = ?, settled_at = ? WHERE id = ?", (c, status, time.time(), entry))
+    self.store._q("UPDATE ledger SET cost_usd = ?, status = ?, settled_at = ? WHERE id = ?",
+                  (c, status, time.time(), entry))
     self._usd += c - held
 
 # %% ../../nbs/31_store.ipynb #c74bacb4
@@ -425,7 +430,8 @@ def totals(self: SpendLedger) -> pd.DataFrame:
     "Requests and dollars per kind and model, with the count of each status."
     df = _frame(self.store, "SELECT kind, model, status, max_usd, cost_usd FROM ledger")
     usd = df['cost_usd'].where(df['status'] != 'open', df['max_usd']).fillna(0.0)
-    out = df.assign(usd=usd).groupby(['kind', 'model']).agg(requests=('status', 'size'), usd=('usd', 'sum'))
+    out = df.assign(usd=usd).groupby(['kind', 'model']).agg(requests=('status', 'size'),
+                                                            usd=('usd', 'sum'))
     counts = df.groupby(['kind', 'model'])['status'].value_counts().unstack(fill_value=0)
     cols = [s for s in ('ok', 'failed', 'lost', 'open')]
     return out.join(counts.reindex(columns=cols, fill_value=0))[['requests', *cols, 'usd']]
@@ -474,27 +480,32 @@ def check_store(path, # the store file
         bad = s._q('PRAGMA integrity_check')
         if bad != [('ok',)]: raise _damaged(s.path, bad[0][0])
         n = len(s.to_frame())
-        counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers', 'ledger')]
+        counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
+                                                                    'ledger')]
     return f"store {path}: sound; {n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, {counts[2]} ledger entries"
 
 # %% ../../nbs/31_store.ipynb #8b206178
 def _readable_rows(conn, table: str, cols: list) -> list:
     "Every row of `table` that can still be read, walking by rowid past damaged pages."
     try: hi = conn.execute(f'SELECT MAX(rowid) FROM {table}').fetchone()[0] or 0
-    except sqlite3.DatabaseError: hi = conn.execute('PRAGMA page_count').fetchone()[0] * 512   # an upper bound
+    # an upper bound
+    except sqlite3.DatabaseError: hi = conn.execute('PRAGMA page_count').fetchone()[0] * 512
     rows, last = [], 0
     while last < hi:
         try:
             for r in conn.execute(f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)):
                 last = r[0]; rows.append(dict(zip(cols, r[1:])))
             break
-        except sqlite3.DatabaseError: last += 1          # skip one rowid past the damage and read on
+        # skip one rowid past the damage and read on
+        except sqlite3.DatabaseError: last += 1
     return rows
 
 # %% ../../nbs/31_store.ipynb #57551237
 _COPY_COLS = {'rewrites': ['dataset', 'query_id', 'rewrite_id', 'text', 'model', 'created_at'],
-              'rewriter_answers': ['dataset', 'query_id', 'round', 'slots', 'text', 'model', 'created_at'],
-              'ledger': ['model', 'kind', 'max_usd', 'cost_usd', 'status', 'reserved_at', 'settled_at'],
+              'rewriter_answers': ['dataset', 'query_id', 'round', 'slots', 'text', 'model',
+                                   'created_at'],
+              'ledger': ['model', 'kind', 'max_usd', 'cost_usd', 'status', 'reserved_at',
+                         'settled_at'],
               'meta': ['key', 'value']}
 
 def _copy_rows(new: Store, table: str, rows: list) -> int:
@@ -525,7 +536,8 @@ def salvage_store(path, # the damaged store
             for table, cols in [('observations', STORE_COLUMNS), *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
-                new._q('BEGIN')                               # one commit per table, not one per row
+                # one commit per table, not one per row
+                new._q('BEGIN')
                 report[table] = (len(rows), _copy_rows(new, table, rows))
                 new._q('COMMIT')
     finally: conn.close()
