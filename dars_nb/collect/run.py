@@ -58,6 +58,7 @@ class DatasetSpec:
     test: int = 0 # test queries (each gets the rewrite and decode views)
     options: dict = field(default_factory=dict) # more loader arguments
 
+# %% ../../nbs/35_collect.ipynb #052a8829
 @dataclass(frozen=True)
 class CollectConfig:
     "Everything a collection run needs."
@@ -95,6 +96,7 @@ def _num(v, name, lo=None, integer=False):
         raise ConfigError(f"[collection] {name} must be {what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
     return v
 
+# %% ../../nbs/35_collect.ipynb #40ce9371
 def _dataset_spec(d, i, base: Path) -> DatasetSpec:
     where = f"[[datasets]] #{i + 1}"
     if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
@@ -131,6 +133,7 @@ def _read_config(config) -> tuple:
         raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
     return d, path.resolve().parent, str(path)
 
+# %% ../../nbs/35_collect.ipynb #631888da
 def _check_limits(pool: Pool):
     "A call budget or a spend cap of 0 allows no request at all: refused rather than run."
     for k in ('call_budget', 'spend_cap_usd'):
@@ -145,6 +148,7 @@ def _check_models(models, pool) -> tuple | None:
     if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool has: {', '.join(pool.models)})")
     return tuple(models)
 
+# %% ../../nbs/35_collect.ipynb #79b0998d
 def _check_grammar(grammar) -> dict | None:
     if grammar is None: return None
     if not isinstance(grammar, dict): raise ConfigError("[collection] answer_grammar must be a table: task kind = \"GBNF grammar\"")
@@ -171,6 +175,7 @@ def _collection(col, pool) -> dict:
     return {**c, 'models': _check_models(c['models'], pool),
             'answer_grammar': _check_grammar(c['answer_grammar'])}
 
+# %% ../../nbs/35_collect.ipynb #4e9849aa
 def _datasets(raw, c, pool, base) -> tuple:
     "The [[datasets]] entries, checked against each other and against what the grid needs."
     if not isinstance(raw, list) or not raw: raise ConfigError("the configuration needs at least one [[datasets]] entry")
@@ -254,6 +259,7 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
     try: return loader(root=data_dir, dataset=spec.name, **kw)
     except TypeError as e: raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
 
+# %% ../../nbs/35_collect.ipynb #4dceb8af
 def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
               ) -> pd.DataFrame:
     "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites each one needs)."
@@ -279,11 +285,13 @@ def _chars_to_tokens(messages) -> int:
     "A typical-case token count of a chat prompt: about four characters per token, plus a few per message."
     return sum(len(m['content']) for m in messages) // 4 + 4 * len(messages)
 
+# %% ../../nbs/35_collect.ipynb #bcdd06e0
 def _grid(tasks, view, rewrite_ids, sample_ids):
     if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids): return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
     cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id']).to_frame(index=False)
     return tasks.merge(cells, how='cross').assign(view=view)
 
+# %% ../../nbs/35_collect.ipynb #360a8cd9
 def plan_calls(config, # a CollectConfig, TOML path or dict
                tasks: pd.DataFrame | None = None, # selected tasks (default: `load_tasks(config)`)
               ) -> pd.DataFrame:
@@ -363,6 +371,7 @@ def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
                 completion_tokens_typical=ct, cost_max_usd=(pt_max * rw.price_in + ct_max * rw.price_out) / 1e6,
                 cost_typical_usd=(pt * rw.price_in + ct * rw.price_out) / 1e6)
 
+# %% ../../nbs/35_collect.ipynb #72d7a152
 def estimate_cost(config, # a CollectConfig, TOML path or dict
                   plan: pd.DataFrame, # from `plan_calls`
                   rewrites: pd.DataFrame | None = None, # from `plan_rewrites` (None: no rewriter calls)
@@ -385,10 +394,12 @@ def estimate_cost(config, # a CollectConfig, TOML path or dict
 class EndpointError(ValueError):
     "An endpoint that cannot be used (unreachable, key refused, model not served), in one line."
 
+# %% ../../nbs/35_collect.ipynb #8d8be79e
 def _get_models(url: str, key: str | None, timeout: float):
     req = urllib.request.Request(url, headers={'Authorization': f'Bearer {key}'} if key else {})
     with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read()
 
+# %% ../../nbs/35_collect.ipynb #eda89564
 def check_endpoints(pool: Pool, # the pool to check
                     models: list | None = None, # model names to check (default: all, plus the rewriter)
                     timeout: float = 10.0, # seconds per endpoint
@@ -423,6 +434,7 @@ def _grammar(cfg, task) -> dict:
     g = (cfg.answer_grammar or {}).get(task['kind'])
     return {'grammar': g} if g else {}
 
+# %% ../../nbs/35_collect.ipynb #b6ef4853
 @dataclass
 class CollectResult:
     "What a collection run did."
@@ -439,10 +451,12 @@ class CollectResult:
     rewrite_validity: pd.DataFrame | None = None # rewrite validity checks of the selected queries
     output: Path | None = None # where the table was written
 
+# %% ../../nbs/35_collect.ipynb #e93dc437
 def _call_seed(seed: int, key: tuple) -> int:
     "A per-observation sampling seed, stable across restarts."
     return zlib.crc32(json.dumps([seed, *map(str, key)]).encode()) & 0x7FFFFFFF
 
+# %% ../../nbs/35_collect.ipynb #e869c56e
 def _score(kind, text, gold):
     "(score, parsed, answer the scorer read) of one response."
     from dars_nb.scoring import find_answer, score_with_answer
@@ -455,6 +469,7 @@ def _score(kind, text, gold):
         try: return 0.0, False, find_answer(text)
         except Exception: return 0.0, False, None
 
+# %% ../../nbs/35_collect.ipynb #9b54fdba
 def _split_tokens(total: int, texts) -> list[int]:
     "Share `total` completion tokens among `texts` in proportion to their length (integers summing to `total`)."
     w = np.array([max(len(t), 1) for t in texts], float)
@@ -463,6 +478,7 @@ def _split_tokens(total: int, texts) -> list[int]:
     out[np.argsort(-(raw - out))[:total - out.sum()]] += 1
     return out.tolist()
 
+# %% ../../nbs/35_collect.ipynb #458f139a
 def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
     "Jobs grouped into calls: one per job, or — where the endpoint honours `n` — one per (query, wording) with n samples."
     recs = list(jobs.itertuples(index=False))
@@ -600,6 +616,7 @@ async def worker(self: _Collector, model: str):
     q = self.queues[model]
     while q and not self.stop and not self.client.stopped: await self.call(model, q.popleft())
 
+# %% ../../nbs/35_collect.ipynb #580b33c3
 @patch
 async def run(self: _Collector, progress: bool) -> tuple:
     "Every pending call; returns (observations collected, failures, why the run stopped early or '')."
@@ -622,10 +639,12 @@ def _pending(plan: pd.DataFrame, keys) -> pd.DataFrame:
     mine = pd.MultiIndex.from_frame(plan[KEY_COLUMNS].astype({c: str for c in KEY_COLUMNS[:5]}))
     return plan[~mine.isin(done)]
 
+# %% ../../nbs/35_collect.ipynb #8cd7481e
 def _decoding(cfg) -> dict:
     return {'temperature': cfg.temperature, 'top_p': cfg.top_p,
             'max_tokens': {m: dict(cfg.pool.models[m].max_tokens) for m in cfg.model_names}}
 
+# %% ../../nbs/35_collect.ipynb #4b3c9fbb
 def _check_decoding(store, cfg):
     "Refuse to mix decoding settings in one store; record them (and the pool's fingerprint) otherwise."
     now, before = _decoding(cfg), store.get_meta('decoding')
@@ -645,6 +664,7 @@ def _check_decoding(store, cfg):
 # %% ../../nbs/35_collect.ipynb #3e29c639
 def _used_models(cfg) -> list: return cfg.model_names + ([cfg.pool.rewriter.name] if cfg.pool.rewriter is not None else [])
 
+# %% ../../nbs/35_collect.ipynb #0cbedefc
 def _open_for_run(cfg) -> Store:
     "The run's store, checked for damage and locked for writing; a new one is created only once every endpoint answered."
     existed = cfg.store.exists()
@@ -656,6 +676,7 @@ def _open_for_run(cfg) -> Store:
     except BaseException: store.close(); raise
     return store
 
+# %% ../../nbs/35_collect.ipynb #88c70914
 def _record_plan(store, cfg, plan: pd.DataFrame):
     "Settle what a killed run left in flight, and record this run's plan (for `dars status`)."
     store.ledger().settle_lost()
@@ -685,6 +706,7 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
         out['counters'] = client.counters
     return out
 
+# %% ../../nbs/35_collect.ipynb #c6c026b1
 def _stop_message(cfg, stop: str) -> str:
     "Why the run stopped at a limit, and which key of which file to raise to go on."
     key = 'call_budget' if 'call budget' in stop else 'spend_cap_usd'
@@ -765,6 +787,7 @@ def _stored_state(cfg, tasks) -> tuple:
         pairs = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
         return store.to_frame(), {(d, q): store.rewrites(d, q) for d, q in pairs}, store.ledger().spent()
 
+# %% ../../nbs/35_collect.ipynb #73a75c1e
 def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
     "The plan's upper bound against the call budget and the spend cap, counting what the store already spent."
     lim, (n0, usd0) = cfg.pool.limits, spent
@@ -831,6 +854,7 @@ def _report(res: CollectResult):
         print('\nscoring validity\n' + _md_table(scoring_validity(res.table)))
     if res.output is not None: print(f"\nobservations: {res.output}")
 
+# %% ../../nbs/35_collect.ipynb #2282dbe3
 def _exit_status(res: CollectResult) -> int:
     "The exit code of a finished run; an incomplete run also says why on stderr."
     if res.status == 'complete': return EXIT_OK

@@ -37,6 +37,7 @@ LEDGER_STATUSES = ('ok', 'failed', 'lost')
 # %% ../../nbs/31_store.ipynb #3cbabe6f
 def _sql_list(values) -> str: return ', '.join(repr(v) for v in values)
 
+# %% ../../nbs/31_store.ipynb #fcf7365d
 def _observations_sql() -> str:
     req = KEY_COLUMNS + ['score', 'cost']
     cols = [f"{c} {_TYPES[c]}{' NOT NULL' if c in req else ''}" for c in STORE_COLUMNS]
@@ -72,6 +73,7 @@ def _schema_sql() -> str: return _observations_sql() + _TABLES_SQL
 class StoreError(ValueError):
     "A row or a file the store cannot accept, stated in one line."
 
+# %% ../../nbs/31_store.ipynb #0276d995
 def _plain(v):
     "A value sqlite3 accepts: numpy scalars to Python, NaN to NULL, bools to 0/1."
     if isinstance(v, np.generic): v = v.item()
@@ -82,10 +84,12 @@ def _plain(v):
 # %% ../../nbs/31_store.ipynb #fd74a657
 def _salvage_hint(path) -> str: return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
 
+# %% ../../nbs/31_store.ipynb #b13ed6cc
 def _damaged(path, detail) -> StoreError:
     detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
     return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
 
+# %% ../../nbs/31_store.ipynb #15da2e74
 def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
     "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
     if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e): return StoreError(f"store {path}: {e}")
@@ -117,11 +121,13 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
     conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
     return conn
 
+# %% ../../nbs/31_store.ipynb #5f9200dc
 def _check_pages(conn, path):
     "Refuse a store whose pages do not hold together (`PRAGMA quick_check`, reads every page)."
     got = conn.execute('PRAGMA quick_check').fetchall()
     if got != [('ok',)]: raise _damaged(path, got[0][0] if got else 'quick_check gave nothing')
 
+# %% ../../nbs/31_store.ipynb #eb2c5134
 def _create_schema(conn, path):
     "WAL, durable commits and the tables (created if missing, nothing written when they exist)."
     mode = conn.execute('PRAGMA journal_mode = WAL').fetchone()[0]
@@ -132,6 +138,7 @@ def _create_schema(conn, path):
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (v,))
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version' AND value != ?", (v, v))
 
+# %% ../../nbs/31_store.ipynb #523b33c6
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
@@ -195,6 +202,7 @@ def _check_row(row: dict) -> dict:
     if isinstance(r.get('extra'), (dict, list)): r['extra'] = json.dumps(r['extra'])
     return r
 
+# %% ../../nbs/31_store.ipynb #9a03f318
 def _key_of(r) -> tuple: return tuple(r[k] for k in KEY_COLUMNS)
 
 # %% ../../nbs/31_store.ipynb #22e46f99
@@ -202,6 +210,7 @@ def _insert_sql(cols):
     return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES ({', '.join('?' * len(cols))}, ?) "
             f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO NOTHING")
 
+# %% ../../nbs/31_store.ipynb #3006e2c5
 @patch
 def insert(self: Store, row: dict, # one observation: the key fields, score, cost and any of STORE_COLUMNS
           ) -> bool: # True if the row was new, False if its key was already stored (nothing changed)
@@ -250,6 +259,7 @@ def keys(self: Store) -> set:
     "Every stored natural key, as (dataset, split, view, query_id, model, rewrite_id, sample_id) tuples."
     return set(self._q(f"SELECT {', '.join(KEY_COLUMNS)} FROM observations"))
 
+# %% ../../nbs/31_store.ipynb #9d66dba0
 @patch
 def count(self: Store) -> int:
     "How many observations are stored."
@@ -264,6 +274,7 @@ def _frame(store, sql) -> pd.DataFrame:
             return pd.DataFrame(cur.fetchall(), columns=[d[0] for d in cur.description])
         except sqlite3.DatabaseError as e: raise _db_error(store.path, e) from None
 
+# %% ../../nbs/31_store.ipynb #b076fb58
 @patch
 def to_frame(self: Store) -> pd.DataFrame:
     "All stored observations as a validated observation table, in key order."
@@ -311,6 +322,7 @@ def rewrites(self: Store, dataset: str, # dataset name
     return dict(self._q('SELECT rewrite_id, text FROM rewrites WHERE dataset = ? AND query_id = ? ORDER BY rewrite_id',
                         (str(dataset), str(query_id))))
 
+# %% ../../nbs/31_store.ipynb #df9a144a
 @patch
 def rewrites_frame(self: Store) -> pd.DataFrame:
     "Every stored rewrite: dataset, query_id, rewrite_id, text, model."
@@ -324,12 +336,14 @@ def set_meta(self: Store, key: str, value) -> None:
     self._q('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value',
             (str(key), json.dumps(value)))
 
+# %% ../../nbs/31_store.ipynb #4de38ba5
 @patch
 def get_meta(self: Store, key: str, default=None):
     "The value stored under `key`, or `default`."
     got = self._q('SELECT value FROM meta WHERE key = ?', (str(key),))
     return json.loads(got[0][0]) if got else default
 
+# %% ../../nbs/31_store.ipynb #fdb79c57
 @patch
 def meta(self: Store) -> dict:
     "Every metadata entry."
@@ -385,6 +399,7 @@ def _money(v, what) -> float:
         raise StoreError(f"{what} must be a finite non-negative number of dollars, got {v!r}")
     return float(v)
 
+# %% ../../nbs/31_store.ipynb #b04e4250
 @patch
 def reserve(self: SpendLedger, model: str, # the pool's name of the model called
             kind: str, # 'generation' or 'rewrite'
@@ -425,6 +440,7 @@ def settle_lost(self: SpendLedger) -> int: # how many entries were settled
            f"WHERE status = 'open' AND id NOT IN ({', '.join('?' * len(mine))})")
     with self.store._lock: return self.store._conn.execute(sql, [time.time(), *mine]).rowcount
 
+# %% ../../nbs/31_store.ipynb #f6661db5
 @patch
 def totals(self: SpendLedger) -> pd.DataFrame:
     "Requests and dollars per kind and model, with the count of each status."
@@ -574,6 +590,7 @@ def _usd(x: float) -> str:
     "Dollars as people read them: cents from a dollar up, every significant digit of a small one (no exponent)."
     return f"${x:,.2f}" if x >= 1 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
 
+# %% ../../nbs/31_store.ipynb #2c50fd32
 def store_status(path, # the store file
                 ) -> str:
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
