@@ -415,6 +415,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dars_nb.collect.store._create_schema': ('store.html#_create_schema', 'dars_nb/collect/store.py'),
                                        'dars_nb.collect.store._damaged': ('store.html#_damaged', 'dars_nb/collect/store.py'),
                                        'dars_nb.collect.store._db_error': ('store.html#_db_error', 'dars_nb/collect/store.py'),
+                                       'dars_nb.collect.store._empty_tables': ('store.html#_empty_tables', 'dars_nb/collect/store.py'),
                                        'dars_nb.collect.store._frame': ('store.html#_frame', 'dars_nb/collect/store.py'),
                                        'dars_nb.collect.store._insert_sql': ('store.html#_insert_sql', 'dars_nb/collect/store.py'),
                                        'dars_nb.collect.store._key_of': ('store.html#_key_of', 'dars_nb/collect/store.py'),

@@ -144,6 +144,14 @@ def _check_columns(conn, path):
     missing = [c for c in STORE_COLUMNS if c not in cols]
     if missing: raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
 
+# %% ../../nbs/31_store.ipynb #039e344e
+def _empty_tables(conn):
+    "Read-only, a store written before a table existed gets an empty temporary one in its place."
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for stmt in _TABLES_SQL.split(';'):
+        name = stmt.split('EXISTS', 1)[-1].split('(', 1)[0].strip()
+        if name and name not in have: conn.execute(stmt.replace('CREATE TABLE', 'CREATE TEMP TABLE'))
+
 # %% ../../nbs/31_store.ipynb #f8ce81ca
 class Store:
     "Observations, rewrites, the spend ledger and run metadata in one SQLite file (WAL, one transaction per write)."
@@ -157,7 +165,8 @@ class Store:
         try:
             self._conn = _connect(self.path, timeout_s, readonly)
             if existed: _check_pages(self._conn, self.path)
-            if not readonly: _create_schema(self._conn, self.path)
+            if readonly: _empty_tables(self._conn)
+            else: _create_schema(self._conn, self.path)
             _check_columns(self._conn, self.path)
         except BaseException as e:
             self.close()
