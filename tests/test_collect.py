@@ -256,3 +256,13 @@ def test_dry_run_needs_no_key_and_writes_nothing(tmp_path, capsys, monkeypatch):
     # 2 train x 2 x 2 + 1 test x (3 + 3) = 14 observations; rewriter, 2 rounds: 2 x (1 + 2) + (1 + 3) = 10 calls at most
     assert 'total: at most 24 calls to make' in out
     assert not (tmp_path / 'sub').exists()
+
+
+def test_data_folder_on_the_command_line_overrides_the_config(tmp_path, capsys):
+    cfg = tmp_path / 'c.toml'
+    cfg.write_text(pool_toml({'m1': ('http://127.0.0.1:9/v1', 1.0, 2.0, 'm1', 1)}, rewriter='m1')
+                   + collection_toml().replace(f'data_dir = "{DATA}"', 'data_dir = "no/such/folder"') + MMLU.format(train=1, test=1))
+    assert collect_main(str(cfg), dry_run=True) == EXIT_ERROR
+    assert 'no/such/folder' in capsys.readouterr().err
+    assert collect_main(str(cfg), dry_run=True, data=str(DATA)) == EXIT_OK
+    assert 'observations planned' in capsys.readouterr().out

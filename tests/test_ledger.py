@@ -179,3 +179,8 @@ def test_sigterm_is_a_clean_resumable_stop(local_server, tmp_path):
     with sqlite3.connect(db) as con: assert con.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'
     done = subprocess.run([sys.executable, '-c', RUNNER, str(cfg)], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-1000:]
+    # `dars status`: the plan of the last run against what is stored, and the ledger of both runs
+    st = subprocess.run([sys.executable, '-c', f'import sys; from dars_nb.collect.store import status_main; sys.exit(status_main({str(db)!r}))'],
+                        env=ENV, capture_output=True, text=True, timeout=120)
+    assert st.returncode == 0, st.stderr
+    assert 'last run: complete' in st.stdout and '| mmlu | a |' in st.stdout and 'spend ledger (all runs)' in st.stdout, st.stdout
