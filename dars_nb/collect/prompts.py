@@ -28,7 +28,8 @@ def task_kind(row, # a task row
     "The task kind of `row`, checked against `KINDS`."
     kind = _field(row, 'kind')
     if kind not in KINDS:
-        raise ValueError(f"unknown task kind {kind!r} for query {_field(row, 'query_id')!r} (expected one of {', '.join(KINDS)})")
+        raise ValueError(f"unknown task kind {kind!r} for query {_field(row, 'query_id')!r} "
+                         f"(expected one of {', '.join(KINDS)})")
     return kind
 
 # %% ../../nbs/33_prompts.ipynb #3ada4c68
@@ -45,14 +46,16 @@ def choice_list(row, # a multiple-choice task row
                ) -> list[str]:
     "The options of a multiple-choice row as a list of strings, in order."
     ch = _field(row, 'choices')
-    if ch is None: raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
+    if ch is None:
+        raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
     if isinstance(ch, str):
         try: ch = json.loads(ch)
         except json.JSONDecodeError: raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
     if isinstance(ch, Mapping): ch = [ch[k] for k in sorted(ch)]
     ch = [str(c) for c in list(ch)]
     if not 2 <= len(ch) <= len(LETTERS):
-        raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices (expected 2 to {len(LETTERS)})")
+        raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices "
+                         f"(expected 2 to {len(LETTERS)})")
     return ch
 
 # %% ../../nbs/33_prompts.ipynb #c50c6e2f
@@ -70,7 +73,8 @@ def user_prompt(row, # a task row
     q = str(question_text if question_text is not None else _field(row, 'question', '')).strip()
     if kind == 'choice':
         ch = choice_list(row)
-        return (f"Answer the following multiple-choice question.\n\nQuestion: {q}\n\nOptions:\n{format_choices(ch)}\n\n"
+        return ("Answer the following multiple-choice question.\n\nQuestion: "
+                f"{q}\n\nOptions:\n{format_choices(ch)}\n\n"
                 f"Choose exactly one option. End with the line `Final Answer: X`, where X is a single letter "
                 f"from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
     if kind == 'math':
@@ -92,18 +96,22 @@ def generation_messages(row, # a task row
             {'role': 'user', 'content': user_prompt(row, question_text)}]
 
 # %% ../../nbs/33_prompts.ipynb #0c698233
-REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording changes but the task does not. "
+REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording "
+                  "changes but the task does not. "
                   "A rewrite must have exactly the same correct answer as the original. "
                   "Never answer the question, never add hints, never mention that it is a rewrite.")
 
 REWRITE_RULES = {
-    'choice': ("This is a multiple-choice question. Rewrite only the question stem. The answer options are shown "
+    'choice': ("This is a multiple-choice question. Rewrite only the question stem. The "
+               "answer options are shown "
                "for reference: do not copy, change, reorder, add or remove them, and do not include them in your "
                "rewrites. The same option must remain the correct one."),
-    'math': ("This is a free-form math problem. Rewrite only the problem statement. Keep every number, variable, "
+    'math': ("This is a free-form math problem. Rewrite only the problem statement. "
+             "Keep every number, variable, "
              "equation, unit, condition and constraint, and ask for exactly the same quantity. Do not simplify "
              "the problem, do not add hints, do not reveal or hint at the answer."),
-    'reading': ("This is a reading-comprehension question about a fixed passage. Rewrite only the question, never "
+    'reading': ("This is a reading-comprehension question about a fixed passage. Rewrite "
+                "only the question, never "
                 "the passage, and do not include the passage in your rewrites. Each rewrite must be answerable "
                 "from the same passage with the same answer, and must not add anything the passage does not say."),
 }
@@ -118,10 +126,13 @@ def rewrite_messages(row, # a task row
     q = str(_field(row, 'question', '')).strip()
     label = {'choice': 'Question stem', 'math': 'Problem', 'reading': 'Question'}[kind]
     parts = [REWRITE_RULES[kind], '']
-    if kind == 'reading': parts += [f"Passage (do not rewrite):\n{str(_field(row, 'context', '')).strip()}", '']
+    if kind == 'reading':
+        parts += [f"Passage (do not rewrite):\n{str(_field(row, 'context', '')).strip()}", '']
     parts += [f"{label} to rewrite:\n{q}", '']
-    if kind == 'choice': parts += [f"Options (for reference only, keep as they are):\n{format_choices(choice_list(row))}", '']
-    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the {label.lower()}. Put each one between "
+    if kind == 'choice': parts += ["Options (for reference only, keep as they "
+                                   f"are):\n{format_choices(choice_list(row))}", '']
+    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the "
+              f"{label.lower()}. Put each one between "
               f"<rewrite> and </rewrite> tags, one after another, and write nothing else."]
     return [{'role': 'system', 'content': REWRITE_SYSTEM},
             {'role': 'user', 'content': '\n'.join(parts)}]

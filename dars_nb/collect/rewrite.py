@@ -55,7 +55,8 @@ def pair_similarity(a, # original texts
                    ) -> tuple[np.ndarray, str]:
     "Cosine similarity of each pair (a[i], b[i]) and the backend used."
     a, b = [str(t) for t in a], [str(t) for t in b]
-    if len(a) != len(b): raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
+    if len(a) != len(b): raise ValueError("pair_similarity needs aligned lists, got "
+                                          f"{len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
     # the routers' cached encoder: unit vectors, so the dot product is the cosine
@@ -85,7 +86,8 @@ def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
     "True if a question rewrite contains the passage marker or any `span` consecutive passage words."
     if 'passage:' in text.casefold(): return True
     words = re.findall(r'\w+', passage.casefold())
-    if len(words) < span: return bool(words) and ' '.join(words) in ' '.join(re.findall(r'\w+', text.casefold()))
+    if len(words) < span:
+        return bool(words) and ' '.join(words) in ' '.join(re.findall(r'\w+', text.casefold()))
     grams = {' '.join(words[i:i + span]) for i in range(len(words) - span + 1)}
     tw = re.findall(r'\w+', text.casefold())
     return any(' '.join(tw[i:i + span]) in grams for i in range(len(tw) - span + 1))
@@ -242,7 +244,8 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           progress: bool = False, # show a progress bar (on stderr, only when it is a terminal)
                          ) -> dict:
     "Ask the rewriter for every missing rewrite of `tasks` and store it; returns counts of calls, stored and filled rewrites."
-    if 'n_rewrites' not in tasks.columns: raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
+    if 'n_rewrites' not in tasks.columns:
+        raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
     counts = dict(calls=0, stored=0, filled=0)
     todo = [_QueryRewrites(store, r, rewriter, counts) for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
     todo = [q for q in todo if q.missing]

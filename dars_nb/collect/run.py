@@ -93,7 +93,8 @@ def _num(v, name, lo=None, integer=False):
           and (not integer or isinstance(v, int)))
     if not ok or (lo is not None and v < lo):
         what = 'an integer' if integer else 'a number'
-        raise ConfigError(f"[collection] {name} must be {what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
+        raise ConfigError(f"[collection] {name} must be "
+                          f"{what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
     return v
 
 # %% ../../nbs/35_collect.ipynb #40ce9371
@@ -101,22 +102,29 @@ def _dataset_spec(d, i, base: Path) -> DatasetSpec:
     where = f"[[datasets]] #{i + 1}"
     if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
     extra = [k for k in d if k not in _DATASET_KEYS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of {', '.join(_DATASET_KEYS)})")
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
+                                f"{', '.join(_DATASET_KEYS)})")
     src, path = d.get('source'), d.get('path')
-    if (src is None) == (path is None): raise ConfigError(f"{where} needs exactly one of source or path")
+    if (src is None) == (path is None):
+        raise ConfigError(f"{where} needs exactly one of source or path")
     if src is not None and src not in SOURCES:
-        raise ConfigError(f"{where}: unknown source {src!r} (expected one of {', '.join(SOURCES)}, or a path to a JSONL file)")
+        raise ConfigError(f"{where}: unknown source {src!r} (expected one of "
+                          f"{', '.join(SOURCES)}, or a path to a JSONL file)")
     name = d.get('name', src if src is not None else Path(str(path)).stem)
-    if not isinstance(name, str) or not name.strip(): raise ConfigError(f"{where}: name must be a non-empty string")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: name must be a non-empty string")
     for k in ('train', 'test'):
         v = d.get(k, 0)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
-    if d.get('train', 0) + d.get('test', 0) == 0: raise ConfigError(f"{where} ({name}): train and test are both 0")
+    if d.get('train', 0) + d.get('test', 0) == 0:
+        raise ConfigError(f"{where} ({name}): train and test are both 0")
     opts = d.get('options', {})
     if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
     if src == 'gpqa':
-        if 'path' not in opts: raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")
+        if 'path' not in opts:
+            raise ConfigError(f"{where} ({name}): the gpqa source needs "
+                              "options.path (your own GPQA copy)")
         opts = {**opts, 'path': str((base / opts['path']).resolve())}
     return DatasetSpec(name=name, source=src, path=(base / path).resolve() if path is not None else None,
                        train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
@@ -125,7 +133,8 @@ def _dataset_spec(d, i, base: Path) -> DatasetSpec:
 def _read_config(config) -> tuple:
     "(the configuration as a dict, the folder its relative paths start from, its file name or None)."
     if isinstance(config, dict): return config, Path.cwd(), None
-    if not isinstance(config, (str, Path)): raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
+    if not isinstance(config, (str, Path)):
+        raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
     path = Path(config)
     if not path.is_file(): raise ConfigError(f"config file not found: {path}")
     try: d = tomllib.loads(path.read_text())
@@ -137,7 +146,9 @@ def _read_config(config) -> tuple:
 def _check_limits(pool: Pool):
     "A call budget or a spend cap of 0 allows no request at all: refused rather than run."
     for k in ('call_budget', 'spend_cap_usd'):
-        if getattr(pool.limits, k) == 0: raise ConfigError(f"[limits] {k} = 0 allows no request; raise it, or leave it out for no limit")
+        if getattr(pool.limits, k) == 0:
+            raise ConfigError(f"[limits] {k} = 0 allows no request; raise it, or "
+                              "leave it out for no limit")
 
 # %% ../../nbs/35_collect.ipynb #2e7491ed
 def _check_models(models, pool) -> tuple | None:
@@ -145,17 +156,22 @@ def _check_models(models, pool) -> tuple | None:
     if isinstance(models, str) or not all(isinstance(m, str) for m in models):
         raise ConfigError("[collection] models must be a list of model names")
     unknown = [m for m in models if m not in pool.models]
-    if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool has: {', '.join(pool.models)})")
+    if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool "
+                                  f"has: {', '.join(pool.models)})")
     return tuple(models)
 
 # %% ../../nbs/35_collect.ipynb #79b0998d
 def _check_grammar(grammar) -> dict | None:
     if grammar is None: return None
-    if not isinstance(grammar, dict): raise ConfigError("[collection] answer_grammar must be a table: task kind = \"GBNF grammar\"")
+    if not isinstance(grammar, dict):
+        raise ConfigError("[collection] answer_grammar must be a table: "
+                          "task kind = \"GBNF grammar\"")
     bad = [k for k in grammar if k not in KINDS]
-    if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} (expected one of {', '.join(KINDS)})")
+    if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} "
+                              f"(expected one of {', '.join(KINDS)})")
     empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
-    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
+    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be "
+                                "a non-empty grammar string")
     return dict(grammar)
 
 # %% ../../nbs/35_collect.ipynb #30c3479f
@@ -163,31 +179,37 @@ def _collection(col, pool) -> dict:
     "[collection] merged with its defaults and checked."
     if not isinstance(col, dict): raise ConfigError("[collection] must be a table")
     extra = [k for k in col if k not in _COLLECTION_DEFAULTS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [collection] (expected one of {', '.join(_COLLECTION_DEFAULTS)})")
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [collection] (expected one of "
+                                f"{', '.join(_COLLECTION_DEFAULTS)})")
     c = {**_COLLECTION_DEFAULTS, **col}
     _num(c['seed'], 'seed', 0, True)
     for k in ('temperature', 'rewrite_temperature', 'top_p'): _num(c[k], k, 0)
-    if not 0 < c['top_p'] <= 1: raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
+    if not 0 < c['top_p'] <= 1:
+        raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
     for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'): _num(c[k], k, 1, True)
     for k in ('test_rewrites', 'test_decodes'): _num(c[k], k, 0, True)
     if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
-        raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {c['similarity']!r}")
+        raise ConfigError("[collection] similarity must be auto, sentence or "
+                          f"tfidf, got {c['similarity']!r}")
     return {**c, 'models': _check_models(c['models'], pool),
             'answer_grammar': _check_grammar(c['answer_grammar'])}
 
 # %% ../../nbs/35_collect.ipynb #4e9849aa
 def _datasets(raw, c, pool, base) -> tuple:
     "The [[datasets]] entries, checked against each other and against what the grid needs."
-    if not isinstance(raw, list) or not raw: raise ConfigError("the configuration needs at least one [[datasets]] entry")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("the configuration needs at least one [[datasets]] entry")
     specs = tuple(_dataset_spec(x, i, base) for i, x in enumerate(raw))
     names = [s.name for s in specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup: raise ConfigError(f"dataset name {dup[0]!r} appears twice in [[datasets]]")
     if any(s.test > 0 for s in specs) and c['test_rewrites'] + c['test_decodes'] == 0:
-        raise ConfigError("[collection] test queries are requested but test_rewrites and test_decodes are both 0")
+        raise ConfigError("[collection] test queries are requested but test_rewrites "
+                          "and test_decodes are both 0")
     rewrites = any(s.train > 0 for s in specs) or any(s.test > 0 and c['test_rewrites'] > 0 for s in specs)
     if rewrites and pool.rewriter is None:
-        raise ConfigError("rewrites are needed but the pool names no rewriter (add rewriter = \"model\")")
+        raise ConfigError("rewrites are needed but the pool names no rewriter "
+                          "(add rewriter = \"model\")")
     return specs
 
 # %% ../../nbs/35_collect.ipynb #93a2ba9f
@@ -199,7 +221,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
     d, base, source = _read_config(config)
     allowed = _POOL_KEYS + ('collection', 'datasets', 'serve')
     extra = [k for k in d if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(allowed)})")
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected "
+                                f"one of {', '.join(allowed)})")
     pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
     _check_limits(pool)
     c = _collection(d.get('collection', {}), pool)
@@ -231,13 +254,16 @@ def load_task_file(path, # a JSONL file, one task per line
         miss = [f for f in TASK_FIELDS if r.get(f) in (None, '')]
         if miss: raise ValueError(f"{where}: missing field {miss[0]!r}")
         kind = r['kind']
-        if kind not in KINDS: raise ValueError(f"{where}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+        if kind not in KINDS:
+            raise ValueError(f"{where}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
         if kind == 'choice':
-            if not isinstance(r.get('choices'), list): raise ValueError(f"{where}: a choice task needs a list of choices")
+            if not isinstance(r.get('choices'), list):
+                raise ValueError(f"{where}: a choice task needs a list of choices")
             try: ch = choice_list(r)                    # 2 to 10 options
             except ValueError as e: raise ValueError(f"{where}: {e}") from None
             if str(r['gold']).strip().upper() not in LETTERS[:len(ch)] or len(str(r['gold']).strip()) != 1:
-                raise ValueError(f"{where}: gold must be one option letter A-{LETTERS[len(ch) - 1]}, got {r['gold']!r}")
+                raise ValueError(f"{where}: gold must be one option letter "
+                                 f"A-{LETTERS[len(ch) - 1]}, got {r['gold']!r}")
         if kind == 'reading' and not str(r.get('context') or '').strip():
             raise ValueError(f"{where}: missing field 'context' (the passage of a reading task)")
         rows.append(dict(dataset=dataset or path.stem, query_id=str(r['query_id']), kind=kind, question=str(r['question']),
@@ -246,7 +272,8 @@ def load_task_file(path, # a JSONL file, one task per line
     if not rows: raise ValueError(f"task file {path.name} holds no tasks")
     df = pd.DataFrame(rows)
     dup = df['query_id'].duplicated()
-    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id {df['query_id'][dup].iloc[0]!r}")
+    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id "
+                                   f"{df['query_id'][dup].iloc[0]!r}")
     return df
 
 # %% ../../nbs/35_collect.ipynb #71688594
@@ -269,7 +296,8 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
-            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + test = {spec.train + spec.test}")
+            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + "
+                             f"test = {spec.train + spec.test}")
         train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
                                    n_test=spec.test)
         parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
@@ -287,7 +315,8 @@ def _chars_to_tokens(messages) -> int:
 
 # %% ../../nbs/35_collect.ipynb #bcdd06e0
 def _grid(tasks, view, rewrite_ids, sample_ids):
-    if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids): return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
+    if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids):
+        return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
     cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id']).to_frame(index=False)
     return tasks.merge(cells, how='cross').assign(view=view)
 
@@ -417,7 +446,8 @@ def check_endpoints(pool: Pool, # the pool to check
                 except Exception: ids = None
             except urllib.error.HTTPError as e:
                 if e.code in (401, 403):
-                    raise EndpointError(f"model {s.name!r}: {s.base_url} refused the key in {s.api_key_env or '(no key variable)'} (HTTP {e.code})") from None
+                    raise EndpointError(f"model {s.name!r}: {s.base_url} refused the key in "
+                                        f"{s.api_key_env or '(no key variable)'} (HTTP {e.code})") from None
                 ids = None      # reachable; this endpoint just does not list its models
             except (urllib.error.URLError, OSError, ValueError) as e:
                 reason = getattr(e, 'reason', e)
@@ -425,7 +455,8 @@ def check_endpoints(pool: Pool, # the pool to check
             served[s.base_url] = ids
         ids = served[s.base_url]
         if ids is not None and s.remote_name not in ids:
-            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} (it serves: {', '.join(map(str, ids[:8]))})")
+            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} "
+                                f"(it serves: {', '.join(map(str, ids[:8]))})")
     return served
 
 # %% ../../nbs/35_collect.ipynb #795d0b19
@@ -494,7 +525,8 @@ def _over_limits(ledger, limits, est: float) -> str:
     if limits.call_budget is not None and n + 1 > limits.call_budget:
         return f"call budget of {limits.call_budget} requests reached ({n} made by this store over all runs)"
     if limits.spend_cap_usd is not None and usd + est > limits.spend_cap_usd:
-        return (f"spend cap of {_usd(limits.spend_cap_usd)} reached ({_usd(usd)} spent or in flight over all runs "
+        return (f"spend cap of {_usd(limits.spend_cap_usd)} reached ({_usd(usd)} spent "
+                "or in flight over all runs "
                 f"of this store; the next request may cost up to {_usd(est)})")
     return ''
 
@@ -597,7 +629,8 @@ async def call(self: _Collector, model: str, batch: list):
     task = self.rows[(job.dataset, job.query_id)]
     wording = None if job.rewrite_id == 0 else self.texts[(job.dataset, job.query_id)].get(job.rewrite_id)
     if job.rewrite_id != 0 and wording is None:
-        self.failures += [(k, f"rewrite {job.rewrite_id} of {job.dataset}/{job.query_id} is not stored") for k in keys]
+        self.failures += [(k, f"rewrite {job.rewrite_id} of "
+                              f"{job.dataset}/{job.query_id} is not stored") for k in keys]
         return
     comp = await self.ask(model, batch, keys, task, wording)
     if comp is None: return
@@ -651,11 +684,13 @@ def _check_decoding(store, cfg):
     if before is not None:
         for k in ('temperature', 'top_p'):
             if before[k] != now[k]:
-                raise ConfigError(f"store {cfg.store.name} was collected with {k} = {before[k]:g}, the config asks for {now[k]:g}; "
+                raise ConfigError(f"store {cfg.store.name} was collected with {k} = "
+                                  f"{before[k]:g}, the config asks for {now[k]:g}; "
                                   f"use a new store for other decoding settings")
         for m in sorted(set(before['max_tokens']) & set(now['max_tokens'])):
             if before['max_tokens'][m] != now['max_tokens'][m]:
-                raise ConfigError(f"store {cfg.store.name} was collected with other max_tokens for model {m!r} "
+                raise ConfigError(f"store {cfg.store.name} was collected with other "
+                                  f"max_tokens for model {m!r} "
                                   f"({before['max_tokens'][m]}); use a new store for other decoding settings")
         now['max_tokens'] = {**before['max_tokens'], **now['max_tokens']}
     store.set_meta('decoding', now)
@@ -727,7 +762,9 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity, writ
         cfg.output.parent.mkdir(parents=True, exist_ok=True)
         write_observations(table, cfg.output); out = cfg.output
     need = tasks[tasks['n_rewrites'] > 0]
-    if validity and len(need): rv = rewrite_validity(need, rewrite_table(store, need), similarity=similarity or cfg.similarity)
+    if validity and len(need):
+        rv = rewrite_validity(need, rewrite_table(store, need),
+                              similarity=similarity or cfg.similarity)
     return dict(status=status, missing=missing, message=message, table=table, output=out,
                 rewrite_validity=rv)
 
@@ -796,7 +833,8 @@ def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
                                       ('spend_cap_usd', usd0, usd, lim.spend_cap_usd, _usd)):
         if cap is None: continue
         if have + need <= cap: lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
-        lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} spent + up to {fmt(need)}); "
+        lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} "
+                     f"spent + up to {fmt(need)}); "
                      f"the run will stop there — raise {key} in [limits] of {cfg.source or 'the configuration'} to collect it all")
     return lines
 
@@ -844,11 +882,14 @@ _PREFIX = 'dars collect: '
 def _report(res: CollectResult):
     "The report of a finished run on standard output."
     c = res.counters
-    print(f"{res.collected} observation(s) collected, {res.skipped} already stored, {res.missing} missing "
+    print(f"{res.collected} observation(s) collected, {res.skipped} already "
+          f"stored, {res.missing} missing "
           f"of {res.planned} planned; rewriter: {res.rewrites['calls']} call(s), {res.rewrites['filled']} rewrite(s) "
           f"filled with the original wording")
-    if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
-    if res.rewrite_validity is not None: print('\nrewrite validity\n' + _md_table(res.rewrite_validity))
+    if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} "
+                            f"failed; spend ${c.spend_usd:.6f}")
+    if res.rewrite_validity is not None:
+        print('\nrewrite validity\n' + _md_table(res.rewrite_validity))
     if res.table is not None and len(res.table):
         from dars_nb.scoring import scoring_validity
         print('\nscoring validity\n' + _md_table(scoring_validity(res.table)))
@@ -880,7 +921,8 @@ def collect_main(config: str, # path of the collection TOML file
             print(describe_plan(cfg)); return EXIT_OK
         with _sigterm_as_sigint(): res = collect(cfg, progress=not quiet, validity=not quiet)
     except KeyboardInterrupt:
-        print(f"{_PREFIX}interrupted: every answer received is stored; the same command resumes the run", file=sys.stderr)
+        print(f"{_PREFIX}interrupted: every answer received is stored; the "
+              "same command resumes the run", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
         print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR

@@ -92,7 +92,8 @@ def _damaged(path, detail) -> StoreError:
 # %% ../../nbs/31_store.ipynb #15da2e74
 def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
     "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
-    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e): return StoreError(f"store {path}: {e}")
+    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
+        return StoreError(f"store {path}: {e}")
     return _damaged(path, e)
 
 # %% ../../nbs/31_store.ipynb #691055e3
@@ -110,7 +111,8 @@ def _check_file(path: Path, readonly: bool) -> bool:
                          "restore it from a copy, or delete it to start a new store")
     with open(path, 'rb') as f: head = f.read(16)
     if head != b'SQLite format 3\x00':
-        raise StoreError(f"{path} is not a store, or its first page is damaged; {_salvage_hint(path)}")
+        raise StoreError(f"{path} is not a store, or its first page is "
+                         f"damaged; {_salvage_hint(path)}")
     return True
 
 # %% ../../nbs/31_store.ipynb #695e8529
@@ -142,7 +144,8 @@ def _create_schema(conn, path):
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
-    if missing: raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
+    if missing: raise StoreError(f"{path} has an observations table without "
+                                 f"column(s) {', '.join(missing)}")
 
 # %% ../../nbs/31_store.ipynb #039e344e
 def _empty_tables(conn):
@@ -150,7 +153,8 @@ def _empty_tables(conn):
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     for stmt in _TABLES_SQL.split(';'):
         name = stmt.split('EXISTS', 1)[-1].split('(', 1)[0].strip()
-        if name and name not in have: conn.execute(stmt.replace('CREATE TABLE', 'CREATE TEMP TABLE'))
+        if name and name not in have:
+            conn.execute(stmt.replace('CREATE TABLE', 'CREATE TEMP TABLE'))
 
 # %% ../../nbs/31_store.ipynb #f8ce81ca
 class Store:
@@ -190,23 +194,28 @@ class Store:
 
 # %% ../../nbs/31_store.ipynb #4f506028
 def _check_row(row: dict) -> dict:
-    if not isinstance(row, dict): raise StoreError(f"an observation must be a dict, got {type(row).__name__}")
+    if not isinstance(row, dict):
+        raise StoreError(f"an observation must be a dict, got {type(row).__name__}")
     unknown = [k for k in row if k not in STORE_COLUMNS]
     if unknown: raise StoreError(f"unknown observation column {unknown[0]!r}")
     r = {k: _plain(v) for k, v in row.items()}
     missing = [k for k in KEY_COLUMNS + ['score', 'cost'] if r.get(k) is None]
     if missing: raise StoreError(f"observation is missing {', '.join(missing)}")
     for k in ('dataset', 'query_id', 'model'): r[k] = str(r[k])
-    if r['split'] not in SPLITS: raise StoreError(f"unknown split {r['split']!r} (expected one of {', '.join(SPLITS)})")
-    if r['view'] not in VIEWS: raise StoreError(f"unknown view {r['view']!r} (expected one of {', '.join(VIEWS)})")
+    if r['split'] not in SPLITS:
+        raise StoreError(f"unknown split {r['split']!r} (expected one of {', '.join(SPLITS)})")
+    if r['view'] not in VIEWS:
+        raise StoreError(f"unknown view {r['view']!r} (expected one of {', '.join(VIEWS)})")
     for k in ('rewrite_id', 'sample_id'):
         v = r[k]
         if isinstance(v, float) and v.is_integer(): v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise StoreError(f"{k} must be a non-negative integer, got {row[k]!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise StoreError(f"{k} must be a non-negative integer, got {row[k]!r}")
         r[k] = v
     for k, ok, what in (('score', lambda v: 0 <= v <= 1, 'a number in [0, 1]'), ('cost', lambda v: 0 <= v < math.inf, 'a finite non-negative number')):
         v = r[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v): raise StoreError(f"{k} must be {what}, got {row[k]!r}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v):
+            raise StoreError(f"{k} must be {what}, got {row[k]!r}")
         r[k] = float(v)
     if isinstance(r.get('extra'), (dict, list)): r['extra'] = json.dumps(r['extra'])
     return r
@@ -216,7 +225,8 @@ def _key_of(r) -> tuple: return tuple(r[k] for k in KEY_COLUMNS)
 
 # %% ../../nbs/31_store.ipynb #22e46f99
 def _insert_sql(cols):
-    return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES ({', '.join('?' * len(cols))}, ?) "
+    return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES "
+            f"({', '.join('?' * len(cols))}, ?) "
             f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO NOTHING")
 
 # %% ../../nbs/31_store.ipynb #3006e2c5
@@ -248,7 +258,8 @@ def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('re
             self._conn.execute('COMMIT')
         except BaseException as e:
             self._conn.execute('ROLLBACK')
-            if isinstance(e, sqlite3.IntegrityError): raise StoreError(f"observation rejected by the store: {e}") from None
+            if isinstance(e, sqlite3.IntegrityError):
+                raise StoreError(f"observation rejected by the store: {e}") from None
             raise
     return new
 
@@ -257,7 +268,8 @@ def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('re
 def has(self: Store, key: tuple) -> bool:
     "Whether the observation with this natural key is stored."
     if len(key) != len(KEY_COLUMNS):
-        raise StoreError(f"a key has {len(KEY_COLUMNS)} fields ({', '.join(KEY_COLUMNS)}), got {len(key)}")
+        raise StoreError(f"a key has {len(KEY_COLUMNS)} fields "
+                         f"({', '.join(KEY_COLUMNS)}), got {len(key)}")
     k = [str(v) if i < 5 else int(_plain(v)) for i, v in enumerate(key)]
     where = ' AND '.join(f'{c} = ?' for c in KEY_COLUMNS)
     return bool(self._q(f'SELECT 1 FROM observations WHERE {where} LIMIT 1', k))
@@ -316,8 +328,10 @@ def put_rewrite(self: Store, dataset: str, # dataset name
     rid = _plain(rewrite_id)
     if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
         raise StoreError(f"rewrite_id must be a non-negative integer, got {rewrite_id!r}")
-    if not isinstance(text, str): raise StoreError(f"a rewrite must be text, got {type(text).__name__}")
-    sql = ('INSERT INTO rewrites (dataset, query_id, rewrite_id, text, model, created_at) VALUES (?, ?, ?, ?, ?, ?) '
+    if not isinstance(text, str):
+        raise StoreError(f"a rewrite must be text, got {type(text).__name__}")
+    sql = ('INSERT INTO rewrites (dataset, query_id, rewrite_id, text, model, created_at) '
+           'VALUES (?, ?, ?, ?, ?, ?) '
            'ON CONFLICT (dataset, query_id, rewrite_id) DO NOTHING')
     with self._lock: cur = self._conn.execute(sql, (str(dataset), str(query_id), rid, text, model, time.time()))
     return cur.rowcount == 1
@@ -328,7 +342,8 @@ def rewrites(self: Store, dataset: str, # dataset name
              query_id: str, # query id within the dataset
             ) -> dict: # {rewrite_id: text}, in rewrite_id order
     "The stored rewrites of one query."
-    return dict(self._q('SELECT rewrite_id, text FROM rewrites WHERE dataset = ? AND query_id = ? ORDER BY rewrite_id',
+    return dict(self._q('SELECT rewrite_id, text FROM rewrites WHERE dataset = ? AND '
+                        'query_id = ? ORDER BY rewrite_id',
                         (str(dataset), str(query_id))))
 
 # %% ../../nbs/31_store.ipynb #df9a144a
@@ -342,7 +357,8 @@ def rewrites_frame(self: Store) -> pd.DataFrame:
 @patch
 def set_meta(self: Store, key: str, value) -> None:
     "Store a JSON-serialisable value under `key` (replacing any earlier value)."
-    self._q('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value',
+    self._q('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE '
+            'SET value = excluded.value',
             (str(key), json.dumps(value)))
 
 # %% ../../nbs/31_store.ipynb #4de38ba5
@@ -371,7 +387,8 @@ def put_rewriter_answer(self: Store, dataset: str, # dataset name
     args = (str(dataset), str(query_id), int(round), json.dumps([int(s) for s in slots]), str(text),
             model, time.time())
     with self._lock:
-        cur = self._conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, text, model, created_at) '
+        cur = self._conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, '
+                                 'text, model, created_at) '
                                  'VALUES (?, ?, ?, ?, ?, ?, ?)', args)
     return cur.lastrowid
 
@@ -381,7 +398,8 @@ def rewriter_answers(self: Store, dataset: str, # dataset name
                      query_id: str, # query id within the dataset
                     ) -> list: # [{'round', 'slots', 'text'}], in the order they arrived
     "The raw rewriter answers stored for one query."
-    got = self._q('SELECT round, slots, text FROM rewriter_answers WHERE dataset = ? AND query_id = ? ORDER BY id',
+    got = self._q('SELECT round, slots, text FROM rewriter_answers WHERE dataset = ? '
+                  'AND query_id = ? ORDER BY id',
                   (str(dataset), str(query_id)))
     return [dict(round=r, slots=json.loads(s), text=t) for r, s, t in got]
 
@@ -391,7 +409,8 @@ class SpendLedger:
     def __init__(self, store: Store, # the store whose `ledger` table this reads and writes
                 ):
         self.store = store
-        n, usd = store._q("SELECT COUNT(*), COALESCE(SUM(CASE WHEN status = 'open' THEN max_usd ELSE cost_usd END), 0) "
+        n, usd = store._q("SELECT COUNT(*), COALESCE(SUM(CASE WHEN status = 'open' THEN "
+                          "max_usd ELSE cost_usd END), 0) "
                           "FROM ledger")[0]
         self._n, self._usd, self._open = int(n), float(usd), {}
 
@@ -415,11 +434,13 @@ def reserve(self: SpendLedger, model: str, # the pool's name of the model called
             max_usd: float, # the request's worst-case cost (its prompt and max_tokens at the model's prices)
            ) -> int: # the entry's id, for `settle`
     "Record a request about to be sent; committed to disk before it returns."
-    if kind not in LEDGER_KINDS: raise StoreError(f"unknown ledger kind {kind!r} (expected one of {', '.join(LEDGER_KINDS)})")
+    if kind not in LEDGER_KINDS:
+        raise StoreError(f"unknown ledger kind {kind!r} (expected one of {', '.join(LEDGER_KINDS)})")
     m = _money(max_usd, 'max_usd')
     s = self.store
     with s._lock:
-        cur = s._conn.execute("INSERT INTO ledger (model, kind, max_usd, status, reserved_at) VALUES (?, ?, ?, 'open', ?)",
+        cur = s._conn.execute("INSERT INTO ledger (model, kind, max_usd, status, reserved_at) "
+                              "VALUES (?, ?, ?, 'open', ?)",
                               (str(model), kind, m, time.time()))
     self._n, self._usd, self._open[cur.lastrowid] = self._n + 1, self._usd + m, m
     return cur.lastrowid
@@ -432,7 +453,8 @@ def settle(self: SpendLedger, entry: int, # an id from `reserve`
           ) -> None:
     "Record the final cost and outcome of a reserved request."
     if status not in LEDGER_STATUSES:
-        raise StoreError(f"unknown ledger status {status!r} (expected one of {', '.join(LEDGER_STATUSES)})")
+        raise StoreError(f"unknown ledger status {status!r} (expected one of "
+                         f"{', '.join(LEDGER_STATUSES)})")
     c = _money(cost_usd, 'cost_usd')
     held = self._open.pop(entry, None)
     if held is None: raise StoreError(f"ledger entry {entry} is not open in this run")
@@ -479,9 +501,11 @@ def lock_writer(self: Store, command: str = 'dars collect', # what the holder is
     try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0); holder = f.read().strip() or 'another process'; f.close()
-        raise StoreError(f"store {self.path} is being written by {holder}; wait for it to end or stop it") from None
+        raise StoreError(f"store {self.path} is being written by {holder}; "
+                         "wait for it to end or stop it") from None
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
-    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on {socket.gethostname()}, started {started})\n")
+    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on "
+                                     f"{socket.gethostname()}, started {started})\n")
     f.flush()
     self._writer = f
 
@@ -491,7 +515,8 @@ def _md_table(df: pd.DataFrame, floatfmt: str = '.4f') -> str:
     df = df.reset_index() if df.index.name is not None or isinstance(df.index, pd.MultiIndex) else df
     cols = [str(c) for c in df.columns]
     def cell(v):
-        if isinstance(v, (float, np.floating)): return format(float(v), floatfmt) if np.isfinite(v) else ''
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else ''
         return str(v)
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '|'.join('---' for _ in cols) + '|']
     lines += ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)]
@@ -518,7 +543,8 @@ def _readable_rows(conn, table: str, cols: list) -> list:
     rows, last = [], 0
     while last < hi:
         try:
-            for r in conn.execute(f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)):
+            for r in conn.execute(f"SELECT rowid, {', '.join(cols)} FROM {table} "
+                                  "WHERE rowid > ? ORDER BY rowid", (last,)):
                 last = r[0]; rows.append(dict(zip(cols, r[1:])))
             break
         # skip one rowid past the damage and read on
@@ -538,7 +564,8 @@ def _copy_rows(new: Store, table: str, rows: list) -> int:
     done = 0
     for r in rows:
         try:
-            if table == 'observations': done += new.insert({k: v for k, v in r.items() if v is not None})
+            if table == 'observations':
+                done += new.insert({k: v for k, v in r.items() if v is not None})
             elif table == 'meta' and r['key'] == 'schema_version': continue
             else:
                 sql = f"INSERT OR IGNORE INTO {table} ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})"
@@ -552,7 +579,8 @@ def salvage_store(path, # the damaged store
                  ) -> dict: # rows read and rows copied, per table
     "Copy every readable row of a damaged store into a fresh one; the damaged file is only read."
     path, out = Path(path), Path(out)
-    if not path.is_file() or path.stat().st_size == 0: raise StoreError(f"nothing to salvage: {path} is missing or empty")
+    if not path.is_file() or path.stat().st_size == 0:
+        raise StoreError(f"nothing to salvage: {path} is missing or empty")
     if out.exists(): raise StoreError(f"{out} exists; name a new file with --out")
     conn = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True)
     report = {}
@@ -576,8 +604,10 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (co
     "`dars store`: check a store, or salvage the readable rows of a damaged one into a new store."
     try:
         if action == 'check': print(check_store(store)); return 0
-        if action != 'salvage': raise StoreError(f"unknown action {action!r} (expected check or salvage)")
-        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
+        if action != 'salvage':
+            raise StoreError(f"unknown action {action!r} (expected check or salvage)")
+        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the "
+                                         "damaged file is left as it is)")
         got = salvage_store(store, out)
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1
@@ -588,7 +618,8 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (co
 def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     "Planned and stored observations per dataset and model."
     p = pd.DataFrame(plan.get('planned', []), columns=['dataset', 'model', 'planned'])
-    got = pd.DataFrame(s._q('SELECT dataset, model, COUNT(*) FROM observations GROUP BY dataset, model'),
+    got = pd.DataFrame(s._q('SELECT dataset, model, COUNT(*) FROM '
+                            'observations GROUP BY dataset, model'),
                        columns=['dataset', 'model', 'stored'])
     t = p.merge(got, on=['dataset', 'model'], how='outer').fillna(0)
     t = t.astype({'planned': int, 'stored': int})
@@ -605,14 +636,17 @@ def store_status(path, # the store file
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
     with Store(path, readonly=True) as s:
         plan, last, ledger = s.get_meta('plan', {}), s.get_meta('last_run'), s.ledger()
-        lines = [f"store {path}: {s.count()} observations, {s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
+        lines = [f"store {path}: {s.count()} observations, "
+                 f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
                  _md_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', _md_table(ledger.totals(), '.6f')]
         n, usd = ledger.spent()
     lim = plan.get('limits', {})
     lines.append(f"total: {n} requests, {_usd(usd)}; call_budget {lim.get('call_budget')}, "
                  f"spend_cap_usd {lim.get('spend_cap_usd')}")
-    if last: lines += ['', f"last run: {last['status']}{'; ' + last['message'] if last.get('message') else ''}"]
+    if last:
+        lines += ['',
+                  f"last run: {last['status']}{'; ' + last['message'] if last.get('message') else ''}"]
     return '\n'.join(lines)
 
 # %% ../../nbs/31_store.ipynb #f88774e4
