@@ -100,12 +100,12 @@ def _structural(kind: str, text: str, row, numbers_ok: bool) -> bool:
     return bool(numbers_ok)
 
 # %% ../../nbs/34_rewrite.ipynb #4057aea3
-def rewrite_checks(tasks: pd.DataFrame, # task table: dataset, query_id, kind, question, context, choices (+ split)
+def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, question, context, choices
                    rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
                    similarity: str = 'auto', # similarity backend: 'sentence', 'tfidf' or 'auto'
-                   min_similarity: float | None = None, # review threshold (default 0.7 sentence, 0.3 TF-IDF)
+                   min_similarity: float | None = None, # review threshold (0.7 sentence, 0.3 TF-IDF)
                   ) -> pd.DataFrame:
-    "One row per rewrite: similarity, duplicates, numeric preservation, structural pass and review flag."
+    "One row per rewrite: similarity, duplicates, numbers kept, structural pass, review flag."
     missing = [c for c in ('dataset', 'query_id', 'rewrite_id', 'text') if c not in rewrites.columns]
     if missing: raise ValueError(f"rewrite table is missing column(s): {', '.join(missing)}")
     t = tasks.assign(dataset=tasks['dataset'].astype(str), query_id=tasks['query_id'].astype(str))
@@ -135,9 +135,9 @@ def rewrite_checks(tasks: pd.DataFrame, # task table: dataset, query_id, kind, q
 VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_dup', 'sim_mean', 'sim_p05',
                     'numbers_preserved', 'structural_pass', 'review_flag', 'similarity_backend']
 
-def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rewrites` when queries expect different counts)
+def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rewrites` if counts differ)
                      rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
-                     n_expected: int | None = None, # rewrites expected per query (default: tasks['n_rewrites'], else the most any query has)
+                     n_expected: int | None = None, # rewrites per query (default: `n_rewrites`, else the most seen)
                      similarity: str = 'auto', # 'sentence', 'tfidf' or 'auto'
                      min_similarity: float | None = None, # review threshold on similarity
                     ) -> pd.DataFrame:
@@ -179,14 +179,14 @@ def rewrite_table(store, # a `dars_nb.collect.store.Store`
 
 # %% ../../nbs/34_rewrite.ipynb #c5a60336
 def rewrite_calls_max(n_missing: int, # rewrites a query still needs
-                      attempts: int, # rounds: one call for all missing rewrites, then one call per rewrite still missing
+                      attempts: int, # rounds: one call for all missing rewrites, then one per rewrite
                      ) -> int:
     "The most rewriter calls one query can take."
     return 0 if n_missing <= 0 else 1 + (attempts - 1) * n_missing
 
 # %% ../../nbs/34_rewrite.ipynb #741d86f1
 class _QueryRewrites:
-    "One query's rewrites: what is stored, what stored answers already paid for, and the rounds still to run."
+    "One query's rewrites: what is stored, what stored answers paid for, the rounds to run."
     def __init__(self, store, row, rewriter: str, counts: dict):
         self.store, self.row, self.rewriter, self.counts = store, row, rewriter, counts
         self.ds, self.qid, n = str(row['dataset']), str(row['query_id']), int(row['n_rewrites'])
@@ -235,15 +235,15 @@ async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: b
 # %% ../../nbs/34_rewrite.ipynb #99ba8921
 async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           store, # a `dars_nb.collect.store.Store`
-                          tasks: pd.DataFrame, # task table with an `n_rewrites` column (rewrites wanted per query)
+                          tasks: pd.DataFrame, # task table with `n_rewrites` (rewrites wanted per query)
                           rewriter: str, # the rewriter's model name in the client's pool
                           max_tokens: int = 1024, # longest rewriter answer
                           temperature: float = 0.7, # rewriter sampling temperature
-                          attempts: int = 2, # rounds: one call for all missing rewrites, then one per rewrite still missing
-                          fill_with_original: bool = True, # store the original wording for rewrites still missing
-                          progress: bool = False, # show a progress bar (on stderr, only when it is a terminal)
+                          attempts: int = 2, # rounds: one call for all missing, then one per rewrite
+                          fill_with_original: bool = True, # original wording for rewrites still missing
+                          progress: bool = False, # a progress bar (on stderr, when a terminal)
                          ) -> dict:
-    "Ask the rewriter for every missing rewrite of `tasks` and store it; returns counts of calls, stored and filled rewrites."
+    "Ask for and store every missing rewrite of `tasks`; counts of calls, stored and filled rewrites."
     if 'n_rewrites' not in tasks.columns:
         raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
     counts = dict(calls=0, stored=0, filled=0)

@@ -75,11 +75,11 @@ class CollectConfig:
     test_decodes: int = 3 # decode view size
     rewrite_temperature: float = 0.7 # the rewriter's temperature
     rewrite_max_tokens: int = 1024 # longest rewriter answer
-    rewrite_attempts: int = 2 # rewriter rounds: a query takes at most 1 + (rounds - 1) x missing rewrites calls
+    rewrite_attempts: int = 2 # rewriter rounds: at most 1 + (rounds - 1) x missing calls a query
     data_dir: str | None = None # benchmark folder (default: $DARS_DATA)
     models: tuple | None = None # which pool models to collect (default: all)
-    similarity: str = 'auto' # backend of the rewrite similarity check: 'sentence', 'tfidf' or 'auto'
-    answer_grammar: dict | None = None # task kind -> GBNF grammar sent as the answer calls' `grammar` field (llama.cpp)
+    similarity: str = 'auto' # rewrite similarity backend: 'sentence', 'tfidf' or 'auto'
+    answer_grammar: dict | None = None # task kind -> GBNF grammar for answer calls (llama.cpp)
     source: str | None = None # the config file it was read from (named in messages)
 
     @property
@@ -131,7 +131,7 @@ def _dataset_spec(d, i, base: Path) -> DatasetSpec:
 
 # %% ../../nbs/35_collect.ipynb #0cba32f4
 def _read_config(config) -> tuple:
-    "(the configuration as a dict, the folder its relative paths start from, its file name or None)."
+    "(the configuration as a dict, the folder of its relative paths, its file name or None)."
     if isinstance(config, dict): return config, Path.cwd(), None
     if not isinstance(config, (str, Path)):
         raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
@@ -216,7 +216,7 @@ def _datasets(raw, c, pool, base) -> tuple:
 def load_config(config, # a TOML file path, a dict of the same layout, or a CollectConfig
                 check_env: bool = True, # fail if a model's key variable is not set
                ) -> CollectConfig:
-    "Read and check a collection config; raises `ConfigError` with a one-line message naming the problem."
+    "Read and check a collection config; a `ConfigError` names any problem in one line."
     if isinstance(config, CollectConfig): return config
     d, base, source = _read_config(config)
     allowed = _POOL_KEYS + ('collection', 'datasets', 'serve')
@@ -289,7 +289,7 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
 # %% ../../nbs/35_collect.ipynb #4dceb8af
 def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
               ) -> pd.DataFrame:
-    "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites each one needs)."
+    "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
     from dars_nb.datasets import sample_tasks
     parts = []
@@ -310,7 +310,7 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
 PLAN_COLUMNS = KEY_COLUMNS + ['kind', 'max_tokens', 'prompt_tokens_est']
 
 def _chars_to_tokens(messages) -> int:
-    "A typical-case token count of a chat prompt: about four characters per token, plus a few per message."
+    "A typical token count of a chat prompt: four characters per token, a few more per message."
     return sum(len(m['content']) for m in messages) // 4 + 4 * len(messages)
 
 # %% ../../nbs/35_collect.ipynb #bcdd06e0
@@ -345,9 +345,9 @@ TYPICAL_COMPLETION = {'choice': 300, 'math': 600, 'reading': 120}
 
 def plan_rewrites(config, # a CollectConfig, TOML path or dict
                   tasks: pd.DataFrame, # selected tasks with n_rewrites
-                  stored: dict | None = None, # (dataset, query_id) -> {rewrite_id: text} already stored
+                  stored: dict | None = None, # (dataset, query_id) -> {rewrite_id: text} stored
                  ) -> pd.DataFrame:
-    "One row per query that still needs the rewriter: rewrites missing, the most calls it can take, estimated tokens."
+    "One row per query that needs the rewriter: rewrites missing, most calls, estimated tokens."
     cfg = load_config(config, check_env=False)
     stored, rows = stored or {}, []
     for r in tasks.to_dict('records'):
@@ -392,7 +392,7 @@ def _candidate_rows(cfg, plan, done) -> pd.DataFrame:
 
 # %% ../../nbs/35_collect.ipynb #70eb06bc
 def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
-    "The rewriter's calls and cost: every round in the upper bound, the first round in the typical case."
+    "The rewriter's calls and cost: every round in the upper bound, the first in the typical case."
     rw, calls = cfg.pool.rewriter, int(rewrites['calls_max'].sum())
     pt_max, ct_max = rewrites['prompt_tokens_max'].sum(), calls * cfg.rewrite_max_tokens
     pt, ct = rewrites['prompt_tokens_est'].sum(), rewrites['completion_tokens_typical'].sum()
@@ -403,10 +403,10 @@ def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
 # %% ../../nbs/35_collect.ipynb #72d7a152
 def estimate_cost(config, # a CollectConfig, TOML path or dict
                   plan: pd.DataFrame, # from `plan_calls`
-                  rewrites: pd.DataFrame | None = None, # from `plan_rewrites` (None: no rewriter calls)
-                  done: pd.DataFrame | None = None, # observations already stored (skipped, and used for typical lengths)
+                  rewrites: pd.DataFrame | None = None, # from `plan_rewrites` (None: no rewriter)
+                  done: pd.DataFrame | None = None, # observations stored (skipped; typical lengths)
                  ) -> pd.DataFrame:
-    "Calls still to make and their cost per model (upper bound and typical case), plus the rewriter and a total."
+    "Calls to make and their cost per model (upper bound, typical case), the rewriter, a total."
     cfg = load_config(config, check_env=False)
     out = _candidate_rows(cfg, plan, done)
     if rewrites is not None and len(rewrites) and cfg.pool.rewriter is not None:
@@ -430,10 +430,10 @@ def _get_models(url: str, key: str | None, timeout: float):
 
 # %% ../../nbs/35_collect.ipynb #eda89564
 def check_endpoints(pool: Pool, # the pool to check
-                    models: list | None = None, # model names to check (default: all, plus the rewriter)
+                    models: list | None = None, # model names to check (default: all and the rewriter)
                     timeout: float = 10.0, # seconds per endpoint
                    ) -> dict:
-    "GET {base_url}/models for every endpoint used; returns {base_url: served ids or None}, raises `EndpointError`."
+    "GET {base_url}/models of every endpoint used: {base_url: served ids or None}, or `EndpointError`."
     specs = [s for s in pool.specs() if models is None or s.name in models]
     served = {}
     for s in specs:
@@ -461,7 +461,7 @@ def check_endpoints(pool: Pool, # the pool to check
 
 # %% ../../nbs/35_collect.ipynb #795d0b19
 def _grammar(cfg, task) -> dict:
-    "The `grammar` body field for an answer call to `task`, when the config constrains that task kind."
+    "The `grammar` body field of an answer call to `task`, when the config constrains its kind."
     g = (cfg.answer_grammar or {}).get(task['kind'])
     return {'grammar': g} if g else {}
 
@@ -469,7 +469,7 @@ def _grammar(cfg, task) -> dict:
 @dataclass
 class CollectResult:
     "What a collection run did."
-    status: str # 'complete', 'budget' (stopped by the call budget or spend cap) or 'incomplete' (some calls failed)
+    status: str # 'complete', 'budget' (stopped at a limit) or 'incomplete' (some calls failed)
     planned: int # observations in the plan
     skipped: int # already in the store when the run started
     collected: int # observations written by this run
@@ -502,7 +502,7 @@ def _score(kind, text, gold):
 
 # %% ../../nbs/35_collect.ipynb #9b54fdba
 def _split_tokens(total: int, texts) -> list[int]:
-    "Share `total` completion tokens among `texts` in proportion to their length (integers summing to `total`)."
+    "`total` completion tokens shared among `texts` by their length (integers summing to `total`)."
     w = np.array([max(len(t), 1) for t in texts], float)
     raw = total * w / w.sum()
     out = np.floor(raw).astype(int)
@@ -511,7 +511,7 @@ def _split_tokens(total: int, texts) -> list[int]:
 
 # %% ../../nbs/35_collect.ipynb #458f139a
 def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
-    "Jobs grouped into calls: one per job, or — where the endpoint honours `n` — one per (query, wording) with n samples."
+    "Jobs grouped into calls: one per job, or one per (query, wording) where the endpoint honours `n`."
     recs = list(jobs.itertuples(index=False))
     if not honours_n: return [[j] for j in recs]
     groups = {}
@@ -520,7 +520,7 @@ def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
 
 # %% ../../nbs/35_collect.ipynb #9e85f57c
 def _over_limits(ledger, limits, est: float) -> str:
-    "Why the next request (at most `est` dollars) may not be sent, counting every run of the store; '' if it may."
+    "Why the next request (at most `est` dollars) may not be sent, over all runs; '' if it may."
     n, usd = ledger.spent()
     if limits.call_budget is not None and n + 1 > limits.call_budget:
         return f"call budget of {limits.call_budget} requests reached ({n} made by this store over all runs)"
@@ -532,7 +532,7 @@ def _over_limits(ledger, limits, est: float) -> str:
 
 # %% ../../nbs/35_collect.ipynb #b70293c1
 class _Metered:
-    "A view of a client whose every call is reserved in the store's spend ledger before it is sent, and settled after."
+    "A client view whose calls are reserved in the store's ledger before they are sent, settled after."
     def __init__(self, client, ledger, kind: str, limits, shared: dict):
         self.client, self.ledger, self.kind, self.limits, self.shared = client, ledger, kind, limits, shared
     def __getattr__(self, name): return getattr(self.client, name)
@@ -540,7 +540,7 @@ class _Metered:
     def stopped(self): return self.shared.get('stopped') or self.client.stopped
 
     def _slot(self, spec) -> asyncio.Semaphore:
-        "The endpoint's concurrency slots: a request is reserved only once it can be sent, not while it waits."
+        "The endpoint's slots: a request is reserved once it can be sent, not while it waits."
         sems = self.shared.setdefault('slots', {})
         if spec.base_url not in sems:
             n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
@@ -565,7 +565,7 @@ class _Metered:
 
 # %% ../../nbs/35_collect.ipynb #a043f0c8
 def _clients(cfg, store) -> tuple:
-    "The run's client and its views for the answers and for the rewriter, all counted in the store's ledger."
+    "The run's client and its views for answers and rewriter, all counted in the store's ledger."
     ledger = store.ledger()
     # a client that keeps the ledger itself
     if 'ledger' in inspect.signature(Client).parameters:
@@ -581,13 +581,14 @@ def _clients(cfg, store) -> tuple:
 
 # %% ../../nbs/35_collect.ipynb #5a783ce9
 class _Collector:
-    "The answer calls of one run: a queue of pending calls per model, drained by one worker per concurrency slot."
+    "The answer calls of a run: a queue per model, drained by one worker per concurrency slot."
     def __init__(self, cfg, client, store, tasks: pd.DataFrame, todo: pd.DataFrame):
         self.cfg, self.client, self.store = cfg, client, store
         self.rows = {(str(r['dataset']), str(r['query_id'])): r for r in tasks.to_dict('records')}
         pairs = todo[['dataset', 'query_id']].drop_duplicates().itertuples(index=False)
         self.texts = {(ds, qid): store.rewrites(ds, qid) for ds, qid in pairs}
-        self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n)) for m in cfg.model_names}
+        self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
+                       for m in cfg.model_names}
         self.collected, self.stop, self.failures, self.ok, self.bad = 0, '', [], Counter(), Counter()
 
 # %% ../../nbs/35_collect.ipynb #0394d91d
@@ -596,7 +597,7 @@ def observation(self: _Collector, job, key, task, wording, comp, text, completio
     "The store row of one answer: scored, priced, and with what an audit needs."
     spec, cfg = self.cfg.pool.models[job.model], self.cfg
     score, parsed, answer = _score(job.kind, text, task['gold'])
-    # with n > 1 each observation is charged its full prompt (what one call would cost) and its share of the output
+    # with n > 1 each observation is charged its full prompt and its share of the output
     cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
     extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated or None), ('n', n if n > 1 else None)) if v}
     return dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost), prompt_tokens=int(comp.prompt_tokens),
@@ -608,7 +609,7 @@ def observation(self: _Collector, job, key, task, wording, comp, text, completio
 # %% ../../nbs/35_collect.ipynb #3905d0b4
 @patch
 async def ask(self: _Collector, model: str, batch: list, keys: list, task, wording):
-    "One answer call for a batch (one job, or the n samples of one wording); None when it failed or the run stops."
+    "One answer call for a batch (one job, or n samples of a wording); None if it failed or stopped."
     cfg, job, n = self.cfg, batch[0], len(batch)
     try:
         return await self.client.complete(model, generation_messages(task, wording), temperature=cfg.temperature,
@@ -652,7 +653,7 @@ async def worker(self: _Collector, model: str):
 # %% ../../nbs/35_collect.ipynb #580b33c3
 @patch
 async def run(self: _Collector, progress: bool) -> tuple:
-    "Every pending call; returns (observations collected, failures, why the run stopped early or '')."
+    "Every pending call; returns (observations collected, failures, why it stopped early or '')."
     cfg = self.cfg
     workers = [self.worker(m) for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
     batched = any(cfg.pool.models[m].honours_n for m in cfg.model_names)
@@ -679,7 +680,7 @@ def _decoding(cfg) -> dict:
 
 # %% ../../nbs/35_collect.ipynb #4b3c9fbb
 def _check_decoding(store, cfg):
-    "Refuse to mix decoding settings in one store; record them (and the pool's fingerprint) otherwise."
+    "Refuse to mix decoding settings in one store; record them and the pool's fingerprint."
     now, before = _decoding(cfg), store.get_meta('decoding')
     if before is not None:
         for k in ('temperature', 'top_p'):
@@ -697,11 +698,12 @@ def _check_decoding(store, cfg):
     store.set_meta('pool', cfg.pool.fingerprint())
 
 # %% ../../nbs/35_collect.ipynb #3e29c639
-def _used_models(cfg) -> list: return cfg.model_names + ([cfg.pool.rewriter.name] if cfg.pool.rewriter is not None else [])
+def _used_models(cfg) -> list:
+    return cfg.model_names + ([cfg.pool.rewriter.name] if cfg.pool.rewriter is not None else [])
 
 # %% ../../nbs/35_collect.ipynb #0cbedefc
 def _open_for_run(cfg) -> Store:
-    "The run's store, checked for damage and locked for writing; a new one is created only once every endpoint answered."
+    "The run's store, damage-checked and write-locked; a new one only once every endpoint answered."
     existed = cfg.store.exists()
     if not existed: check_endpoints(cfg.pool, _used_models(cfg))
     store = Store(cfg.store)
@@ -737,7 +739,8 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
             except BudgetExceeded as e: out['stop'] = str(e)
         todo = _pending(plan, store.keys())
         if not out['stop'] and len(todo):
-            out['collected'], out['failures'], out['stop'] = await _Collector(cfg, answers, store, tasks, todo).run(progress)
+            collector = _Collector(cfg, answers, store, tasks, todo)
+            out['collected'], out['failures'], out['stop'] = await collector.run(progress)
         out['counters'] = client.counters
     return out
 
@@ -749,7 +752,7 @@ def _stop_message(cfg, stop: str) -> str:
 
 # %% ../../nbs/35_collect.ipynb #7da0df76
 def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity, write_output: bool) -> dict:
-    "Status, the complete table (written to the output), the rewrite validity, and the run recorded in the store."
+    "Status, the complete table (written out), the rewrite validity; the run recorded in the store."
     missing = len(_pending(plan, store.keys()))
     status = 'complete' if missing == 0 else ('budget' if run['stop'] else 'incomplete')
     fails = run['failures']
@@ -772,7 +775,7 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity, writ
 async def acollect(config, # a CollectConfig, TOML path or dict
                    progress: bool = True, # tqdm progress bars
                    validity: bool = True, # compute the rewrite validity table at the end
-                   similarity: str | None = None, # similarity backend of the validity table (None: the config's)
+                   similarity: str | None = None, # validity similarity backend (None: the config's)
                    write_output: bool = True, # write the complete table to the config's output file
                   ) -> CollectResult:
     "Collect every planned observation not yet in the store (async); see `collect`."
@@ -794,10 +797,10 @@ async def acollect(config, # a CollectConfig, TOML path or dict
 def collect(config, # a CollectConfig, a TOML path or a dict of the same layout
             progress: bool = True, # tqdm progress bars
             validity: bool = True, # compute the rewrite validity table at the end
-            similarity: str | None = None, # validity similarity backend: 'sentence', 'tfidf', 'auto' (None: the config's)
+            similarity: str | None = None, # 'sentence', 'tfidf', 'auto' (None: the config's)
             write_output: bool = True, # write the complete table to the config's output file
            ) -> CollectResult:
-    "Collect every planned observation not yet in the store, resumably; works in scripts and in notebooks."
+    "Collect every planned observation not yet in the store, resumably; in scripts and notebooks."
     run = lambda: asyncio.run(acollect(config, progress, validity, similarity, write_output))
     try: asyncio.get_running_loop()
     except RuntimeError: return run()
@@ -818,7 +821,7 @@ def _one_line(e: BaseException) -> str:
 
 # %% ../../nbs/35_collect.ipynb #0751d4b6
 def _stored_state(cfg, tasks) -> tuple:
-    "(observations, rewrites per query, ledger totals) of an existing store, read without writing; empty for a new one."
+    "(observations, rewrites per query, ledger totals) of a store, read only; empty for a new one."
     if not cfg.store.exists(): return None, {}, (0, 0.0)    # never create a store in a dry run
     with Store(cfg.store, readonly=True) as store:
         pairs = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
@@ -826,7 +829,7 @@ def _stored_state(cfg, tasks) -> tuple:
 
 # %% ../../nbs/35_collect.ipynb #73a75c1e
 def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
-    "The plan's upper bound against the call budget and the spend cap, counting what the store already spent."
+    "The plan's upper bound against the budget and the cap, with what the store already spent."
     lim, (n0, usd0) = cfg.pool.limits, spent
     lines = [f"the store has already made {n0} request(s) for {_usd(usd0)} over all its runs"] if n0 else []
     for key, have, need, cap, fmt in (('call_budget', n0, calls, lim.call_budget, str),
@@ -841,7 +844,7 @@ def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
 # %% ../../nbs/35_collect.ipynb #a9106a2d
 def describe_plan(config, # a CollectConfig, TOML path or dict
                  ) -> str:
-    "The dry-run report: what will be called, what is already stored and spent, the cost's upper bound and the limits."
+    "The dry-run report: planned calls, what is stored and spent, the upper bound, the limits."
     cfg = load_config(config, check_env=False)
     tasks = load_tasks(cfg)
     plan = plan_calls(cfg, tasks)
@@ -851,7 +854,8 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
     counts = plan.groupby(['dataset', 'split', 'view', 'model'], sort=False).size().unstack('model',
                                                                                             fill_value=0)
     sel = tasks.groupby(['dataset', 'split'], sort=False).size().rename('queries')
-    calls, most, typ = int(cost.loc['total', 'to_do']), cost.loc['total', 'cost_max_usd'], cost.loc['total', 'cost_typical_usd']
+    total = cost.loc['total']
+    calls, most, typ = int(total['to_do']), total['cost_max_usd'], total['cost_typical_usd']
     cols = ['role', 'planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'cost_max_usd',
             'cost_typical_usd']
     lines = [f"dry run: nothing is called and nothing is written",
@@ -868,7 +872,7 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
 # %% ../../nbs/35_collect.ipynb #472a1586
 @contextmanager
 def _sigterm_as_sigint():
-    "SIGTERM ends a run like Ctrl-C; and Ctrl-C works even when the shell started the run in the background."
+    "SIGTERM ends a run like Ctrl-C, and Ctrl-C works even in a run started in the background."
     if threading.current_thread() is not threading.main_thread(): yield; return
     old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -911,7 +915,7 @@ def _exit_status(res: CollectResult) -> int:
 def collect_main(config: str, # path of the collection TOML file
                  dry_run: bool = False, # print the plan and the cost estimate only
                  quiet: bool = False, # no progress bars and no report; errors are still printed
-                 data: str | None = None, # the benchmark data folder (overrides data_dir and $DARS_DATA)
+                 data: str | None = None, # benchmark data folder (overrides data_dir, $DARS_DATA)
                 ) -> int:
     "`dars collect`: run (or with `dry_run`, plan and price) a collection; returns the exit code."
     try:

@@ -82,7 +82,8 @@ def _plain(v):
     return v
 
 # %% ../../nbs/31_store.ipynb #fd74a657
-def _salvage_hint(path) -> str: return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
+def _salvage_hint(path) -> str:
+    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
 
 # %% ../../nbs/31_store.ipynb #b13ed6cc
 def _damaged(path, detail) -> StoreError:
@@ -98,7 +99,7 @@ def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
 
 # %% ../../nbs/31_store.ipynb #691055e3
 def _check_file(path: Path, readonly: bool) -> bool:
-    "Whether a store file exists; one line if it exists but cannot be a store (empty, or not SQLite)."
+    "Whether a store file exists; one line if it cannot be a store (empty, or not SQLite)."
     if not path.exists():
         if readonly: raise StoreError(f"no store at {path}")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +159,10 @@ def _empty_tables(conn):
 
 # %% ../../nbs/31_store.ipynb #f8ce81ca
 class Store:
-    "Observations, rewrites, the spend ledger and run metadata in one SQLite file (WAL, one transaction per write)."
+    "Observations, rewrites, the spend ledger and run metadata in one SQLite file (WAL)."
     def __init__(self, path, # the database file (created with its folder if missing)
                  timeout_s: float = 60.0, # how long to wait for another process's lock
-                 readonly: bool = False, # open an existing store and write nothing (not even the schema)
+                 readonly: bool = False, # open an existing store, write nothing at all
                 ):
         self.path, self.readonly = Path(path), readonly
         self._lock, self._conn, self._writer, self._ledger = threading.Lock(), None, None, None
@@ -212,7 +213,8 @@ def _check_row(row: dict) -> dict:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise StoreError(f"{k} must be a non-negative integer, got {row[k]!r}")
         r[k] = v
-    for k, ok, what in (('score', lambda v: 0 <= v <= 1, 'a number in [0, 1]'), ('cost', lambda v: 0 <= v < math.inf, 'a finite non-negative number')):
+    for k, ok, what in (('score', lambda v: 0 <= v <= 1, 'a number in [0, 1]'),
+                        ('cost', lambda v: 0 <= v < math.inf, 'a finite non-negative number')):
         v = r[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v):
             raise StoreError(f"{k} must be {what}, got {row[k]!r}")
@@ -231,13 +233,14 @@ def _insert_sql(cols):
 
 # %% ../../nbs/31_store.ipynb #3006e2c5
 @patch
-def insert(self: Store, row: dict, # one observation: the key fields, score, cost and any of STORE_COLUMNS
-          ) -> bool: # True if the row was new, False if its key was already stored (nothing changed)
+def insert(self: Store, row: dict, # one observation: key fields, score, cost, any of STORE_COLUMNS
+          ) -> bool: # True if the row was new, False if its key was stored (nothing changed)
     "Store one observation in its own transaction; idempotent on the natural key."
     r = _check_row(row)
     cols = list(r)
     try:
-        with self._lock: cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
+        with self._lock:
+            cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
     except sqlite3.IntegrityError as e: raise StoreError(f"observation rejected by the store: {e}") from None
     except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
     return cur.rowcount == 1
@@ -277,7 +280,7 @@ def has(self: Store, key: tuple) -> bool:
 # %% ../../nbs/31_store.ipynb #59059d4a
 @patch
 def keys(self: Store) -> set:
-    "Every stored natural key, as (dataset, split, view, query_id, model, rewrite_id, sample_id) tuples."
+    "Every stored natural key, as a tuple in `KEY_COLUMNS` order."
     return set(self._q(f"SELECT {', '.join(KEY_COLUMNS)} FROM observations"))
 
 # %% ../../nbs/31_store.ipynb #9d66dba0
@@ -323,7 +326,7 @@ def put_rewrite(self: Store, dataset: str, # dataset name
                 rewrite_id: int, # 1, 2, ... (0 is the original wording)
                 text: str, # the rewritten query
                 model: str | None = None, # the rewriter that wrote it
-               ) -> bool: # True if new; False if a text was already stored for this key (it is kept)
+               ) -> bool: # True if new; False if a text was stored for this key (it is kept)
     "Store one rewrite in its own transaction; idempotent on (dataset, query_id, rewrite_id)."
     rid = _plain(rewrite_id)
     if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
@@ -333,7 +336,8 @@ def put_rewrite(self: Store, dataset: str, # dataset name
     sql = ('INSERT INTO rewrites (dataset, query_id, rewrite_id, text, model, created_at) '
            'VALUES (?, ?, ?, ?, ?, ?) '
            'ON CONFLICT (dataset, query_id, rewrite_id) DO NOTHING')
-    with self._lock: cur = self._conn.execute(sql, (str(dataset), str(query_id), rid, text, model, time.time()))
+    args = (str(dataset), str(query_id), rid, text, model, time.time())
+    with self._lock: cur = self._conn.execute(sql, args)
     return cur.rowcount == 1
 
 # %% ../../nbs/31_store.ipynb #7699e048
@@ -378,7 +382,7 @@ def meta(self: Store) -> dict:
 @patch
 def put_rewriter_answer(self: Store, dataset: str, # dataset name
                         query_id: str, # query id within the dataset
-                        round: int, # 1 = the call for every missing rewrite, 2, 3, ... = one call per rewrite
+                        round: int, # 1: one call for all missing rewrites; 2, 3, ...: one per rewrite
                         slots: list, # the rewrite ids the call asked for
                         text: str, # the answer as received
                         model: str | None = None, # the rewriter
@@ -417,7 +421,7 @@ class SpendLedger:
     def __repr__(self): return f"SpendLedger({self._n} requests, ${self._usd:.6g})"
 
     def spent(self) -> tuple[int, float]:
-        "(requests so far, dollars so far) over all runs: settled costs plus open reservations at their maximum."
+        "(requests, dollars) over all runs: settled costs plus open reservations at their maximum."
         return self._n, self._usd
 
 # %% ../../nbs/31_store.ipynb #d2fd5b98
@@ -431,7 +435,7 @@ def _money(v, what) -> float:
 @patch
 def reserve(self: SpendLedger, model: str, # the pool's name of the model called
             kind: str, # 'generation' or 'rewrite'
-            max_usd: float, # the request's worst-case cost (its prompt and max_tokens at the model's prices)
+            max_usd: float, # the worst-case cost: prompt and max_tokens at the model's prices
            ) -> int: # the entry's id, for `settle`
     "Record a request about to be sent; committed to disk before it returns."
     if kind not in LEDGER_KINDS:
@@ -465,7 +469,7 @@ def settle(self: SpendLedger, entry: int, # an id from `reserve`
 # %% ../../nbs/31_store.ipynb #c74bacb4
 @patch
 def settle_lost(self: SpendLedger) -> int: # how many entries were settled
-    "Settle every open entry of an earlier run as 'lost' at its maximum (call it holding the writer lock)."
+    "Settle every open entry of an earlier run as 'lost' at its maximum (hold the writer lock)."
     mine = list(self._open) or [-1]
     sql = (f"UPDATE ledger SET status = 'lost', cost_usd = max_usd, settled_at = ? "
            f"WHERE status = 'open' AND id NOT IN ({', '.join('?' * len(mine))})")
@@ -492,9 +496,9 @@ def ledger(self: Store) -> SpendLedger:
 
 # %% ../../nbs/31_store.ipynb #d85851c8
 @patch
-def lock_writer(self: Store, command: str = 'dars collect', # what the holder is, for the refusal message
+def lock_writer(self: Store, command: str = 'dars collect', # the holder, as named to a refused writer
                ) -> None:
-    "Become the only writer of this store, or raise a one-line `StoreError` naming the process that is."
+    "Become the only writer of this store, or a one-line `StoreError` naming the one that is."
     import fcntl
     if self._writer is not None: return
     f = open(f'{self.path}.lock', 'a+')
@@ -525,14 +529,15 @@ def _md_table(df: pd.DataFrame, floatfmt: str = '.4f') -> str:
 # %% ../../nbs/31_store.ipynb #eceffe08
 def check_store(path, # the store file
                ) -> str: # a one-line summary of a sound store
-    "Read every page and every row of a store (writing nothing); a `StoreError` says what is damaged."
+    "Read every page and row of a store, writing nothing; a `StoreError` says what is damaged."
     with Store(path, readonly=True) as s:
         bad = s._q('PRAGMA integrity_check')
         if bad != [('ok',)]: raise _damaged(s.path, bad[0][0])
         n = len(s.to_frame())
         counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
                                                                     'ledger')]
-    return f"store {path}: sound; {n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, {counts[2]} ledger entries"
+    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, "
+            f"{counts[2]} ledger entries")
 
 # %% ../../nbs/31_store.ipynb #8b206178
 def _readable_rows(conn, table: str, cols: list) -> list:
@@ -597,7 +602,7 @@ def salvage_store(path, # the damaged store
     return report
 
 # %% ../../nbs/31_store.ipynb #f9b38b05
-def store_main(action: str, # 'check' (read every page and row) or 'salvage' (copy readable rows to --out)
+def store_main(action: str, # 'check' (read every page and row) or 'salvage' (readable rows to --out)
                store: str, # path of the store file
                out: str | None = None, # salvage: the new store file to write
               ) -> int:
@@ -611,7 +616,8 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (co
         got = salvage_store(store, out)
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1
-    print(', '.join(f"{t}: {c} of {n} readable row(s) copied" for t, (n, c) in got.items()) + f"; new store: {out}")
+    copied = ', '.join(f"{t}: {c} of {n} readable row(s) copied" for t, (n, c) in got.items())
+    print(f"{copied}; new store: {out}")
     return 0
 
 # %% ../../nbs/31_store.ipynb #0bfdbfd7
@@ -627,7 +633,7 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
 
 # %% ../../nbs/31_store.ipynb #806f5932
 def _usd(x: float) -> str:
-    "Dollars as people read them: cents from a dollar up, every significant digit of a small one (no exponent)."
+    "Dollars as people read them: cents from a dollar up, small sums without an exponent."
     return f"${x:,.2f}" if x >= 1 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
 
 # %% ../../nbs/31_store.ipynb #2c50fd32
@@ -652,7 +658,7 @@ def store_status(path, # the store file
 # %% ../../nbs/31_store.ipynb #f88774e4
 def status_main(store: str, # path of the store file
                ) -> int:
-    "`dars status`: planned vs stored observations per dataset and model, the spend ledger, the last run's failures."
+    "`dars status`: planned vs stored per dataset and model, the spend ledger, the last run."
     try: print(store_status(store))
     except StoreError as e:
         print(f"dars status: error: {e}", file=sys.stderr); return 1
