@@ -132,8 +132,9 @@ def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, questi
     return out
 
 # %% ../../nbs/34_rewrite.ipynb #e4bb7a73
-VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_dup', 'sim_mean', 'sim_p05',
-                    'numbers_preserved', 'structural_pass', 'review_flag', 'similarity_backend']
+VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_dup', 'sim_mean',
+                    'sim_p05', 'numbers_preserved', 'structural_pass', 'review_flag',
+                    'similarity_backend']
 
 def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rewrites` if counts differ)
                      rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text

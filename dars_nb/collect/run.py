@@ -38,14 +38,15 @@ __all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT
            'acollect', 'collect', 'describe_plan', 'collect_main']
 
 # %% ../../nbs/35_collect.ipynb #911b8444
-SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train', 'drop': 'load_drop',
-           'gpqa': 'load_gpqa'}
+SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train',
+           'drop': 'load_drop', 'gpqa': 'load_gpqa'}
 # ([serve] is read by `dars serve`, so one file can drive both)
 _POOL_KEYS = ('models', 'rewriter', 'limits')
-_COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
-                            top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
-                            rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
-                            models=None, similarity='auto', answer_grammar=None)
+_COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0,
+                            temperature=0.7, top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3,
+                            test_decodes=3, rewrite_temperature=0.7, rewrite_max_tokens=1024,
+                            rewrite_attempts=2, data_dir=None, models=None, similarity='auto',
+                            answer_grammar=None)
 _DATASET_KEYS = ('name', 'source', 'path', 'train', 'test', 'options')
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def _dataset_spec(d, i, base: Path) -> DatasetSpec:
             raise ConfigError(f"{where} ({name}): the gpqa source needs "
                               "options.path (your own GPQA copy)")
         opts = {**opts, 'path': str((base / opts['path']).resolve())}
-    return DatasetSpec(name=name, source=src, path=(base / path).resolve() if path is not None else None,
+    return DatasetSpec(name=name, source=src,
+                       path=(base / path).resolve() if path is not None else None,
                        train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
 
 # %% ../../nbs/35_collect.ipynb #0cba32f4
@@ -232,8 +234,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
             'models', 'similarity', 'answer_grammar')
     floats = {k: float(c[k]) for k in ('temperature', 'top_p', 'rewrite_temperature')}
     return CollectConfig(pool=pool, datasets=specs, store=(base / str(c['store'])).resolve(),
-                         output=(base / str(c['output'])).resolve(), data_dir=data_dir, source=source,
-                         **{k: c[k] for k in keep}, **floats)
+                         output=(base / str(c['output'])).resolve(), data_dir=data_dir,
+                         source=source, **{k: c[k] for k in keep}, **floats)
 
 # %% ../../nbs/35_collect.ipynb #95442060
 TASK_FIELDS = ('query_id', 'kind', 'question', 'gold')
@@ -384,9 +386,12 @@ def _candidate_rows(cfg, plan, done) -> pd.DataFrame:
     price_out = t['model'].map({m: cfg.pool.models[m].price_out for m in cfg.model_names})
     t = t.assign(cost_max=(t['prompt_tokens_est'] * price_in + t['max_tokens'] * price_out) / 1e6,
                  cost_typ=(t['prompt_tokens_est'] * price_in + t['typ'] * price_out) / 1e6)
-    out = t.groupby('model', sort=False).agg(to_do=('model', 'size'), prompt_tokens=('prompt_tokens_est', 'sum'),
-                                             completion_tokens_max=('max_tokens', 'sum'), completion_tokens_typical=('typ', 'sum'),
-                                             cost_max_usd=('cost_max', 'sum'), cost_typical_usd=('cost_typ', 'sum'))
+    out = t.groupby('model', sort=False).agg(to_do=('model', 'size'),
+                                             prompt_tokens=('prompt_tokens_est', 'sum'),
+                                             completion_tokens_max=('max_tokens', 'sum'),
+                                             completion_tokens_typical=('typ', 'sum'),
+                                             cost_max_usd=('cost_max', 'sum'),
+                                             cost_typical_usd=('cost_typ', 'sum'))
     planned = plan.groupby('model', sort=False).size().reindex(cfg.model_names).fillna(0).astype(int)
     return out.reindex(cfg.model_names).fillna(0).assign(planned=planned, role='candidate')
 
@@ -396,8 +401,9 @@ def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
     rw, calls = cfg.pool.rewriter, int(rewrites['calls_max'].sum())
     pt_max, ct_max = rewrites['prompt_tokens_max'].sum(), calls * cfg.rewrite_max_tokens
     pt, ct = rewrites['prompt_tokens_est'].sum(), rewrites['completion_tokens_typical'].sum()
-    return dict(role='rewriter', planned=calls, to_do=calls, prompt_tokens=pt_max, completion_tokens_max=ct_max,
-                completion_tokens_typical=ct, cost_max_usd=(pt_max * rw.price_in + ct_max * rw.price_out) / 1e6,
+    return dict(role='rewriter', planned=calls, to_do=calls, prompt_tokens=pt_max,
+                completion_tokens_max=ct_max, completion_tokens_typical=ct,
+                cost_max_usd=(pt_max * rw.price_in + ct_max * rw.price_out) / 1e6,
                 cost_typical_usd=(pt * rw.price_in + ct * rw.price_out) / 1e6)
 
 # %% ../../nbs/35_collect.ipynb #72d7a152
@@ -600,11 +606,12 @@ def observation(self: _Collector, job, key, task, wording, comp, text, completio
     # with n > 1 each observation is charged its full prompt and its share of the output
     cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
     extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated or None), ('n', n if n > 1 else None)) if v}
-    return dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost), prompt_tokens=int(comp.prompt_tokens),
-                completion_tokens=int(completion_tokens), latency_s=float(comp.latency_s), temperature=cfg.temperature,
-                parsed=bool(parsed), response=text, query_text=wording if wording is not None else str(task['question']),
-                top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=answer, finish_reason=comp.finish_reason,
-                attempts=int(comp.attempts), extra=extra or None)
+    return dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost),
+                prompt_tokens=int(comp.prompt_tokens), completion_tokens=int(completion_tokens),
+                latency_s=float(comp.latency_s), temperature=cfg.temperature, parsed=bool(parsed),
+                response=text, query_text=wording if wording is not None else str(task['question']),
+                top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=answer,
+                finish_reason=comp.finish_reason, attempts=int(comp.attempts), extra=extra or None)
 
 # %% ../../nbs/35_collect.ipynb #3905d0b4
 @patch
@@ -612,8 +619,10 @@ async def ask(self: _Collector, model: str, batch: list, keys: list, task, wordi
     "One answer call for a batch (one job, or n samples of a wording); None if it failed or stopped."
     cfg, job, n = self.cfg, batch[0], len(batch)
     try:
-        return await self.client.complete(model, generation_messages(task, wording), temperature=cfg.temperature,
-                                          top_p=cfg.top_p, max_tokens=int(job.max_tokens), seed=_call_seed(cfg.seed, keys[0]),
+        return await self.client.complete(model, generation_messages(task, wording),
+                                          temperature=cfg.temperature, top_p=cfg.top_p,
+                                          max_tokens=int(job.max_tokens),
+                                          seed=_call_seed(cfg.seed, keys[0]),
                                           **({'n': n} if n > 1 else {}), **_grammar(cfg, task))
     except BudgetExceeded as e: self.stop = self.stop or str(e)
     except PermanentError as e:
@@ -790,8 +799,9 @@ async def acollect(config, # a CollectConfig, TOML path or dict
         run = await _run_calls(cfg, store, tasks, plan, progress)
         end = _finish(cfg, store, tasks, plan, run, validity, similarity, write_output)
     finally: store.close()
-    return CollectResult(planned=len(plan), skipped=skipped, collected=run['collected'], failures=run['failures'],
-                         rewrites=run['rewrites'], counters=run['counters'], **end)
+    return CollectResult(planned=len(plan), skipped=skipped, collected=run['collected'],
+                         failures=run['failures'], rewrites=run['rewrites'],
+                         counters=run['counters'], **end)
 
 # %% ../../nbs/35_collect.ipynb #cbcca586
 def collect(config, # a CollectConfig, a TOML path or a dict of the same layout

@@ -27,9 +27,10 @@ EXTRA_COLUMNS = ['top_p', 'seed', 'answer', 'finish_reason', 'attempts', 'extra'
 STORE_COLUMNS = KEY_COLUMNS + ['score', 'cost'] + RECOMMENDED_COLUMNS + EXTRA_COLUMNS
 _TYPES = {'dataset': 'TEXT', 'split': 'TEXT', 'view': 'TEXT', 'query_id': 'TEXT', 'model': 'TEXT',
           'rewrite_id': 'INTEGER', 'sample_id': 'INTEGER', 'score': 'REAL', 'cost': 'REAL',
-          'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'latency_s': 'REAL', 'temperature': 'REAL',
-          'parsed': 'INTEGER', 'response': 'TEXT', 'query_text': 'TEXT', 'top_p': 'REAL', 'seed': 'INTEGER',
-          'answer': 'TEXT', 'finish_reason': 'TEXT', 'attempts': 'INTEGER', 'extra': 'TEXT'}
+          'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'latency_s': 'REAL',
+          'temperature': 'REAL', 'parsed': 'INTEGER', 'response': 'TEXT', 'query_text': 'TEXT',
+          'top_p': 'REAL', 'seed': 'INTEGER', 'answer': 'TEXT', 'finish_reason': 'TEXT',
+          'attempts': 'INTEGER', 'extra': 'TEXT'}
 SCHEMA_VERSION = 2
 LEDGER_KINDS = ('generation', 'rewrite')
 LEDGER_STATUSES = ('ok', 'failed', 'lost')
@@ -536,7 +537,8 @@ def check_store(path, # the store file
         n = len(s.to_frame())
         counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
                                                                     'ledger')]
-    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, "
+    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, "
+            f"{counts[1]} rewriter answers, "
             f"{counts[2]} ledger entries")
 
 # %% ../../nbs/31_store.ipynb #8b206178
