@@ -25,11 +25,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
-from ..observations import KEY_COLUMNS, validate, write_observations, read_observations, ObservationError
-from .client import Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens
+from ..observations import (
+    KEY_COLUMNS, validate, write_observations, read_observations, ObservationError)
+from .client import (
+    Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens)
 from .store import Store, _md_table, _usd
-from .prompts import generation_messages, rewrite_messages, choice_list, KINDS, LETTERS
-from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table, rewrite_calls_max
+from .prompts import (
+    generation_messages, rewrite_messages, choice_list, KINDS, LETTERS)
+from .rewrite import (
+    ensure_rewrites, rewrite_validity, rewrite_table, rewrite_calls_max)
 
 # %% auto #0
 __all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT_OK', 'EXIT_ERROR', 'EXIT_BUDGET',

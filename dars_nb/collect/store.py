@@ -16,7 +16,8 @@ from pathlib import Path
 from fastcore.basics import patch
 import numpy as np
 import pandas as pd
-from ..observations import KEY_COLUMNS, RECOMMENDED_COLUMNS, SPLITS, VIEWS, validate, write_observations
+from ..observations import (
+    KEY_COLUMNS, RECOMMENDED_COLUMNS, SPLITS, VIEWS, validate, write_observations)
 
 # %% auto #0
 __all__ = ['EXTRA_COLUMNS', 'STORE_COLUMNS', 'SCHEMA_VERSION', 'LEDGER_KINDS', 'LEDGER_STATUSES', 'StoreError', 'Store',
