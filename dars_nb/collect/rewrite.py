@@ -38,7 +38,7 @@ def numeric_tokens(text: str, # any text
 SIMILARITY_BACKENDS = ('sentence', 'tfidf')
 DEFAULT_MIN_SIMILARITY = {'sentence': 0.7, 'tfidf': 0.3}
 
-def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence when installed)
+def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed)
                       ) -> str:
     "The similarity backend `method` resolves to on this machine."
     if method not in ('auto',) + SIMILARITY_BACKENDS:
@@ -83,7 +83,7 @@ def _copies_options(text: str, choices: list[str]) -> bool:
 
 # %% ../../nbs/34_rewrite.ipynb #0c603eae
 def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
-    "True if a question rewrite contains the passage marker or any `span` consecutive passage words."
+    "True if a question rewrite has the passage marker or any `span` consecutive passage words."
     if 'passage:' in text.casefold(): return True
     words = re.findall(r'\w+', passage.casefold())
     if len(words) < span:
@@ -106,7 +106,7 @@ def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, questi
                    min_similarity: float | None = None, # review threshold (0.7 sentence, 0.3 TF-IDF)
                   ) -> pd.DataFrame:
     "One row per rewrite: similarity, duplicates, numbers kept, structural pass, review flag."
-    missing = [c for c in ('dataset', 'query_id', 'rewrite_id', 'text') if c not in rewrites.columns]
+    missing = [c for c in ('dataset', 'query_id', 'rewrite_id', 'text') if c not in rewrites]
     if missing: raise ValueError(f"rewrite table is missing column(s): {', '.join(missing)}")
     t = tasks.assign(dataset=tasks['dataset'].astype(str), query_id=tasks['query_id'].astype(str))
     if 'split' not in t.columns: t = t.assign(split='all')
@@ -117,16 +117,19 @@ def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, questi
     if (df['_merge'] != 'both').any():
         bad = df.loc[df['_merge'] != 'both'].iloc[0]
         raise ValueError(f"rewrite of unknown query {bad['dataset']}/{bad['query_id']}")
-    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id']).reset_index(drop=True)
+    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'], ignore_index=True)
     sim, backend = pair_similarity(df['question'].astype(str), df['text'], method=similarity)
     thr = DEFAULT_MIN_SIMILARITY[backend] if min_similarity is None else float(min_similarity)
     orig_norm, rew_norm = df['question'].map(_norm_text), df['text'].map(_norm_text)
-    num_ok = np.array([numeric_tokens(a) == numeric_tokens(b) for a, b in zip(df['question'], df['text'])], bool)
+    pairs = zip(df['question'], df['text'])
+    num_ok = np.array([numeric_tokens(a) == numeric_tokens(b) for a, b in pairs], bool)
     rows = df.to_dict('records')
-    struct = np.array([_structural(task_kind(row), row['text'], row, ok) for row, ok in zip(rows, num_ok)], bool)
+    struct = np.array([_structural(task_kind(row), row['text'], row, ok)
+                       for row, ok in zip(rows, num_ok)], bool)
+    dup = rew_norm.groupby([df['dataset'], df['query_id']]).transform(lambda s: s.duplicated())
     out = df[['dataset', 'split', 'query_id', 'rewrite_id', 'kind', 'text']].assign(
         similarity=sim, original_dup=(orig_norm == rew_norm).to_numpy(),
-        rewrite_dup=rew_norm.groupby([df['dataset'], df['query_id']]).transform(lambda s: s.duplicated()).to_numpy(bool),
+        rewrite_dup=dup.to_numpy(bool),
         numbers_preserved=num_ok, structural_pass=struct, review_flag=(sim < thr) | ~num_ok)
     out.attrs.update(similarity_backend=backend, min_similarity=thr)
     return out
@@ -136,9 +139,9 @@ VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_
                     'sim_p05', 'numbers_preserved', 'structural_pass', 'review_flag',
                     'similarity_backend']
 
-def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rewrites` if counts differ)
+def rewrite_validity(tasks: pd.DataFrame, # tasks (with `split`, and `n_rewrites` if counts differ)
                      rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
-                     n_expected: int | None = None, # rewrites per query (default: `n_rewrites`, else the most seen)
+                     n_expected: int | None = None, # rewrites per query (default: `n_rewrites`, else most seen)
                      similarity: str = 'auto', # 'sentence', 'tfidf' or 'auto'
                      min_similarity: float | None = None, # review threshold on similarity
                     ) -> pd.DataFrame:
@@ -155,11 +158,10 @@ def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rew
     per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'),
                                                                complete=('complete', 'mean'))
     g = checks.groupby(['dataset', 'split'], observed=True)
-    per_r = g.agg(rewrites=('text', 'size'), original_dup=('original_dup', 'mean'), rewrite_dup=('rewrite_dup', 'mean'),
-                  sim_mean=('similarity', 'mean'), sim_p05=('similarity',
-                                                            lambda s: float(np.quantile(s, 0.05))),
-                  numbers_preserved=('numbers_preserved', 'mean'), structural_pass=('structural_pass', 'mean'),
-                  review_flag=('review_flag', 'mean'))
+    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved', 'structural_pass',
+                                      'review_flag')}
+    per_r = g.agg(rewrites=('text', 'size'), sim_mean=('similarity', 'mean'),
+                  sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))), **means)
     out = per_q.join(per_r, how='left')
     out['rewrites'] = out['rewrites'].fillna(0).astype(int)
     out['similarity_backend'] = checks.attrs['similarity_backend']
@@ -174,8 +176,8 @@ def rewrite_table(store, # a `dars_nb.collect.store.Store`
                   tasks: pd.DataFrame, # the queries whose rewrites to read (dataset, query_id)
                  ) -> pd.DataFrame:
     "The stored rewrites of `tasks` as a long table: dataset, query_id, rewrite_id, text."
-    rows = [(ds, qid, int(i), text) for ds, qid in zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
-            for i, text in sorted(store.rewrites(ds, qid).items())]
+    queries = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
+    rows = [(ds, qid, int(i), text) for ds, qid in queries for i, text in sorted(store.rewrites(ds, qid).items())]
     return pd.DataFrame(rows, columns=['dataset', 'query_id', 'rewrite_id', 'text'])
 
 # %% ../../nbs/34_rewrite.ipynb #c5a60336
@@ -204,7 +206,8 @@ class _QueryRewrites:
     def replay(self):
         "Rewrites of answers stored (paid for) but not parsed before a restart."
         for a in self.answers:
-            for i, text in zip(a['slots'], parse_rewrites(a['text'], len(a['slots']))): self.keep(i, text, self.rewriter)
+            for i, text in zip(a['slots'], parse_rewrites(a['text'], len(a['slots']))):
+                self.keep(i, text, self.rewriter)
 
     def done_in(self, rnd: int, i: int | None = None) -> bool:
         "Whether round `rnd` (for rewrite `i` after the first) already has a stored answer."
@@ -214,11 +217,11 @@ class _QueryRewrites:
 @patch
 async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     "One rewriter call for `slots`; the answer is stored before it is parsed."
-    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95,
-                                 **kw)
+    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95, **kw)
     self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
     self.counts['calls'] += 1
-    for i, text in zip(slots, parse_rewrites(comp.text, len(slots))): self.keep(i, text, self.rewriter)
+    for i, text in zip(slots, parse_rewrites(comp.text, len(slots))):
+        self.keep(i, text, self.rewriter)
 
 # %% ../../nbs/34_rewrite.ipynb #904364db
 @patch
@@ -248,15 +251,16 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
     if 'n_rewrites' not in tasks.columns:
         raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
     counts = dict(calls=0, stored=0, filled=0)
-    todo = [_QueryRewrites(store, r, rewriter, counts) for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
+    todo = [_QueryRewrites(store, r, rewriter, counts) 
+            for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
     todo = [q for q in todo if q.missing]
     if not todo: return counts
     most = sum(rewrite_calls_max(len(q.missing), attempts) for q in todo)
     kw = dict(max_tokens=max_tokens, temperature=temperature)
-    with (client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()):
-        # every query runs to its end (what was paid for is stored) before the first error is raised
-        results = await asyncio.gather(*[q.run(client, attempts, fill_with_original, **kw) for q in todo],
-                                       return_exceptions=True)
+    bar = client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()
+    with bar:   # every query runs to its end (what was paid for is stored) before the first error is raised
+        runs = [q.run(client, attempts, fill_with_original, **kw) for q in todo]
+        results = await asyncio.gather(*runs, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]
     if errors: raise next((e for e in errors if isinstance(e, BudgetExceeded)), errors[0])
     return counts
