@@ -192,7 +192,8 @@ def _collection(col, pool) -> dict:
     for k in ('temperature', 'rewrite_temperature', 'top_p'): _num(c[k], k, 0)
     if not 0 < c['top_p'] <= 1:
         raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
-    for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'): _num(c[k], k, 1, True)
+    for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'):
+        _num(c[k], k, 1, True)
     for k in ('test_rewrites', 'test_decodes'): _num(c[k], k, 0, True)
     if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
         raise ConfigError("[collection] similarity must be auto, sentence or "
@@ -212,7 +213,8 @@ def _datasets(raw, c, pool, base) -> tuple:
     if any(s.test > 0 for s in specs) and c['test_rewrites'] + c['test_decodes'] == 0:
         raise ConfigError("[collection] test queries are requested but test_rewrites "
                           "and test_decodes are both 0")
-    rewrites = any(s.train > 0 for s in specs) or any(s.test > 0 and c['test_rewrites'] > 0 for s in specs)
+    tested = any(s.test > 0 for s in specs) and c['test_rewrites'] > 0
+    rewrites = any(s.train > 0 for s in specs) or tested
     if rewrites and pool.rewriter is None:
         raise ConfigError("rewrites are needed but the pool names no rewriter "
                           "(add rewriter = \"model\")")
@@ -234,8 +236,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
     c = _collection(d.get('collection', {}), pool)
     specs = _datasets(d.get('datasets'), c, pool, base)
     data_dir = str((base / str(c['data_dir'])).resolve()) if c['data_dir'] is not None else None
-    keep = ('seed', 'n_rewrites', 'n_decodes', 'test_rewrites', 'test_decodes', 'rewrite_max_tokens', 'rewrite_attempts',
-            'models', 'similarity', 'answer_grammar')
+    keep = ('seed', 'n_rewrites', 'n_decodes', 'test_rewrites', 'test_decodes', 'rewrite_max_tokens',
+            'rewrite_attempts', 'models', 'similarity', 'answer_grammar')
     floats = {k: float(c[k]) for k in ('temperature', 'top_p', 'rewrite_temperature')}
     return CollectConfig(pool=pool, datasets=specs, store=(base / str(c['store'])).resolve(),
                          output=(base / str(c['output'])).resolve(), data_dir=data_dir,
@@ -290,7 +292,8 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
     kw = dict(spec.options)
     if spec.source == 'gpqa': return loader(kw.pop('path'), dataset=spec.name, **kw)
     try: return loader(root=data_dir, dataset=spec.name, **kw)
-    except TypeError as e: raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
+    except TypeError as e:
+        raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
 
 # %% ../../nbs/35_collect.ipynb #4dceb8af
 def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
@@ -323,7 +326,8 @@ def _chars_to_tokens(messages) -> int:
 def _grid(tasks, view, rewrite_ids, sample_ids):
     if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids):
         return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
-    cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id']).to_frame(index=False)
+    cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id'])
+    cells = cells.to_frame(index=False)
     return tasks.merge(cells, how='cross').assign(view=view)
 
 # %% ../../nbs/35_collect.ipynb #360a8cd9
@@ -421,8 +425,8 @@ def estimate_cost(config, # a CollectConfig, TOML path or dict
     out = _candidate_rows(cfg, plan, done)
     if rewrites is not None and len(rewrites) and cfg.pool.rewriter is not None:
         out.loc[f'{cfg.pool.rewriter.name} (rewriter)'] = _rewriter_row(cfg, rewrites)
-    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'completion_tokens_typical', 'cost_max_usd',
-           'cost_typical_usd']
+    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'completion_tokens_typical',
+           'cost_max_usd', 'cost_typical_usd']
     out.loc['total'] = dict(role='', **out[num].sum())
     out = out[['role'] + num]
     for c in num[:5]: out[c] = out[c].round().astype(int)
@@ -525,7 +529,8 @@ def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
     recs = list(jobs.itertuples(index=False))
     if not honours_n: return [[j] for j in recs]
     groups = {}
-    for j in recs: groups.setdefault((j.dataset, j.split, j.view, j.query_id, j.rewrite_id), []).append(j)
+    for j in recs:
+        groups.setdefault((j.dataset, j.split, j.view, j.query_id, j.rewrite_id), []).append(j)
     return list(groups.values())
 
 # %% ../../nbs/35_collect.ipynb #9e85f57c
@@ -544,34 +549,39 @@ def _over_limits(ledger, limits, est: float) -> str:
 class _Metered:
     "A client view whose calls are reserved in the store's ledger before they are sent, settled after."
     def __init__(self, client, ledger, kind: str, limits, shared: dict):
-        self.client, self.ledger, self.kind, self.limits, self.shared = client, ledger, kind, limits, shared
+        self.client, self.ledger, self.kind = client, ledger, kind
+        self.limits, self.shared = limits, shared
     def __getattr__(self, name): return getattr(self.client, name)
     @property
     def stopped(self): return self.shared.get('stopped') or self.client.stopped
 
-    def _slot(self, spec) -> asyncio.Semaphore:
-        "The endpoint's slots: a request is reserved once it can be sent, not while it waits."
-        sems = self.shared.setdefault('slots', {})
-        if spec.base_url not in sems:
-            n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
-            sems[spec.base_url] = asyncio.Semaphore(n)
-        return sems[spec.base_url]
+# %% ../../nbs/35_collect.ipynb #3397cb1e
+@patch
+def _slot(self: _Metered, spec) -> asyncio.Semaphore:
+    "The endpoint's slots: a request is reserved once it can be sent, not while it waits."
+    sems = self.shared.setdefault('slots', {})
+    if spec.base_url not in sems:
+        n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
+        sems[spec.base_url] = asyncio.Semaphore(n)
+    return sems[spec.base_url]
 
-    async def complete(self, model: str, messages: list, max_tokens: int = 512, **kw):
-        "`Client.complete`, within the store's budget and cap."
-        spec = self.client.pool.spec(model)
-        est = spec.cost(estimate_prompt_tokens(messages), max_tokens * (kw.get('n') or 1))
-        async with self._slot(spec):
-            why = self.stopped or _over_limits(self.ledger, self.limits, est)
-            if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
-            entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
-            try:
-                comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
-                status, cost = 'ok', comp.cost_usd
-                return comp
-            except PermanentError: status, cost = 'failed', 0.0; raise
-            # cancelled or killed in flight: 'lost' at its maximum
-            finally: self.ledger.settle(entry, cost, status)
+# %% ../../nbs/35_collect.ipynb #285f4a1a
+@patch
+async def complete(self: _Metered, model: str, messages: list, max_tokens: int = 512, **kw):
+    "`Client.complete`, within the store's budget and cap."
+    spec = self.client.pool.spec(model)
+    est = spec.cost(estimate_prompt_tokens(messages), max_tokens * (kw.get('n') or 1))
+    async with self._slot(spec):
+        why = self.stopped or _over_limits(self.ledger, self.limits, est)
+        if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
+        entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
+        try:
+            comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
+            status, cost = 'ok', comp.cost_usd
+            return comp
+        except PermanentError: status, cost = 'failed', 0.0; raise
+        # cancelled or killed in flight: 'lost' at its maximum
+        finally: self.ledger.settle(entry, cost, status)
 
 # %% ../../nbs/35_collect.ipynb #a043f0c8
 def _clients(cfg, store) -> tuple:
@@ -583,8 +593,8 @@ def _clients(cfg, store) -> tuple:
         return c, c, c
     # otherwise the views hold the budget and the cap
     lim = cfg.pool.limits
-    c = Client(dataclasses.replace(cfg.pool, limits=dataclasses.replace(lim, call_budget=None, spend_cap_usd=None)),
-               seed=cfg.seed)
+    uncapped = dataclasses.replace(lim, call_budget=None, spend_cap_usd=None)
+    c = Client(dataclasses.replace(cfg.pool, limits=uncapped), seed=cfg.seed)
     shared = {}
     return c, _Metered(c, ledger, 'generation', lim, shared), _Metered(c, ledger, 'rewrite', lim,
                                                                        shared)
@@ -599,17 +609,19 @@ class _Collector:
         self.texts = {(ds, qid): store.rewrites(ds, qid) for ds, qid in pairs}
         self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
                        for m in cfg.model_names}
-        self.collected, self.stop, self.failures, self.ok, self.bad = 0, '', [], Counter(), Counter()
+        self.collected, self.stop, self.failures = 0, '', []
+        self.ok, self.bad = Counter(), Counter()
 
 # %% ../../nbs/35_collect.ipynb #0394d91d
 @patch
-def observation(self: _Collector, job, key, task, wording, comp, text, completion_tokens: int, n: int) -> dict:
+def observation(self: _Collector, job, key, task, wording, comp, text,
+                completion_tokens: int, n: int) -> dict:
     "The store row of one answer: scored, priced, and with what an audit needs."
     spec, cfg = self.cfg.pool.models[job.model], self.cfg
     score, parsed, answer = _score(job.kind, text, task['gold'])
     # with n > 1 each observation is charged its full prompt and its share of the output
     cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
-    extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated or None), ('n', n if n > 1 else None)) if v}
+    extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated), ('n', n if n > 1 else None)) if v}
     return dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost),
                 prompt_tokens=int(comp.prompt_tokens), completion_tokens=int(completion_tokens),
                 latency_s=float(comp.latency_s), temperature=cfg.temperature, parsed=bool(parsed),
@@ -641,7 +653,8 @@ async def call(self: _Collector, model: str, batch: list):
     job = batch[0]
     keys = [tuple(getattr(j, c) for c in KEY_COLUMNS) for j in batch]
     task = self.rows[(job.dataset, job.query_id)]
-    wording = None if job.rewrite_id == 0 else self.texts[(job.dataset, job.query_id)].get(job.rewrite_id)
+    texts = self.texts[(job.dataset, job.query_id)] if job.rewrite_id else {}
+    wording = texts.get(job.rewrite_id) if job.rewrite_id else None
     if job.rewrite_id != 0 and wording is None:
         self.failures += [(k, f"rewrite {job.rewrite_id} of "
                               f"{job.dataset}/{job.query_id} is not stored") for k in keys]
@@ -653,7 +666,8 @@ async def call(self: _Collector, model: str, batch: list):
     got = list(comp.texts or (comp.text,))[:n] if n > 1 else [comp.text]
     shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
     for j, k, text, ct in zip(batch, keys, got, shares):
-        self.store.insert(self.observation(j, k, task, wording, comp, text, ct, len(got))); self.collected += 1
+        self.store.insert(self.observation(j, k, task, wording, comp, text, ct, len(got)))
+        self.collected += 1
     # fewer choices than asked: the rest one by one
     for j in batch[len(got):]: self.queues[model].append([j])
 
@@ -668,7 +682,8 @@ async def worker(self: _Collector, model: str):
 async def run(self: _Collector, progress: bool) -> tuple:
     "Every pending call; returns (observations collected, failures, why it stopped early or '')."
     cfg = self.cfg
-    workers = [self.worker(m) for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
+    slots = [m for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
+    workers = [self.worker(m) for m in slots]
     batched = any(cfg.pool.models[m].honours_n for m in cfg.model_names)
     total = None if batched else sum(len(q) for q in self.queues.values())
     with (self.client.progress(total=total, desc='calls') if progress else nullcontext()):
@@ -682,7 +697,7 @@ def _pending(plan: pd.DataFrame, keys) -> pd.DataFrame:
     "The rows of `plan` whose natural key is not in `keys`."
     keys = list(keys)
     if not keys: return plan
-    done = pd.MultiIndex.from_tuples([tuple(map(str, k[:5])) + (int(k[5]), int(k[6])) for k in keys])
+    done = pd.MultiIndex.from_tuples([(*map(str, k[:5]), int(k[5]), int(k[6])) for k in keys])
     mine = pd.MultiIndex.from_frame(plan[KEY_COLUMNS].astype({c: str for c in KEY_COLUMNS[:5]}))
     return plan[~mine.isin(done)]
 
@@ -764,7 +779,8 @@ def _stop_message(cfg, stop: str) -> str:
     return f"{stop}; to collect the rest, raise {key} in [limits] of {cfg.source or 'the configuration'}"
 
 # %% ../../nbs/35_collect.ipynb #7da0df76
-def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity, write_output: bool) -> dict:
+def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
+            write_output: bool) -> dict:
     "Status, the complete table (written out), the rewrite validity; the run recorded in the store."
     missing = len(_pending(plan, store.keys()))
     status = 'complete' if missing == 0 else ('budget' if run['stop'] else 'incomplete')
@@ -839,17 +855,19 @@ def _stored_state(cfg, tasks) -> tuple:
     if not cfg.store.exists(): return None, {}, (0, 0.0)    # never create a store in a dry run
     with Store(cfg.store, readonly=True) as store:
         pairs = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
-        return store.to_frame(), {(d, q): store.rewrites(d, q) for d, q in pairs}, store.ledger().spent()
+        stored = {(d, q): store.rewrites(d, q) for d, q in pairs}
+        return store.to_frame(), stored, store.ledger().spent()
 
 # %% ../../nbs/35_collect.ipynb #73a75c1e
 def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
     "The plan's upper bound against the budget and the cap, with what the store already spent."
     lim, (n0, usd0) = cfg.pool.limits, spent
-    lines = [f"the store has already made {n0} request(s) for {_usd(usd0)} over all its runs"] if n0 else []
+    lines = [f"the store has made {n0} request(s) for {_usd(usd0)} over all its runs"] if n0 else []
     for key, have, need, cap, fmt in (('call_budget', n0, calls, lim.call_budget, str),
                                       ('spend_cap_usd', usd0, usd, lim.spend_cap_usd, _usd)):
         if cap is None: continue
-        if have + need <= cap: lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
+        if have + need <= cap:
+            lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
         lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} "
                      f"spent + up to {fmt(need)}); "
                      f"the run will stop there — raise {key} in [limits] of {cfg.source or 'the configuration'} to collect it all")
