@@ -50,7 +50,8 @@ def choice_list(row, # a multiple-choice task row
         raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
     if isinstance(ch, str):
         try: ch = json.loads(ch)
-        except json.JSONDecodeError: raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
+        except json.JSONDecodeError:
+            raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
     if isinstance(ch, Mapping): ch = [ch[k] for k in sorted(ch)]
     ch = [str(c) for c in list(ch)]
     if not 2 <= len(ch) <= len(LETTERS):
@@ -66,7 +67,7 @@ def format_choices(choices: list[str], # option texts in order
 
 # %% ../../nbs/33_prompts.ipynb #8e208a0e
 def user_prompt(row, # a task row
-                question_text: str | None = None, # the wording to ask (a rewrite); None = the original question
+                question_text: str | None = None, # the wording to ask (a rewrite); None = the original
                ) -> str:
     "The dataset-specific user prompt for one (task, wording)."
     kind = task_kind(row)
@@ -89,7 +90,7 @@ def user_prompt(row, # a task row
 
 # %% ../../nbs/33_prompts.ipynb #2c1616c5
 def generation_messages(row, # a task row
-                        question_text: str | None = None, # the wording to ask; None = the original question
+                        question_text: str | None = None, # the wording to ask; None = the original
                        ) -> list[dict]:
     "Chat messages for one generation call: the shared system instruction and the dataset prompt."
     return [{'role': 'system', 'content': SYSTEM_INSTRUCTION},
@@ -119,7 +120,7 @@ REWRITE_RULES = {
 def rewrite_messages(row, # a task row
                      n: int, # how many rewrites to ask for
                     ) -> list[dict]:
-    "Chat messages asking the rewriter for `n` rewrites of one task, each inside <rewrite>…</rewrite> tags."
+    "Chat messages asking the rewriter for `n` rewrites of one task, each in <rewrite>…</rewrite> tags."
     kind = task_kind(row)
     if int(n) < 1: raise ValueError(f"the number of rewrites must be at least 1, got {n}")
     n = int(n)
@@ -165,7 +166,7 @@ def _json_list(text: str):
 def parse_rewrites(text: str | None, # the rewriter's raw answer
                    n: int, # how many rewrites were asked for
                   ) -> list[str]:
-    "Up to `n` non-empty rewrites read from the rewriter's answer (tags, JSON list, numbered list, or the whole text when n = 1)."
+    "Up to `n` non-empty rewrites in an answer: tags, a JSON or numbered list, or all of it if n = 1."
     if not text: return []
     text = _THINK.sub('', str(text)).strip()
     items = _TAG.findall(text)
@@ -176,7 +177,8 @@ def parse_rewrites(text: str | None, # the rewriter's raw answer
     if not items:
         marks = list(_NUMBERED.finditer(text))
         if marks:
-            items = [text[a.end():(b.start() if b is not None else len(text))] for a, b in zip(marks, marks[1:] + [None])]
+            ends = [b.start() for b in marks[1:]] + [len(text)]
+            items = [text[a.end():e] for a, e in zip(marks, ends)]
     if not items and n == 1: items = [text]
     out = [c for c in (_clean(i) for i in items) if c]
     return out[:int(n)]
