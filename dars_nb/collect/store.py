@@ -572,8 +572,11 @@ def _copy_rows(new: Store, table: str, rows: list) -> int:
     done = 0
     for r in rows:
         try:
+            # checked like any new row; its time of writing kept
             if table == 'observations':
-                done += new.insert({k: v for k, v in r.items() if v is not None})
+                ok = _check_row({k: v for k, v in r.items() if v is not None and k != 'created_at'})
+                args = [ok[c] for c in ok] + [r.get('created_at') or time.time()]
+                done += new._conn.execute(_insert_sql(list(ok)), args).rowcount
             elif table == 'meta' and r['key'] == 'schema_version': continue
             else:
                 sql = f"INSERT OR IGNORE INTO {table} ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})"
@@ -594,7 +597,7 @@ def salvage_store(path, # the damaged store
     report = {}
     try:
         with Store(out) as new:
-            for table, cols in [('observations', STORE_COLUMNS), *_COPY_COLS.items()]:
+            for table, cols in [('observations', STORE_COLUMNS + ['created_at']), *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
                 # one commit per table, not one per row
