@@ -52,8 +52,9 @@ MATH = '[[datasets]]\nsource = "math500"\ntrain = {train}\ntest = {test}\n'
 
 
 def files_digest(path: Path) -> dict:
-    "SHA-256 of a store and its WAL/SHM files (whatever exists)."
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.glob(path.name + '*'))}
+    "SHA-256 of a store and its WAL/SHM files (whatever exists; the writer lock file is not the store)."
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.glob(path.name + '*'))
+            if p.suffix != '.lock'}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,7 +204,8 @@ GOOD_TASKS = [dict(query_id=f'q{i}', kind='math', question=f'What is {i} + {i}?'
 
 
 @pytest.mark.parametrize('case', ['unknown model', 'unknown rewriter', 'missing key variable', 'negative price',
-                                  'bad data file', 'unreachable endpoint', 'unparseable config'])
+                                  'bad data file', 'unreachable endpoint', 'unparseable config', 'zero call budget',
+                                  'zero spend cap'])
 def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monkeypatch, case):
     from dars_nb.collect.local import free_port
     monkeypatch.delenv('DARS_TEST_MISSING_KEY', raising=False)
@@ -218,7 +220,9 @@ def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monk
               'negative price': "model 'm2': price_in must be a non-negative number",
               'bad data file': "tasks.jsonl line 3: missing field 'gold'",
               'unreachable endpoint': f"cannot reach model 'm1' at {dead}",
-              'unparseable config': 'cannot parse collect.toml'}[case]
+              'unparseable config': 'cannot parse collect.toml',
+              'zero call budget': '[limits] call_budget = 0 allows no request',
+              'zero spend cap': '[limits] spend_cap_usd = 0 allows no request'}[case]
     text = pool_toml(models, rewriter='m1') + collection_toml() + dataset
     if case == 'unknown model': text = text.replace('[collection]\n', '[collection]\nmodels = ["m1", "m3"]\n')
     if case == 'unknown rewriter': text = text.replace('rewriter = "m1"', 'rewriter = "m9"')
@@ -226,6 +230,8 @@ def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monk
     if case == 'negative price': text = text.replace('[models."m2"]\nbase_url = "' + dead + '"\nprice_in = 0.1', '[models."m2"]\nbase_url = "' + dead + '"\nprice_in = -0.1')
     if case == 'bad data file': _tasks_file(tasks, GOOD_TASKS[:2] + [{k: v for k, v in GOOD_TASKS[2].items() if k != 'gold'}])
     if case == 'unparseable config': text = text.replace('[collection]', '[collection')
+    if case == 'zero call budget': text = text.replace('[limits]\n', '[limits]\ncall_budget = 0\n')
+    if case == 'zero spend cap': text = text.replace('[limits]\n', '[limits]\nspend_cap_usd = 0.0\n')
     cfg = tmp_path / 'collect.toml'
     cfg.write_text(text)
 
@@ -247,6 +253,16 @@ def test_dry_run_needs_no_key_and_writes_nothing(tmp_path, capsys, monkeypatch):
     (tmp_path / 'c.toml').write_text(text)
     assert collect_main(str(tmp_path / 'c.toml'), dry_run=True) == EXIT_OK
     out = capsys.readouterr().out
-    # 2 train x 2 x 2 + 1 test x (3 + 3) = 14 observations; 3 rewriter calls
-    assert 'total: 17 calls to make' in out
+    # 2 train x 2 x 2 + 1 test x (3 + 3) = 14 observations; rewriter, 2 rounds: 2 x (1 + 2) + (1 + 3) = 10 calls at most
+    assert 'total: at most 24 calls to make' in out
     assert not (tmp_path / 'sub').exists()
+
+
+def test_data_folder_on_the_command_line_overrides_the_config(tmp_path, capsys):
+    cfg = tmp_path / 'c.toml'
+    cfg.write_text(pool_toml({'m1': ('http://127.0.0.1:9/v1', 1.0, 2.0, 'm1', 1)}, rewriter='m1')
+                   + collection_toml().replace(f'data_dir = "{DATA}"', 'data_dir = "no/such/folder"') + MMLU.format(train=1, test=1))
+    assert collect_main(str(cfg), dry_run=True) == EXIT_ERROR
+    assert 'no/such/folder' in capsys.readouterr().err
+    assert collect_main(str(cfg), dry_run=True, data=str(DATA)) == EXIT_OK
+    assert 'observations planned' in capsys.readouterr().out

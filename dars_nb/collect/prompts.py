@@ -22,12 +22,14 @@ def _field(row, name, default=None):
     else: val = getattr(row, name, default)
     return default if val is None or (isinstance(val, float) and np.isnan(val)) else val
 
+# %% ../../nbs/33_prompts.ipynb #68f753b5
 def task_kind(row, # a task row
              ) -> str:
     "The task kind of `row`, checked against `KINDS`."
     kind = _field(row, 'kind')
     if kind not in KINDS:
-        raise ValueError(f"unknown task kind {kind!r} for query {_field(row, 'query_id')!r} (expected one of {', '.join(KINDS)})")
+        raise ValueError(f"unknown task kind {kind!r} for query {_field(row, 'query_id')!r} "
+                         f"(expected one of {', '.join(KINDS)})")
     return kind
 
 # %% ../../nbs/33_prompts.ipynb #3ada4c68
@@ -44,16 +46,20 @@ def choice_list(row, # a multiple-choice task row
                ) -> list[str]:
     "The options of a multiple-choice row as a list of strings, in order."
     ch = _field(row, 'choices')
-    if ch is None: raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
+    if ch is None:
+        raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
     if isinstance(ch, str):
         try: ch = json.loads(ch)
-        except json.JSONDecodeError: raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
+        except json.JSONDecodeError:
+            raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
     if isinstance(ch, Mapping): ch = [ch[k] for k in sorted(ch)]
     ch = [str(c) for c in list(ch)]
     if not 2 <= len(ch) <= len(LETTERS):
-        raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices (expected 2 to {len(LETTERS)})")
+        raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices "
+                         f"(expected 2 to {len(LETTERS)})")
     return ch
 
+# %% ../../nbs/33_prompts.ipynb #c50c6e2f
 def format_choices(choices: list[str], # option texts in order
                   ) -> str:
     "The lettered option block, one option per line."
@@ -61,14 +67,15 @@ def format_choices(choices: list[str], # option texts in order
 
 # %% ../../nbs/33_prompts.ipynb #8e208a0e
 def user_prompt(row, # a task row
-                question_text: str | None = None, # the wording to ask (a rewrite); None = the original question
+                question_text: str | None = None, # the wording to ask (a rewrite); None = the original
                ) -> str:
     "The dataset-specific user prompt for one (task, wording)."
     kind = task_kind(row)
     q = str(question_text if question_text is not None else _field(row, 'question', '')).strip()
     if kind == 'choice':
         ch = choice_list(row)
-        return (f"Answer the following multiple-choice question.\n\nQuestion: {q}\n\nOptions:\n{format_choices(ch)}\n\n"
+        return ("Answer the following multiple-choice question.\n\nQuestion: "
+                f"{q}\n\nOptions:\n{format_choices(ch)}\n\n"
                 f"Choose exactly one option. End with the line `Final Answer: X`, where X is a single letter "
                 f"from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
     if kind == 'math':
@@ -81,26 +88,31 @@ def user_prompt(row, # a task row
             "Answer with a number, a date or a short span copied from the passage, after `Final Answer:` "
             "on the last line.")
 
+# %% ../../nbs/33_prompts.ipynb #2c1616c5
 def generation_messages(row, # a task row
-                        question_text: str | None = None, # the wording to ask; None = the original question
+                        question_text: str | None = None, # the wording to ask; None = the original
                        ) -> list[dict]:
     "Chat messages for one generation call: the shared system instruction and the dataset prompt."
     return [{'role': 'system', 'content': SYSTEM_INSTRUCTION},
             {'role': 'user', 'content': user_prompt(row, question_text)}]
 
 # %% ../../nbs/33_prompts.ipynb #0c698233
-REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording changes but the task does not. "
+REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording "
+                  "changes but the task does not. "
                   "A rewrite must have exactly the same correct answer as the original. "
                   "Never answer the question, never add hints, never mention that it is a rewrite.")
 
 REWRITE_RULES = {
-    'choice': ("This is a multiple-choice question. Rewrite only the question stem. The answer options are shown "
+    'choice': ("This is a multiple-choice question. Rewrite only the question stem. The "
+               "answer options are shown "
                "for reference: do not copy, change, reorder, add or remove them, and do not include them in your "
                "rewrites. The same option must remain the correct one."),
-    'math': ("This is a free-form math problem. Rewrite only the problem statement. Keep every number, variable, "
+    'math': ("This is a free-form math problem. Rewrite only the problem statement. "
+             "Keep every number, variable, "
              "equation, unit, condition and constraint, and ask for exactly the same quantity. Do not simplify "
              "the problem, do not add hints, do not reveal or hint at the answer."),
-    'reading': ("This is a reading-comprehension question about a fixed passage. Rewrite only the question, never "
+    'reading': ("This is a reading-comprehension question about a fixed passage. Rewrite "
+                "only the question, never "
                 "the passage, and do not include the passage in your rewrites. Each rewrite must be answerable "
                 "from the same passage with the same answer, and must not add anything the passage does not say."),
 }
@@ -108,19 +120,23 @@ REWRITE_RULES = {
 def rewrite_messages(row, # a task row
                      n: int, # how many rewrites to ask for
                     ) -> list[dict]:
-    "Chat messages asking the rewriter for `n` rewrites of one task, each inside <rewrite>…</rewrite> tags."
+    "Chat messages asking the rewriter for `n` rewrites of one task, each in <rewrite>…</rewrite> tags."
     kind = task_kind(row)
     if int(n) < 1: raise ValueError(f"the number of rewrites must be at least 1, got {n}")
     n = int(n)
     q = str(_field(row, 'question', '')).strip()
     label = {'choice': 'Question stem', 'math': 'Problem', 'reading': 'Question'}[kind]
     parts = [REWRITE_RULES[kind], '']
-    if kind == 'reading': parts += [f"Passage (do not rewrite):\n{str(_field(row, 'context', '')).strip()}", '']
+    if kind == 'reading':
+        parts += [f"Passage (do not rewrite):\n{str(_field(row, 'context', '')).strip()}", '']
     parts += [f"{label} to rewrite:\n{q}", '']
-    if kind == 'choice': parts += [f"Options (for reference only, keep as they are):\n{format_choices(choice_list(row))}", '']
-    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the {label.lower()}. Put each one between "
+    if kind == 'choice': parts += ["Options (for reference only, keep as they "
+                                   f"are):\n{format_choices(choice_list(row))}", '']
+    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the "
+              f"{label.lower()}. Put each one between "
               f"<rewrite> and </rewrite> tags, one after another, and write nothing else."]
-    return [{'role': 'system', 'content': REWRITE_SYSTEM}, {'role': 'user', 'content': '\n'.join(parts)}]
+    return [{'role': 'system', 'content': REWRITE_SYSTEM},
+            {'role': 'user', 'content': '\n'.join(parts)}]
 
 # %% ../../nbs/33_prompts.ipynb #1204494b
 _THINK = re.compile(r'<think>.*?(</think>|$)', re.S | re.I)
@@ -137,6 +153,7 @@ def _clean(s: str) -> str:
     if len(s) >= 2 and s[0] in '“«' and s[-1] in '”»': s = s[1:-1].strip()
     return s
 
+# %% ../../nbs/33_prompts.ipynb #dee1f70f
 def _json_list(text: str):
     "The first JSON list of strings in `text`, or None."
     for m in re.finditer(r'\[', text):
@@ -145,20 +162,23 @@ def _json_list(text: str):
         if isinstance(val, list) and val and all(isinstance(v, str) for v in val): return val
     return None
 
+# %% ../../nbs/33_prompts.ipynb #dafad102
 def parse_rewrites(text: str | None, # the rewriter's raw answer
                    n: int, # how many rewrites were asked for
                   ) -> list[str]:
-    "Up to `n` non-empty rewrites read from the rewriter's answer (tags, JSON list, numbered list, or the whole text when n = 1)."
+    "Up to `n` non-empty rewrites in an answer: tags, a JSON or numbered list, or all of it if n = 1."
     if not text: return []
     text = _THINK.sub('', str(text)).strip()
     items = _TAG.findall(text)
     if not items and '<rewrite' not in text.lower(): items = _json_list(text) or []
-    if not items and '<rewrite' in text.lower():   # tags opened but never closed: keep only complete ones
+    # tags opened but never closed: keep only complete ones
+    if not items and '<rewrite' in text.lower():
         items = [p for p in re.split(r'<rewrite[^>]*>', text, flags=re.I)[1:-1]]
     if not items:
         marks = list(_NUMBERED.finditer(text))
         if marks:
-            items = [text[a.end():(b.start() if b is not None else len(text))] for a, b in zip(marks, marks[1:] + [None])]
+            ends = [b.start() for b in marks[1:]] + [len(text)]
+            items = [text[a.end():e] for a, e in zip(marks, ends)]
     if not items and n == 1: items = [text]
     out = [c for c in (_clean(i) for i in items) if c]
     return out[:int(n)]

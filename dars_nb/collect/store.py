@@ -6,52 +6,76 @@
 from __future__ import annotations
 import json
 import math
+import os
+import socket
+import sys
 import sqlite3
 import threading
 import time
 from pathlib import Path
+from fastcore.basics import patch
 import numpy as np
 import pandas as pd
-from ..observations import KEY_COLUMNS, RECOMMENDED_COLUMNS, SPLITS, VIEWS, validate, write_observations
+from ..observations import (
+    KEY_COLUMNS, RECOMMENDED_COLUMNS, SPLITS, VIEWS, validate, write_observations)
 
 # %% auto #0
-__all__ = ['EXTRA_COLUMNS', 'STORE_COLUMNS', 'SCHEMA_VERSION', 'StoreError', 'Store', 'insert', 'insert_many', 'has', 'keys',
-           'count', 'to_frame', 'to_parquet', 'put_rewrite', 'rewrites', 'rewrites_frame', 'set_meta', 'get_meta',
-           'meta']
+__all__ = ['EXTRA_COLUMNS', 'STORE_COLUMNS', 'SCHEMA_VERSION', 'LEDGER_KINDS', 'LEDGER_STATUSES', 'StoreError', 'Store',
+           'SpendLedger', 'check_store', 'salvage_store', 'store_main', 'store_status', 'status_main']
 
 # %% ../../nbs/31_store.ipynb #53ce4b85
 EXTRA_COLUMNS = ['top_p', 'seed', 'answer', 'finish_reason', 'attempts', 'extra']
 STORE_COLUMNS = KEY_COLUMNS + ['score', 'cost'] + RECOMMENDED_COLUMNS + EXTRA_COLUMNS
 _TYPES = {'dataset': 'TEXT', 'split': 'TEXT', 'view': 'TEXT', 'query_id': 'TEXT', 'model': 'TEXT',
           'rewrite_id': 'INTEGER', 'sample_id': 'INTEGER', 'score': 'REAL', 'cost': 'REAL',
-          'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'latency_s': 'REAL', 'temperature': 'REAL',
-          'parsed': 'INTEGER', 'response': 'TEXT', 'query_text': 'TEXT', 'top_p': 'REAL', 'seed': 'INTEGER',
-          'answer': 'TEXT', 'finish_reason': 'TEXT', 'attempts': 'INTEGER', 'extra': 'TEXT'}
-SCHEMA_VERSION = 1
+          'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'latency_s': 'REAL',
+          'temperature': 'REAL', 'parsed': 'INTEGER', 'response': 'TEXT', 'query_text': 'TEXT',
+          'top_p': 'REAL', 'seed': 'INTEGER', 'answer': 'TEXT', 'finish_reason': 'TEXT',
+          'attempts': 'INTEGER', 'extra': 'TEXT'}
+SCHEMA_VERSION = 2
+LEDGER_KINDS = ('generation', 'rewrite')
+LEDGER_STATUSES = ('ok', 'failed', 'lost')
 
-def _schema_sql() -> str:
-    cols = [f"{c} {_TYPES[c]}{' NOT NULL' if c in KEY_COLUMNS + ['score', 'cost'] else ''}" for c in STORE_COLUMNS]
-    checks = [f"CHECK (split IN ({', '.join(repr(s) for s in SPLITS)}))", f"CHECK (view IN ({', '.join(repr(v) for v in VIEWS)}))",
-              "CHECK (rewrite_id >= 0 AND sample_id >= 0)", "CHECK (score >= 0 AND score <= 1)", "CHECK (cost >= 0)",
-              "CHECK (parsed IS NULL OR parsed IN (0, 1))"]
-    key = ', '.join(KEY_COLUMNS)
-    return f"""
-CREATE TABLE IF NOT EXISTS observations (
-  {(',' + chr(10) + '  ').join(cols + ['created_at REAL NOT NULL'] + checks)},
-  UNIQUE ({key})
-);
+# %% ../../nbs/31_store.ipynb #3cbabe6f
+def _sql_list(values) -> str: return ', '.join(repr(v) for v in values)
+
+# %% ../../nbs/31_store.ipynb #fcf7365d
+def _observations_sql() -> str:
+    req = KEY_COLUMNS + ['score', 'cost']
+    cols = [f"{c} {_TYPES[c]}{' NOT NULL' if c in req else ''}" for c in STORE_COLUMNS]
+    checks = [f"CHECK (split IN ({_sql_list(SPLITS)}))", f"CHECK (view IN ({_sql_list(VIEWS)}))",
+              "CHECK (rewrite_id >= 0 AND sample_id >= 0)", "CHECK (score >= 0 AND score <= 1)",
+              "CHECK (cost >= 0)", "CHECK (parsed IS NULL OR parsed IN (0, 1))"]
+    body = (',' + chr(10) + '  ').join(cols + ['created_at REAL NOT NULL'] + checks)
+    return f"CREATE TABLE IF NOT EXISTS observations (\n  {body},\n  UNIQUE ({', '.join(KEY_COLUMNS)})\n);\n"
+
+# %% ../../nbs/31_store.ipynb #ac0c3310
+_TABLES_SQL = f"""
 CREATE TABLE IF NOT EXISTS rewrites (
   dataset TEXT NOT NULL, query_id TEXT NOT NULL, rewrite_id INTEGER NOT NULL CHECK (rewrite_id >= 0),
   text TEXT NOT NULL, model TEXT, created_at REAL NOT NULL,
   UNIQUE (dataset, query_id, rewrite_id)
 );
+CREATE TABLE IF NOT EXISTS rewriter_answers (
+  id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, query_id TEXT NOT NULL, round INTEGER NOT NULL,
+  slots TEXT NOT NULL, text TEXT NOT NULL, model TEXT, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledger (
+  id INTEGER PRIMARY KEY, model TEXT NOT NULL, kind TEXT NOT NULL CHECK (kind IN ({_sql_list(LEDGER_KINDS)})),
+  max_usd REAL NOT NULL CHECK (max_usd >= 0), cost_usd REAL CHECK (cost_usd >= 0),
+  status TEXT NOT NULL CHECK (status IN ('open', {_sql_list(LEDGER_STATUSES)})),
+  reserved_at REAL NOT NULL, settled_at REAL
+);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+def _schema_sql() -> str: return _observations_sql() + _TABLES_SQL
 
 # %% ../../nbs/31_store.ipynb #63cb6897
 class StoreError(ValueError):
     "A row or a file the store cannot accept, stated in one line."
 
+# %% ../../nbs/31_store.ipynb #0276d995
 def _plain(v):
     "A value sqlite3 accepts: numpy scalars to Python, NaN to NULL, bools to 0/1."
     if isinstance(v, np.generic): v = v.item()
@@ -59,80 +83,173 @@ def _plain(v):
     if isinstance(v, bool): return int(v)
     return v
 
+# %% ../../nbs/31_store.ipynb #fd74a657
+def _salvage_hint(path) -> str:
+    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
+
+# %% ../../nbs/31_store.ipynb #b13ed6cc
+def _damaged(path, detail) -> StoreError:
+    detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
+    return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
+
+# %% ../../nbs/31_store.ipynb #15da2e74
+def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
+    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
+    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
+        return StoreError(f"store {path}: {e}")
+    return _damaged(path, e)
+
+# %% ../../nbs/31_store.ipynb #691055e3
+def _check_file(path: Path, readonly: bool) -> bool:
+    "Whether a store file exists; one line if it cannot be a store (empty, or not SQLite)."
+    if not path.exists():
+        if readonly: raise StoreError(f"no store at {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return False
+    if not path.is_file(): raise StoreError(f"store {path} is not a file")
+    if path.stat().st_size == 0:
+        wal = Path(f'{path}-wal')             # a young store can live in its WAL file alone
+        if wal.exists() and wal.stat().st_size > 0: return True
+        raise StoreError(f"store {path} is an empty file (0 bytes), not a store: "
+                         "restore it from a copy, or delete it to start a new store")
+    with open(path, 'rb') as f: head = f.read(16)
+    if head != b'SQLite format 3\x00':
+        raise StoreError(f"{path} is not a store, or its first page is "
+                         f"damaged; {_salvage_hint(path)}")
+    return True
+
+# %% ../../nbs/31_store.ipynb #695e8529
+def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
+    target = path.resolve().as_uri() + '?mode=ro' if readonly else path
+    conn = sqlite3.connect(target, uri=readonly, timeout=timeout_s, isolation_level=None,
+                           check_same_thread=False)
+    conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
+    return conn
+
+# %% ../../nbs/31_store.ipynb #5f9200dc
+def _check_pages(conn, path):
+    "Refuse a store whose pages do not hold together (`PRAGMA quick_check`, reads every page)."
+    got = conn.execute('PRAGMA quick_check').fetchall()
+    if got != [('ok',)]: raise _damaged(path, got[0][0] if got else 'quick_check gave nothing')
+
+# %% ../../nbs/31_store.ipynb #eb2c5134
+def _create_schema(conn, path):
+    "WAL, durable commits and the tables (created if missing, nothing written when they exist)."
+    mode = conn.execute('PRAGMA journal_mode = WAL').fetchone()[0]
+    if mode.lower() != 'wal': raise StoreError(f"cannot switch {path} to WAL mode (got {mode!r})")
+    conn.execute('PRAGMA synchronous = FULL')
+    conn.executescript(_schema_sql())
+    v = json.dumps(SCHEMA_VERSION)
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (v,))
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version' AND value != ?", (v, v))
+
+# %% ../../nbs/31_store.ipynb #523b33c6
+def _check_columns(conn, path):
+    cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
+    missing = [c for c in STORE_COLUMNS if c not in cols]
+    if missing: raise StoreError(f"{path} has an observations table without "
+                                 f"column(s) {', '.join(missing)}")
+
+# %% ../../nbs/31_store.ipynb #039e344e
+def _empty_tables(conn):
+    "Read-only, a store written before a table existed gets an empty temporary one in its place."
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for stmt in _TABLES_SQL.split(';'):
+        name = stmt.split('EXISTS', 1)[-1].split('(', 1)[0].strip()
+        if name and name not in have:
+            conn.execute(stmt.replace('CREATE TABLE', 'CREATE TEMP TABLE'))
+
+# %% ../../nbs/31_store.ipynb #f8ce81ca
 class Store:
-    "Observations, rewrites and run metadata in one SQLite file (WAL, one transaction per observation)."
+    "Observations, rewrites, the spend ledger and run metadata in one SQLite file (WAL)."
     def __init__(self, path, # the database file (created with its folder if missing)
                  timeout_s: float = 60.0, # how long to wait for another process's lock
+                 readonly: bool = False, # open an existing store, write nothing at all
                 ):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
+        self.path, self.readonly = Path(path), readonly
+        self._lock, self._conn, self._writer, self._ledger = threading.Lock(), None, None, None
+        existed = _check_file(self.path, readonly)
         try:
-            self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
-            self._conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
-            mode = self._conn.execute('PRAGMA journal_mode = WAL').fetchone()[0]
-            self._conn.execute('PRAGMA synchronous = FULL')
-            self._conn.executescript(_schema_sql())
-            self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (json.dumps(SCHEMA_VERSION),))
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"cannot open store {self.path}: {e}") from None
-        if mode.lower() != 'wal': raise StoreError(f"cannot switch {self.path} to WAL mode (got {mode!r})")
-        cols = [r[1] for r in self._conn.execute('PRAGMA table_info(observations)')]
-        missing = [c for c in STORE_COLUMNS if c not in cols]
-        if missing: raise StoreError(f"{self.path} has an observations table without column(s) {', '.join(missing)}")
+            self._conn = _connect(self.path, timeout_s, readonly)
+            if existed: _check_pages(self._conn, self.path)
+            if readonly: _empty_tables(self._conn)
+            else: _create_schema(self._conn, self.path)
+            _check_columns(self._conn, self.path)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, sqlite3.DatabaseError): raise _db_error(self.path, e) from None
+            raise
 
     def __repr__(self): return f"Store({str(self.path)!r}, {self.count()} observations)"
     def close(self):
-        "Close the connection (idempotent)."
+        "Close the connection and give up the writer lock (idempotent)."
         with self._lock:
             if self._conn is not None: self._conn.close(); self._conn = None
+            if self._writer is not None: self._writer.close(); self._writer = None
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
     def _q(self, sql, args=()):
-        with self._lock: return self._conn.execute(sql, args).fetchall()
+        try:
+            with self._lock: return self._conn.execute(sql, args).fetchall()
+        except sqlite3.IntegrityError: raise
+        except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
 
 # %% ../../nbs/31_store.ipynb #4f506028
 def _check_row(row: dict) -> dict:
-    if not isinstance(row, dict): raise StoreError(f"an observation must be a dict, got {type(row).__name__}")
+    if not isinstance(row, dict):
+        raise StoreError(f"an observation must be a dict, got {type(row).__name__}")
     unknown = [k for k in row if k not in STORE_COLUMNS]
     if unknown: raise StoreError(f"unknown observation column {unknown[0]!r}")
     r = {k: _plain(v) for k, v in row.items()}
     missing = [k for k in KEY_COLUMNS + ['score', 'cost'] if r.get(k) is None]
     if missing: raise StoreError(f"observation is missing {', '.join(missing)}")
     for k in ('dataset', 'query_id', 'model'): r[k] = str(r[k])
-    if r['split'] not in SPLITS: raise StoreError(f"unknown split {r['split']!r} (expected one of {', '.join(SPLITS)})")
-    if r['view'] not in VIEWS: raise StoreError(f"unknown view {r['view']!r} (expected one of {', '.join(VIEWS)})")
+    if r['split'] not in SPLITS:
+        raise StoreError(f"unknown split {r['split']!r} (expected one of {', '.join(SPLITS)})")
+    if r['view'] not in VIEWS:
+        raise StoreError(f"unknown view {r['view']!r} (expected one of {', '.join(VIEWS)})")
     for k in ('rewrite_id', 'sample_id'):
         v = r[k]
         if isinstance(v, float) and v.is_integer(): v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise StoreError(f"{k} must be a non-negative integer, got {row[k]!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise StoreError(f"{k} must be a non-negative integer, got {row[k]!r}")
         r[k] = v
-    for k, ok, what in (('score', lambda v: 0 <= v <= 1, 'a number in [0, 1]'), ('cost', lambda v: 0 <= v < math.inf, 'a finite non-negative number')):
+    for k, ok, what in (('score', lambda v: 0 <= v <= 1, 'a number in [0, 1]'),
+                        ('cost', lambda v: 0 <= v < math.inf, 'a finite non-negative number')):
         v = r[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v): raise StoreError(f"{k} must be {what}, got {row[k]!r}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not ok(v):
+            raise StoreError(f"{k} must be {what}, got {row[k]!r}")
         r[k] = float(v)
     if isinstance(r.get('extra'), (dict, list)): r['extra'] = json.dumps(r['extra'])
     return r
 
+# %% ../../nbs/31_store.ipynb #9a03f318
 def _key_of(r) -> tuple: return tuple(r[k] for k in KEY_COLUMNS)
 
 # %% ../../nbs/31_store.ipynb #22e46f99
 def _insert_sql(cols):
-    return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES ({', '.join('?' * len(cols))}, ?) "
+    return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES "
+            f"({', '.join('?' * len(cols))}, ?) "
             f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO NOTHING")
 
-def insert(self, row: dict, # one observation: the key fields, score, cost and any of STORE_COLUMNS
-          ) -> bool: # True if the row was new, False if its key was already stored (nothing changed)
+# %% ../../nbs/31_store.ipynb #3006e2c5
+@patch
+def insert(self: Store, row: dict, # one observation: key fields, score, cost, any of STORE_COLUMNS
+          ) -> bool: # True if the row was new, False if its key was stored (nothing changed)
     "Store one observation in its own transaction; idempotent on the natural key."
     r = _check_row(row)
     cols = list(r)
     try:
-        with self._lock: cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
+        with self._lock:
+            cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
     except sqlite3.IntegrityError as e: raise StoreError(f"observation rejected by the store: {e}") from None
+    except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
     return cur.rowcount == 1
 
-def insert_many(self, rows, # observations (dicts), e.g. `obs.to_dict('records')`
+# %% ../../nbs/31_store.ipynb #be450c45
+@patch
+def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('records')`
                ) -> int: # how many were new
     "Store many observations in one transaction (all or none); keys already stored are skipped."
     checked = [_check_row(r) for r in rows]
@@ -146,93 +263,409 @@ def insert_many(self, rows, # observations (dicts), e.g. `obs.to_dict('records')
             self._conn.execute('COMMIT')
         except BaseException as e:
             self._conn.execute('ROLLBACK')
-            if isinstance(e, sqlite3.IntegrityError): raise StoreError(f"observation rejected by the store: {e}") from None
+            if isinstance(e, sqlite3.IntegrityError):
+                raise StoreError(f"observation rejected by the store: {e}") from None
             raise
     return new
 
-Store.insert, Store.insert_many = insert, insert_many
-
 # %% ../../nbs/31_store.ipynb #0f4e70f0
-def has(self, key: tuple) -> bool:
+@patch
+def has(self: Store, key: tuple) -> bool:
     "Whether the observation with this natural key is stored."
-    if len(key) != len(KEY_COLUMNS): raise StoreError(f"a key has {len(KEY_COLUMNS)} fields ({', '.join(KEY_COLUMNS)}), got {len(key)}")
+    if len(key) != len(KEY_COLUMNS):
+        raise StoreError(f"a key has {len(KEY_COLUMNS)} fields "
+                         f"({', '.join(KEY_COLUMNS)}), got {len(key)}")
     k = [str(v) if i < 5 else int(_plain(v)) for i, v in enumerate(key)]
     where = ' AND '.join(f'{c} = ?' for c in KEY_COLUMNS)
     return bool(self._q(f'SELECT 1 FROM observations WHERE {where} LIMIT 1', k))
 
-def keys(self) -> set:
-    "Every stored natural key, as (dataset, split, view, query_id, model, rewrite_id, sample_id) tuples."
+# %% ../../nbs/31_store.ipynb #59059d4a
+@patch
+def keys(self: Store) -> set:
+    "Every stored natural key, as a tuple in `KEY_COLUMNS` order."
     return set(self._q(f"SELECT {', '.join(KEY_COLUMNS)} FROM observations"))
 
-def count(self) -> int:
+# %% ../../nbs/31_store.ipynb #9d66dba0
+@patch
+def count(self: Store) -> int:
     "How many observations are stored."
     return self._q('SELECT COUNT(*) FROM observations')[0][0]
 
-Store.has, Store.keys, Store.count = has, keys, count
-
 # %% ../../nbs/31_store.ipynb #ceee7483
-def to_frame(self) -> pd.DataFrame:
+def _frame(store, sql) -> pd.DataFrame:
+    "A query's rows as a DataFrame (read through the store, so a damaged page is one line)."
+    with store._lock:
+        try:
+            cur = store._conn.execute(sql)
+            return pd.DataFrame(cur.fetchall(), columns=[d[0] for d in cur.description])
+        except sqlite3.DatabaseError as e: raise _db_error(store.path, e) from None
+
+# %% ../../nbs/31_store.ipynb #b076fb58
+@patch
+def to_frame(self: Store) -> pd.DataFrame:
     "All stored observations as a validated observation table, in key order."
-    with self._lock:
-        df = pd.read_sql_query(f"SELECT {', '.join(STORE_COLUMNS)}, created_at FROM observations "
-                               f"ORDER BY {', '.join(KEY_COLUMNS)}", self._conn)
+    df = _frame(self,
+                f"SELECT {', '.join(STORE_COLUMNS)}, created_at FROM observations ORDER BY {', '.join(KEY_COLUMNS)}")
     if not len(df): return df
     p = df['parsed']
     df['parsed'] = p.astype(bool) if p.notna().all() else p.map({1: True, 0: False}).astype('boolean')
-    return validate(df)
+    try: return validate(df)
+    except Exception as e: raise _damaged(self.path, f"rows that are not observations: {e}") from None
 
-def to_parquet(self, path, # destination .parquet file
+# %% ../../nbs/31_store.ipynb #edc21a77
+@patch
+def to_parquet(self: Store, path, # destination .parquet file
               ) -> Path:
     "Write the stored observations to Parquet."
     df = self.to_frame()
     if not len(df): raise StoreError(f"{self.path.name} holds no observations yet")
     return write_observations(df, path)
 
-Store.to_frame, Store.to_parquet = to_frame, to_parquet
-
 # %% ../../nbs/31_store.ipynb #3ddef981
-def put_rewrite(self, dataset: str, # dataset name
+@patch
+def put_rewrite(self: Store, dataset: str, # dataset name
                 query_id: str, # query id within the dataset
                 rewrite_id: int, # 1, 2, ... (0 is the original wording)
                 text: str, # the rewritten query
                 model: str | None = None, # the rewriter that wrote it
-               ) -> bool: # True if new; False if a text was already stored for this key (it is kept)
+               ) -> bool: # True if new; False if a text was stored for this key (it is kept)
     "Store one rewrite in its own transaction; idempotent on (dataset, query_id, rewrite_id)."
     rid = _plain(rewrite_id)
-    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0: raise StoreError(f"rewrite_id must be a non-negative integer, got {rewrite_id!r}")
-    if not isinstance(text, str): raise StoreError(f"a rewrite must be text, got {type(text).__name__}")
-    with self._lock:
-        cur = self._conn.execute('INSERT INTO rewrites (dataset, query_id, rewrite_id, text, model, created_at) VALUES (?, ?, ?, ?, ?, ?) '
-                                 'ON CONFLICT (dataset, query_id, rewrite_id) DO NOTHING',
-                                 (str(dataset), str(query_id), rid, text, model, time.time()))
+    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+        raise StoreError(f"rewrite_id must be a non-negative integer, got {rewrite_id!r}")
+    if not isinstance(text, str):
+        raise StoreError(f"a rewrite must be text, got {type(text).__name__}")
+    sql = ('INSERT INTO rewrites (dataset, query_id, rewrite_id, text, model, created_at) '
+           'VALUES (?, ?, ?, ?, ?, ?) '
+           'ON CONFLICT (dataset, query_id, rewrite_id) DO NOTHING')
+    args = (str(dataset), str(query_id), rid, text, model, time.time())
+    with self._lock: cur = self._conn.execute(sql, args)
     return cur.rowcount == 1
 
-def rewrites(self, dataset: str, # dataset name
+# %% ../../nbs/31_store.ipynb #7699e048
+@patch
+def rewrites(self: Store, dataset: str, # dataset name
              query_id: str, # query id within the dataset
             ) -> dict: # {rewrite_id: text}, in rewrite_id order
     "The stored rewrites of one query."
-    return dict(self._q('SELECT rewrite_id, text FROM rewrites WHERE dataset = ? AND query_id = ? ORDER BY rewrite_id',
+    return dict(self._q('SELECT rewrite_id, text FROM rewrites WHERE dataset = ? AND '
+                        'query_id = ? ORDER BY rewrite_id',
                         (str(dataset), str(query_id))))
 
-def rewrites_frame(self) -> pd.DataFrame:
+# %% ../../nbs/31_store.ipynb #df9a144a
+@patch
+def rewrites_frame(self: Store) -> pd.DataFrame:
     "Every stored rewrite: dataset, query_id, rewrite_id, text, model."
-    with self._lock:
-        return pd.read_sql_query('SELECT dataset, query_id, rewrite_id, text, model FROM rewrites ORDER BY rowid', self._conn)
+    return _frame(self,
+                  'SELECT dataset, query_id, rewrite_id, text, model FROM rewrites ORDER BY rowid')
 
-def set_meta(self, key: str, value) -> None:
+# %% ../../nbs/31_store.ipynb #bce2abbd
+@patch
+def set_meta(self: Store, key: str, value) -> None:
     "Store a JSON-serialisable value under `key` (replacing any earlier value)."
-    with self._lock:
-        self._conn.execute('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value',
-                           (str(key), json.dumps(value)))
+    self._q('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE '
+            'SET value = excluded.value',
+            (str(key), json.dumps(value)))
 
-def get_meta(self, key: str, default=None):
+# %% ../../nbs/31_store.ipynb #4de38ba5
+@patch
+def get_meta(self: Store, key: str, default=None):
     "The value stored under `key`, or `default`."
     got = self._q('SELECT value FROM meta WHERE key = ?', (str(key),))
     return json.loads(got[0][0]) if got else default
 
-def meta(self) -> dict:
+# %% ../../nbs/31_store.ipynb #fdb79c57
+@patch
+def meta(self: Store) -> dict:
     "Every metadata entry."
     return {k: json.loads(v) for k, v in self._q('SELECT key, value FROM meta ORDER BY key')}
 
-Store.put_rewrite, Store.rewrites, Store.rewrites_frame = put_rewrite, rewrites, rewrites_frame
-Store.set_meta, Store.get_meta, Store.meta = set_meta, get_meta, meta
+# %% ../../nbs/31_store.ipynb #81460355
+@patch
+def put_rewriter_answer(self: Store, dataset: str, # dataset name
+                        query_id: str, # query id within the dataset
+                        round: int, # 1: one call for all missing rewrites; 2, 3, ...: one per rewrite
+                        slots: list, # the rewrite ids the call asked for
+                        text: str, # the answer as received
+                        model: str | None = None, # the rewriter
+                       ) -> int: # the answer's id
+    "Store one raw rewriter answer in its own transaction."
+    args = (str(dataset), str(query_id), int(round), json.dumps([int(s) for s in slots]), str(text),
+            model, time.time())
+    with self._lock:
+        cur = self._conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, '
+                                 'text, model, created_at) '
+                                 'VALUES (?, ?, ?, ?, ?, ?, ?)', args)
+    return cur.lastrowid
+
+# %% ../../nbs/31_store.ipynb #6eb8add9
+@patch
+def rewriter_answers(self: Store, dataset: str, # dataset name
+                     query_id: str, # query id within the dataset
+                    ) -> list: # [{'round', 'slots', 'text'}], in the order they arrived
+    "The raw rewriter answers stored for one query."
+    got = self._q('SELECT round, slots, text FROM rewriter_answers WHERE dataset = ? '
+                  'AND query_id = ? ORDER BY id',
+                  (str(dataset), str(query_id)))
+    return [dict(round=r, slots=json.loads(s), text=t) for r, s, t in got]
+
+# %% ../../nbs/31_store.ipynb #bdf54e32
+class SpendLedger:
+    "Every request's reservation and final cost, in the store's own file, over all runs."
+    def __init__(self, store: Store, # the store whose `ledger` table this reads and writes
+                ):
+        self.store = store
+        n, usd = store._q("SELECT COUNT(*), COALESCE(SUM(CASE WHEN status = 'open' THEN "
+                          "max_usd ELSE cost_usd END), 0) "
+                          "FROM ledger")[0]
+        self._n, self._usd, self._open = int(n), float(usd), {}
+
+    def __repr__(self): return f"SpendLedger({self._n} requests, ${self._usd:.6g})"
+
+    def spent(self) -> tuple[int, float]:
+        "(requests, dollars) over all runs: settled costs plus open reservations at their maximum."
+        return self._n, self._usd
+
+# %% ../../nbs/31_store.ipynb #d2fd5b98
+def _money(v, what) -> float:
+    v = _plain(v)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+        raise StoreError(f"{what} must be a finite non-negative number of dollars, got {v!r}")
+    return float(v)
+
+# %% ../../nbs/31_store.ipynb #b04e4250
+@patch
+def reserve(self: SpendLedger, model: str, # the pool's name of the model called
+            kind: str, # 'generation' or 'rewrite'
+            max_usd: float, # the worst-case cost: prompt and max_tokens at the model's prices
+           ) -> int: # the entry's id, for `settle`
+    "Record a request about to be sent; committed to disk before it returns."
+    if kind not in LEDGER_KINDS:
+        raise StoreError(f"unknown ledger kind {kind!r} (expected one of {', '.join(LEDGER_KINDS)})")
+    m = _money(max_usd, 'max_usd')
+    s = self.store
+    with s._lock:
+        cur = s._conn.execute("INSERT INTO ledger (model, kind, max_usd, status, reserved_at) "
+                              "VALUES (?, ?, ?, 'open', ?)",
+                              (str(model), kind, m, time.time()))
+    self._n, self._usd, self._open[cur.lastrowid] = self._n + 1, self._usd + m, m
+    return cur.lastrowid
+
+# %% ../../nbs/31_store.ipynb #9d5b7185
+@patch
+def settle(self: SpendLedger, entry: int, # an id from `reserve`
+           cost_usd: float, # what the request cost (0 for one that failed before any answer)
+           status: str, # 'ok', 'failed' or 'lost'
+          ) -> None:
+    "Record the final cost and outcome of a reserved request."
+    if status not in LEDGER_STATUSES:
+        raise StoreError(f"unknown ledger status {status!r} (expected one of "
+                         f"{', '.join(LEDGER_STATUSES)})")
+    c = _money(cost_usd, 'cost_usd')
+    held = self._open.pop(entry, None)
+    if held is None: raise StoreError(f"ledger entry {entry} is not open in this run")
+    self.store._q("UPDATE ledger SET cost_usd = ?, status = ?, settled_at = ? WHERE id = ?",
+                  (c, status, time.time(), entry))
+    self._usd += c - held
+
+# %% ../../nbs/31_store.ipynb #c74bacb4
+@patch
+def settle_lost(self: SpendLedger) -> int: # how many entries were settled
+    "Settle every open entry of an earlier run as 'lost' at its maximum (hold the writer lock)."
+    mine = list(self._open) or [-1]
+    sql = (f"UPDATE ledger SET status = 'lost', cost_usd = max_usd, settled_at = ? "
+           f"WHERE status = 'open' AND id NOT IN ({', '.join('?' * len(mine))})")
+    with self.store._lock: return self.store._conn.execute(sql, [time.time(), *mine]).rowcount
+
+# %% ../../nbs/31_store.ipynb #f6661db5
+@patch
+def totals(self: SpendLedger) -> pd.DataFrame:
+    "Requests and dollars per kind and model, with the count of each status."
+    df = _frame(self.store, "SELECT kind, model, status, max_usd, cost_usd FROM ledger")
+    usd = df['cost_usd'].where(df['status'] != 'open', df['max_usd']).fillna(0.0)
+    out = df.assign(usd=usd).groupby(['kind', 'model']).agg(requests=('status', 'size'),
+                                                            usd=('usd', 'sum'))
+    counts = df.groupby(['kind', 'model'])['status'].value_counts().unstack(fill_value=0)
+    cols = [s for s in ('ok', 'failed', 'lost', 'open')]
+    return out.join(counts.reindex(columns=cols, fill_value=0))[['requests', *cols, 'usd']]
+
+# %% ../../nbs/31_store.ipynb #7d438b12
+@patch
+def ledger(self: Store) -> SpendLedger:
+    "The store's spend ledger (one object per open store)."
+    if self._ledger is None: self._ledger = SpendLedger(self)
+    return self._ledger
+
+# %% ../../nbs/31_store.ipynb #d85851c8
+@patch
+def lock_writer(self: Store, command: str = 'dars collect', # the holder, as named to a refused writer
+               ) -> None:
+    "Become the only writer of this store, or a one-line `StoreError` naming the one that is."
+    import fcntl
+    if self._writer is not None: return
+    f = open(f'{self.path}.lock', 'a+')
+    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0); holder = f.read().strip() or 'another process'; f.close()
+        raise StoreError(f"store {self.path} is being written by {holder}; "
+                         "wait for it to end or stop it") from None
+    started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
+    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on "
+                                     f"{socket.gethostname()}, started {started})\n")
+    f.flush()
+    self._writer = f
+
+# %% ../../nbs/31_store.ipynb #54a75b19
+def _md_table(df: pd.DataFrame, floatfmt: str = '.4f') -> str:
+    "A DataFrame as a GitHub markdown table."
+    df = df.reset_index() if df.index.name is not None or isinstance(df.index, pd.MultiIndex) else df
+    cols = [str(c) for c in df.columns]
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else ''
+        return str(v)
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '|'.join('---' for _ in cols) + '|']
+    lines += ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)]
+    return '\n'.join(lines)
+
+# %% ../../nbs/31_store.ipynb #eceffe08
+def check_store(path, # the store file
+               ) -> str: # a one-line summary of a sound store
+    "Read every page and row of a store, writing nothing; a `StoreError` says what is damaged."
+    with Store(path, readonly=True) as s:
+        bad = s._q('PRAGMA integrity_check')
+        if bad != [('ok',)]: raise _damaged(s.path, bad[0][0])
+        n = len(s.to_frame())
+        counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
+                                                                    'ledger')]
+    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, "
+            f"{counts[1]} rewriter answers, "
+            f"{counts[2]} ledger entries")
+
+# %% ../../nbs/31_store.ipynb #8b206178
+def _readable_rows(conn, table: str, cols: list) -> list:
+    "Every row of `table` that can still be read, walking by rowid past damaged pages."
+    try: hi = conn.execute(f'SELECT MAX(rowid) FROM {table}').fetchone()[0] or 0
+    # an upper bound
+    except sqlite3.DatabaseError: hi = conn.execute('PRAGMA page_count').fetchone()[0] * 512
+    rows, last = [], 0
+    while last < hi:
+        try:
+            for r in conn.execute(f"SELECT rowid, {', '.join(cols)} FROM {table} "
+                                  "WHERE rowid > ? ORDER BY rowid", (last,)):
+                last = r[0]; rows.append(dict(zip(cols, r[1:])))
+            break
+        # skip one rowid past the damage and read on
+        except sqlite3.DatabaseError: last += 1
+    return rows
+
+# %% ../../nbs/31_store.ipynb #57551237
+_COPY_COLS = {'rewrites': ['dataset', 'query_id', 'rewrite_id', 'text', 'model', 'created_at'],
+              'rewriter_answers': ['dataset', 'query_id', 'round', 'slots', 'text', 'model',
+                                   'created_at'],
+              'ledger': ['model', 'kind', 'max_usd', 'cost_usd', 'status', 'reserved_at',
+                         'settled_at'],
+              'meta': ['key', 'value']}
+
+def _copy_rows(new: Store, table: str, rows: list) -> int:
+    "Insert the rows one by one into `new`; a row the fresh store refuses is skipped."
+    done = 0
+    for r in rows:
+        try:
+            # checked like any new row; its time of writing kept
+            if table == 'observations':
+                ok = _check_row({k: v for k, v in r.items() if v is not None and k != 'created_at'})
+                args = [ok[c] for c in ok] + [r.get('created_at') or time.time()]
+                done += new._conn.execute(_insert_sql(list(ok)), args).rowcount
+            elif table == 'meta' and r['key'] == 'schema_version': continue
+            else:
+                sql = f"INSERT OR IGNORE INTO {table} ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})"
+                done += new._conn.execute(sql, list(r.values())).rowcount
+        except (StoreError, sqlite3.DatabaseError, TypeError, ValueError): pass
+    return done
+
+# %% ../../nbs/31_store.ipynb #f23ddf13
+def salvage_store(path, # the damaged store
+                  out, # a new store file to create (it must not exist)
+                 ) -> dict: # rows read and rows copied, per table
+    "Copy every readable row of a damaged store into a fresh one; the damaged file is only read."
+    path, out = Path(path), Path(out)
+    if not path.is_file() or path.stat().st_size == 0:
+        raise StoreError(f"nothing to salvage: {path} is missing or empty")
+    if out.exists(): raise StoreError(f"{out} exists; name a new file with --out")
+    conn = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True)
+    report = {}
+    try:
+        with Store(out) as new:
+            for table, cols in [('observations', STORE_COLUMNS + ['created_at']), *_COPY_COLS.items()]:
+                try: rows = _readable_rows(conn, table, cols)
+                except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
+                # one commit per table, not one per row
+                new._q('BEGIN')
+                report[table] = (len(rows), _copy_rows(new, table, rows))
+                new._q('COMMIT')
+    finally: conn.close()
+    return report
+
+# %% ../../nbs/31_store.ipynb #f9b38b05
+def store_main(action: str, # 'check' (read every page and row) or 'salvage' (readable rows to --out)
+               store: str, # path of the store file
+               out: str | None = None, # salvage: the new store file to write
+              ) -> int:
+    "`dars store`: check a store, or salvage the readable rows of a damaged one into a new store."
+    try:
+        if action == 'check': print(check_store(store)); return 0
+        if action != 'salvage':
+            raise StoreError(f"unknown action {action!r} (expected check or salvage)")
+        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the "
+                                         "damaged file is left as it is)")
+        got = salvage_store(store, out)
+    except StoreError as e:
+        print(f"dars store: error: {e}", file=sys.stderr); return 1
+    copied = ', '.join(f"{t}: {c} of {n} readable row(s) copied" for t, (n, c) in got.items())
+    print(f"{copied}; new store: {out}")
+    return 0
+
+# %% ../../nbs/31_store.ipynb #0bfdbfd7
+def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
+    "Planned and stored observations per dataset and model."
+    p = pd.DataFrame(plan.get('planned', []), columns=['dataset', 'model', 'planned'])
+    got = pd.DataFrame(s._q('SELECT dataset, model, COUNT(*) FROM '
+                            'observations GROUP BY dataset, model'),
+                       columns=['dataset', 'model', 'stored'])
+    t = p.merge(got, on=['dataset', 'model'], how='outer').fillna(0)
+    t = t.astype({'planned': int, 'stored': int})
+    return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
+
+# %% ../../nbs/31_store.ipynb #806f5932
+def _usd(x: float) -> str:
+    "Dollars as people read them: cents from a dollar up, small sums without an exponent."
+    return f"${x:,.2f}" if x >= 1 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
+
+# %% ../../nbs/31_store.ipynb #2c50fd32
+def store_status(path, # the store file
+                ) -> str:
+    "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
+    with Store(path, readonly=True) as s:
+        plan, last, ledger = s.get_meta('plan', {}), s.get_meta('last_run'), s.ledger()
+        lines = [f"store {path}: {s.count()} observations, "
+                 f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
+                 f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
+                 _md_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', _md_table(ledger.totals(), '.6f')]
+        n, usd = ledger.spent()
+    lim = plan.get('limits', {})
+    lines.append(f"total: {n} requests, {_usd(usd)}; call_budget {lim.get('call_budget')}, "
+                 f"spend_cap_usd {lim.get('spend_cap_usd')}")
+    if last:
+        lines += ['',
+                  f"last run: {last['status']}{'; ' + last['message'] if last.get('message') else ''}"]
+    return '\n'.join(lines)
+
+# %% ../../nbs/31_store.ipynb #f88774e4
+def status_main(store: str, # path of the store file
+               ) -> int:
+    "`dars status`: planned vs stored per dataset and model, the spend ledger, the last run."
+    try: print(store_status(store))
+    except StoreError as e:
+        print(f"dars status: error: {e}", file=sys.stderr); return 1
+    return 0
