@@ -221,8 +221,8 @@ def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monk
               'bad data file': "tasks.jsonl line 3: missing field 'gold'",
               'unreachable endpoint': f"cannot reach model 'm1' at {dead}",
               'unparseable config': 'cannot parse collect.toml',
-              'zero call budget': '[limits] call_budget = 0 allows no request',
-              'zero spend cap': '[limits] spend_cap_usd = 0 allows no request'}[case]
+              'zero call budget': 'limits: call_budget must be a positive integer',
+              'zero spend cap': 'limits: spend_cap_usd must be a positive number of dollars'}[case]
     text = pool_toml(models, rewriter='m1') + collection_toml() + dataset
     if case == 'unknown model': text = text.replace('[collection]\n', '[collection]\nmodels = ["m1", "m3"]\n')
     if case == 'unknown rewriter': text = text.replace('rewriter = "m1"', 'rewriter = "m9"')

@@ -142,7 +142,7 @@ def test_spend_cap_holds_across_three_runs(fault_proxy, tmp_path):
     assert [r.returncode for r in results] == [EXIT_BUDGET] * 3, [r.stderr for r in results]
     for r in results:
         assert r.stderr.count('\n') == 1 and 'spend cap of $0.00004 reached' in r.stderr, r.stderr
-        assert f'raise spend_cap_usd in [limits] of {cfg}' in r.stderr and 'again' not in r.stderr, r.stderr
+        assert f'raise [limits] spend_cap_usd in {cfg}' in r.stderr and 'again' not in r.stderr, r.stderr
     with Store(db) as s:
         n, usd = s.ledger().spent()
         worst = s._q('SELECT MAX(max_usd) FROM ledger')[0][0]
@@ -156,7 +156,7 @@ def test_call_budget_holds_across_runs(fault_proxy, tmp_path):
     for _ in range(2):
         r = subprocess.run([sys.executable, '-c', RUNNER, str(cfg)], env=ENV, capture_output=True, text=True, timeout=600)
         assert r.returncode == EXIT_BUDGET, r.stderr
-        assert 'call budget of 5 requests reached' in r.stderr and 'raise call_budget in [limits] of' in r.stderr, r.stderr
+        assert 'call budget of 5 requests reached' in r.stderr and 'raise [limits] call_budget in' in r.stderr, r.stderr
     assert len(proxy.log) == 5
     with Store(tmp_path / 'store.sqlite') as s: assert s.ledger().spent()[0] == 5
 

@@ -217,7 +217,8 @@ class _QueryRewrites:
 @patch
 async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     "One rewriter call for `slots`; the answer is stored before it is parsed."
-    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95, **kw)
+    comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95,
+                                 purpose='rewrite', **kw)
     self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
     self.counts['calls'] += 1
     for i, text in zip(slots, parse_rewrites(comp.text, len(slots))):

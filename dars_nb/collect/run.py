@@ -6,7 +6,6 @@
 from __future__ import annotations
 import asyncio
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -28,8 +27,9 @@ from fastcore.basics import patch
 from ..observations import (
     KEY_COLUMNS, validate, write_observations, read_observations, ObservationError)
 from .client import (
-    Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens)
-from .store import Store, _md_table, _usd
+    Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens, fmt_usd)
+from .store import Store
+from ..diagnostics import markdown_table
 from .prompts import (
     generation_messages, rewrite_messages, choice_list, KINDS, LETTERS)
 from .rewrite import (
@@ -148,14 +148,6 @@ def _read_config(config) -> tuple:
         raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
     return d, path.resolve().parent, str(path)
 
-# %% ../../nbs/35_collect.ipynb #631888da
-def _check_limits(pool: Pool):
-    "A call budget or a spend cap of 0 allows no request at all: refused rather than run."
-    for k in ('call_budget', 'spend_cap_usd'):
-        if getattr(pool.limits, k) == 0:
-            raise ConfigError(f"[limits] {k} = 0 allows no request; raise it, or "
-                              "leave it out for no limit")
-
 # %% ../../nbs/35_collect.ipynb #2e7491ed
 def _check_models(models, pool) -> tuple | None:
     if models is None: return None
@@ -231,8 +223,8 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
     extra = [k for k in d if k not in allowed]
     if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected "
                                 f"one of {', '.join(allowed)})")
-    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env)
-    _check_limits(pool)
+    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env,
+                          source=source)
     c = _collection(d.get('collection', {}), pool)
     specs = _datasets(d.get('datasets'), c, pool, base)
     data_dir = str((base / str(c['data_dir'])).resolve()) if c['data_dir'] is not None else None
@@ -533,71 +525,10 @@ def _batches(jobs: pd.DataFrame, honours_n: bool) -> list:
         groups.setdefault((j.dataset, j.split, j.view, j.query_id, j.rewrite_id), []).append(j)
     return list(groups.values())
 
-# %% ../../nbs/35_collect.ipynb #9e85f57c
-def _over_limits(ledger, limits, est: float) -> str:
-    "Why the next request (at most `est` dollars) may not be sent, over all runs; '' if it may."
-    n, usd = ledger.spent()
-    if limits.call_budget is not None and n + 1 > limits.call_budget:
-        return f"call budget of {limits.call_budget} requests reached ({n} made by this store over all runs)"
-    if limits.spend_cap_usd is not None and usd + est > limits.spend_cap_usd:
-        return (f"spend cap of {_usd(limits.spend_cap_usd)} reached ({_usd(usd)} spent "
-                "or in flight over all runs "
-                f"of this store; the next request may cost up to {_usd(est)})")
-    return ''
-
-# %% ../../nbs/35_collect.ipynb #b70293c1
-class _Metered:
-    "A client view whose calls are reserved in the store's ledger before they are sent, settled after."
-    def __init__(self, client, ledger, kind: str, limits, shared: dict):
-        self.client, self.ledger, self.kind = client, ledger, kind
-        self.limits, self.shared = limits, shared
-    def __getattr__(self, name): return getattr(self.client, name)
-    @property
-    def stopped(self): return self.shared.get('stopped') or self.client.stopped
-
-# %% ../../nbs/35_collect.ipynb #3397cb1e
-@patch
-def _slot(self: _Metered, spec) -> asyncio.Semaphore:
-    "The endpoint's slots: a request is reserved once it can be sent, not while it waits."
-    sems = self.shared.setdefault('slots', {})
-    if spec.base_url not in sems:
-        n = min(s.concurrency for s in self.client.pool.specs() if s.base_url == spec.base_url)
-        sems[spec.base_url] = asyncio.Semaphore(n)
-    return sems[spec.base_url]
-
-# %% ../../nbs/35_collect.ipynb #285f4a1a
-@patch
-async def complete(self: _Metered, model: str, messages: list, max_tokens: int = 512, **kw):
-    "`Client.complete`, within the store's budget and cap."
-    spec = self.client.pool.spec(model)
-    est = spec.cost(estimate_prompt_tokens(messages), max_tokens * (kw.get('n') or 1))
-    async with self._slot(spec):
-        why = self.stopped or _over_limits(self.ledger, self.limits, est)
-        if why: self.shared['stopped'] = why; raise BudgetExceeded(why)
-        entry, status, cost = self.ledger.reserve(model, self.kind, est), 'lost', est
-        try:
-            comp = await self.client.complete(model, messages, max_tokens=max_tokens, **kw)
-            status, cost = 'ok', comp.cost_usd
-            return comp
-        except PermanentError: status, cost = 'failed', 0.0; raise
-        # cancelled or killed in flight: 'lost' at its maximum
-        finally: self.ledger.settle(entry, cost, status)
-
-# %% ../../nbs/35_collect.ipynb #a043f0c8
-def _clients(cfg, store) -> tuple:
-    "The run's client and its views for answers and rewriter, all counted in the store's ledger."
-    ledger = store.ledger()
-    # a client that keeps the ledger itself
-    if 'ledger' in inspect.signature(Client).parameters:
-        c = Client(cfg.pool, seed=cfg.seed, ledger=ledger)
-        return c, c, c
-    # otherwise the views hold the budget and the cap
-    lim = cfg.pool.limits
-    uncapped = dataclasses.replace(lim, call_budget=None, spend_cap_usd=None)
-    c = Client(dataclasses.replace(cfg.pool, limits=uncapped), seed=cfg.seed)
-    shared = {}
-    return c, _Metered(c, ledger, 'generation', lim, shared), _Metered(c, ledger, 'rewrite', lim,
-                                                                       shared)
+# %% ../../nbs/35_collect.ipynb #09b7dfc5
+def _client(cfg, store) -> Client:
+    "The run's client: each request reserved in the store's spend ledger, caps over all runs."
+    return Client(cfg.pool, seed=cfg.seed, ledger=store.ledger())
 
 # %% ../../nbs/35_collect.ipynb #5a783ce9
 class _Collector:
@@ -756,27 +687,21 @@ def _record_plan(store, cfg, plan: pd.DataFrame):
 async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progress: bool) -> dict:
     "The rewriter first, then every pending answer call, within the store's budget and cap."
     out = dict(rewrites=dict(calls=0, stored=0, filled=0), collected=0, failures=[], stop='')
-    client, answers, rewriter = _clients(cfg, store)
+    client = _client(cfg, store)
     async with client:
         need = tasks[tasks['n_rewrites'] > 0]
         if len(need) and cfg.pool.rewriter is not None:
             try:
-                out['rewrites'] = await ensure_rewrites(rewriter, store, need, cfg.pool.rewriter.name,
+                out['rewrites'] = await ensure_rewrites(client, store, need, cfg.pool.rewriter.name,
                                                         max_tokens=cfg.rewrite_max_tokens, temperature=cfg.rewrite_temperature,
                                                         attempts=cfg.rewrite_attempts, progress=progress)
             except BudgetExceeded as e: out['stop'] = str(e)
         todo = _pending(plan, store.keys())
         if not out['stop'] and len(todo):
-            collector = _Collector(cfg, answers, store, tasks, todo)
+            collector = _Collector(cfg, client, store, tasks, todo)
             out['collected'], out['failures'], out['stop'] = await collector.run(progress)
         out['counters'] = client.counters
     return out
-
-# %% ../../nbs/35_collect.ipynb #c6c026b1
-def _stop_message(cfg, stop: str) -> str:
-    "Why the run stopped at a limit, and which key of which file to raise to go on."
-    key = 'call_budget' if 'call budget' in stop else 'spend_cap_usd'
-    return f"{stop}; to collect the rest, raise {key} in [limits] of {cfg.source or 'the configuration'}"
 
 # %% ../../nbs/35_collect.ipynb #7da0df76
 def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
@@ -785,7 +710,7 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
     missing = len(_pending(plan, store.keys()))
     status = 'complete' if missing == 0 else ('budget' if run['stop'] else 'incomplete')
     fails = run['failures']
-    message = (_stop_message(cfg, run['stop']) if run['stop'] else
+    message = (run['stop'] if run['stop'] else
                f"{len(fails)} call(s) failed permanently, first: {fails[0][1]}" if fails else '')
     store.set_meta('last_run', dict(status=status, message=message, collected=run['collected'], missing=missing,
                                     failures=len(fails), first_failures=[m for _, m in fails[:5]]))
@@ -862,15 +787,15 @@ def _stored_state(cfg, tasks) -> tuple:
 def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
     "The plan's upper bound against the budget and the cap, with what the store already spent."
     lim, (n0, usd0) = cfg.pool.limits, spent
-    lines = [f"the store has made {n0} request(s) for {_usd(usd0)} over all its runs"] if n0 else []
+    lines = [f"the store has made {n0} request(s) for {fmt_usd(usd0)} over all its runs"] if n0 else []
     for key, have, need, cap, fmt in (('call_budget', n0, calls, lim.call_budget, str),
-                                      ('spend_cap_usd', usd0, usd, lim.spend_cap_usd, _usd)):
+                                      ('spend_cap_usd', usd0, usd, lim.spend_cap_usd, fmt_usd)):
         if cap is None: continue
         if have + need <= cap:
             lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
         lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} "
                      f"spent + up to {fmt(need)}); "
-                     f"the run will stop there — raise {key} in [limits] of {cfg.source or 'the configuration'} to collect it all")
+                     f"the run will stop there — raise [limits] {key} in {cfg.source or 'the configuration'} to collect it all")
     return lines
 
 # %% ../../nbs/35_collect.ipynb #a9106a2d
@@ -895,10 +820,10 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              f"grid: N={cfg.n_rewrites} rewrites x M={cfg.n_decodes} decodes (train); test views: {cfg.test_rewrites} "
              f"rewrites, {cfg.test_decodes} decodes; T={cfg.temperature:g}, top_p={cfg.top_p:g}",
              f"store: {cfg.store}{' (exists)' if cfg.store.exists() else ' (new)'}; output: {cfg.output}", '',
-             'queries', _md_table(sel.to_frame()), '', 'observations planned (calls per model)', _md_table(counts), '',
+             'queries', markdown_table(sel.to_frame()), '', 'observations planned (calls per model)', markdown_table(counts), '',
              'cost estimate (USD; upper bound = every answer uses max_tokens and every rewriter round is used)',
-             _md_table(cost[cols], floatfmt='.6f'), '',
-             f"total: at most {calls} calls to make (retries not counted), at most {_usd(most)}, typically about {_usd(typ)}"]
+             markdown_table(cost[cols], floatfmt='.6f'), '',
+             f"total: at most {calls} calls to make (retries not counted), at most {fmt_usd(most)}, typically about {fmt_usd(typ)}"]
     return '\n'.join(lines + _limit_lines(cfg, calls, most, spent))
 
 # %% ../../nbs/35_collect.ipynb #472a1586
@@ -925,10 +850,10 @@ def _report(res: CollectResult):
     if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} "
                             f"failed; spend ${c.spend_usd:.6f}")
     if res.rewrite_validity is not None:
-        print('\nrewrite validity\n' + _md_table(res.rewrite_validity))
+        print('\nrewrite validity\n' + markdown_table(res.rewrite_validity))
     if res.table is not None and len(res.table):
         from dars_nb.scoring import scoring_validity
-        print('\nscoring validity\n' + _md_table(scoring_validity(res.table)))
+        print('\nscoring validity\n' + markdown_table(scoring_validity(res.table)))
     if res.output is not None: print(f"\nobservations: {res.output}")
 
 # %% ../../nbs/35_collect.ipynb #2282dbe3
@@ -949,7 +874,7 @@ def collect_main(config: str, # path of the collection TOML file
                  quiet: bool = False, # no progress bars and no report; errors are still printed
                  data: str | None = None, # benchmark data folder (overrides data_dir, $DARS_DATA)
                 ) -> int:
-    "`dars collect`: run (or with `dry_run`, plan and price) a collection; returns the exit code."
+    "Collect observations from OpenAI-compatible endpoints (with --dry-run, plan and price them only)."
     try:
         cfg = load_config(config, check_env=not dry_run)
         if data is not None: cfg = dataclasses.replace(cfg, data_dir=str(Path(data).resolve()))

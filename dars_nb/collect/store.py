@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 from fastcore.basics import patch
+from ..diagnostics import markdown_table
+from .client import fmt_usd
 import numpy as np
 import pandas as pd
 from ..observations import (
@@ -515,19 +517,6 @@ def lock_writer(self: Store, command: str = 'dars collect', # the holder, as nam
     f.flush()
     self._writer = f
 
-# %% ../../nbs/31_store.ipynb #54a75b19
-def _md_table(df: pd.DataFrame, floatfmt: str = '.4f') -> str:
-    "A DataFrame as a GitHub markdown table."
-    df = df.reset_index() if df.index.name is not None or isinstance(df.index, pd.MultiIndex) else df
-    cols = [str(c) for c in df.columns]
-    def cell(v):
-        if isinstance(v, (float, np.floating)):
-            return format(float(v), floatfmt) if np.isfinite(v) else ''
-        return str(v)
-    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '|'.join('---' for _ in cols) + '|']
-    lines += ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)]
-    return '\n'.join(lines)
-
 # %% ../../nbs/31_store.ipynb #eceffe08
 def check_store(path, # the store file
                ) -> str: # a one-line summary of a sound store
@@ -612,7 +601,7 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (re
                store: str, # path of the store file
                out: str | None = None, # salvage: the new store file to write
               ) -> int:
-    "`dars store`: check a store, or salvage the readable rows of a damaged one into a new store."
+    "Check a store, or salvage the readable rows of a damaged one into a new store."
     try:
         if action == 'check': print(check_store(store)); return 0
         if action != 'salvage':
@@ -637,11 +626,6 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
 
-# %% ../../nbs/31_store.ipynb #806f5932
-def _usd(x: float) -> str:
-    "Dollars as people read them: cents from a dollar up, small sums without an exponent."
-    return f"${x:,.2f}" if x >= 1 else '$' + (f"{x:.8f}".rstrip('0').rstrip('.') or '0')
-
 # %% ../../nbs/31_store.ipynb #2c50fd32
 def store_status(path, # the store file
                 ) -> str:
@@ -651,10 +635,10 @@ def store_status(path, # the store file
         lines = [f"store {path}: {s.count()} observations, "
                  f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
-                 _md_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', _md_table(ledger.totals(), '.6f')]
+                 markdown_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', markdown_table(ledger.totals(), '.6f')]
         n, usd = ledger.spent()
     lim = plan.get('limits', {})
-    lines.append(f"total: {n} requests, {_usd(usd)}; call_budget {lim.get('call_budget')}, "
+    lines.append(f"total: {n} requests, {fmt_usd(usd)}; call_budget {lim.get('call_budget')}, "
                  f"spend_cap_usd {lim.get('spend_cap_usd')}")
     if last:
         lines += ['',
@@ -664,7 +648,7 @@ def store_status(path, # the store file
 # %% ../../nbs/31_store.ipynb #f88774e4
 def status_main(store: str, # path of the store file
                ) -> int:
-    "`dars status`: planned vs stored per dataset and model, the spend ledger, the last run."
+    "Show what a store holds against its plan, its spend ledger and its last run."
     try: print(store_status(store))
     except StoreError as e:
         print(f"dars status: error: {e}", file=sys.stderr); return 1
