@@ -79,15 +79,15 @@ def test_kill_at_five_moments_rebuys_at_most_what_was_in_flight(fault_proxy, tmp
     cfg = config(tmp_path, proxy.base_url, attempts=3, train=3)
     db = tmp_path / 'store.sqlite'
     plan = plan_calls(load_config(cfg))
-    flying = []
+    flying, opens = [], []
     for i, (moment, ready) in enumerate(MOMENTS):
         proc = start(cfg, tmp_path / f'run{i}.log')
         try: wait_for(proc, db, ready)
         finally:
             os.kill(proc.pid, signal.SIGKILL); proc.wait()
         c = counts(db)
-        flying.append(in_flight(c))
-        assert c['open'] <= 1, (moment, c)                   # concurrency 1 on the one endpoint: one request at most
+        flying.append(in_flight(c)); opens.append(c['open'])
+        assert c['open'] <= 2, (moment, c)                   # two models of concurrency 1 share the endpoint
     done = subprocess.run([sys.executable, '-c', RUNNER, str(cfg)], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-1000:]
     end = counts(db)
@@ -100,7 +100,8 @@ def test_kill_at_five_moments_rebuys_at_most_what_was_in_flight(fault_proxy, tmp
     assert end['ledger'] >= sent
     with Store(db) as s:
         t = s.ledger().totals()
-    assert int(t['open'].sum()) == 0 and int(t['lost'].sum()) <= len(MOMENTS)
+    # the reservations open at the kills are settled 'lost' at their maximum by the next run, and nothing else is
+    assert int(t['open'].sum()) == 0 and int(t['lost'].sum()) == sum(opens), (t, opens)
 
 
 # ---------------------------------------------------------------------------------------------------------------

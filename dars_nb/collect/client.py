@@ -329,10 +329,12 @@ class Completion:
 # %% ../../nbs/30_client.ipynb #7173dcb1
 def fmt_usd(x: float, # dollars
            ) -> str:
-    "Dollars for people: cents for amounts of a dollar or more, three significant digits below."
+    "Dollars for people: cents from a dollar up; below, three significant digits, no trailing zeros."
     if x == 0: return '$0'
     if abs(x) >= 1: return f'${x:,.2f}'
-    return f'${x:.{max(2, 2 - math.floor(math.log10(abs(x))))}f}'
+    digits = max(2, 2 - math.floor(math.log10(abs(x))))
+    text = f'{x:.{digits}f}'.rstrip('0')
+    return '$' + (text if len(text.split('.')[1]) >= 2 else f'{x:.2f}')
 
 # %% ../../nbs/30_client.ipynb #8b3a2f41
 class MalformedResponse(ValueError):
