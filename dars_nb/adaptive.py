@@ -319,7 +319,8 @@ def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
 def _fixed_rows(g: dict) -> list:
     "The fixed grids, one row per side."
     s = g['s']
-    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
+    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k],
+                          np.argmax(_masked(s['U'][k]), -1))
             for k, side in enumerate(g['sides'])]
 
 # %% ../nbs/23_adaptive.ipynb #0cd44b30

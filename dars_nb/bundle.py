@@ -380,7 +380,8 @@ def guard_comparison(router, # a router fitted on all training queries
     guarded = guarded_choice(U, fixed, margin)
     return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)),
                 guarded=pick(guarded),
-                margin=margin, routed_away=float((U.argmax(1) != fixed).mean()), guarded_routed_away=float((guarded != fixed).mean()))
+                margin=margin, routed_away=float((U.argmax(1) != fixed).mean()),
+                guarded_routed_away=float((guarded != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #45bb2428
 @patch
@@ -421,10 +422,12 @@ def predict_stats(self: RouterBundle, texts, # question texts
     lam = self.lam if lam is None else float(lam)
     U, s = predicted_utility(self.router, self.features(texts), lam)
     order = self._ranking(U, lam)
-    rank = np.empty_like(order); np.put_along_axis(rank, order, np.arange(U.shape[1])[None].repeat(len(U), 0), 1)
+    rank = np.empty_like(order); np.put_along_axis(rank, order,
+                                                   np.arange(U.shape[1])[None].repeat(len(U), 0), 1)
     n, K = U.shape
     return pd.DataFrame(dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
-                             **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(), rank=rank.ravel() + 1))
+                             **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(),
+                             rank=rank.ravel() + 1))
 
 # %% ../nbs/25_bundle.ipynb #5350d0d6
 @patch
@@ -483,10 +486,13 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
     check_bundle(bundle)
     arrays = {}
     manifest = dict(format=FORMAT, format_version=FORMAT_VERSION, library_version=bundle.version,
-                    models=list(bundle.models), prices={m: list(p) for m, p in bundle.prices.items()},
-                    lam=float(bundle.lam), beta=float(bundle.beta), mode=bundle.mode, guard=encode(bundle.guard, arrays),
+                    models=list(bundle.models),
+                    prices={m: list(p) for m, p in bundle.prices.items()},
+                    lam=float(bundle.lam), beta=float(bundle.beta), mode=bundle.mode,
+                    guard=encode(bundle.guard, arrays),
                     fingerprint=bundle.fingerprint, featurizer_kind=bundle.featurizer.kind,
-                    n_features=int(bundle.featurizer.n_features_out_), router_class=type(bundle.router).__name__,
+                    n_features=int(bundle.featurizer.n_features_out_),
+                    router_class=type(bundle.router).__name__,
                     meta=encode(bundle.meta, arrays), featurizer=encode(bundle.featurizer, arrays),
                     router=encode(bundle.router, arrays),
                     guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
@@ -528,9 +534,12 @@ def load_bundle(path, # a file written by `save_bundle`
     try:
         return RouterBundle(models=m['models'],
                             prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
-                            beta=m['beta'], mode=m['mode'], featurizer=decode(m['featurizer'], arrays),
-                            router=decode(m['router'], arrays), guard=decode(m['guard'], arrays), guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
-                            fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
+                            beta=m['beta'], mode=m['mode'],
+                            featurizer=decode(m['featurizer'], arrays),
+                            router=decode(m['router'], arrays), guard=decode(m['guard'], arrays),
+                            guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
+                            fingerprint=m['fingerprint'], version=m['library_version'],
+                            meta=decode(m['meta'], arrays))
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
 # %% ../nbs/25_bundle.ipynb #0225fb28
@@ -672,7 +681,8 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     held = cv.report(float(s['lam']))
     bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)),
                           lam=float(s['lam']), beta=float(s['beta']), mode=s['mode'],
-                          featurizer=featurizer, router=router, guard=held['margin'] if g['enabled'] else None,
+                          featurizer=featurizer, router=router,
+                          guard=held['margin'] if g['enabled'] else None,
                           guard_cv=cv, fingerprint=_fingerprint(obs),
                           meta=dict(family=c['family'], params=c['params'],
                                     features=featurizer.name, folds=int(g['folds']),
@@ -720,7 +730,8 @@ def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one questi
             if not isinstance(item.get('question'), str):
                 raise ValueError(f"{path.name} line {n}: no \"question\" string")
             ids.append(item.get('id', n)); questions.append(item['question'])
-        else: ids.append(n); questions.append(item if isinstance(item, str) else line) # JSON string or plain text
+        # JSON string or plain text
+        else: ids.append(n); questions.append(item if isinstance(item, str) else line)
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 

@@ -198,7 +198,8 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         y=alt.Y('variance:Q', title='Mean variance of the score'),
         color=alt.Color('source:N', title='Uncertainty',
                         scale=alt.Scale(range=['#4c78a8', '#f58518'])),
-        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
+        tooltip=['dataset', 'source',
+                 alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #9632adfd
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`

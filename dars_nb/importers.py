@@ -191,7 +191,8 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     rec = pairs.index.to_numpy()
     out = pd.DataFrame(dict(task=df['task'].to_numpy()[rec] if 'task' in df else np.nan,
                             query_text=df['question'].astype(str).to_numpy()[rec],
-                            model=pairs.str[0].astype(str).to_numpy(), score=pairs.str[1].to_numpy()))
+                            model=pairs.str[0].astype(str).to_numpy(),
+                            score=pairs.str[1].to_numpy()))
     idcol = 'query_id' if 'query_id' in df else ('id' if 'id' in df else None)
     if idcol: out['query_id'] = df[idcol].to_numpy()[rec]
     for field, dst in (('costs', 'cost'), ('input_tokens', 'n_in'), ('output_tokens', 'n_out'),
@@ -242,7 +243,8 @@ def model_means(obs: pd.DataFrame, # observation table
     o = o.assign(utility=o['score'] - lam * o['cost_norm'])
     out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'),
                                                            cost=('cost', 'mean'),
-                                                           utility=('utility', 'mean'), rows=('score', 'size'))
+                                                           utility=('utility', 'mean'),
+                                                           rows=('score', 'size'))
     return out
 
 # %% ../nbs/06_importers.ipynb #59ade0d8
@@ -312,7 +314,8 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                              query_id=np.repeat(ids, K),
                              query_text=np.repeat(prompts, K),
                              model=np.tile(np.asarray(models, dtype=object), n),
-                             score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
+                             score=t[models].to_numpy(dtype=object).ravel(),
+                             cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]
     if all(c in t.columns for c in resp): long['response'] = t[resp].to_numpy(dtype=object).ravel()
     return _finish(long, split, dataset, None, None, 0, k=1, where=where, default='routerbench')

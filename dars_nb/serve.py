@@ -65,9 +65,11 @@ class ServeSettings:
     "How the routing endpoint listens, whom it lets in and how much it may spend."
     host: str = '127.0.0.1' # address to listen on; anything but loopback needs client keys
     port: int = 8000 # TCP port (0: a free one)
-    client_keys: tuple = field(default=(), repr=False) # keys clients send as Bearer tokens (empty: no check)
+    # keys clients send as Bearer tokens (empty: no check)
+    client_keys: tuple = field(default=(), repr=False)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
-    max_tokens: int = 2048 # completion tokens per request; a larger or missing `max_tokens` gets this
+    # completion tokens per request; a larger or missing `max_tokens` gets this
+    max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
 
@@ -208,7 +210,8 @@ def _json_body(raw: bytes) -> dict:
         raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
     if bad:
-        raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
+        raise RequestError(400,
+                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
                                 "and its key", bad[0])
     return body
 
@@ -283,8 +286,8 @@ class ServeMetrics:
         self.day = _utc_day(self.started)
         self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
         self.requests, self.fallbacks, self.refused = 0, 0, {}
-        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0,
-                               usage_estimated=0)
+        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0,
+                               spend_usd=0.0, usage_estimated=0)
                        for m in models}
 
     def _roll(self):
@@ -574,7 +577,8 @@ async def _first_answer(st, ranking: list, call, headers: dict):
             st.metrics.failed(name); errors.append(str(e))
             if e.retry_next: continue
             st.metrics.refuse(e.status)
-            return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
+            return None, None, _error_response(RequestError(e.status, str(e),
+                                                            kind='upstream_error'))
         if errors:
             st.metrics.fallbacks += 1
             headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
@@ -710,7 +714,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
               Route('/metrics', show_metrics, methods=['GET'])]
-    app = Starlette(routes=routes, middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
+    app = Starlette(routes=routes,
+                    middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.lam = pool, settings, lam

@@ -448,7 +448,8 @@ def run_experiments(datasets, # `Dataset`(s), or a mapping name -> (obs, feature
     out = [None] * len(units)
     done = _reusable(reuse, units, n_draws)
     for i, rows in done.items(): out[i] = rows
-    todo = [i for i in sorted(range(len(units)), key=lambda i: units[i][2].mode != 'single')  # long units first
+    todo = [i for i in sorted(range(len(units)),
+                              key=lambda i: units[i][2].mode != 'single')  # long units first
             if i not in done]
     preps = {d.name: prepare_dataset(d, lam, views) for d in dss}
     jobs = _unit_jobs(units, todo, rs, preps, n_draws, lam, seed, alpha)
