@@ -104,7 +104,7 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
-                        quantiles=PAPER_QUANTILES, # (risk p, margin p) at each decision point (all stages but the last)
+                        quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
                        ) -> pd.DataFrame:
     "Staged acquisition per query: the side it stops at, observations per pair, and its label vs the full grid."
@@ -145,7 +145,7 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     return out
 
 # %% ../nbs/23_adaptive.ipynb #b9449a92
-def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (or `adaptive_allocation_pairs`)
+def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`) output
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
     "Observations per pair, calls saved against fixed grids, queries per stage, label agreement and regret."
@@ -240,12 +240,12 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
     return level
 
 # %% ../nbs/23_adaptive.ipynb #69fea3bd
-def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
+def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full 5×5 training grid
                               lam: float = 0.05, # cost weight λ
                               beta: float = 0.2, # risk weight β
                               stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                               z: float = 1.0, # width of the intervals, in standard errors
-                              prior_weight: float = 2.0, # pseudo-observations shrinking the score variance toward ¼
+                              prior_weight: float = 2.0, # pseudo-observations pulling σ² to ¼
                               models: list | None = None, # model order (default: sorted names)
                              ) -> pd.DataFrame:
     "Staged acquisition per (query, model): grow only the leader and the pairs whose interval reaches it."
@@ -358,7 +358,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                         second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
                         pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z of the per-pair rule
                         prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
-                        truth: pd.DataFrame | None = None, # ground truth: adds agreement with the true best
+                        truth: pd.DataFrame | None = None, # truth: adds true-best agreement
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
                        ) -> pd.DataFrame:
     "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
@@ -395,7 +395,7 @@ def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontie
 # %% ../nbs/23_adaptive.ipynb #9bc15f0c
 def plot_allocation_frontier(frontier: pd.DataFrame, # output of `allocation_frontier`
                              title: str = 'Label agreement per observation spent', # chart title
-                             highlight: str | None = 'a=0.25, b=1', # a per-query setting to label (the paper's rule)
+                             highlight: str | None = 'a=0.25, b=1', # per-query rule to label
                             ) -> alt.Chart:
     "Every setting as a point, the Pareto front of each rule as a line; fixed grids for reference."
     x = alt.X('obs_per_pair:Q', title='Observations per (query, model) pair')

@@ -223,7 +223,7 @@ def markdown_table(df, # a DataFrame (its named index becomes the first columns)
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
 def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
-                  out: str | None = None, # folder for the tables (CSV, Markdown) and the two charts (PNG, SVG)
+                  out: str | None = None, # folder for tables (CSV, Markdown), charts (PNG, SVG)
                   quiet: bool = False, # print the table only, not the list of written files
                  ) -> int:
     "Print the four diagnostics of an observation file per dataset, and write tables and charts."

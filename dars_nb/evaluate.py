@@ -28,7 +28,7 @@ def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
     return obs if 'cost_norm' in obs.columns else normalize_cost(obs)
 
 # %% ../nbs/20_evaluate.ipynb #3b45680e
-def normalize_jointly(*tables: pd.DataFrame, # observation tables of the same datasets (e.g. train and test)
+def normalize_jointly(*tables: pd.DataFrame, # observations of the same datasets (e.g. train, test)
                      ) -> list[pd.DataFrame]:
     "Add `cost_norm` to every table with Z_d = the largest raw cost of dataset d over all of them."
     tables = [ensure_valid(t) for t in tables]
@@ -39,7 +39,7 @@ def normalize_jointly(*tables: pd.DataFrame, # observation tables of the same da
     return [t.assign(cost_norm=c) for t, c in zip(tables, parts)]
 
 # %% ../nbs/20_evaluate.ipynb #3004d3a5
-def view_means(obs_test: pd.DataFrame, # observations holding the view (other views and splits are ignored)
+def view_means(obs_test: pd.DataFrame, # observations holding the view (others are ignored)
                view: str = 'rewrite', # 'rewrite', 'decode' (or 'grid')
                models: list | None = None, # model order (default: sorted names)
               ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -128,7 +128,7 @@ class Estimate(NamedTuple):
     high: float
 
 # %% ../nbs/20_evaluate.ipynb #6c971464
-def bootstrap_ci(per_query_values, # one value per test query: (n,), or (n, k) for k policies resampled together
+def bootstrap_ci(per_query_values, # per test query: (n,), or (n, k): k policies resampled together
                  n_boot: int = 1000, # bootstrap resamples
                  alpha: float = 0.05, # 1 − confidence level
                  seed=0, # seed or numpy Generator
@@ -163,7 +163,7 @@ def view_utility(choices, # mapping or Series query_id -> model name
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(v.mean())
 
 # %% ../nbs/20_evaluate.ipynb #8fbf284c
-def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
+def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`
                           view: str = 'rewrite', # 'rewrite' or 'decode'
                           lam: float = 0.05, # cost weight λ
                          ) -> pd.Series:
@@ -171,7 +171,7 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a `per
     return _table(obs_test, view, lam).mean(skipna=False)
 
 # %% ../nbs/20_evaluate.ipynb #670e0501
-def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
+def best_fixed_model(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = 0.05, # cost weight λ
                     ) -> tuple[str, float]:
@@ -181,7 +181,7 @@ def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a `per_quer
     return str(u.idxmax()), float(u.max())
 
 # %% ../nbs/20_evaluate.ipynb #1ce775ed
-def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holding the training grid (split 'train', view 'grid')
+def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations with the training grid
                                    lam: float = 0.05, # cost weight λ
                                    models: list | None = None, # model order (default: sorted names)
                                   ) -> tuple[str, float]:
@@ -278,7 +278,7 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed=0, # bootstrap seed
-                  obs_train: pd.DataFrame | None = None, # training grid (default: the one in `obs_test`, if any)
+                  obs_train: pd.DataFrame | None = None, # training grid (default: in `obs_test`)
                  ) -> pd.DataFrame:
     "One row per (policy, view): U_view with its interval, and its paired difference to the best fixed model."
     obs_test, train = _training_rows_of(obs_test, obs_train)
@@ -384,16 +384,16 @@ def true_regret(choices, # mapping or Series query_id -> model name (the queries
 
 # %% ../nbs/20_evaluate.ipynb #0773d2d7
 def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
-                       X_train, # training features (DataFrame indexed by query_id, or rows in supervision order)
+                       X_train, # training features (indexed by query_id, or in supervision order)
                        obs_train: pd.DataFrame, # observations with the training grid
-                       X_test, # test features (DataFrame indexed by query_id, or rows in test-table order)
+                       X_test, # test features (indexed by query_id, or in test-table order)
                        obs_test: pd.DataFrame, # observations with the test view
                        lams=(0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), # the λ values to sweep
                        mode: str = 'dars', # supervision mode
                        beta: float = 0.2, # risk weight β
                        view: str = 'rewrite', # evaluation view
                        seed=0, # seed for single-shot supervision
-                       name: str | None = None, # label of the router in the output (default: its class name)
+                       name: str | None = None, # the router's label (default: its class name)
                       ) -> pd.DataFrame:
     "Mean normalised cost and quality of the router's choices per λ, and one point per fixed model."
     if 'cost_norm' not in obs_train.columns or 'cost_norm' not in obs_test.columns:
@@ -415,7 +415,7 @@ def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)`
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
 # %% ../nbs/20_evaluate.ipynb #d69ea54f
-def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (several may be concatenated)
+def plot_cost_quality(curve: pd.DataFrame, # `cost_quality_curve` output (or several, concatenated)
                       title: str = 'Cost–quality trade-off as λ grows', # chart title
                      ) -> alt.Chart:
     "Routers as lines over λ, fixed models as labelled points, in (mean cost, mean quality)."
@@ -434,8 +434,8 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
     return (line + pts + labels).properties(title=title, width=420, height=280)
 
 # %% ../nbs/20_evaluate.ipynb #7b997267
-def router_variance(utilities_per_draw, # R test utilities (one per single-shot router), or a long DataFrame
-                    reference=None, # utility of the DARS-trained router: a number, or a Series indexed by group
+def router_variance(utilities_per_draw, # a test utility per single-shot router, or a long table
+                    reference=None, # DARS-trained router's utility: a number, or a Series by group
                     by=None, # with a DataFrame: the column(s) naming a group
                     value: str = 'utility', # with a DataFrame: the column of utilities
                    ) -> pd.Series | pd.DataFrame:
@@ -466,8 +466,8 @@ def router_variance(utilities_per_draw, # R test utilities (one per single-shot 
                                                                             pd.DataFrame) else out
 
 # %% ../nbs/20_evaluate.ipynb #3184fb41
-def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-shot router, columns `by` and `value`
-                         reference: pd.DataFrame | None = None, # DARS utilities: columns `by` (+ `column`) and 'reference'
+def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, columns `by`, `value`
+                         reference: pd.DataFrame | None = None, # DARS: `by`, 'reference'
                          by: str = 'router', # the column on the vertical axis
                          column: str | None = 'view', # facet column (None for one panel)
                          value: str = 'utility', # the column of utilities

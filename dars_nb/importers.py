@@ -46,7 +46,7 @@ def _records(source) -> pd.DataFrame:
 
 # %% ../nbs/06_importers.ipynb #deea0d06
 def read_prices(source, # llm_candidates.json, or {model: {input_price, output_price}}
-               ) -> pd.DataFrame: # index model; columns input_price, output_price (USD per 1M tokens)
+               ) -> pd.DataFrame: # index model; input_price, output_price (USD per 1M tokens)
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
         path = Path(source)

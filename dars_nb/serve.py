@@ -626,7 +626,7 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
     open_stream = lambda spec: send(st.upstreams, spec, req.body, stream=True)
     name, spec, resp = await _first_answer(st, ranking, open_stream, headers)
-    if name is None:   # nothing streams: the reservation goes back here (for a plain answer, the caller's)
+    if name is None: # nothing streams: release the reservation here (a plain answer: the caller)
         st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
@@ -682,9 +682,9 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../nbs/36_serve.ipynb #04e60f60
-def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g. `RouterBundle.rank`)
+def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
-               settings: ServeSettings | None = None, # caps, client keys, spend limit (None: the defaults)
+               settings: ServeSettings | None = None, # caps, client keys, spend limit
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
               ):
@@ -800,7 +800,7 @@ def _run_until_signal(server, sock):
 # %% ../nbs/36_serve.ipynb #6e20b2fd
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
-               host: str = '127.0.0.1', # address to listen on (beyond loopback, client keys are needed)
+               host: str = '127.0.0.1', # address to listen on (beyond loopback: set client keys)
                port: int = 8000, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:

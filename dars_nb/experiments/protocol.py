@@ -53,7 +53,7 @@ class Dataset:
 # %% ../../nbs/21_protocol.ipynb #46627ed3
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
-                 truth: pd.DataFrame | None = None, # ground truth indexed (dataset, query_id, model), if known
+                 truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
                 ) -> Dataset:
     "Validate one dataset's observations, normalise cost over train and test together, and check the features."
     obs = ensure_valid(obs)
@@ -87,7 +87,7 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
 # %% ../../nbs/21_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
 
-def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test queries (default: `PAPER_TEST_SIZES`)
+def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test queries
                        n_train: int = 200, # training queries per profile
                        seed: int = 0, # simulator seed
                       ) -> list[Dataset]:
@@ -103,7 +103,7 @@ def available_routers() -> dict:
     return dict(ROUTERS)
 
 # %% ../../nbs/21_protocol.ipynb #3e9a7543
-def resolve_routers(routers=None, # mapping name -> router (instance or class), a list, one router, or None for all
+def resolve_routers(routers=None, # name -> router (or class), a list, one router, or None: all
                    ) -> dict:
     "Routers as an ordered mapping name -> unfitted instance."
     if routers is None: routers = available_routers()
@@ -167,7 +167,7 @@ def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np
 # %% ../../nbs/21_protocol.ipynb #5fefbe0c
 def prepare_dataset(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
-                    views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+                    views=('rewrite', 'decode'), # views (skipped without test observations)
                    ) -> Prepared:
     "The parts of a dataset that every unit reads, computed once."
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
@@ -290,7 +290,7 @@ def run_unit(ds: Dataset, # the dataset
              seed: int = 0, # the run's seed
              n_boot: int = 1000, # bootstrap resamples (0: leave the interval to the caller)
              alpha: float = 0.05, # 1 − confidence level
-             views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+             views=('rewrite', 'decode'), # views (skipped without test observations)
             ) -> list[dict]:
     "Train one router under one supervision and score it on every view: one row per view."
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
@@ -356,7 +356,7 @@ def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
 # %% ../../nbs/21_protocol.ipynb #cbf49e8d
 def baseline_values(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
-                    views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+                    views=('rewrite', 'decode'), # views (skipped without test observations)
                    ) -> dict:
     "Per view: the baselines' per-query utilities (columns `BASELINES`) and the models the fixed ones pick."
     models = model_order(ds.obs)
@@ -436,10 +436,10 @@ def run_experiments(datasets, # `Dataset`(s), or a mapping name -> (obs, feature
                     n_boot: int = 1000, # bootstrap resamples
                     alpha: float = 0.05, # 1 − confidence level
                     views=('rewrite', 'decode'), # evaluation views
-                    n_jobs: int | None = None, # joblib workers (None: the parallel_config's default)
+                    n_jobs: int | None = None, # joblib workers (None: parallel_config's default)
                     progress: bool = True, # show a progress bar (on a terminal only)
                     desc: str = 'units', # label of the progress bar
-                    reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
+                    reuse: pd.DataFrame | None = None, # earlier results of this run: not rerun
                    ) -> pd.DataFrame:
     "Every (dataset, router, spec) unit, in parallel through joblib: one row per unit and view."
     dss, rs = as_datasets(datasets), resolve_routers(routers)
@@ -479,7 +479,7 @@ def run_protocol(datasets, # `Dataset`(s), or a mapping name -> (obs, features[,
 # %% ../../nbs/21_protocol.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
 
-def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or any table with single and dars rows)
+def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any single and dars rows)
                         baseline: str = 'single', # the supervision compared against
                         treatment: str = 'dars', # the supervision compared
                        ) -> pd.DataFrame:
@@ -619,7 +619,7 @@ def to_frame(self: Table) -> pd.DataFrame:
 
 # %% ../../nbs/21_protocol.ipynb #631f29ad
 def table1(results: pd.DataFrame, # output of `run_protocol`
-           baselines: pd.DataFrame | None = None, # output of `protocol_baselines`: adds its rows below the routers
+           baselines: pd.DataFrame | None = None, # `protocol_baselines` rows, below the routers
           ) -> Table:
     "Paper Table 1: rows router / + DARS (then the baselines), columns dataset × view; DARS cells that beat single-shot in bold."
     c = compare_supervision(results)

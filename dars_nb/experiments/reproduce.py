@@ -80,7 +80,7 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
                           index=pd.Index(first['query_id'].astype(str), name='query_id'))
 
 # %% ../../nbs/24_reproduce.ipynb #73d864a5
-def read_features(path, # a .parquet (or .csv) file: one row per query, indexed by query_id or with a query_id column
+def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
                  ) -> pd.DataFrame:
     "A features table indexed by query_id (str), all columns numeric."
     path = Path(path)
@@ -442,7 +442,7 @@ TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file
               quick: bool = False, # small sizes for a smoke test
-              n_jobs: int | None = None, # joblib workers (None: every core for the full run, 1 for `quick`)
+              n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
               seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
               features=None, # features file for `data` (default: from its query_text column)
               routers=None, # routers to run (default: the seven families of dars_nb.routers)
@@ -682,7 +682,7 @@ def reproduce_main(out: str, # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
-                   quiet: bool = False, # no progress lines, bars or summary (errors still on stderr)
+                   quiet: bool = False, # no progress, bars or summary (errors still on stderr)
                   ) -> int:
     "Run the whole experiment and write its report: tables, charts and report.md."
     try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
