@@ -216,7 +216,10 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
     paper = pd.DataFrame({'risk_p': [0.25], 'share': [0.25], 'text': ["paper's p_R = 0.25"]})
     vrule = alt.Chart(paper).mark_rule(strokeDash=[4, 4], color='gray').encode(x='risk_p:Q')
     hrule = alt.Chart(paper).mark_rule(strokeDash=[2, 2], color='gray').encode(y='share:Q')
-    label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(x='risk_p:Q', y='share:Q', text='text:N')
+    label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(
+        x='risk_p:Q',
+        y='share:Q',
+        text='text:N')
     return (line + vrule + hrule + label).properties(title=f'{title} (margin test at p_Δ = '
                                                            f'{margin_p:g})', width=420, height=260)
 
@@ -312,7 +315,8 @@ def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
     row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
                label_agreement=float((label == g['full_label']).mean()),
                regret=float(np.nanmean(_regret(g['U_full'], label))))
-    if g['true_label'] is not None: row['true_best_agreement'] = float((label == g['true_label']).mean())
+    if g['true_label'] is not None:
+        row['true_best_agreement'] = float((label == g['true_label']).mean())
     return row
 
 # %% ../nbs/23_adaptive.ipynb #b7385477

@@ -64,7 +64,8 @@ def _saved_class(name: str) -> type:
 # %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
     "Manifest name of `obj`'s class if whitelisted exactly (no subclass); imports only its modules."
-    return next((n for n, (_, c) in SAVED_CLASSES.items() if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
+    return next((n for n, (_, c) in SAVED_CLASSES.items()
+                 if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
 
 # %% ../nbs/25_bundle.ipynb #d94e73ef
 def encode(obj, # a value to save
@@ -296,7 +297,8 @@ def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, fl
     "Pooled held-out utility and share routed away from the best fixed model, for one margin."
     fixed = self.fixed(lam)
     choice = guarded_choice(self.utility(lam), fixed, margin)
-    return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
+    return (float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()),
+            float((choice != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #55f0c0a6
 @patch
@@ -342,7 +344,8 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
                 name = type(r).__name__
                 raise ValueError(f"{name} predicts no statistics; the guard needs μ_c and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
-    parts = dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy') else dict(quality=quality, mu_c=cost)
+    parts = (dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy')
+             else dict(quality=quality, mu_c=cost))
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)
 
 # %% ../nbs/25_bundle.ipynb #c4c5feac
@@ -354,7 +357,8 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
     "Mean score and normalised cost (n, K) of one split; an error if a (query, model) is missing."
     o = normalize_cost(obs)
     o = o[o['split'] == split]
-    m = o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']].mean()
+    m = (o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']]
+         .mean())
     idx = pd.MultiIndex.from_product([[str(q) for q in query_ids], [str(x) for x in models]])
     m = m.reindex(idx)
     if m['score'].isna().any():
@@ -501,7 +505,8 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
         z.writestr('manifest.json',
                    json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
         for key, a in arrays.items():
-            buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False); z.writestr(key, buf.getvalue())
+            buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+            z.writestr(key, buf.getvalue())
     return path
 
 # %% ../nbs/25_bundle.ipynb #b5844dbb
@@ -523,7 +528,8 @@ def load_bundle(path, # a file written by `save_bundle`
                                   f"this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
                 raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
-            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
+            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False)
+                      for k in names if k.startswith('arrays/')}
     except zipfile.BadZipFile as e:
         raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -629,7 +635,8 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
         raise ValueError("the observations have no query_text column: a router bundle featurizes "
                          "the query text")
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
-    first = o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])['query_text']
+    first = (o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
+             ['query_text'])
     first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
     keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
                                       queries.get_level_values(-1).astype(str)])

@@ -40,7 +40,8 @@ QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 def _query_blocks(*arrays, block: int | None = None):
     "The arrays sliced together into consecutive blocks of `block` queries (axis 0; default `QUERY_BLOCK`)."
     block = block or QUERY_BLOCK
-    for start in range(0, len(arrays[0]), block): yield tuple(a[start:start + block] for a in arrays)
+    for start in range(0, len(arrays[0]), block):
+        yield tuple(a[start:start + block] for a in arrays)
 
 # %% ../nbs/02_diagnostics.ipynb #6ace00c1
 def _share(parts) -> np.ndarray:
@@ -215,11 +216,13 @@ def markdown_table(df, # a DataFrame (its named index becomes the first columns)
     "`df` as a GitHub Markdown table (missing floats left blank)."
     df = df.reset_index() if df.index.name is not None or df.index.nlevels > 1 else df
     def cell(v):
-        if isinstance(v, (float, np.floating)): return format(float(v), floatfmt) if np.isfinite(v) else ''
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else ''
         return str(v)
     lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
              '|' + '|'.join('---' for _ in df.columns) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)])
+    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |'
+                              for row in df.itertuples(index=False)])
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
 def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)

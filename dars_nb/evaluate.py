@@ -101,7 +101,8 @@ def _lookup(choices, table: pd.DataFrame, require_all: bool = True,
     vals = table.to_numpy(float)[qpos, mpos]
     if np.isnan(vals).any():
         i = int(np.argmax(np.isnan(vals)))
-        raise ValueError(f"model {s.iloc[i]!r} has no observation of query {s.index[i]!r} in {what}")
+        raise ValueError(f"model {s.iloc[i]!r} has no observation of query {s.index[i]!r} "
+                         f"in {what}")
     out = pd.Series(vals, index=s.index)
     return out.reindex(table.index) if require_all else out
 
@@ -253,7 +254,8 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
         obs_test = _prepared(obs_test)
         has_grid = ((obs_test['split'] == 'train') & (obs_test['view'] == 'grid')).any()
         return obs_test, (obs_test if has_grid else None)
-    if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
+    if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns:
+        return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
 # %% ../nbs/20_evaluate.ipynb #fc37d950
@@ -264,7 +266,8 @@ def _baseline_columns(t: pd.DataFrame, fixed) -> tuple[dict, dict]:
         cols['best fixed model (training)'] = t[fixed[0]].to_numpy()
         detail['best fixed model (training)'] = fixed[0]
     best, _ = best_fixed_model(t)
-    cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), f'{best} (chosen on test: optimistic)'
+    cols['best fixed model'], detail['best fixed model'] = (t[best].to_numpy(),
+                                                            f'{best} (chosen on test: optimistic)')
     cols['oracle'] = np.nanmax(t.to_numpy(float), 1)
     cols['random'] = np.nanmean(t.to_numpy(float), 1)
     return cols, detail
@@ -362,7 +365,8 @@ def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_
                  lam: float = 0.05, # cost weight λ
                 ) -> pd.Series:
     "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column when μ_q or μ_c is missing."
-    return truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns) else truth['utility']
+    return (truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns)
+            else truth['utility'])
 
 # %% ../nbs/20_evaluate.ipynb #b3ad9ef4
 def true_regret(choices, # mapping or Series query_id -> model name (the queries to score)
@@ -516,7 +520,8 @@ def single_vs_dars(single, # router fitted on R single-shot draws
     rows = [dict(policy=f'single-shot ({len(s[v])} draws)', view=v, utility=s[v].mean(),
                  sd=s[v].std()) for v in tables]
     rows += [dict(policy='DARS', view=v, utility=d[v][0], sd=0.0) for v in tables]
-    rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0) for v, t in tables.items()]
+    rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0)
+             for v, t in tables.items()]
     return pd.DataFrame(rows)
 
 # %% ../nbs/20_evaluate.ipynb #37f900be

@@ -68,7 +68,8 @@ def read_prices(source, # llm_candidates.json, or {model: {input_price, output_p
 def estimate_prompt_tokens(texts, # query texts
                           ) -> np.ndarray:
     "A rough token count per text: ⌈characters / 4⌉."
-    return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy() / 4).astype(int)
+    return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy()
+                   / 4).astype(int)
 
 # %% ../nbs/06_importers.ipynb #5dc0a53f
 def _token_cost(models, n_in, n_out, prices):
@@ -199,7 +200,8 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
                        ('prompt_tokens', 'n_in'), ('completion_tokens', 'n_out')):
         if field in df and dst not in out:
             per = df[field].to_numpy()[rec]
-            out[dst] = [d.get(m) if isinstance(d, dict) else np.nan for d, m in zip(per, out['model'])]
+            out[dst] = [d.get(m) if isinstance(d, dict) else np.nan
+                        for d, m in zip(per, out['model'])]
     return out
 
 # %% ../nbs/06_importers.ipynb #42e126bd
@@ -302,8 +304,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if not models: _fail(f"{where} has no model columns (a score column plus '<model>|total_cost')")
     t = table.reset_index(drop=True)
     n = len(t)
-    ids = t[id_column].astype(str).to_numpy() if id_column in t.columns else np.arange(n).astype(str)
-    task = t['eval_name'].astype(str).to_numpy() if 'eval_name' in t.columns else np.full(n, 'routerbench', dtype=object)
+    ids = (t[id_column].astype(str).to_numpy() if id_column in t.columns
+           else np.arange(n).astype(str))
+    task = (t['eval_name'].astype(str).to_numpy() if 'eval_name' in t.columns
+            else np.full(n, 'routerbench', dtype=object))
     cost = t[[f'{m}|total_cost' for m in models]]
     costn = cost.apply(pd.to_numeric, errors='coerce')
     if costn.isna().any().any():

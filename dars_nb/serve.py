@@ -348,7 +348,8 @@ def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
     self._roll()
-    return {'since': datetime.fromtimestamp(self.started, timezone.utc).isoformat(timespec='seconds'),
+    return {'since': (datetime.fromtimestamp(self.started, timezone.utc)
+                      .isoformat(timespec='seconds')),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
             'day': self.day, 'spend_today_usd': self.spend_today_usd,
             'daily_spend_usd': self.daily_spend_usd,

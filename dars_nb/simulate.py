@@ -317,8 +317,10 @@ def calibration_table(seed: int = 0, # simulator seed
                       n_train: int = 200, # training queries
                      ) -> pd.DataFrame:
     "Paper target vs simulated value for every calibrated diagnostic."
-    diag = pd.concat([diagnose(simulate(p, n_train=n_train, n_test=0, seed=seed)[0]) for p in PROFILES])
-    rows = [dict(profile=p, diagnostic=k, paper=v, simulated=diag.loc[p, k]) for (p, k), v in PAPER_DIAGNOSTICS.items()]
+    diag = pd.concat([diagnose(simulate(p, n_train=n_train, n_test=0, seed=seed)[0])
+                      for p in PROFILES])
+    rows = [dict(profile=p, diagnostic=k, paper=v, simulated=diag.loc[p, k])
+            for (p, k), v in PAPER_DIAGNOSTICS.items()]
     t = pd.DataFrame(rows)
     t['relative_error'] = (t['simulated'] - t['paper']) / t['paper']
     return t
@@ -331,7 +333,8 @@ def temperature_sweep(profile: str | Profile = 'gpqa_like', # a name in `PROFILE
                      ) -> pd.DataFrame:
     "Diagnostics of one world's training grid observed at several decoding temperatures."
     w = make_world(profile, n_train, 0, seed)
-    rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t) for t in temperatures]
+    rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t)
+            for t in temperatures]
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature'])
 
 # %% ../nbs/03_simulate.ipynb #782f9ea6

@@ -48,7 +48,8 @@ class Dataset:
     def __repr__(self):
         n = self.obs.groupby(['split', 'view'], observed=True)['query_id'].nunique().to_dict()
         parts = ', '.join(f"{s}/{v}: {k}" for (s, v), k in n.items())
-        return f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, truth={self.truth is not None})"
+        return (f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, "
+                f"truth={self.truth is not None})")
 
 # %% ../../nbs/21_protocol.ipynb #46627ed3
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
@@ -72,7 +73,8 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
     align(features, obs['query_id'].cat.categories.astype(str))
     if truth is not None and names[0] in truth.index.get_level_values('dataset'):
         truth = truth.xs(names[0], level='dataset', drop_level=False)
-    elif truth is not None: raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
+    elif truth is not None:
+        raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
     return Dataset(str(names[0]), normalize_cost(obs), features, truth)
 
 # %% ../../nbs/21_protocol.ipynb #e7367fb7
@@ -82,7 +84,8 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                  ) -> list[Dataset]:
     "One `Dataset` per dataset in `obs`."
     obs = ensure_valid(obs)
-    return [make_dataset(select(obs, dataset=d), features, truth) for d in obs['dataset'].cat.categories]
+    return [make_dataset(select(obs, dataset=d), features, truth)
+            for d in obs['dataset'].cat.categories]
 
 # %% ../../nbs/21_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
@@ -94,7 +97,8 @@ def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test quer
     "Simulated datasets with ground truth, one per profile."
     from dars_nb.simulate import simulate
     sizes = PAPER_TEST_SIZES if test_sizes is None else test_sizes
-    return [make_dataset(*simulate(p, n_train=n_train, n_test=n, seed=seed)) for p, n in sizes.items()]
+    return [make_dataset(*simulate(p, n_train=n_train, n_test=n, seed=seed))
+            for p, n in sizes.items()]
 
 # %% ../../nbs/21_protocol.ipynb #66c3a814
 def available_routers() -> dict:
@@ -361,7 +365,8 @@ def baseline_values(ds: Dataset, # the dataset
     "Per view: the baselines' per-query utilities (columns `BASELINES`) and the models the fixed ones pick."
     models = model_order(ds.obs)
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
-    tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views if (test['view'] == v).any()}
+    tables = {v: per_query_view_utility(ds.obs, v, lam, models)
+              for v in views if (test['view'] == v).any()}
     return _baselines_of(ds, lam, tables)
 
 # %% ../../nbs/21_protocol.ipynb #9eab9ef3
@@ -391,7 +396,8 @@ def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
     for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
     table['best_fixed'] = ''
     for (d, v), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
-        P, s = np.column_stack(table.loc[idx, 'per_query'].to_list()), derive_seed(seed, 'bootstrap', d, v)
+        P, s = (np.column_stack(table.loc[idx, 'per_query'].to_list()),
+                derive_seed(seed, 'bootstrap', d, v))
         e = bootstrap_ci(P, n_boot, alpha, s)
         table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = e.low, e.high
         if baselines is None or v not in baselines.get(d, {}): continue
@@ -503,7 +509,8 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
             for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'),
                              ('vs_fixed_high', 'vs_best_fixed_high')):
                 out[f'{side}_{col}'] = s[src].reindex(out.index)
-        out['best_fixed'] = part.set_index(keys)['best_fixed'].groupby(level=keys).first().reindex(out.index)
+        out['best_fixed'] = (part.set_index(keys)['best_fixed'].groupby(level=keys).first()
+                             .reindex(out.index))
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     return out.dropna(subset=['single', 'dars']).reindex(pd.MultiIndex.from_tuples(
         sorted(out.dropna(subset=['single', 'dars']).index,
@@ -514,7 +521,8 @@ class Wins(NamedTuple):
     "How many settings DARS improves."
     wins: int
     settings: int
-    def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
+    def __str__(self):
+        return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
 
 # %% ../../nbs/21_protocol.ipynb #bf782853
 class Verdict(NamedTuple):
@@ -595,9 +603,11 @@ def to_markdown(self: Table, digits: int = 3) -> str:
         cells = []
         for j in range(v.shape[1]):
             s = _fmt(v.iat[i, j], digits)
-            if self.std is not None and pd.notna(self.std.iat[i, j]): s += f' ± {self.std.iat[i, j]:.{digits}f}'
+            if self.std is not None and pd.notna(self.std.iat[i, j]):
+                s += f' ± {self.std.iat[i, j]:.{digits}f}'
             if self.low is not None and pd.notna(v.iat[i, j]):
-                s = f'{v.iat[i, j]:+.{digits}f} [{self.low.iat[i, j]:+.{digits}f}, {self.high.iat[i, j]:+.{digits}f}]'
+                s = (f'{v.iat[i, j]:+.{digits}f} '
+                     f'[{self.low.iat[i, j]:+.{digits}f}, {self.high.iat[i, j]:+.{digits}f}]')
             cells.append(f'**{s}**' if s and bool(self.bold.iat[i, j]) else s)
         lines.append('| ' + ' | '.join(shown + cells) + ' |')
         prev = key
@@ -623,7 +633,8 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:
     "Paper Table 1: rows router / + DARS (then the baselines), columns dataset × view; DARS cells that beat single-shot in bold."
     c = compare_supervision(results)
-    routers, datasets = list(dict.fromkeys(c.index.get_level_values('router'))), list(dict.fromkeys(c.index.get_level_values('dataset')))
+    routers, datasets = (list(dict.fromkeys(c.index.get_level_values('router'))),
+                         list(dict.fromkeys(c.index.get_level_values('dataset'))))
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = pd.MultiIndex.from_tuples([(d, VIEW_LABELS.get(v, v)) for d in datasets for v in views])
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
@@ -651,7 +662,8 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                                                           "fixed model: pass the output of "
                                                           "run_protocol")
     routers = list(dict.fromkeys(c.index.get_level_values('router')))
-    cols = pd.MultiIndex.from_tuples(list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
+    cols = pd.MultiIndex.from_tuples(
+        list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
                                      names=['router', 'supervision'])
     frames = {k: pd.DataFrame(np.nan, rows, cols) for k in ('vs', 'low', 'high')}
@@ -672,7 +684,8 @@ def table5(results: pd.DataFrame, # output of `run_protocol`
                                     names=['router', 'dataset'])
     idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(c.index.get_level_values('router'))).index(k[0])),
                                     names=['router', 'dataset'])
-    vals, std, bold = pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols), pd.DataFrame(False, idx, cols)
+    vals, std, bold = (pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols),
+                       pd.DataFrame(False, idx, cols))
     for (d, r, v), row in c.iterrows():
         lab = VIEW_LABELS.get(v, v)
         vals.loc[(r, d), f'Single {lab}'], std.loc[(r, d), f'Single {lab}'] = row['single'], row['single_std']
@@ -683,7 +696,8 @@ def table5(results: pd.DataFrame, # output of `run_protocol`
 def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets with ground truth
                 ) -> pd.DataFrame:
     "True regret per router (rows) and dataset × supervision (columns); NaN without truth."
-    r = results[results['supervision'].isin(['single', 'dars'])].drop_duplicates(['dataset', 'router', 'supervision'])
+    r = (results[results['supervision'].isin(['single', 'dars'])]
+         .drop_duplicates(['dataset', 'router', 'supervision']))
     t = r.pivot(index='router', columns=['dataset', 'supervision'], values='true_regret')
     t = t.reindex(index=list(dict.fromkeys(r['router'])),
                   columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset']) for s in ('single', 'dars')]))
@@ -727,7 +741,8 @@ def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
     "Table 1 as a chart: per router, the single-shot mean with ± 1 std and the DARS utility, per dataset and view."
     c = compare_supervision(results).reset_index()
     c['view'] = c['view'].map(lambda v: VIEW_LABELS.get(v, v))
-    c['low'], c['high'] = c['single'] - c['single_std'].fillna(0), c['single'] + c['single_std'].fillna(0)
+    c['low'], c['high'] = (c['single'] - c['single_std'].fillna(0),
+                           c['single'] + c['single_std'].fillna(0))
     base = alt.Chart(c).encode(y=alt.Y('router:N', title=None, sort=None))
     x = alt.X('single:Q', title='Test utility (mean of q − λc)', scale=alt.Scale(zero=False))
     rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)),

@@ -451,7 +451,8 @@ def reproduce(out, # folder for the report (created if needed)
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
-        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: "
+                         f"{install_hint('torch')}")
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
     run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
@@ -607,7 +608,8 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
 def _no_router_text(v) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if v.dars_beats_fixed or v.single_beats_fixed: return ''
-    return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
+    return (' No router beats the best fixed model in any setting: on this data, routing has not been'
+            ' shown to pay.')
 
 # %% ../../nbs/24_reproduce.ipynb #198e39bf
 def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
@@ -617,7 +619,8 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
     lines = [head]
     for d, g in base.groupby('dataset', sort=False):
         u = g.set_index(['policy', 'view'])
-        def vals(p): return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
+        def vals(p):
+            return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
         def model(p): return ' / '.join(dict.fromkeys(u.xs(p, level='policy')['model']))
         text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) "
                 f"{vals(BASELINES[0])}; "
@@ -669,7 +672,8 @@ def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
                  'best fixed model [interval]:')
     lines += ['  ' + _best_text(d, b, res) for d, b in s['best'].items()]
     if truth:
-        reg = res.drop_duplicates(['dataset', 'router', 'supervision']).groupby('supervision')['true_regret'].mean()
+        reg = (res.drop_duplicates(['dataset', 'router', 'supervision'])
+               .groupby('supervision')['true_regret'].mean())
         lines.append(f"Mean true regret: single-shot {reg.get('single', np.nan):.4f}, DARS "
                      f"{reg.get('dars', np.nan):.4f}")
     lines += [f"Report: {Path(s['out']) / 'report.md'}  ({_fmt_seconds(s['seconds'])}; "
