@@ -288,7 +288,8 @@ def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
 def _pareto(out: pd.DataFrame) -> np.ndarray:
     "True where no setting of the same rule is cheaper and at least as good."
     o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
-    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
+    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None])
+                 & (g[None, :] >= g[:, None])
                  & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
     return ~dominated.any(1)
 
@@ -358,9 +359,9 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides of both adaptive rules
-                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
+                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first check at (a, 1−a)
                         second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
-                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z of the per-pair rule
+                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # per-pair z
                         prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
                         truth: pd.DataFrame | None = None, # truth: adds true-best agreement
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns

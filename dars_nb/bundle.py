@@ -49,7 +49,8 @@ SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is sa
 }
 # not needed to predict
 TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),
-                 'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
+                 # the weights come from the package
+                 'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}
 
 def _saved_class(name: str) -> type:
     if name not in SAVED_CLASSES:
@@ -99,7 +100,9 @@ def encode(obj, # a value to save
     if type(obj).__module__ == 'torch' and type(obj).__name__ == 'Tensor':
         return {'$tensor': put(obj.detach().cpu().numpy())}
     name = _class_name(obj)
-    if name is None: raise BundleError(f"cannot save an object of class {type(obj).__module__}.{type(obj).__qualname__} (not a class a router bundle may hold)")
+    if name is None:
+        raise BundleError(f"cannot save an object of class {type(obj).__module__}."
+                          f"{type(obj).__qualname__} (not a class a router bundle may hold)")
     state = {k: v for k, v in vars(obj).items() if k not in TRAINING_ONLY.get(name, ())}
     return {'$object': {'class': name, 'state': encode(state, arrays)}}
 
@@ -342,7 +345,8 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
             _, s = predicted_utility(r, X[te], sup.lam)
             if np.isnan(s['quality']).any():
                 name = type(r).__name__
-                raise ValueError(f"{name} predicts no statistics; the guard needs μ_c and a quality")
+                raise ValueError(f"{name} predicts no statistics; "
+                                 f"the guard needs μ_c and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
     parts = (dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy')
              else dict(quality=quality, mu_c=cost))
@@ -499,7 +503,8 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
                     router_class=type(bundle.router).__name__,
                     meta=encode(bundle.meta, arrays), featurizer=encode(bundle.featurizer, arrays),
                     router=encode(bundle.router, arrays),
-                    guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
+                    guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv),
+                                    arrays))
     path = Path(path)
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
         z.writestr('manifest.json',
@@ -527,7 +532,9 @@ def load_bundle(path, # a file written by `save_bundle`
                 raise BundleError(f"{path} has bundle format version {m.get('format_version')}; "
                                   f"this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
-                raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
+                raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; "
+                                  f"this is {__version__} (retrain, or load it with a "
+                                  f"{'.'.join(_minor(str(m.get('library_version'))))}.x release)")
             arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False)
                       for k in names if k.startswith('arrays/')}
     except zipfile.BadZipFile as e:
@@ -760,6 +767,8 @@ def route_main(router: str, # path of a router bundle
         print(model if file is None else json.dumps({'id': qid, 'model': model},
                                                     ensure_ascii=False))
         if explain and not quiet:
-            t = stats[stats.text == i].set_index('model').sort_values('rank')[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
-            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'}).to_string(float_format=lambda v: f'{v:.4f}'))
+            t = (stats[stats.text == i].set_index('model').sort_values('rank')
+                 [['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None))
+            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
+                   .to_string(float_format=lambda v: f'{v:.4f}'))
     return 0

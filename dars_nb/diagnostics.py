@@ -184,7 +184,8 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
+        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]
+        ).properties(width=210, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #fd408681
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`

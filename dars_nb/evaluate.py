@@ -482,7 +482,8 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
     keys = [by] + ([column] if facet else [])
     data = draws[keys + [value]].assign(kind='single-shot')
     if reference is not None:
-        data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value}).assign(kind='DARS')],
+        data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value})
+                                .assign(kind='DARS')],
                          ignore_index=True)
     base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
                                           scale=alt.Scale(zero=False)),

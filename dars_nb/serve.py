@@ -248,7 +248,8 @@ def _stream_and_n(body: dict) -> tuple:
     if n is None: n = 1
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise RequestError(400,
-                           f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+                           f"n must be an integer from 1 to {MAX_CHOICES}, "
+                           f"got {json.dumps(n)}", 'n')
     return stream, n
 
 # %% ../nbs/36_serve.ipynb #225cc854
@@ -299,7 +300,8 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} "
+            msg = (f"daily spend limit of {fmt_usd(lim)} reached "
+                   f"(spent {fmt_usd(self.spend_today_usd)} "
                    f"today, {fmt_usd(self.reserved_usd)} in flight, this request may cost up to "
                    f"{fmt_usd(worst_case_usd)}); "
                    "it resets at 00:00 UTC")
@@ -541,7 +543,8 @@ async def chat_completions(request):
             unknown = [m for m in ranking if m not in st.pool.models]
             if unknown:
                 raise RequestError(500,
-                                   f"the router ranked {unknown[0]!r}, which the pool does not have",
+                                   f"the router ranked {unknown[0]!r}, "
+                                   f"which the pool does not have",
                                    kind='server_error')
         prompt_est = estimate_prompt_tokens(req.body['messages'])
         worst = max(st.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
@@ -644,7 +647,7 @@ async def _relay(st, req, spec, resp, held, hide_usage):
         err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}",
                            kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
-    # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation
+    # bookkeeping before the last await: a client hanging up cancels this task, and the reservation
     # must still go back
     finally:
         _charge(st, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])

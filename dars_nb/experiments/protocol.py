@@ -405,7 +405,8 @@ def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
         ref = vals[BASELINES[0]].to_numpy()
         # paired: the same queries for router and baseline
         f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)
-        table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'], table.loc[idx, 'vs_best_fixed_high'] = f
+        (table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'],
+         table.loc[idx, 'vs_best_fixed_high']) = f
         table.loc[idx, 'best_fixed'] = names[BASELINES[0]]
     return table
 
@@ -670,7 +671,8 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
     for (d, r, v), row in c.iterrows():
         for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
             for k, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
-                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
+                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = (
+                    row[f'{side}_vs_fixed{suffix}'])
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21_protocol.ipynb #311d48bf
@@ -682,14 +684,17 @@ def table5(results: pd.DataFrame, # output of `run_protocol`
     cols = [f'{s} {VIEW_LABELS.get(v, v)}' for v in views for s in ('Single', 'DARS')]
     idx = pd.MultiIndex.from_tuples(list(dict.fromkeys((r, d) for d, r, _ in c.index)),
                                     names=['router', 'dataset'])
-    idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(c.index.get_level_values('router'))).index(k[0])),
+    idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(
+                                        c.index.get_level_values('router'))).index(k[0])),
                                     names=['router', 'dataset'])
     vals, std, bold = (pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols),
                        pd.DataFrame(False, idx, cols))
     for (d, r, v), row in c.iterrows():
         lab = VIEW_LABELS.get(v, v)
-        vals.loc[(r, d), f'Single {lab}'], std.loc[(r, d), f'Single {lab}'] = row['single'], row['single_std']
-        vals.loc[(r, d), f'DARS {lab}'], bold.loc[(r, d), f'DARS {lab}'] = row['dars'], bool(row['win'])
+        (vals.loc[(r, d), f'Single {lab}'],
+         std.loc[(r, d), f'Single {lab}']) = row['single'], row['single_std']
+        (vals.loc[(r, d), f'DARS {lab}'],
+         bold.loc[(r, d), f'DARS {lab}']) = row['dars'], bool(row['win'])
     return Table(vals, bold, std)
 
 # %% ../../nbs/21_protocol.ipynb #148eab32
@@ -700,7 +705,8 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
          .drop_duplicates(['dataset', 'router', 'supervision']))
     t = r.pivot(index='router', columns=['dataset', 'supervision'], values='true_regret')
     t = t.reindex(index=list(dict.fromkeys(r['router'])),
-                  columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset']) for s in ('single', 'dars')]))
+                  columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset'])
+                                                     for s in ('single', 'dars')]))
     return t
 
 # %% ../../nbs/21_protocol.ipynb #519aca97

@@ -600,7 +600,8 @@ def _report_studies(s: dict, md: dict) -> list[str]:
 # %% ../../nbs/24_reproduce.ipynb #c517e55a
 def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
     "The text of report.md."
-    lines = (_report_head(s, st, data, seed) + _report_headline(s, res) + _report_protocol(st, md, truth)
+    lines = (_report_head(s, st, data, seed) + _report_headline(s, res)
+             + _report_protocol(st, md, truth)
              + _report_studies(s, md))
     return '\n'.join(lines)
 
@@ -608,8 +609,8 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
 def _no_router_text(v) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if v.dars_beats_fixed or v.single_beats_fixed: return ''
-    return (' No router beats the best fixed model in any setting: on this data, routing has not been'
-            ' shown to pay.')
+    return (' No router beats the best fixed model in any setting: on this data, routing has'
+            ' not been shown to pay.')
 
 # %% ../../nbs/24_reproduce.ipynb #198e39bf
 def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
@@ -647,14 +648,17 @@ def _router_lines(res: pd.DataFrame) -> list[str]:
         lo, hi = x[f'{side}_vs_fixed_low'], x[f'{side}_vs_fixed_high']
         return f"{x[f'{side}_vs_fixed']:+.3f} [{lo:+.3f}, {hi:+.3f}]{'*' if lo > 0 else ' '}"
     views = list(dict.fromkeys(c.index.get_level_values('view')))
-    lines = ['Difference to the best fixed model chosen on training data, ' + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
+    lines = ['Difference to the best fixed model chosen on training data, '
+             + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
              + ' (* interval above 0):']
     for d, part in c.groupby(level='dataset', sort=False):
         lines.append(f'  {d}')
         for r, g in part.droplevel('dataset').groupby(level='router', sort=False):
             g = g.droplevel('router')
-            lines.append(f"    {r:<12} single-shot " + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
-                         + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
+            lines.append(f"    {r:<12} single-shot "
+                         + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
+                         + "   DARS "
+                         + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
     return lines
 
 # %% ../../nbs/24_reproduce.ipynb #85a80457
