@@ -17,7 +17,7 @@ __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allo
 
 # %% ../nbs/23_adaptive.ipynb #5edd7741
 def _side_stats(q, c, sides, lam, beta) -> dict:
-    "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid, stacked: (S, Q, K) each."
+    "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid: (S, Q, K) each."
     N, M = q.shape[-2:]
     bad = [s for s in sides if not 1 <= s <= min(N, M)]
     if bad: raise ValueError(f"stage side {bad[0]} does not fit the collected {N}×{M} grid")
@@ -58,7 +58,7 @@ PAPER_STAGES = (2, 3, 5)
 PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
 
 def _group_quantile(values, groups, mask, p):
-    "p-quantile of `values[mask]` within each group, broadcast back to every position (NaN for an empty group)."
+    "p-quantile of `values[mask]` per group, broadcast to every position (NaN for an empty group)."
     q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
     return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
@@ -107,7 +107,7 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
                         quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
                        ) -> pd.DataFrame:
-    "Staged acquisition per query: the side it stops at, observations per pair, and its label vs the full grid."
+    "Staged acquisition per query: the side it stops at, observations per pair, label vs full grid."
     stages = _check_rule(stages, quantiles)
     d = training_grid(obs_grid, models)
     q, c = d['score'], d['cost_norm']
@@ -148,7 +148,7 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
 def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`) output
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
-    "Observations per pair, calls saved against fixed grids, queries per stage, label agreement and regret."
+    "Observations per pair, calls saved vs fixed grids, queries per stage, label agreement, regret."
     a = _per_query(alloc)
     mean = float(a['n_obs'].mean())
     out = {'queries': len(a), 'obs_per_pair': mean}
@@ -168,7 +168,7 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
                       beta: float = 0.2, # risk weight β
                       models: list | None = None, # model order (default: sorted names)
                      ) -> pd.DataFrame:
-    "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and queries stopped at the first stage."
+    "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and stopped at stage one."
     rl, ml = np.atleast_1d(np.asarray(risk_levels, float)), np.atleast_1d(np.asarray(margin_levels,
                                                                                      float))
     if len(rl) == 0 or len(ml) == 0 or ((rl < 0) | (rl > 1)).any() or ((ml < 0) | (ml > 1)).any():
@@ -251,7 +251,7 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
                               prior_weight: float = 2.0, # pseudo-observations pulling σ² to ¼
                               models: list | None = None, # model order (default: sorted names)
                              ) -> pd.DataFrame:
-    "Staged acquisition per (query, model): grow only the leader and the pairs whose interval reaches it."
+    "Staged acquisition per (query, model): grow the leader and pairs whose interval reaches it."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
     if z < 0 or prior_weight < 0: raise ValueError("z and prior_weight must be non-negative")
     d = training_grid(obs_grid, models)
@@ -366,7 +366,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                         truth: pd.DataFrame | None = None, # truth: adds true-best agreement
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
                        ) -> pd.DataFrame:
-    "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
+    "Observations per pair, label agreement, regret over settings of the per-query, per-pair rules."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
     g = _frontier_grid(obs_grid, stages, lam, beta, truth)
     out = pd.DataFrame(_fixed_rows(g) + _per_query_rows(g, stages, query_levels, second_levels)
@@ -379,7 +379,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
 def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontier`
                          targets=(0.7, 0.8, 0.9, 0.95), # label agreement levels to reach
                         ) -> pd.DataFrame:
-    "Per agreement target: the cheapest setting of each rule reaching it, and the calls per-pair saves over per-query."
+    "Per agreement target: each rule's cheapest setting reaching it, and the calls per-pair saves."
     f = frontier.reset_index(drop=True)
     t = np.asarray(targets, float)
     out = pd.DataFrame({'target': t})

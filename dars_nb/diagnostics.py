@@ -21,7 +21,7 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
 MIN_CELLS = 2
 
 def _grid(obs, models=None):
-    "Dense score and normalised-cost arrays of `obs` (a `Dense` grid, or a table: its training grid), checked."
+    "Checked dense score and normalised-cost arrays of `obs` (a `Dense`, or a table's grid)."
     d = obs if isinstance(obs, Dense) else training_grid(obs, models)
     q = d['score']
     cells = (~np.isnan(q)).reshape(*q.shape[:2], -1).sum(-1)
@@ -38,7 +38,7 @@ def _grid(obs, models=None):
 QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 
 def _query_blocks(*arrays, block: int | None = None):
-    "The arrays sliced together into consecutive blocks of `block` queries (axis 0; default `QUERY_BLOCK`)."
+    "The arrays sliced together into blocks of `block` queries (axis 0; default `QUERY_BLOCK`)."
     block = block or QUERY_BLOCK
     for start in range(0, len(arrays[0]), block):
         yield tuple(a[start:start + block] for a in arrays)
@@ -52,7 +52,7 @@ def _share(parts) -> np.ndarray:
 
 # %% ../nbs/02_diagnostics.ipynb #9471c6d8
 def _cell_winners(q, c, lam, tol=TIE_TOL):
-    "Winner sets as a boolean (query, model, cell) mask — models within `tol` of the cell's best u — and the observed cells (query, cell)."
+    "Winner sets (within `tol` of a cell's best u) as a (query, model, cell) mask; observed cells."
     u = (q - lam * c).reshape(*q.shape[:2], -1)
     winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
     return winners, ~np.isnan(u).all(1)
@@ -159,7 +159,7 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
              eps: float = 1e-6, # tolerance for outcome instability
              tol: float = TIE_TOL, # tolerance for ties between winners
             ) -> pd.DataFrame:
-    "The four diagnostics for every dataset in `obs`, one row each; a dataset that cannot be diagnosed is an error."
+    "The four diagnostics for each dataset in `obs`, a row each; an undiagnosable one is an error."
     obs = ensure_valid(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:

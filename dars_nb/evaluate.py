@@ -43,7 +43,7 @@ def view_means(obs_test: pd.DataFrame, # observations holding the view (others a
                view: str = 'rewrite', # 'rewrite', 'decode' (or 'grid')
                models: list | None = None, # model order (default: sorted names)
               ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Mean score and mean normalised cost per (query, model) over one view: two (queries × models) tables."
+    "Mean score and normalised cost per (query, model) in one view: two (queries × models) tables."
     if view not in VIEWS: raise ValueError(f"unknown view {view!r} (expected one of "
                                            f"{', '.join(VIEWS)})")
     part = select(_prepared(obs_test), view=view)
@@ -63,7 +63,7 @@ def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the vi
                            lam: float = 0.05, # cost weight λ
                            models: list | None = None, # model order (default: sorted names)
                           ) -> pd.DataFrame:
-    "(queries × models) table of the view mean of q − λc; NaN where a model has no observation of a query."
+    "(queries × models) table of the view mean of q − λc; NaN where a model never saw a query."
     quality, cost = view_means(obs_test, view, models)
     return quality - lam * cost
 
@@ -87,7 +87,7 @@ def _choice_series(choices) -> pd.Series:
 # %% ../nbs/20_evaluate.ipynb #2e44983c
 def _lookup(choices, table: pd.DataFrame, require_all: bool = True,
             what: str = 'the test observations') -> pd.Series:
-    "Value of the chosen model per query (a Series in `table` order, or choice order if not `require_all`)."
+    "Value of the chosen model per query (in `table` order, or choice order if not `require_all`)."
     s = _choice_series(choices)
     qpos = table.index.get_indexer(s.index)
     if (qpos < 0).any(): raise ValueError(f"choice for unknown query {s.index[qpos < 0][0]!r} (not "
@@ -186,7 +186,7 @@ def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations with 
                                    lam: float = 0.05, # cost weight λ
                                    models: list | None = None, # model order (default: sorted names)
                                   ) -> tuple[str, float]:
-    "The model with the highest mean training-grid utility q − λc (each query's grid mean, averaged over queries); ties → the first model."
+    "The model with the best mean training-grid utility q − λc over queries; ties → first model."
     u = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam,
                                models).mean()
     if u.isna().all(): raise ValueError("no model has training-grid observations")
@@ -240,7 +240,7 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a `per_query_
                    n_boot: int = 1000, # bootstrap resamples
                    alpha: float = 0.05, # 1 − confidence level
                   ) -> float | Estimate:
-    "U_view of a uniformly random router: exact expected value, or one sampled router when `seed` is given."
+    "U_view of a uniformly random router: exact expectation, or one sampled router given `seed`."
     t = _table(obs_test, view, lam)
     v = np.nanmean(t.to_numpy(float), 1) if seed is None else _lookup(random_choices(t, view, seed),
                                                                       t).to_numpy()
@@ -283,7 +283,7 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
                   seed=0, # bootstrap seed
                   obs_train: pd.DataFrame | None = None, # training grid (default: in `obs_test`)
                  ) -> pd.DataFrame:
-    "One row per (policy, view): U_view with its interval, and its paired difference to the best fixed model."
+    "A row per (policy, view): U_view, its interval, its paired difference to the best fixed model."
     obs_test, train = _training_rows_of(obs_test, obs_train)
     fixed = best_fixed_model_from_training(train, lam) if train is not None else None
     rows = []
@@ -364,7 +364,7 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
 def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                  lam: float = 0.05, # cost weight λ
                 ) -> pd.Series:
-    "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column when μ_q or μ_c is missing."
+    "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column without μ_q, μ_c."
     return (truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns)
             else truth['utility'])
 

@@ -464,7 +464,7 @@ async def send(ups: Upstreams, # the pool's clients
                body: dict, # the checked request fields
                stream: bool = False, # return the response with its events unread
               ):
-    "One upstream attempt: a chat completion as a dict, or the streamed response; or `UpstreamError`."
+    "One upstream attempt: a chat completion (dict), or the streamed response; or `UpstreamError`."
     try:
         async with asyncio.timeout(ups.timeout(spec)):
             resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
@@ -493,7 +493,7 @@ def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
 
 # %% ../nbs/36_serve.ipynb #dec08db8
 class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a client key (no check when none is configured)."
+    "ASGI middleware: 401 unless the request carries a client key (no check when none is set)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
@@ -572,7 +572,7 @@ def _all_failed(errors: list) -> RequestError:
 
 # %% ../nbs/36_serve.ipynb #5e185701
 async def _first_answer(st, ranking: list, call, headers: dict):
-    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error)."
+    "Call the ranked models in turn until one answers: (name, spec, result) or (None, None, error)."
     errors = []
     for name in ranking:
         spec = st.pool.models[name]

@@ -56,7 +56,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
                 ) -> Dataset:
-    "Validate one dataset's observations, normalise cost over train and test together, and check the features."
+    "Validate one dataset's observations and features; normalise cost over train and test."
     obs = ensure_valid(obs)
     names = list(obs['dataset'].cat.categories)
     if len(names) != 1: raise ValueError("make_dataset takes one dataset at a time, got "
@@ -215,7 +215,7 @@ def supervise(ds: Dataset, # the dataset
 
 # %% ../../nbs/21_protocol.ipynb #7ada88c6
 def _choices(router, X, sup, X_test) -> np.ndarray:
-    "Model names chosen per draw and test query: (R, n). A router without a draw axis is fitted per draw."
+    "Models chosen per draw and test query: (R, n); routers without a draw axis fit per draw."
     R, n = sup.n_draws, len(X_test)
     pred = np.asarray(router.fit(X, sup).predict(X_test), dtype=object)
     if pred.shape == (R, n): return pred
@@ -339,7 +339,7 @@ def _reusable(reuse, units, n_draws) -> dict:
 
 # %% ../../nbs/21_protocol.ipynb #f9f2d126
 def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
-    "Per view: the baselines' per-query utilities and the models the fixed ones pick, from the view tables."
+    "Per view: the baselines' per-query utilities and the fixed ones' models, from the view tables."
     models = model_order(ds.obs)
     fixed, _ = best_fixed_model_from_training(ds.obs, lam, models)
     out = {}
@@ -362,7 +362,7 @@ def baseline_values(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
                     views=('rewrite', 'decode'), # views (skipped without test observations)
                    ) -> dict:
-    "Per view: the baselines' per-query utilities (columns `BASELINES`) and the models the fixed ones pick."
+    "Per view: the baselines' per-query utilities (columns `BASELINES`) and the fixed ones' models."
     models = model_order(ds.obs)
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
     tables = {v: per_query_view_utility(ds.obs, v, lam, models)
@@ -377,7 +377,7 @@ def protocol_baselines(datasets, # `Dataset`(s), or a mapping name -> (obs, feat
                        alpha: float = 0.05, # 1 − confidence level
                        seed: int = 0, # the run's seed (the resamples of the routers' intervals)
                       ) -> pd.DataFrame:
-    "Best fixed model (chosen on training data, and on test: optimistic), oracle and random per dataset and view."
+    "Best fixed model (on training data; on test: optimistic), oracle, random per dataset, view."
     rows = []
     for d in as_datasets(datasets):
         for v, (vals, names) in baseline_values(d, lam, views).items():
@@ -391,7 +391,7 @@ def protocol_baselines(datasets, # `Dataset`(s), or a mapping name -> (obs, feat
 # %% ../../nbs/21_protocol.ipynb #784ec264
 def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
                    baselines: dict | None = None) -> pd.DataFrame:
-    "Paired bootstrap intervals per (dataset, view), and each row's difference to the training-chosen best fixed model."
+    "Paired bootstrap intervals per (dataset, view); each row's difference to the best fixed model."
     table = table.copy()
     for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
     table['best_fixed'] = ''
@@ -478,7 +478,7 @@ def run_protocol(datasets, # `Dataset`(s), or a mapping name -> (obs, features[,
                  n_jobs: int | None = None, # joblib workers (None: the parallel_config's default)
                  progress: bool = True, # show a progress bar (on a terminal only)
                 ) -> pd.DataFrame:
-    "The paper's comparison: every router under R single-shot draws and under DARS, both views, one tidy table."
+    "The paper's comparison: each router under R single-shot draws and DARS, both views, one table."
     return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws,
                            lam, seed,
                            n_boot, progress=progress, n_jobs=n_jobs, desc='protocol')
@@ -490,7 +490,7 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
                         baseline: str = 'single', # the supervision compared against
                         treatment: str = 'dars', # the supervision compared
                        ) -> pd.DataFrame:
-    "Per (dataset, router, view): single mean, std over draws, DARS utility, their difference and the win."
+    "Per (dataset, router, view): single mean, std over draws, DARS utility, difference and win."
     keys = ['dataset', 'router', 'view']
     part = results[results['supervision'].isin([baseline, treatment])]
     if part.duplicated(keys + ['supervision']).any():
@@ -547,7 +547,7 @@ class Verdict(NamedTuple):
 def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                    by=None, # None for one count, or column(s) among dataset/router/view
                   ) -> Verdict | pd.DataFrame:
-    "Both counts, never one without the other: DARS vs single-shot, and routers vs the training-chosen best fixed model."
+    "Both counts, never one alone: DARS vs single-shot, and routers vs the best fixed model."
     c = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in c.columns or c['dars_vs_fixed'].isna().any():
         raise ValueError("results have no difference to the best fixed model: pass the output of "
@@ -582,7 +582,7 @@ def _header(c) -> str:
 
 # %% ../../nbs/21_protocol.ipynb #b8f378b3
 class Table(NamedTuple):
-    "A results table: values, optional ± std or [low, high] interval per cell, and which cells to show in bold."
+    "A results table: values, optional ± std or [low, high] per cell, and which cells are bold."
     values: pd.DataFrame
     bold: pd.DataFrame
     std: pd.DataFrame | None = None
@@ -632,7 +632,7 @@ def to_frame(self: Table) -> pd.DataFrame:
 def table1(results: pd.DataFrame, # output of `run_protocol`
            baselines: pd.DataFrame | None = None, # `protocol_baselines` rows, below the routers
           ) -> Table:
-    "Paper Table 1: rows router / + DARS (then the baselines), columns dataset × view; DARS cells that beat single-shot in bold."
+    "Paper Table 1: rows router / + DARS, baselines; columns dataset × view; DARS wins in bold."
     c = compare_supervision(results)
     routers, datasets = (list(dict.fromkeys(c.index.get_level_values('router'))),
                          list(dict.fromkeys(c.index.get_level_values('dataset'))))
@@ -657,7 +657,7 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
 # %% ../../nbs/21_protocol.ipynb #15876400
 def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                   ) -> Table:
-    "Difference to the best fixed model chosen on training data, [interval], per router / + DARS and dataset × view; above 0 in bold."
+    "Difference to the best fixed model [interval] per router / + DARS, dataset × view; > 0 bold."
     c = compare_supervision(results)
     if 'dars_vs_fixed' not in c.columns: raise ValueError("results have no difference to the best "
                                                           "fixed model: pass the output of "
@@ -678,7 +678,7 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
 # %% ../../nbs/21_protocol.ipynb #311d48bf
 def table5(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:
-    "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; winning DARS cells in bold."
+    "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; DARS wins in bold."
     c = compare_supervision(results)
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = [f'{s} {VIEW_LABELS.get(v, v)}' for v in views for s in ('Single', 'DARS')]
@@ -723,7 +723,7 @@ def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
 # %% ../../nbs/21_protocol.ipynb #5f290526
 def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                      ) -> pd.DataFrame:
-    "Spread of the R single-shot utilities per (dataset, router, view), with the DARS router as reference."
+    "Spread of the R single-shot utilities per (dataset, router, view), DARS as the reference."
     keys = ['dataset', 'router', 'view']
     ref = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)['utility']
     return router_variance(protocol_draws(results), reference=ref, by=keys)
@@ -744,7 +744,7 @@ def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
 def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
                   title: str = 'Single-shot (mean ± std over draws) vs DARS', # chart title
                  ) -> alt.Chart:
-    "Table 1 as a chart: per router, the single-shot mean with ± 1 std and the DARS utility, per dataset and view."
+    "Table 1 as a chart: per router, single-shot mean ± 1 std and DARS utility, per dataset, view."
     c = compare_supervision(results).reset_index()
     c['view'] = c['view'].map(lambda v: VIEW_LABELS.get(v, v))
     c['low'], c['high'] = (c['single'] - c['single_std'].fillna(0),

@@ -632,7 +632,7 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
 
 # %% ../../nbs/24_reproduce.ipynb #d8454f8e
 def _best_text(d: str, b, res: pd.DataFrame) -> str:
-    "The best policy of a dataset, its utility and its difference to the training-chosen best fixed model per view."
+    "A dataset's best policy, its utility and its difference to the best fixed model, per view."
     r, sup, u = b
     rows = res[(res['dataset'] == d) & (res['router'] == r) & (res['supervision'] == sup)]
     diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} "
@@ -642,7 +642,7 @@ def _best_text(d: str, b, res: pd.DataFrame) -> str:
 
 # %% ../../nbs/24_reproduce.ipynb #655fe131
 def _router_lines(res: pd.DataFrame) -> list[str]:
-    "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
+    "Per dataset, router: single-shot and DARS gap to the best fixed model [interval]; * above 0."
     c = compare_supervision(res)
     def cell(x, side): 
         lo, hi = x[f'{side}_vs_fixed_low'], x[f'{side}_vs_fixed_high']
