@@ -136,7 +136,8 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     models = alloc.index.get_level_values('model')
     g = alloc.assign(_label=np.where(alloc['is_label'], models, None),
                      _full=np.where(alloc['is_full_label'], models, None),
-                     _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)).groupby(level=keys, sort=False)
+                     _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)
+                    ).groupby(level=keys, sort=False)
     out = pd.DataFrame(dict(stage=g['stage'].max(), n_obs=g['n_obs'].mean(),
                             label=g['_label'].first(),
                             full_label=g['_full'].first()))

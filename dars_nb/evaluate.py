@@ -32,8 +32,9 @@ def normalize_jointly(*tables: pd.DataFrame, # observations of the same datasets
                      ) -> list[pd.DataFrame]:
     "Add `cost_norm` to every table with Z_d = the largest raw cost of dataset d over all of them."
     tables = [ensure_valid(t) for t in tables]
-    both = pd.DataFrame({'dataset': pd.Categorical(np.concatenate([t['dataset'].astype(str) for t in tables])),
-                         'cost': np.concatenate([t['cost'].to_numpy(float) for t in tables])})
+    both = pd.DataFrame({
+        'dataset': pd.Categorical(np.concatenate([t['dataset'].astype(str) for t in tables])),
+        'cost': np.concatenate([t['cost'].to_numpy(float) for t in tables])})
     ends = np.cumsum([len(t) for t in tables])[:-1]
     parts = np.split(normalized_cost(both, recompute=True), ends)
     return [t.assign(cost_norm=c) for t, c in zip(tables, parts)]
@@ -488,8 +489,8 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
     base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
                                           scale=alt.Scale(zero=False)),
                                   y=alt.Y(f'{by}:N', title=None))
-    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(extent='min-max',
-                                                                              size=14, color='#4c78a8')
+    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(
+        extent='min-max', size=14, color='#4c78a8')
     dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True,
                                                                       size=90,
                                                                       color='#e45756').encode(

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
 from .extras import missing_extra
-from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens,
-                                     read_toml, redact,
-                                     fmt_usd, _unknown, _is_num, _is_int)
+from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens,
+                                    usage_tokens, read_toml, redact,
+                                    fmt_usd, _unknown, _is_num, _is_int)
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -123,9 +123,9 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
     return pool, ServeSettings(host=host, port=port, client_keys=keys, **opts)
 
 # %% ../nbs/36_serve.ipynb #0504e077
-FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization', 'project',
-                    'extra_headers', 'extra_query', 'extra_body', 'headers', 'default_headers', 'url',
-                    'endpoint', 'deployment_id')
+FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization',
+                    'project', 'extra_headers', 'extra_query', 'extra_body', 'headers',
+                    'default_headers', 'url', 'endpoint', 'deployment_id')
 MAX_CHOICES = 8
 
 class RequestError(ValueError):

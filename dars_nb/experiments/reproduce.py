@@ -86,8 +86,9 @@ def read_features(path, # .parquet (or .csv): one row per query, by query_id (in
     path = Path(path)
     if not path.exists(): raise ValueError(f"no features file at {path}")
     try: f = pd.read_parquet(path) if path.suffix.lower() == '.parquet' else pd.read_csv(path)
-    except Exception as e: raise ValueError(f"cannot read {path.name}: "
-                                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    except Exception as e:
+        raise ValueError(f"cannot read {path.name}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if 'query_id' in f.columns: f = f.set_index('query_id')
     f = f.set_axis(f.index.astype(str).rename('query_id'))
     try: f = f.astype(float)
