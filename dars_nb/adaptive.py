@@ -162,7 +162,8 @@ def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`
 
 # %% ../nbs/23_adaptive.ipynb #403b0ab9
 def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training grid
-                      risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)), # p_R: stop only if R ≤ Q_{p_R}(R)
+                      # p_R: stop only if R ≤ Q_{p_R}(R)
+                      risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)),
                       margin_levels=(0.5, 0.75, 0.9), # p_Δ: stop only if Δ ≥ Q_{p_Δ}(Δ)
                       side: int = 2, # grid side of the first stage
                       lam: float = 0.05, # cost weight λ
@@ -170,8 +171,8 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
                       models: list | None = None, # model order (default: sorted names)
                      ) -> pd.DataFrame:
     "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and stopped at stage one."
-    rl, ml = np.atleast_1d(np.asarray(risk_levels, float)), np.atleast_1d(np.asarray(margin_levels,
-                                                                                     float))
+    rl, ml = (np.atleast_1d(np.asarray(risk_levels, float)),
+              np.atleast_1d(np.asarray(margin_levels, float)))
     if len(rl) == 0 or len(ml) == 0 or ((rl < 0) | (rl > 1)).any() or ((ml < 0) | (ml > 1)).any():
         raise ValueError("risk_levels and margin_levels must be non-empty quantiles in [0, 1]")
     d = training_grid(obs_grid, models)
@@ -203,7 +204,7 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
 # %% ../nbs/23_adaptive.ipynb #a66840a5
 def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            margin_p: float = 0.75, # the margin quantile to draw
-                           title: str = 'Queries stopped at 2×2 as the risk test loosens', # chart title
+                           title: str = 'Queries stopped at 2×2 as the risk test loosens', # title
                           ) -> alt.Chart:
     "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
     s = stops[np.isclose(stops['margin_p'], margin_p)]

@@ -476,7 +476,7 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
                          by: str = 'router', # the column on the vertical axis
                          column: str | None = 'view', # facet column (None for one panel)
                          value: str = 'utility', # the column of utilities
-                         title: str = 'Routers trained on different single-shot draws', # chart title
+                         title: str = 'Routers trained on different single-shot draws', # title
                         ) -> alt.Chart:
     "Figure 2c: distribution of test utility over single-shot routers, DARS as a red diamond."
     facet = column is not None and column in draws.columns
