@@ -17,7 +17,7 @@ __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allo
 
 # %% ../nbs/23_adaptive.ipynb #5edd7741
 def _side_stats(q, c, sides, lam, beta) -> dict:
-    "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid, stacked: (S, Q, K) each."
+    "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid: (S, Q, K) each."
     N, M = q.shape[-2:]
     bad = [s for s in sides if not 1 <= s <= min(N, M)]
     if bad: raise ValueError(f"stage side {bad[0]} does not fit the collected {N}×{M} grid")
@@ -58,7 +58,7 @@ PAPER_STAGES = (2, 3, 5)
 PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
 
 def _group_quantile(values, groups, mask, p):
-    "p-quantile of `values[mask]` within each group, broadcast back to every position (NaN for an empty group)."
+    "p-quantile of `values[mask]` per group, broadcast to every position (NaN for an empty group)."
     q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
     return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
@@ -104,10 +104,10 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
-                        quantiles=PAPER_QUANTILES, # (risk p, margin p) at each decision point (all stages but the last)
+                        quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
                        ) -> pd.DataFrame:
-    "Staged acquisition per query: the side it stops at, observations per pair, and its label vs the full grid."
+    "Staged acquisition per query: the side it stops at, observations per pair, label vs full grid."
     stages = _check_rule(stages, quantiles)
     d = training_grid(obs_grid, models)
     q, c = d['score'], d['cost_norm']
@@ -136,7 +136,8 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     models = alloc.index.get_level_values('model')
     g = alloc.assign(_label=np.where(alloc['is_label'], models, None),
                      _full=np.where(alloc['is_full_label'], models, None),
-                     _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)).groupby(level=keys, sort=False)
+                     _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)
+                    ).groupby(level=keys, sort=False)
     out = pd.DataFrame(dict(stage=g['stage'].max(), n_obs=g['n_obs'].mean(),
                             label=g['_label'].first(),
                             full_label=g['_full'].first()))
@@ -145,10 +146,10 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     return out
 
 # %% ../nbs/23_adaptive.ipynb #b9449a92
-def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (or `adaptive_allocation_pairs`)
+def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`) output
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
-    "Observations per pair, calls saved against fixed grids, queries per stage, label agreement and regret."
+    "Observations per pair, calls saved vs fixed grids, queries per stage, label agreement, regret."
     a = _per_query(alloc)
     mean = float(a['n_obs'].mean())
     out = {'queries': len(a), 'obs_per_pair': mean}
@@ -161,16 +162,17 @@ def allocation_summary(alloc: pd.DataFrame, # output of `adaptive_allocation` (o
 
 # %% ../nbs/23_adaptive.ipynb #403b0ab9
 def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training grid
-                      risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)), # p_R: stop only if R ≤ Q_{p_R}(R)
+                      # p_R: stop only if R ≤ Q_{p_R}(R)
+                      risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)),
                       margin_levels=(0.5, 0.75, 0.9), # p_Δ: stop only if Δ ≥ Q_{p_Δ}(Δ)
                       side: int = 2, # grid side of the first stage
                       lam: float = 0.05, # cost weight λ
                       beta: float = 0.2, # risk weight β
                       models: list | None = None, # model order (default: sorted names)
                      ) -> pd.DataFrame:
-    "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and queries stopped at the first stage."
-    rl, ml = np.atleast_1d(np.asarray(risk_levels, float)), np.atleast_1d(np.asarray(margin_levels,
-                                                                                     float))
+    "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and stopped at stage one."
+    rl, ml = (np.atleast_1d(np.asarray(risk_levels, float)),
+              np.atleast_1d(np.asarray(margin_levels, float)))
     if len(rl) == 0 or len(ml) == 0 or ((rl < 0) | (rl > 1)).any() or ((ml < 0) | (ml > 1)).any():
         raise ValueError("risk_levels and margin_levels must be non-empty quantiles in [0, 1]")
     d = training_grid(obs_grid, models)
@@ -202,7 +204,7 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
 # %% ../nbs/23_adaptive.ipynb #a66840a5
 def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            margin_p: float = 0.75, # the margin quantile to draw
-                           title: str = 'Queries stopped at 2×2 as the risk test loosens', # chart title
+                           title: str = 'Queries stopped at 2×2 as the risk test loosens', # title
                           ) -> alt.Chart:
     "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
     s = stops[np.isclose(stops['margin_p'], margin_p)]
@@ -216,7 +218,10 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
     paper = pd.DataFrame({'risk_p': [0.25], 'share': [0.25], 'text': ["paper's p_R = 0.25"]})
     vrule = alt.Chart(paper).mark_rule(strokeDash=[4, 4], color='gray').encode(x='risk_p:Q')
     hrule = alt.Chart(paper).mark_rule(strokeDash=[2, 2], color='gray').encode(y='share:Q')
-    label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(x='risk_p:Q', y='share:Q', text='text:N')
+    label = alt.Chart(paper).mark_text(align='left', dx=4, dy=12, fontSize=10, color='gray').encode(
+        x='risk_p:Q',
+        y='share:Q',
+        text='text:N')
     return (line + vrule + hrule + label).properties(title=f'{title} (margin test at p_Δ = '
                                                            f'{margin_p:g})', width=420, height=260)
 
@@ -240,15 +245,15 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
     return level
 
 # %% ../nbs/23_adaptive.ipynb #69fea3bd
-def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
+def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full 5×5 training grid
                               lam: float = 0.05, # cost weight λ
                               beta: float = 0.2, # risk weight β
                               stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                               z: float = 1.0, # width of the intervals, in standard errors
-                              prior_weight: float = 2.0, # pseudo-observations shrinking the score variance toward ¼
+                              prior_weight: float = 2.0, # pseudo-observations pulling σ² to ¼
                               models: list | None = None, # model order (default: sorted names)
                              ) -> pd.DataFrame:
-    "Staged acquisition per (query, model): grow only the leader and the pairs whose interval reaches it."
+    "Staged acquisition per (query, model): grow the leader and pairs whose interval reaches it."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
     if z < 0 or prior_weight < 0: raise ValueError("z and prior_weight must be non-negative")
     d = training_grid(obs_grid, models)
@@ -285,7 +290,8 @@ def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
 def _pareto(out: pd.DataFrame) -> np.ndarray:
     "True where no setting of the same rule is cheaper and at least as good."
     o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
-    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None]) & (g[None, :] >= g[:, None])
+    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None])
+                 & (g[None, :] >= g[:, None])
                  & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
     return ~dominated.any(1)
 
@@ -312,14 +318,16 @@ def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
     row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
                label_agreement=float((label == g['full_label']).mean()),
                regret=float(np.nanmean(_regret(g['U_full'], label))))
-    if g['true_label'] is not None: row['true_best_agreement'] = float((label == g['true_label']).mean())
+    if g['true_label'] is not None:
+        row['true_best_agreement'] = float((label == g['true_label']).mean())
     return row
 
 # %% ../nbs/23_adaptive.ipynb #b7385477
 def _fixed_rows(g: dict) -> list:
     "The fixed grids, one row per side."
     s = g['s']
-    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k], np.argmax(_masked(s['U'][k]), -1))
+    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k],
+                          np.argmax(_masked(s['U'][k]), -1))
             for k, side in enumerate(g['sides'])]
 
 # %% ../nbs/23_adaptive.ipynb #0cd44b30
@@ -353,14 +361,14 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                         lam: float = 0.05, # cost weight λ
                         beta: float = 0.2, # risk weight β
                         stages=PAPER_STAGES, # grid sides of both adaptive rules
-                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first decision at (a, 1 − a)
+                        query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first check at (a, 1−a)
                         second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
-                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # z of the per-pair rule
+                        pair_z=(0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0), # per-pair z
                         prior_weight: float = 2.0, # variance shrinkage of the per-pair rule
-                        truth: pd.DataFrame | None = None, # ground truth: adds agreement with the true best
+                        truth: pd.DataFrame | None = None, # truth: adds true-best agreement
                         fixed=(3, 5), # fixed grid sides for the `calls_saved_vs_*` columns
                        ) -> pd.DataFrame:
-    "Observations per pair, label agreement and regret for many settings of the per-query and per-pair rules."
+    "Observations per pair, label agreement, regret over settings of the per-query, per-pair rules."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
     g = _frontier_grid(obs_grid, stages, lam, beta, truth)
     out = pd.DataFrame(_fixed_rows(g) + _per_query_rows(g, stages, query_levels, second_levels)
@@ -373,7 +381,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
 def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontier`
                          targets=(0.7, 0.8, 0.9, 0.95), # label agreement levels to reach
                         ) -> pd.DataFrame:
-    "Per agreement target: the cheapest setting of each rule reaching it, and the calls per-pair saves over per-query."
+    "Per agreement target: each rule's cheapest setting reaching it, and the calls per-pair saves."
     f = frontier.reset_index(drop=True)
     t = np.asarray(targets, float)
     out = pd.DataFrame({'target': t})
@@ -394,7 +402,7 @@ def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontie
 # %% ../nbs/23_adaptive.ipynb #9bc15f0c
 def plot_allocation_frontier(frontier: pd.DataFrame, # output of `allocation_frontier`
                              title: str = 'Label agreement per observation spent', # chart title
-                             highlight: str | None = 'a=0.25, b=1', # a per-query setting to label (the paper's rule)
+                             highlight: str | None = 'a=0.25, b=1', # per-query rule to label
                             ) -> alt.Chart:
     "Every setting as a point, the Pareto front of each rule as a line; fixed grids for reference."
     x = alt.X('obs_per_pair:Q', title='Observations per (query, model) pair')

@@ -49,7 +49,8 @@ SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is sa
 }
 # not needed to predict
 TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_state'),
-                 'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}                  # weights come from the package
+                 # the weights come from the package
+                 'dars_nb.features.SentenceFeaturizer': ('_loaded_encoder',)}
 
 def _saved_class(name: str) -> type:
     if name not in SAVED_CLASSES:
@@ -64,7 +65,8 @@ def _saved_class(name: str) -> type:
 # %% ../nbs/25_bundle.ipynb #d798b29c
 def _class_name(obj) -> str | None:
     "Manifest name of `obj`'s class if whitelisted exactly (no subclass); imports only its modules."
-    return next((n for n, (_, c) in SAVED_CLASSES.items() if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
+    return next((n for n, (_, c) in SAVED_CLASSES.items()
+                 if c == type(obj).__name__ and _saved_class(n) is type(obj)), None)
 
 # %% ../nbs/25_bundle.ipynb #d94e73ef
 def encode(obj, # a value to save
@@ -98,7 +100,9 @@ def encode(obj, # a value to save
     if type(obj).__module__ == 'torch' and type(obj).__name__ == 'Tensor':
         return {'$tensor': put(obj.detach().cpu().numpy())}
     name = _class_name(obj)
-    if name is None: raise BundleError(f"cannot save an object of class {type(obj).__module__}.{type(obj).__qualname__} (not a class a router bundle may hold)")
+    if name is None:
+        raise BundleError(f"cannot save an object of class {type(obj).__module__}."
+                          f"{type(obj).__qualname__} (not a class a router bundle may hold)")
     state = {k: v for k, v in vars(obj).items() if k not in TRAINING_ONLY.get(name, ())}
     return {'$object': {'class': name, 'state': encode(state, arrays)}}
 
@@ -296,7 +300,8 @@ def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, fl
     "Pooled held-out utility and share routed away from the best fixed model, for one margin."
     fixed = self.fixed(lam)
     choice = guarded_choice(self.utility(lam), fixed, margin)
-    return float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()), float((choice != fixed).mean())
+    return (float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()),
+            float((choice != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #55f0c0a6
 @patch
@@ -340,9 +345,11 @@ def cross_validate(router, # an unfitted router (its parameters are cloned for e
             _, s = predicted_utility(r, X[te], sup.lam)
             if np.isnan(s['quality']).any():
                 name = type(r).__name__
-                raise ValueError(f"{name} predicts no statistics; the guard needs μ_c and a quality")
+                raise ValueError(f"{name} predicts no statistics; "
+                                 f"the guard needs μ_c and a quality")
             quality[te], cost[te] = s['quality'], s['mu_c']
-    parts = dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy') else dict(quality=quality, mu_c=cost)
+    parts = (dict(lams=grid, policy=policy) if hasattr(router, 'predict_log_policy')
+             else dict(quality=quality, mu_c=cost))
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)
 
 # %% ../nbs/25_bundle.ipynb #c4c5feac
@@ -354,7 +361,8 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
     "Mean score and normalised cost (n, K) of one split; an error if a (query, model) is missing."
     o = normalize_cost(obs)
     o = o[o['split'] == split]
-    m = o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']].mean()
+    m = (o.groupby([o['query_id'].astype(str), o['model'].astype(str)])[['score', 'cost_norm']]
+         .mean())
     idx = pd.MultiIndex.from_product([[str(q) for q in query_ids], [str(x) for x in models]])
     m = m.reindex(idx)
     if m['score'].isna().any():
@@ -380,7 +388,8 @@ def guard_comparison(router, # a router fitted on all training queries
     guarded = guarded_choice(U, fixed, margin)
     return dict(lam=lam, best_fixed=pick(np.full(len(U), fixed)), router=pick(U.argmax(1)),
                 guarded=pick(guarded),
-                margin=margin, routed_away=float((U.argmax(1) != fixed).mean()), guarded_routed_away=float((guarded != fixed).mean()))
+                margin=margin, routed_away=float((U.argmax(1) != fixed).mean()),
+                guarded_routed_away=float((guarded != fixed).mean()))
 
 # %% ../nbs/25_bundle.ipynb #45bb2428
 @patch
@@ -421,10 +430,12 @@ def predict_stats(self: RouterBundle, texts, # question texts
     lam = self.lam if lam is None else float(lam)
     U, s = predicted_utility(self.router, self.features(texts), lam)
     order = self._ranking(U, lam)
-    rank = np.empty_like(order); np.put_along_axis(rank, order, np.arange(U.shape[1])[None].repeat(len(U), 0), 1)
+    rank = np.empty_like(order); np.put_along_axis(rank, order,
+                                                   np.arange(U.shape[1])[None].repeat(len(U), 0), 1)
     n, K = U.shape
     return pd.DataFrame(dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
-                             **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(), rank=rank.ravel() + 1))
+                             **{k: v.ravel() for k, v in s.items()}, utility=U.ravel(),
+                             rank=rank.ravel() + 1))
 
 # %% ../nbs/25_bundle.ipynb #5350d0d6
 @patch
@@ -483,19 +494,24 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
     check_bundle(bundle)
     arrays = {}
     manifest = dict(format=FORMAT, format_version=FORMAT_VERSION, library_version=bundle.version,
-                    models=list(bundle.models), prices={m: list(p) for m, p in bundle.prices.items()},
-                    lam=float(bundle.lam), beta=float(bundle.beta), mode=bundle.mode, guard=encode(bundle.guard, arrays),
+                    models=list(bundle.models),
+                    prices={m: list(p) for m, p in bundle.prices.items()},
+                    lam=float(bundle.lam), beta=float(bundle.beta), mode=bundle.mode,
+                    guard=encode(bundle.guard, arrays),
                     fingerprint=bundle.fingerprint, featurizer_kind=bundle.featurizer.kind,
-                    n_features=int(bundle.featurizer.n_features_out_), router_class=type(bundle.router).__name__,
+                    n_features=int(bundle.featurizer.n_features_out_),
+                    router_class=type(bundle.router).__name__,
                     meta=encode(bundle.meta, arrays), featurizer=encode(bundle.featurizer, arrays),
                     router=encode(bundle.router, arrays),
-                    guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
+                    guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv),
+                                    arrays))
     path = Path(path)
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
         z.writestr('manifest.json',
                    json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
         for key, a in arrays.items():
-            buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False); z.writestr(key, buf.getvalue())
+            buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+            z.writestr(key, buf.getvalue())
     return path
 
 # %% ../nbs/25_bundle.ipynb #b5844dbb
@@ -516,8 +532,11 @@ def load_bundle(path, # a file written by `save_bundle`
                 raise BundleError(f"{path} has bundle format version {m.get('format_version')}; "
                                   f"this library reads version {FORMAT_VERSION}")
             if _minor(str(m.get('library_version'))) != _minor(__version__):
-                raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; this is {__version__} (retrain, or load it with a {'.'.join(_minor(str(m.get('library_version'))))}.x release)")
-            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
+                raise BundleError(f"{path} was written by dars_nb {m.get('library_version')}; "
+                                  f"this is {__version__} (retrain, or load it with a "
+                                  f"{'.'.join(_minor(str(m.get('library_version'))))}.x release)")
+            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False)
+                      for k in names if k.startswith('arrays/')}
     except zipfile.BadZipFile as e:
         raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -528,9 +547,12 @@ def load_bundle(path, # a file written by `save_bundle`
     try:
         return RouterBundle(models=m['models'],
                             prices={k: tuple(v) for k, v in m['prices'].items()}, lam=m['lam'],
-                            beta=m['beta'], mode=m['mode'], featurizer=decode(m['featurizer'], arrays),
-                            router=decode(m['router'], arrays), guard=decode(m['guard'], arrays), guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
-                            fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
+                            beta=m['beta'], mode=m['mode'],
+                            featurizer=decode(m['featurizer'], arrays),
+                            router=decode(m['router'], arrays), guard=decode(m['guard'], arrays),
+                            guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
+                            fingerprint=m['fingerprint'], version=m['library_version'],
+                            meta=decode(m['meta'], arrays))
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
 # %% ../nbs/25_bundle.ipynb #0225fb28
@@ -620,7 +642,8 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
         raise ValueError("the observations have no query_text column: a router bundle featurizes "
                          "the query text")
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
-    first = o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])['query_text']
+    first = (o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
+             ['query_text'])
     first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
     keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
                                       queries.get_level_values(-1).astype(str)])
@@ -672,7 +695,8 @@ def train(config, # a TOML path or a dict of the same layout (see above)
     held = cv.report(float(s['lam']))
     bundle = RouterBundle(models=list(sup.models), prices=pool_prices(c['pool'], list(sup.models)),
                           lam=float(s['lam']), beta=float(s['beta']), mode=s['mode'],
-                          featurizer=featurizer, router=router, guard=held['margin'] if g['enabled'] else None,
+                          featurizer=featurizer, router=router,
+                          guard=held['margin'] if g['enabled'] else None,
                           guard_cv=cv, fingerprint=_fingerprint(obs),
                           meta=dict(family=c['family'], params=c['params'],
                                     features=featurizer.name, folds=int(g['folds']),
@@ -720,7 +744,8 @@ def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one questi
             if not isinstance(item.get('question'), str):
                 raise ValueError(f"{path.name} line {n}: no \"question\" string")
             ids.append(item.get('id', n)); questions.append(item['question'])
-        else: ids.append(n); questions.append(item if isinstance(item, str) else line) # JSON string or plain text
+        # JSON string or plain text
+        else: ids.append(n); questions.append(item if isinstance(item, str) else line)
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 
@@ -742,6 +767,8 @@ def route_main(router: str, # path of a router bundle
         print(model if file is None else json.dumps({'id': qid, 'model': model},
                                                     ensure_ascii=False))
         if explain and not quiet:
-            t = stats[stats.text == i].set_index('model').sort_values('rank')[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
-            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'}).to_string(float_format=lambda v: f'{v:.4f}'))
+            t = (stats[stats.text == i].set_index('model').sort_values('rank')
+                 [['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None))
+            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
+                   .to_string(float_format=lambda v: f'{v:.4f}'))
     return 0

@@ -21,7 +21,7 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
 MIN_CELLS = 2
 
 def _grid(obs, models=None):
-    "Dense score and normalised-cost arrays of `obs` (a `Dense` grid, or a table: its training grid), checked."
+    "Checked dense score and normalised-cost arrays of `obs` (a `Dense`, or a table's grid)."
     d = obs if isinstance(obs, Dense) else training_grid(obs, models)
     q = d['score']
     cells = (~np.isnan(q)).reshape(*q.shape[:2], -1).sum(-1)
@@ -38,9 +38,10 @@ def _grid(obs, models=None):
 QUERY_BLOCK = 8192  # queries per block: a block's temporaries are a few MB
 
 def _query_blocks(*arrays, block: int | None = None):
-    "The arrays sliced together into consecutive blocks of `block` queries (axis 0; default `QUERY_BLOCK`)."
+    "The arrays sliced together into blocks of `block` queries (axis 0; default `QUERY_BLOCK`)."
     block = block or QUERY_BLOCK
-    for start in range(0, len(arrays[0]), block): yield tuple(a[start:start + block] for a in arrays)
+    for start in range(0, len(arrays[0]), block):
+        yield tuple(a[start:start + block] for a in arrays)
 
 # %% ../nbs/02_diagnostics.ipynb #6ace00c1
 def _share(parts) -> np.ndarray:
@@ -51,7 +52,7 @@ def _share(parts) -> np.ndarray:
 
 # %% ../nbs/02_diagnostics.ipynb #9471c6d8
 def _cell_winners(q, c, lam, tol=TIE_TOL):
-    "Winner sets as a boolean (query, model, cell) mask — models within `tol` of the cell's best u — and the observed cells (query, cell)."
+    "Winner sets (within `tol` of a cell's best u) as a (query, model, cell) mask; observed cells."
     u = (q - lam * c).reshape(*q.shape[:2], -1)
     winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
     return winners, ~np.isnan(u).all(1)
@@ -158,7 +159,7 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
              eps: float = 1e-6, # tolerance for outcome instability
              tol: float = TIE_TOL, # tolerance for ties between winners
             ) -> pd.DataFrame:
-    "The four diagnostics for every dataset in `obs`, one row each; a dataset that cannot be diagnosed is an error."
+    "The four diagnostics for each dataset in `obs`, a row each; an undiagnosable one is an error."
     obs = ensure_valid(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
@@ -183,7 +184,8 @@ def plot_instability(table: pd.DataFrame, # output of `diagnose`
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]).properties(width=210, height=220)
+        tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]
+        ).properties(width=210, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #fd408681
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
@@ -198,7 +200,8 @@ def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
         y=alt.Y('variance:Q', title='Mean variance of the score'),
         color=alt.Color('source:N', title='Uncertainty',
                         scale=alt.Scale(range=['#4c78a8', '#f58518'])),
-        tooltip=['dataset', 'source', alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
+        tooltip=['dataset', 'source',
+                 alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #9632adfd
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
@@ -214,15 +217,17 @@ def markdown_table(df, # a DataFrame (its named index becomes the first columns)
     "`df` as a GitHub Markdown table (missing floats left blank)."
     df = df.reset_index() if df.index.name is not None or df.index.nlevels > 1 else df
     def cell(v):
-        if isinstance(v, (float, np.floating)): return format(float(v), floatfmt) if np.isfinite(v) else ''
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else ''
         return str(v)
     lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
              '|' + '|'.join('---' for _ in df.columns) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in df.itertuples(index=False)])
+    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |'
+                              for row in df.itertuples(index=False)])
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
 def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
-                  out: str | None = None, # folder for the tables (CSV, Markdown) and the two charts (PNG, SVG)
+                  out: str | None = None, # folder for tables (CSV, Markdown), charts (PNG, SVG)
                   quiet: bool = False, # print the table only, not the list of written files
                  ) -> int:
     "Print the four diagnostics of an observation file per dataset, and write tables and charts."

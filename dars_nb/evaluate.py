@@ -28,22 +28,23 @@ def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
     return obs if 'cost_norm' in obs.columns else normalize_cost(obs)
 
 # %% ../nbs/20_evaluate.ipynb #3b45680e
-def normalize_jointly(*tables: pd.DataFrame, # observation tables of the same datasets (e.g. train and test)
+def normalize_jointly(*tables: pd.DataFrame, # observations of the same datasets (e.g. train, test)
                      ) -> list[pd.DataFrame]:
     "Add `cost_norm` to every table with Z_d = the largest raw cost of dataset d over all of them."
     tables = [ensure_valid(t) for t in tables]
-    both = pd.DataFrame({'dataset': pd.Categorical(np.concatenate([t['dataset'].astype(str) for t in tables])),
-                         'cost': np.concatenate([t['cost'].to_numpy(float) for t in tables])})
+    both = pd.DataFrame({
+        'dataset': pd.Categorical(np.concatenate([t['dataset'].astype(str) for t in tables])),
+        'cost': np.concatenate([t['cost'].to_numpy(float) for t in tables])})
     ends = np.cumsum([len(t) for t in tables])[:-1]
     parts = np.split(normalized_cost(both, recompute=True), ends)
     return [t.assign(cost_norm=c) for t, c in zip(tables, parts)]
 
 # %% ../nbs/20_evaluate.ipynb #3004d3a5
-def view_means(obs_test: pd.DataFrame, # observations holding the view (other views and splits are ignored)
+def view_means(obs_test: pd.DataFrame, # observations holding the view (others are ignored)
                view: str = 'rewrite', # 'rewrite', 'decode' (or 'grid')
                models: list | None = None, # model order (default: sorted names)
               ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Mean score and mean normalised cost per (query, model) over one view: two (queries × models) tables."
+    "Mean score and normalised cost per (query, model) in one view: two (queries × models) tables."
     if view not in VIEWS: raise ValueError(f"unknown view {view!r} (expected one of "
                                            f"{', '.join(VIEWS)})")
     part = select(_prepared(obs_test), view=view)
@@ -63,7 +64,7 @@ def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the vi
                            lam: float = 0.05, # cost weight λ
                            models: list | None = None, # model order (default: sorted names)
                           ) -> pd.DataFrame:
-    "(queries × models) table of the view mean of q − λc; NaN where a model has no observation of a query."
+    "(queries × models) table of the view mean of q − λc; NaN where a model never saw a query."
     quality, cost = view_means(obs_test, view, models)
     return quality - lam * cost
 
@@ -87,7 +88,7 @@ def _choice_series(choices) -> pd.Series:
 # %% ../nbs/20_evaluate.ipynb #2e44983c
 def _lookup(choices, table: pd.DataFrame, require_all: bool = True,
             what: str = 'the test observations') -> pd.Series:
-    "Value of the chosen model per query (a Series in `table` order, or choice order if not `require_all`)."
+    "Value of the chosen model per query (in `table` order, or choice order if not `require_all`)."
     s = _choice_series(choices)
     qpos = table.index.get_indexer(s.index)
     if (qpos < 0).any(): raise ValueError(f"choice for unknown query {s.index[qpos < 0][0]!r} (not "
@@ -101,7 +102,8 @@ def _lookup(choices, table: pd.DataFrame, require_all: bool = True,
     vals = table.to_numpy(float)[qpos, mpos]
     if np.isnan(vals).any():
         i = int(np.argmax(np.isnan(vals)))
-        raise ValueError(f"model {s.iloc[i]!r} has no observation of query {s.index[i]!r} in {what}")
+        raise ValueError(f"model {s.iloc[i]!r} has no observation of query {s.index[i]!r} "
+                         f"in {what}")
     out = pd.Series(vals, index=s.index)
     return out.reindex(table.index) if require_all else out
 
@@ -128,7 +130,7 @@ class Estimate(NamedTuple):
     high: float
 
 # %% ../nbs/20_evaluate.ipynb #6c971464
-def bootstrap_ci(per_query_values, # one value per test query: (n,), or (n, k) for k policies resampled together
+def bootstrap_ci(per_query_values, # per test query: (n,), or (n, k): k policies resampled together
                  n_boot: int = 1000, # bootstrap resamples
                  alpha: float = 0.05, # 1 − confidence level
                  seed=0, # seed or numpy Generator
@@ -163,7 +165,7 @@ def view_utility(choices, # mapping or Series query_id -> model name
     return bootstrap_ci(v, n_boot, alpha, seed) if ci else float(v.mean())
 
 # %% ../nbs/20_evaluate.ipynb #8fbf284c
-def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
+def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`
                           view: str = 'rewrite', # 'rewrite' or 'decode'
                           lam: float = 0.05, # cost weight λ
                          ) -> pd.Series:
@@ -171,7 +173,7 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or a `per
     return _table(obs_test, view, lam).mean(skipna=False)
 
 # %% ../nbs/20_evaluate.ipynb #670e0501
-def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table
+def best_fixed_model(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = 0.05, # cost weight λ
                     ) -> tuple[str, float]:
@@ -181,11 +183,11 @@ def best_fixed_model(obs_test: pd.DataFrame, # test observations, or a `per_quer
     return str(u.idxmax()), float(u.max())
 
 # %% ../nbs/20_evaluate.ipynb #1ce775ed
-def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations holding the training grid (split 'train', view 'grid')
+def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations with the training grid
                                    lam: float = 0.05, # cost weight λ
                                    models: list | None = None, # model order (default: sorted names)
                                   ) -> tuple[str, float]:
-    "The model with the highest mean training-grid utility q − λc (each query's grid mean, averaged over queries); ties → the first model."
+    "The model with the best mean training-grid utility q − λc over queries; ties → first model."
     u = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam,
                                models).mean()
     if u.isna().all(): raise ValueError("no model has training-grid observations")
@@ -239,7 +241,7 @@ def random_utility(obs_test: pd.DataFrame, # test observations, or a `per_query_
                    n_boot: int = 1000, # bootstrap resamples
                    alpha: float = 0.05, # 1 − confidence level
                   ) -> float | Estimate:
-    "U_view of a uniformly random router: exact expected value, or one sampled router when `seed` is given."
+    "U_view of a uniformly random router: exact expectation, or one sampled router given `seed`."
     t = _table(obs_test, view, lam)
     v = np.nanmean(t.to_numpy(float), 1) if seed is None else _lookup(random_choices(t, view, seed),
                                                                       t).to_numpy()
@@ -253,7 +255,8 @@ def _training_rows_of(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame,
         obs_test = _prepared(obs_test)
         has_grid = ((obs_test['split'] == 'train') & (obs_test['view'] == 'grid')).any()
         return obs_test, (obs_test if has_grid else None)
-    if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns: return _prepared(obs_test), _prepared(obs_train)
+    if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns:
+        return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))
 
 # %% ../nbs/20_evaluate.ipynb #fc37d950
@@ -264,7 +267,8 @@ def _baseline_columns(t: pd.DataFrame, fixed) -> tuple[dict, dict]:
         cols['best fixed model (training)'] = t[fixed[0]].to_numpy()
         detail['best fixed model (training)'] = fixed[0]
     best, _ = best_fixed_model(t)
-    cols['best fixed model'], detail['best fixed model'] = t[best].to_numpy(), f'{best} (chosen on test: optimistic)'
+    cols['best fixed model'], detail['best fixed model'] = (t[best].to_numpy(),
+                                                            f'{best} (chosen on test: optimistic)')
     cols['oracle'] = np.nanmax(t.to_numpy(float), 1)
     cols['random'] = np.nanmean(t.to_numpy(float), 1)
     return cols, detail
@@ -278,9 +282,9 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed=0, # bootstrap seed
-                  obs_train: pd.DataFrame | None = None, # training grid (default: the one in `obs_test`, if any)
+                  obs_train: pd.DataFrame | None = None, # training grid (default: in `obs_test`)
                  ) -> pd.DataFrame:
-    "One row per (policy, view): U_view with its interval, and its paired difference to the best fixed model."
+    "A row per (policy, view): U_view, its interval, its paired difference to the best fixed model."
     obs_test, train = _training_rows_of(obs_test, obs_train)
     fixed = best_fixed_model_from_training(train, lam) if train is not None else None
     rows = []
@@ -361,8 +365,9 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
 def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                  lam: float = 0.05, # cost weight λ
                 ) -> pd.Series:
-    "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column when μ_q or μ_c is missing."
-    return truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns) else truth['utility']
+    "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column without μ_q, μ_c."
+    return (truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns)
+            else truth['utility'])
 
 # %% ../nbs/20_evaluate.ipynb #b3ad9ef4
 def true_regret(choices, # mapping or Series query_id -> model name (the queries to score)
@@ -384,16 +389,16 @@ def true_regret(choices, # mapping or Series query_id -> model name (the queries
 
 # %% ../nbs/20_evaluate.ipynb #0773d2d7
 def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
-                       X_train, # training features (DataFrame indexed by query_id, or rows in supervision order)
+                       X_train, # training features (indexed by query_id, or in supervision order)
                        obs_train: pd.DataFrame, # observations with the training grid
-                       X_test, # test features (DataFrame indexed by query_id, or rows in test-table order)
+                       X_test, # test features (indexed by query_id, or in test-table order)
                        obs_test: pd.DataFrame, # observations with the test view
                        lams=(0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), # the λ values to sweep
                        mode: str = 'dars', # supervision mode
                        beta: float = 0.2, # risk weight β
                        view: str = 'rewrite', # evaluation view
                        seed=0, # seed for single-shot supervision
-                       name: str | None = None, # label of the router in the output (default: its class name)
+                       name: str | None = None, # the router's label (default: its class name)
                       ) -> pd.DataFrame:
     "Mean normalised cost and quality of the router's choices per λ, and one point per fixed model."
     if 'cost_norm' not in obs_train.columns or 'cost_norm' not in obs_test.columns:
@@ -415,7 +420,7 @@ def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)`
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
 # %% ../nbs/20_evaluate.ipynb #d69ea54f
-def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (several may be concatenated)
+def plot_cost_quality(curve: pd.DataFrame, # `cost_quality_curve` output (or several, concatenated)
                       title: str = 'Cost–quality trade-off as λ grows', # chart title
                      ) -> alt.Chart:
     "Routers as lines over λ, fixed models as labelled points, in (mean cost, mean quality)."
@@ -434,8 +439,8 @@ def plot_cost_quality(curve: pd.DataFrame, # output of `cost_quality_curve` (sev
     return (line + pts + labels).properties(title=title, width=420, height=280)
 
 # %% ../nbs/20_evaluate.ipynb #7b997267
-def router_variance(utilities_per_draw, # R test utilities (one per single-shot router), or a long DataFrame
-                    reference=None, # utility of the DARS-trained router: a number, or a Series indexed by group
+def router_variance(utilities_per_draw, # a test utility per single-shot router, or a long table
+                    reference=None, # DARS-trained router's utility: a number, or a Series by group
                     by=None, # with a DataFrame: the column(s) naming a group
                     value: str = 'utility', # with a DataFrame: the column of utilities
                    ) -> pd.Series | pd.DataFrame:
@@ -466,25 +471,26 @@ def router_variance(utilities_per_draw, # R test utilities (one per single-shot 
                                                                             pd.DataFrame) else out
 
 # %% ../nbs/20_evaluate.ipynb #3184fb41
-def plot_router_variance(draws: pd.DataFrame, # long table: one row per single-shot router, columns `by` and `value`
-                         reference: pd.DataFrame | None = None, # DARS utilities: columns `by` (+ `column`) and 'reference'
+def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, columns `by`, `value`
+                         reference: pd.DataFrame | None = None, # DARS: `by`, 'reference'
                          by: str = 'router', # the column on the vertical axis
                          column: str | None = 'view', # facet column (None for one panel)
                          value: str = 'utility', # the column of utilities
-                         title: str = 'Routers trained on different single-shot draws', # chart title
+                         title: str = 'Routers trained on different single-shot draws', # title
                         ) -> alt.Chart:
     "Figure 2c: distribution of test utility over single-shot routers, DARS as a red diamond."
     facet = column is not None and column in draws.columns
     keys = [by] + ([column] if facet else [])
     data = draws[keys + [value]].assign(kind='single-shot')
     if reference is not None:
-        data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value}).assign(kind='DARS')],
+        data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value})
+                                .assign(kind='DARS')],
                          ignore_index=True)
     base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
                                           scale=alt.Scale(zero=False)),
                                   y=alt.Y(f'{by}:N', title=None))
-    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(extent='min-max',
-                                                                              size=14, color='#4c78a8')
+    box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(
+        extent='min-max', size=14, color='#4c78a8')
     dars = base.transform_filter(alt.datum.kind == 'DARS').mark_point(shape='diamond', filled=True,
                                                                       size=90,
                                                                       color='#e45756').encode(
@@ -516,7 +522,8 @@ def single_vs_dars(single, # router fitted on R single-shot draws
     rows = [dict(policy=f'single-shot ({len(s[v])} draws)', view=v, utility=s[v].mean(),
                  sd=s[v].std()) for v in tables]
     rows += [dict(policy='DARS', view=v, utility=d[v][0], sd=0.0) for v in tables]
-    rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0) for v, t in tables.items()]
+    rows += [dict(policy='random', view=v, utility=random_utility(t), sd=0.0)
+             for v, t in tables.items()]
     return pd.DataFrame(rows)
 
 # %% ../nbs/20_evaluate.ipynb #37f900be

@@ -46,7 +46,7 @@ def _records(source) -> pd.DataFrame:
 
 # %% ../nbs/06_importers.ipynb #deea0d06
 def read_prices(source, # llm_candidates.json, or {model: {input_price, output_price}}
-               ) -> pd.DataFrame: # index model; columns input_price, output_price (USD per 1M tokens)
+               ) -> pd.DataFrame: # index model; input_price, output_price (USD per 1M tokens)
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
         path = Path(source)
@@ -68,7 +68,8 @@ def read_prices(source, # llm_candidates.json, or {model: {input_price, output_p
 def estimate_prompt_tokens(texts, # query texts
                           ) -> np.ndarray:
     "A rough token count per text: ⌈characters / 4⌉."
-    return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy() / 4).astype(int)
+    return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy()
+                   / 4).astype(int)
 
 # %% ../nbs/06_importers.ipynb #5dc0a53f
 def _token_cost(models, n_in, n_out, prices):
@@ -191,14 +192,16 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
     rec = pairs.index.to_numpy()
     out = pd.DataFrame(dict(task=df['task'].to_numpy()[rec] if 'task' in df else np.nan,
                             query_text=df['question'].astype(str).to_numpy()[rec],
-                            model=pairs.str[0].astype(str).to_numpy(), score=pairs.str[1].to_numpy()))
+                            model=pairs.str[0].astype(str).to_numpy(),
+                            score=pairs.str[1].to_numpy()))
     idcol = 'query_id' if 'query_id' in df else ('id' if 'id' in df else None)
     if idcol: out['query_id'] = df[idcol].to_numpy()[rec]
     for field, dst in (('costs', 'cost'), ('input_tokens', 'n_in'), ('output_tokens', 'n_out'),
                        ('prompt_tokens', 'n_in'), ('completion_tokens', 'n_out')):
         if field in df and dst not in out:
             per = df[field].to_numpy()[rec]
-            out[dst] = [d.get(m) if isinstance(d, dict) else np.nan for d, m in zip(per, out['model'])]
+            out[dst] = [d.get(m) if isinstance(d, dict) else np.nan
+                        for d, m in zip(per, out['model'])]
     return out
 
 # %% ../nbs/06_importers.ipynb #42e126bd
@@ -242,7 +245,8 @@ def model_means(obs: pd.DataFrame, # observation table
     o = o.assign(utility=o['score'] - lam * o['cost_norm'])
     out = o.groupby(['split', 'model'], observed=True).agg(score=('score', 'mean'),
                                                            cost=('cost', 'mean'),
-                                                           utility=('utility', 'mean'), rows=('score', 'size'))
+                                                           utility=('utility', 'mean'),
+                                                           rows=('score', 'size'))
     return out
 
 # %% ../nbs/06_importers.ipynb #59ade0d8
@@ -300,8 +304,10 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     if not models: _fail(f"{where} has no model columns (a score column plus '<model>|total_cost')")
     t = table.reset_index(drop=True)
     n = len(t)
-    ids = t[id_column].astype(str).to_numpy() if id_column in t.columns else np.arange(n).astype(str)
-    task = t['eval_name'].astype(str).to_numpy() if 'eval_name' in t.columns else np.full(n, 'routerbench', dtype=object)
+    ids = (t[id_column].astype(str).to_numpy() if id_column in t.columns
+           else np.arange(n).astype(str))
+    task = (t['eval_name'].astype(str).to_numpy() if 'eval_name' in t.columns
+            else np.full(n, 'routerbench', dtype=object))
     cost = t[[f'{m}|total_cost' for m in models]]
     costn = cost.apply(pd.to_numeric, errors='coerce')
     if costn.isna().any().any():
@@ -312,7 +318,8 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                              query_id=np.repeat(ids, K),
                              query_text=np.repeat(prompts, K),
                              model=np.tile(np.asarray(models, dtype=object), n),
-                             score=t[models].to_numpy(dtype=object).ravel(), cost=costn.to_numpy(float).ravel()))
+                             score=t[models].to_numpy(dtype=object).ravel(),
+                             cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]
     if all(c in t.columns for c in resp): long['response'] = t[resp].to_numpy(dtype=object).ravel()
     return _finish(long, split, dataset, None, None, 0, k=1, where=where, default='routerbench')

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
 from .extras import missing_extra
-from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens, usage_tokens,
-                                     read_toml, redact,
-                                     fmt_usd, _unknown, _is_num, _is_int)
+from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens,
+                                    usage_tokens, read_toml, redact,
+                                    fmt_usd, _unknown, _is_num, _is_int)
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -65,9 +65,11 @@ class ServeSettings:
     "How the routing endpoint listens, whom it lets in and how much it may spend."
     host: str = '127.0.0.1' # address to listen on; anything but loopback needs client keys
     port: int = 8000 # TCP port (0: a free one)
-    client_keys: tuple = field(default=(), repr=False) # keys clients send as Bearer tokens (empty: no check)
+    # keys clients send as Bearer tokens (empty: no check)
+    client_keys: tuple = field(default=(), repr=False)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
-    max_tokens: int = 2048 # completion tokens per request; a larger or missing `max_tokens` gets this
+    # completion tokens per request; a larger or missing `max_tokens` gets this
+    max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
 
@@ -121,9 +123,9 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
     return pool, ServeSettings(host=host, port=port, client_keys=keys, **opts)
 
 # %% ../nbs/36_serve.ipynb #0504e077
-FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization', 'project',
-                    'extra_headers', 'extra_query', 'extra_body', 'headers', 'default_headers', 'url',
-                    'endpoint', 'deployment_id')
+FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization',
+                    'project', 'extra_headers', 'extra_query', 'extra_body', 'headers',
+                    'default_headers', 'url', 'endpoint', 'deployment_id')
 MAX_CHOICES = 8
 
 class RequestError(ValueError):
@@ -208,7 +210,8 @@ def _json_body(raw: bytes) -> dict:
         raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
     if bad:
-        raise RequestError(400, f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
+        raise RequestError(400,
+                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
                                 "and its key", bad[0])
     return body
 
@@ -245,7 +248,8 @@ def _stream_and_n(body: dict) -> tuple:
     if n is None: n = 1
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise RequestError(400,
-                           f"n must be an integer from 1 to {MAX_CHOICES}, got {json.dumps(n)}", 'n')
+                           f"n must be an integer from 1 to {MAX_CHOICES}, "
+                           f"got {json.dumps(n)}", 'n')
     return stream, n
 
 # %% ../nbs/36_serve.ipynb #225cc854
@@ -283,8 +287,8 @@ class ServeMetrics:
         self.day = _utc_day(self.started)
         self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
         self.requests, self.fallbacks, self.refused = 0, 0, {}
-        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0, spend_usd=0.0,
-                               usage_estimated=0)
+        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0,
+                               spend_usd=0.0, usage_estimated=0)
                        for m in models}
 
     def _roll(self):
@@ -296,7 +300,8 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            msg = (f"daily spend limit of {fmt_usd(lim)} reached (spent {fmt_usd(self.spend_today_usd)} "
+            msg = (f"daily spend limit of {fmt_usd(lim)} reached "
+                   f"(spent {fmt_usd(self.spend_today_usd)} "
                    f"today, {fmt_usd(self.reserved_usd)} in flight, this request may cost up to "
                    f"{fmt_usd(worst_case_usd)}); "
                    "it resets at 00:00 UTC")
@@ -345,7 +350,8 @@ def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
     self._roll()
-    return {'since': datetime.fromtimestamp(self.started, timezone.utc).isoformat(timespec='seconds'),
+    return {'since': (datetime.fromtimestamp(self.started, timezone.utc)
+                      .isoformat(timespec='seconds')),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
             'day': self.day, 'spend_today_usd': self.spend_today_usd,
             'daily_spend_usd': self.daily_spend_usd,
@@ -458,7 +464,7 @@ async def send(ups: Upstreams, # the pool's clients
                body: dict, # the checked request fields
                stream: bool = False, # return the response with its events unread
               ):
-    "One upstream attempt: a chat completion as a dict, or the streamed response; or `UpstreamError`."
+    "One upstream attempt: a chat completion (dict), or the streamed response; or `UpstreamError`."
     try:
         async with asyncio.timeout(ups.timeout(spec)):
             resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
@@ -487,7 +493,7 @@ def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
 
 # %% ../nbs/36_serve.ipynb #dec08db8
 class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a client key (no check when none is configured)."
+    "ASGI middleware: 401 unless the request carries a client key (no check when none is set)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
@@ -537,7 +543,8 @@ async def chat_completions(request):
             unknown = [m for m in ranking if m not in st.pool.models]
             if unknown:
                 raise RequestError(500,
-                                   f"the router ranked {unknown[0]!r}, which the pool does not have",
+                                   f"the router ranked {unknown[0]!r}, "
+                                   f"which the pool does not have",
                                    kind='server_error')
         prompt_est = estimate_prompt_tokens(req.body['messages'])
         worst = max(st.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
@@ -565,7 +572,7 @@ def _all_failed(errors: list) -> RequestError:
 
 # %% ../nbs/36_serve.ipynb #5e185701
 async def _first_answer(st, ranking: list, call, headers: dict):
-    "Call the ranked models in turn until one answers: (name, spec, result), or (None, None, error)."
+    "Call the ranked models in turn until one answers: (name, spec, result) or (None, None, error)."
     errors = []
     for name in ranking:
         spec = st.pool.models[name]
@@ -574,7 +581,8 @@ async def _first_answer(st, ranking: list, call, headers: dict):
             st.metrics.failed(name); errors.append(str(e))
             if e.retry_next: continue
             st.metrics.refuse(e.status)
-            return None, None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
+            return None, None, _error_response(RequestError(e.status, str(e),
+                                                            kind='upstream_error'))
         if errors:
             st.metrics.fallbacks += 1
             headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
@@ -622,7 +630,7 @@ async def _stream_answer(st, req: ChatRequest, ranking: list, held: float, heade
     if hide_usage: req.body['stream_options'] = {'include_usage': True}
     open_stream = lambda spec: send(st.upstreams, spec, req.body, stream=True)
     name, spec, resp = await _first_answer(st, ranking, open_stream, headers)
-    if name is None:   # nothing streams: the reservation goes back here (for a plain answer, the caller's)
+    if name is None: # nothing streams: release the reservation here (a plain answer: the caller)
         st.metrics.release(held); return resp
     return StreamingResponse(_relay(st, req, spec, resp, held, hide_usage), 200,
                              {**headers, 'x-dars-model': name}, media_type='text/event-stream')
@@ -639,7 +647,7 @@ async def _relay(st, req, spec, resp, held, hide_usage):
         err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}",
                            kind='upstream_error')
         yield 'data: ' + json.dumps(err.body()) + '\n\n'
-    # bookkeeping before the last await: a client that hangs up cancels this task, and the reservation
+    # bookkeeping before the last await: a client hanging up cancels this task, and the reservation
     # must still go back
     finally:
         _charge(st, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])
@@ -678,9 +686,9 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../nbs/36_serve.ipynb #04e60f60
-def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g. `RouterBundle.rank`)
+def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
-               settings: ServeSettings | None = None, # caps, client keys, spend limit (None: the defaults)
+               settings: ServeSettings | None = None, # caps, client keys, spend limit
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
               ):
@@ -710,7 +718,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (e.g
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
               Route('/metrics', show_metrics, methods=['GET'])]
-    app = Starlette(routes=routes, middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
+    app = Starlette(routes=routes,
+                    middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
@@ -795,7 +804,7 @@ def _run_until_signal(server, sock):
 # %% ../nbs/36_serve.ipynb #6e20b2fd
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
-               host: str = '127.0.0.1', # address to listen on (beyond loopback, client keys are needed)
+               host: str = '127.0.0.1', # address to listen on (beyond loopback: set client keys)
                port: int = 8000, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:

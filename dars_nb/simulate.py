@@ -62,13 +62,15 @@ PROFILES = {
                          completion_tokens=(450, 400, 650, 350, 380, 500), prompt_tokens=320,
                          difficulty_mean=0.457, difficulty_sd=1.311, topic_sd=0.301,
                          easy_share=0.070, impossible_share=0.181,
-                         rewrite_shared_sd=0.736, rewrite_model_sd=0.285, length_cv=0.557, verbosity_sd=0.334),
+                         rewrite_shared_sd=0.736, rewrite_model_sd=0.285, length_cv=0.557,
+                         verbosity_sd=0.334),
     'math_like': Profile('math_like', ability=(-0.145, -0.116, 0.231, -0.087, 0.087, 0.26),
                          price_in=_PRICE_IN, price_out=_PRICE_OUT,
                          completion_tokens=(700, 650, 1500, 600, 900, 900), prompt_tokens=150,
                          difficulty_mean=-2.373, difficulty_sd=3.105, topic_sd=0.781,
                          easy_share=0.072, impossible_share=0.133,
-                         rewrite_shared_sd=0.035, rewrite_model_sd=0.234, length_cv=0.151, verbosity_sd=0.392),
+                         rewrite_shared_sd=0.035, rewrite_model_sd=0.234, length_cv=0.151,
+                         verbosity_sd=0.392),
     'drop_like': Profile('drop_like', ability=(-1.492, -0.895, 0.597, 0.895, 0.298, 1.79),
                          price_in=_PRICE_IN, price_out=_PRICE_OUT,
                          completion_tokens=(60, 50, 150, 40, 45, 70), prompt_tokens=600,
@@ -246,7 +248,8 @@ def observe(world: World, # the latent world
               {k: g[k] for k in ('score', 'cost', 'prompt_tokens', 'completion_tokens')})
     out = from_dense(d, split, view)
     return out.assign(prompt_tokens=out['prompt_tokens'].astype(np.int64),
-                      completion_tokens=out['completion_tokens'].astype(np.int64), temperature=temperature)
+                      completion_tokens=out['completion_tokens'].astype(np.int64),
+                      temperature=temperature)
 
 # %% ../nbs/03_simulate.ipynb #879a15ad
 def truth(world: World, # the latent world
@@ -314,8 +317,10 @@ def calibration_table(seed: int = 0, # simulator seed
                       n_train: int = 200, # training queries
                      ) -> pd.DataFrame:
     "Paper target vs simulated value for every calibrated diagnostic."
-    diag = pd.concat([diagnose(simulate(p, n_train=n_train, n_test=0, seed=seed)[0]) for p in PROFILES])
-    rows = [dict(profile=p, diagnostic=k, paper=v, simulated=diag.loc[p, k]) for (p, k), v in PAPER_DIAGNOSTICS.items()]
+    diag = pd.concat([diagnose(simulate(p, n_train=n_train, n_test=0, seed=seed)[0])
+                      for p in PROFILES])
+    rows = [dict(profile=p, diagnostic=k, paper=v, simulated=diag.loc[p, k])
+            for (p, k), v in PAPER_DIAGNOSTICS.items()]
     t = pd.DataFrame(rows)
     t['relative_error'] = (t['simulated'] - t['paper']) / t['paper']
     return t
@@ -328,7 +333,8 @@ def temperature_sweep(profile: str | Profile = 'gpqa_like', # a name in `PROFILE
                      ) -> pd.DataFrame:
     "Diagnostics of one world's training grid observed at several decoding temperatures."
     w = make_world(profile, n_train, 0, seed)
-    rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t) for t in temperatures]
+    rows = [diagnose(validate(observe(w, temperature=t, seed=seed))).assign(temperature=t)
+            for t in temperatures]
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature'])
 
 # %% ../nbs/03_simulate.ipynb #782f9ea6
@@ -344,5 +350,6 @@ def plot_temperature(sweep: pd.DataFrame, # output of `temperature_sweep`
         y=alt.Y('value:Q', title='Value'),
         color=alt.Color('dataset:N', title='Dataset'),
         tooltip=['dataset', 'temperature', alt.Tooltip('value:Q', format='.3f')]
-    ).properties(width=220, height=180).facet(column=alt.Column('metric:N', title=None)).resolve_scale(
+    ).properties(width=220, height=180).facet(column=alt.Column('metric:N',
+                                                                title=None)).resolve_scale(
         y='independent').properties(title='Decoding temperature moves the output-side noise')

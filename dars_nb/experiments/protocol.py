@@ -48,14 +48,15 @@ class Dataset:
     def __repr__(self):
         n = self.obs.groupby(['split', 'view'], observed=True)['query_id'].nunique().to_dict()
         parts = ', '.join(f"{s}/{v}: {k}" for (s, v), k in n.items())
-        return f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, truth={self.truth is not None})"
+        return (f"Dataset({self.name!r}, queries {parts}, features {self.features.shape[1]}, "
+                f"truth={self.truth is not None})")
 
 # %% ../../nbs/21_protocol.ipynb #46627ed3
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
-                 truth: pd.DataFrame | None = None, # ground truth indexed (dataset, query_id, model), if known
+                 truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
                 ) -> Dataset:
-    "Validate one dataset's observations, normalise cost over train and test together, and check the features."
+    "Validate one dataset's observations and features; normalise cost over train and test."
     obs = ensure_valid(obs)
     names = list(obs['dataset'].cat.categories)
     if len(names) != 1: raise ValueError("make_dataset takes one dataset at a time, got "
@@ -72,7 +73,8 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
     align(features, obs['query_id'].cat.categories.astype(str))
     if truth is not None and names[0] in truth.index.get_level_values('dataset'):
         truth = truth.xs(names[0], level='dataset', drop_level=False)
-    elif truth is not None: raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
+    elif truth is not None:
+        raise ValueError(f"the truth frame has no rows for dataset {names[0]!r}")
     return Dataset(str(names[0]), normalize_cost(obs), features, truth)
 
 # %% ../../nbs/21_protocol.ipynb #e7367fb7
@@ -82,19 +84,21 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                  ) -> list[Dataset]:
     "One `Dataset` per dataset in `obs`."
     obs = ensure_valid(obs)
-    return [make_dataset(select(obs, dataset=d), features, truth) for d in obs['dataset'].cat.categories]
+    return [make_dataset(select(obs, dataset=d), features, truth)
+            for d in obs['dataset'].cat.categories]
 
 # %% ../../nbs/21_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
 
-def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test queries (default: `PAPER_TEST_SIZES`)
+def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test queries
                        n_train: int = 200, # training queries per profile
                        seed: int = 0, # simulator seed
                       ) -> list[Dataset]:
     "Simulated datasets with ground truth, one per profile."
     from dars_nb.simulate import simulate
     sizes = PAPER_TEST_SIZES if test_sizes is None else test_sizes
-    return [make_dataset(*simulate(p, n_train=n_train, n_test=n, seed=seed)) for p, n in sizes.items()]
+    return [make_dataset(*simulate(p, n_train=n_train, n_test=n, seed=seed))
+            for p, n in sizes.items()]
 
 # %% ../../nbs/21_protocol.ipynb #66c3a814
 def available_routers() -> dict:
@@ -103,7 +107,7 @@ def available_routers() -> dict:
     return dict(ROUTERS)
 
 # %% ../../nbs/21_protocol.ipynb #3e9a7543
-def resolve_routers(routers=None, # mapping name -> router (instance or class), a list, one router, or None for all
+def resolve_routers(routers=None, # name -> router (or class), a list, one router, or None: all
                    ) -> dict:
     "Routers as an ordered mapping name -> unfitted instance."
     if routers is None: routers = available_routers()
@@ -167,7 +171,7 @@ def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np
 # %% ../../nbs/21_protocol.ipynb #5fefbe0c
 def prepare_dataset(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
-                    views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+                    views=('rewrite', 'decode'), # views (skipped without test observations)
                    ) -> Prepared:
     "The parts of a dataset that every unit reads, computed once."
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
@@ -211,7 +215,7 @@ def supervise(ds: Dataset, # the dataset
 
 # %% ../../nbs/21_protocol.ipynb #7ada88c6
 def _choices(router, X, sup, X_test) -> np.ndarray:
-    "Model names chosen per draw and test query: (R, n). A router without a draw axis is fitted per draw."
+    "Models chosen per draw and test query: (R, n); routers without a draw axis fit per draw."
     R, n = sup.n_draws, len(X_test)
     pred = np.asarray(router.fit(X, sup).predict(X_test), dtype=object)
     if pred.shape == (R, n): return pred
@@ -290,7 +294,7 @@ def run_unit(ds: Dataset, # the dataset
              seed: int = 0, # the run's seed
              n_boot: int = 1000, # bootstrap resamples (0: leave the interval to the caller)
              alpha: float = 0.05, # 1 − confidence level
-             views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+             views=('rewrite', 'decode'), # views (skipped without test observations)
             ) -> list[dict]:
     "Train one router under one supervision and score it on every view: one row per view."
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
@@ -335,7 +339,7 @@ def _reusable(reuse, units, n_draws) -> dict:
 
 # %% ../../nbs/21_protocol.ipynb #f9f2d126
 def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
-    "Per view: the baselines' per-query utilities and the models the fixed ones pick, from the view tables."
+    "Per view: the baselines' per-query utilities and the fixed ones' models, from the view tables."
     models = model_order(ds.obs)
     fixed, _ = best_fixed_model_from_training(ds.obs, lam, models)
     out = {}
@@ -356,12 +360,13 @@ def _baselines_of(ds: Dataset, lam: float, tables: dict) -> dict:
 # %% ../../nbs/21_protocol.ipynb #cbf49e8d
 def baseline_values(ds: Dataset, # the dataset
                     lam: float = 0.05, # cost weight λ
-                    views=('rewrite', 'decode'), # evaluation views (those without test observations are skipped)
+                    views=('rewrite', 'decode'), # views (skipped without test observations)
                    ) -> dict:
-    "Per view: the baselines' per-query utilities (columns `BASELINES`) and the models the fixed ones pick."
+    "Per view: the baselines' per-query utilities (columns `BASELINES`) and the fixed ones' models."
     models = model_order(ds.obs)
     test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
-    tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views if (test['view'] == v).any()}
+    tables = {v: per_query_view_utility(ds.obs, v, lam, models)
+              for v in views if (test['view'] == v).any()}
     return _baselines_of(ds, lam, tables)
 
 # %% ../../nbs/21_protocol.ipynb #9eab9ef3
@@ -372,7 +377,7 @@ def protocol_baselines(datasets, # `Dataset`(s), or a mapping name -> (obs, feat
                        alpha: float = 0.05, # 1 − confidence level
                        seed: int = 0, # the run's seed (the resamples of the routers' intervals)
                       ) -> pd.DataFrame:
-    "Best fixed model (chosen on training data, and on test: optimistic), oracle and random per dataset and view."
+    "Best fixed model (on training data; on test: optimistic), oracle, random per dataset, view."
     rows = []
     for d in as_datasets(datasets):
         for v, (vals, names) in baseline_values(d, lam, views).items():
@@ -386,12 +391,13 @@ def protocol_baselines(datasets, # `Dataset`(s), or a mapping name -> (obs, feat
 # %% ../../nbs/21_protocol.ipynb #784ec264
 def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
                    baselines: dict | None = None) -> pd.DataFrame:
-    "Paired bootstrap intervals per (dataset, view), and each row's difference to the training-chosen best fixed model."
+    "Paired bootstrap intervals per (dataset, view); each row's difference to the best fixed model."
     table = table.copy()
     for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
     table['best_fixed'] = ''
     for (d, v), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
-        P, s = np.column_stack(table.loc[idx, 'per_query'].to_list()), derive_seed(seed, 'bootstrap', d, v)
+        P, s = (np.column_stack(table.loc[idx, 'per_query'].to_list()),
+                derive_seed(seed, 'bootstrap', d, v))
         e = bootstrap_ci(P, n_boot, alpha, s)
         table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = e.low, e.high
         if baselines is None or v not in baselines.get(d, {}): continue
@@ -399,7 +405,8 @@ def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
         ref = vals[BASELINES[0]].to_numpy()
         # paired: the same queries for router and baseline
         f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)
-        table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'], table.loc[idx, 'vs_best_fixed_high'] = f
+        (table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'],
+         table.loc[idx, 'vs_best_fixed_high']) = f
         table.loc[idx, 'best_fixed'] = names[BASELINES[0]]
     return table
 
@@ -436,10 +443,10 @@ def run_experiments(datasets, # `Dataset`(s), or a mapping name -> (obs, feature
                     n_boot: int = 1000, # bootstrap resamples
                     alpha: float = 0.05, # 1 − confidence level
                     views=('rewrite', 'decode'), # evaluation views
-                    n_jobs: int | None = None, # joblib workers (None: the parallel_config's default)
+                    n_jobs: int | None = None, # joblib workers (None: parallel_config's default)
                     progress: bool = True, # show a progress bar (on a terminal only)
                     desc: str = 'units', # label of the progress bar
-                    reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
+                    reuse: pd.DataFrame | None = None, # earlier results of this run: not rerun
                    ) -> pd.DataFrame:
     "Every (dataset, router, spec) unit, in parallel through joblib: one row per unit and view."
     dss, rs = as_datasets(datasets), resolve_routers(routers)
@@ -448,7 +455,8 @@ def run_experiments(datasets, # `Dataset`(s), or a mapping name -> (obs, feature
     out = [None] * len(units)
     done = _reusable(reuse, units, n_draws)
     for i, rows in done.items(): out[i] = rows
-    todo = [i for i in sorted(range(len(units)), key=lambda i: units[i][2].mode != 'single')  # long units first
+    todo = [i for i in sorted(range(len(units)),
+                              key=lambda i: units[i][2].mode != 'single')  # long units first
             if i not in done]
     preps = {d.name: prepare_dataset(d, lam, views) for d in dss}
     jobs = _unit_jobs(units, todo, rs, preps, n_draws, lam, seed, alpha)
@@ -470,7 +478,7 @@ def run_protocol(datasets, # `Dataset`(s), or a mapping name -> (obs, features[,
                  n_jobs: int | None = None, # joblib workers (None: the parallel_config's default)
                  progress: bool = True, # show a progress bar (on a terminal only)
                 ) -> pd.DataFrame:
-    "The paper's comparison: every router under R single-shot draws and under DARS, both views, one tidy table."
+    "The paper's comparison: each router under R single-shot draws and DARS, both views, one table."
     return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), n_draws,
                            lam, seed,
                            n_boot, progress=progress, n_jobs=n_jobs, desc='protocol')
@@ -478,11 +486,11 @@ def run_protocol(datasets, # `Dataset`(s), or a mapping name -> (obs, features[,
 # %% ../../nbs/21_protocol.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
 
-def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or any table with single and dars rows)
+def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any single and dars rows)
                         baseline: str = 'single', # the supervision compared against
                         treatment: str = 'dars', # the supervision compared
                        ) -> pd.DataFrame:
-    "Per (dataset, router, view): single mean, std over draws, DARS utility, their difference and the win."
+    "Per (dataset, router, view): single mean, std over draws, DARS utility, difference and win."
     keys = ['dataset', 'router', 'view']
     part = results[results['supervision'].isin([baseline, treatment])]
     if part.duplicated(keys + ['supervision']).any():
@@ -502,7 +510,8 @@ def compare_supervision(results: pd.DataFrame, # output of `run_protocol` (or an
             for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'),
                              ('vs_fixed_high', 'vs_best_fixed_high')):
                 out[f'{side}_{col}'] = s[src].reindex(out.index)
-        out['best_fixed'] = part.set_index(keys)['best_fixed'].groupby(level=keys).first().reindex(out.index)
+        out['best_fixed'] = (part.set_index(keys)['best_fixed'].groupby(level=keys).first()
+                             .reindex(out.index))
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     return out.dropna(subset=['single', 'dars']).reindex(pd.MultiIndex.from_tuples(
         sorted(out.dropna(subset=['single', 'dars']).index,
@@ -513,7 +522,8 @@ class Wins(NamedTuple):
     "How many settings DARS improves."
     wins: int
     settings: int
-    def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
+    def __str__(self):
+        return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
 
 # %% ../../nbs/21_protocol.ipynb #bf782853
 class Verdict(NamedTuple):
@@ -537,7 +547,7 @@ class Verdict(NamedTuple):
 def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                    by=None, # None for one count, or column(s) among dataset/router/view
                   ) -> Verdict | pd.DataFrame:
-    "Both counts, never one without the other: DARS vs single-shot, and routers vs the training-chosen best fixed model."
+    "Both counts, never one alone: DARS vs single-shot, and routers vs the best fixed model."
     c = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in c.columns or c['dars_vs_fixed'].isna().any():
         raise ValueError("results have no difference to the best fixed model: pass the output of "
@@ -572,7 +582,7 @@ def _header(c) -> str:
 
 # %% ../../nbs/21_protocol.ipynb #b8f378b3
 class Table(NamedTuple):
-    "A results table: values, optional ± std or [low, high] interval per cell, and which cells to show in bold."
+    "A results table: values, optional ± std or [low, high] per cell, and which cells are bold."
     values: pd.DataFrame
     bold: pd.DataFrame
     std: pd.DataFrame | None = None
@@ -594,9 +604,11 @@ def to_markdown(self: Table, digits: int = 3) -> str:
         cells = []
         for j in range(v.shape[1]):
             s = _fmt(v.iat[i, j], digits)
-            if self.std is not None and pd.notna(self.std.iat[i, j]): s += f' ± {self.std.iat[i, j]:.{digits}f}'
+            if self.std is not None and pd.notna(self.std.iat[i, j]):
+                s += f' ± {self.std.iat[i, j]:.{digits}f}'
             if self.low is not None and pd.notna(v.iat[i, j]):
-                s = f'{v.iat[i, j]:+.{digits}f} [{self.low.iat[i, j]:+.{digits}f}, {self.high.iat[i, j]:+.{digits}f}]'
+                s = (f'{v.iat[i, j]:+.{digits}f} '
+                     f'[{self.low.iat[i, j]:+.{digits}f}, {self.high.iat[i, j]:+.{digits}f}]')
             cells.append(f'**{s}**' if s and bool(self.bold.iat[i, j]) else s)
         lines.append('| ' + ' | '.join(shown + cells) + ' |')
         prev = key
@@ -618,11 +630,12 @@ def to_frame(self: Table) -> pd.DataFrame:
 
 # %% ../../nbs/21_protocol.ipynb #631f29ad
 def table1(results: pd.DataFrame, # output of `run_protocol`
-           baselines: pd.DataFrame | None = None, # output of `protocol_baselines`: adds its rows below the routers
+           baselines: pd.DataFrame | None = None, # `protocol_baselines` rows, below the routers
           ) -> Table:
-    "Paper Table 1: rows router / + DARS (then the baselines), columns dataset × view; DARS cells that beat single-shot in bold."
+    "Paper Table 1: rows router / + DARS, baselines; columns dataset × view; DARS wins in bold."
     c = compare_supervision(results)
-    routers, datasets = list(dict.fromkeys(c.index.get_level_values('router'))), list(dict.fromkeys(c.index.get_level_values('dataset')))
+    routers, datasets = (list(dict.fromkeys(c.index.get_level_values('router'))),
+                         list(dict.fromkeys(c.index.get_level_values('dataset'))))
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = pd.MultiIndex.from_tuples([(d, VIEW_LABELS.get(v, v)) for d in datasets for v in views])
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
@@ -644,48 +657,56 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
 # %% ../../nbs/21_protocol.ipynb #15876400
 def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
                   ) -> Table:
-    "Difference to the best fixed model chosen on training data, [interval], per router / + DARS and dataset × view; above 0 in bold."
+    "Difference to the best fixed model [interval] per router / + DARS, dataset × view; > 0 bold."
     c = compare_supervision(results)
     if 'dars_vs_fixed' not in c.columns: raise ValueError("results have no difference to the best "
                                                           "fixed model: pass the output of "
                                                           "run_protocol")
     routers = list(dict.fromkeys(c.index.get_level_values('router')))
-    cols = pd.MultiIndex.from_tuples(list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
+    cols = pd.MultiIndex.from_tuples(
+        list(dict.fromkeys((d, VIEW_LABELS.get(v, v)) for d, _, v in c.index)))
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
                                      names=['router', 'supervision'])
     frames = {k: pd.DataFrame(np.nan, rows, cols) for k in ('vs', 'low', 'high')}
     for (d, r, v), row in c.iterrows():
         for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
             for k, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
-                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
+                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = (
+                    row[f'{side}_vs_fixed{suffix}'])
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21_protocol.ipynb #311d48bf
 def table5(results: pd.DataFrame, # output of `run_protocol`
           ) -> Table:
-    "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; winning DARS cells in bold."
+    "Paper Table 5: rows (router, dataset); single mean ± std and DARS per view; DARS wins in bold."
     c = compare_supervision(results)
     views = list(dict.fromkeys(c.index.get_level_values('view')))
     cols = [f'{s} {VIEW_LABELS.get(v, v)}' for v in views for s in ('Single', 'DARS')]
     idx = pd.MultiIndex.from_tuples(list(dict.fromkeys((r, d) for d, r, _ in c.index)),
                                     names=['router', 'dataset'])
-    idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(c.index.get_level_values('router'))).index(k[0])),
+    idx = pd.MultiIndex.from_tuples(sorted(idx, key=lambda k: list(dict.fromkeys(
+                                        c.index.get_level_values('router'))).index(k[0])),
                                     names=['router', 'dataset'])
-    vals, std, bold = pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols), pd.DataFrame(False, idx, cols)
+    vals, std, bold = (pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols),
+                       pd.DataFrame(False, idx, cols))
     for (d, r, v), row in c.iterrows():
         lab = VIEW_LABELS.get(v, v)
-        vals.loc[(r, d), f'Single {lab}'], std.loc[(r, d), f'Single {lab}'] = row['single'], row['single_std']
-        vals.loc[(r, d), f'DARS {lab}'], bold.loc[(r, d), f'DARS {lab}'] = row['dars'], bool(row['win'])
+        (vals.loc[(r, d), f'Single {lab}'],
+         std.loc[(r, d), f'Single {lab}']) = row['single'], row['single_std']
+        (vals.loc[(r, d), f'DARS {lab}'],
+         bold.loc[(r, d), f'DARS {lab}']) = row['dars'], bool(row['win'])
     return Table(vals, bold, std)
 
 # %% ../../nbs/21_protocol.ipynb #148eab32
 def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets with ground truth
                 ) -> pd.DataFrame:
     "True regret per router (rows) and dataset × supervision (columns); NaN without truth."
-    r = results[results['supervision'].isin(['single', 'dars'])].drop_duplicates(['dataset', 'router', 'supervision'])
+    r = (results[results['supervision'].isin(['single', 'dars'])]
+         .drop_duplicates(['dataset', 'router', 'supervision']))
     t = r.pivot(index='router', columns=['dataset', 'supervision'], values='true_regret')
     t = t.reindex(index=list(dict.fromkeys(r['router'])),
-                  columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset']) for s in ('single', 'dars')]))
+                  columns=pd.MultiIndex.from_tuples([(d, s) for d in dict.fromkeys(r['dataset'])
+                                                     for s in ('single', 'dars')]))
     return t
 
 # %% ../../nbs/21_protocol.ipynb #519aca97
@@ -702,7 +723,7 @@ def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
 # %% ../../nbs/21_protocol.ipynb #5f290526
 def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                      ) -> pd.DataFrame:
-    "Spread of the R single-shot utilities per (dataset, router, view), with the DARS router as reference."
+    "Spread of the R single-shot utilities per (dataset, router, view), DARS as the reference."
     keys = ['dataset', 'router', 'view']
     ref = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)['utility']
     return router_variance(protocol_draws(results), reference=ref, by=keys)
@@ -723,10 +744,11 @@ def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
 def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
                   title: str = 'Single-shot (mean ± std over draws) vs DARS', # chart title
                  ) -> alt.Chart:
-    "Table 1 as a chart: per router, the single-shot mean with ± 1 std and the DARS utility, per dataset and view."
+    "Table 1 as a chart: per router, single-shot mean ± 1 std and DARS utility, per dataset, view."
     c = compare_supervision(results).reset_index()
     c['view'] = c['view'].map(lambda v: VIEW_LABELS.get(v, v))
-    c['low'], c['high'] = c['single'] - c['single_std'].fillna(0), c['single'] + c['single_std'].fillna(0)
+    c['low'], c['high'] = (c['single'] - c['single_std'].fillna(0),
+                           c['single'] + c['single_std'].fillna(0))
     base = alt.Chart(c).encode(y=alt.Y('router:N', title=None, sort=None))
     x = alt.X('single:Q', title='Test utility (mean of q − λc)', scale=alt.Scale(zero=False))
     rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)),

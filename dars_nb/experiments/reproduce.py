@@ -80,14 +80,15 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
                           index=pd.Index(first['query_id'].astype(str), name='query_id'))
 
 # %% ../../nbs/24_reproduce.ipynb #73d864a5
-def read_features(path, # a .parquet (or .csv) file: one row per query, indexed by query_id or with a query_id column
+def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
                  ) -> pd.DataFrame:
     "A features table indexed by query_id (str), all columns numeric."
     path = Path(path)
     if not path.exists(): raise ValueError(f"no features file at {path}")
     try: f = pd.read_parquet(path) if path.suffix.lower() == '.parquet' else pd.read_csv(path)
-    except Exception as e: raise ValueError(f"cannot read {path.name}: "
-                                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    except Exception as e:
+        raise ValueError(f"cannot read {path.name}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if 'query_id' in f.columns: f = f.set_index('query_id')
     f = f.set_axis(f.index.astype(str).rename('query_id'))
     try: f = f.astype(float)
@@ -442,7 +443,7 @@ TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file
               quick: bool = False, # small sizes for a smoke test
-              n_jobs: int | None = None, # joblib workers (None: every core for the full run, 1 for `quick`)
+              n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
               seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
               features=None, # features file for `data` (default: from its query_text column)
               routers=None, # routers to run (default: the seven families of dars_nb.routers)
@@ -451,7 +452,8 @@ def reproduce(out, # folder for the report (created if needed)
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
-        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: "
+                         f"{install_hint('torch')}")
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
     run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
@@ -599,7 +601,8 @@ def _report_studies(s: dict, md: dict) -> list[str]:
 # %% ../../nbs/24_reproduce.ipynb #c517e55a
 def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, data, seed) -> str:
     "The text of report.md."
-    lines = (_report_head(s, st, data, seed) + _report_headline(s, res) + _report_protocol(st, md, truth)
+    lines = (_report_head(s, st, data, seed) + _report_headline(s, res)
+             + _report_protocol(st, md, truth)
              + _report_studies(s, md))
     return '\n'.join(lines)
 
@@ -607,7 +610,8 @@ def _report(s: dict, st: Settings, md: dict, res: pd.DataFrame, truth: bool, dat
 def _no_router_text(v) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if v.dars_beats_fixed or v.single_beats_fixed: return ''
-    return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
+    return (' No router beats the best fixed model in any setting: on this data, routing has'
+            ' not been shown to pay.')
 
 # %% ../../nbs/24_reproduce.ipynb #198e39bf
 def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
@@ -617,7 +621,8 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
     lines = [head]
     for d, g in base.groupby('dataset', sort=False):
         u = g.set_index(['policy', 'view'])
-        def vals(p): return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
+        def vals(p):
+            return ' / '.join(f"{u.loc[(p, v), 'utility']:.3f}" for v in views if (p, v) in u.index)
         def model(p): return ' / '.join(dict.fromkeys(u.xs(p, level='policy')['model']))
         text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) "
                 f"{vals(BASELINES[0])}; "
@@ -628,7 +633,7 @@ def _baseline_lines(base: pd.DataFrame, md: bool = False) -> list[str]:
 
 # %% ../../nbs/24_reproduce.ipynb #d8454f8e
 def _best_text(d: str, b, res: pd.DataFrame) -> str:
-    "The best policy of a dataset, its utility and its difference to the training-chosen best fixed model per view."
+    "A dataset's best policy, its utility and its difference to the best fixed model, per view."
     r, sup, u = b
     rows = res[(res['dataset'] == d) & (res['router'] == r) & (res['supervision'] == sup)]
     diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} "
@@ -638,20 +643,23 @@ def _best_text(d: str, b, res: pd.DataFrame) -> str:
 
 # %% ../../nbs/24_reproduce.ipynb #655fe131
 def _router_lines(res: pd.DataFrame) -> list[str]:
-    "Per dataset and router: single-shot and DARS difference to the training-chosen best fixed model, [interval] per view; * above 0."
+    "Per dataset, router: single-shot and DARS gap to the best fixed model [interval]; * above 0."
     c = compare_supervision(res)
     def cell(x, side): 
         lo, hi = x[f'{side}_vs_fixed_low'], x[f'{side}_vs_fixed_high']
         return f"{x[f'{side}_vs_fixed']:+.3f} [{lo:+.3f}, {hi:+.3f}]{'*' if lo > 0 else ' '}"
     views = list(dict.fromkeys(c.index.get_level_values('view')))
-    lines = ['Difference to the best fixed model chosen on training data, ' + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
+    lines = ['Difference to the best fixed model chosen on training data, '
+             + ' / '.join(VIEW_LABELS.get(v, v) for v in views)
              + ' (* interval above 0):']
     for d, part in c.groupby(level='dataset', sort=False):
         lines.append(f'  {d}')
         for r, g in part.droplevel('dataset').groupby(level='router', sort=False):
             g = g.droplevel('router')
-            lines.append(f"    {r:<12} single-shot " + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
-                         + "   DARS " + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
+            lines.append(f"    {r:<12} single-shot "
+                         + ' / '.join(cell(g.loc[v], 'single') for v in views if v in g.index)
+                         + "   DARS "
+                         + ' / '.join(cell(g.loc[v], 'dars') for v in views if v in g.index))
     return lines
 
 # %% ../../nbs/24_reproduce.ipynb #85a80457
@@ -669,7 +677,8 @@ def _summary_text(s: dict, res: pd.DataFrame, truth: bool) -> str:
                  'best fixed model [interval]:')
     lines += ['  ' + _best_text(d, b, res) for d, b in s['best'].items()]
     if truth:
-        reg = res.drop_duplicates(['dataset', 'router', 'supervision']).groupby('supervision')['true_regret'].mean()
+        reg = (res.drop_duplicates(['dataset', 'router', 'supervision'])
+               .groupby('supervision')['true_regret'].mean())
         lines.append(f"Mean true regret: single-shot {reg.get('single', np.nan):.4f}, DARS "
                      f"{reg.get('dars', np.nan):.4f}")
     lines += [f"Report: {Path(s['out']) / 'report.md'}  ({_fmt_seconds(s['seconds'])}; "
@@ -682,7 +691,7 @@ def reproduce_main(out: str, # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
-                   quiet: bool = False, # no progress lines, bars or summary (errors still on stderr)
+                   quiet: bool = False, # no progress, bars or summary (errors still on stderr)
                   ) -> int:
     "Run the whole experiment and write its report: tables, charts and report.md."
     try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
