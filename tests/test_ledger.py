@@ -185,3 +185,23 @@ def test_sigterm_is_a_clean_resumable_stop(local_server, tmp_path):
                         env=ENV, capture_output=True, text=True, timeout=120)
     assert st.returncode == 0, st.stderr
     assert 'last run: complete' in st.stdout and '| mmlu | a |' in st.stdout and 'spend ledger (all runs)' in st.stdout, st.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the dry run is an upper bound of what a run sends and spends, rewriter rounds included
+
+def test_the_dry_run_bounds_what_a_run_sends_and_spends(local_server, tmp_path, capsys):
+    import re
+    from dars_nb.collect.run import collect_main, EXIT_OK
+    cfg = config(tmp_path, local_server.base_url, attempts=3)     # up to three rewriter rounds per query
+    assert collect_main(str(cfg), dry_run=True) == EXIT_OK
+    total = re.search(r'total: at most (\d+) calls to make \(retries not counted\), at most \$([\d.,]+)',
+                      capsys.readouterr().out)
+    calls, dollars = int(total[1]), float(total[2].replace(',', ''))
+    assert collect_main(str(cfg), quiet=True) == EXIT_OK
+    with Store(tmp_path / 'store.sqlite') as s: t = s.ledger().totals()
+    # no fault on this endpoint, so every request is a first attempt; the printed maximum has three
+    # significant digits, so it may be up to 0.5 % below the exact one
+    assert int(t['requests'].sum()) == int(t['ok'].sum()) <= calls, (t, calls)
+    assert float(t['usd'].sum()) <= dollars * 1.005, (t, dollars)
+    assert t.loc['rewrite', 'requests'].sum() >= 1
