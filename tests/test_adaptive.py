@@ -1,4 +1,5 @@
-"The exported `dars_nb.adaptive` on constructed grids whose answer is known."
+"""The exported `dars_nb.adaptive` on constructed grids whose answer is known: the checks nbs/23_adaptive.ipynb does not
+make (the paper's 7.75 observations, the vacuous risk test and the 2×2 corner identity are pinned there)."""
 import numpy as np
 import pandas as pd
 
@@ -33,26 +34,10 @@ def _ceiling_case(n_settled):
                    for i in range(200) for m in ('a', 'b')}, price)
 
 
-def test_paper_arithmetic_on_200_queries():
-    alloc = adaptive_allocation(_grids(50, 150))
-    assert (alloc['stage'] == 2).sum() == 50 and (alloc['stage'] == 3).sum() == 150
-    s = allocation_summary(alloc)
-    assert s['obs_per_pair'] == 7.75
-    assert abs(s['calls_saved_vs_3x3'] - 0.139) < 5e-4
-
-
-def test_vacuous_risk_test_stops_the_top_margin_quarter():
-    alloc = adaptive_allocation(_ceiling_case(0))
-    assert alloc.index[alloc['stage'] == 2].get_level_values('query_id').tolist() == [f'q{i:03d}' for i in range(50)]
-
-
-def test_settled_queries_below_the_ceiling_stop_nothing():
-    obs = _ceiling_case(60)
+def test_loosening_the_risk_quantile_past_the_settled_share_makes_it_vacuous_again():
+    obs = _ceiling_case(60)          # 60 of 200 queries settled at R = 0, the rest at the 2×2 ceiling
     st = stage_statistics(obs)
-    assert (st['risk'] == 0).sum() == 60 and np.isclose(st['risk'][st['risk'] > 0], CEILING).all()
-    s = allocation_summary(adaptive_allocation(obs))
-    assert s['queries_at_2x2'] == 0 and s['obs_per_pair'] == 9.0 and s['calls_saved_vs_3x3'] == 0
-    # loosening the risk quantile past 60/199 makes the risk test vacuous again
+    assert np.isclose(st['risk'][st['risk'] > 0], CEILING).all()
     f = first_stage_stops(obs, risk_levels=(0.25, 0.30, 0.31, 1.0), margin_levels=(0.75,))
     assert f['stopped'].tolist() == [0, 0, 50, 50] and f['pass_risk'].tolist() == [60, 60, 200, 200]
 
@@ -73,9 +58,6 @@ def test_identities():
     a = adaptive_allocation(obs, quantiles=((0.5, 0.5), (0.5, 0.5)))
     assert set(a['n_obs']) <= {4, 9, 25}
     assert adaptive_allocation(obs, stages=(5,), quantiles=())['agrees'].all()
-    # the 2×2 statistics are those of the leading 2 rewrites × 2 decodes alone
-    corner = obs[(obs['rewrite_id'] <= 2) & (obs['sample_id'] <= 1)]
-    pd.testing.assert_frame_equal(stage_statistics(obs), stage_statistics(corner))
 
 
 def test_pairs_rule_stops_clean_queries():
