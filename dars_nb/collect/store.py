@@ -23,7 +23,7 @@ from ..observations import (
 
 # %% auto #0
 __all__ = ['EXTRA_COLUMNS', 'STORE_COLUMNS', 'SCHEMA_VERSION', 'LEDGER_KINDS', 'LEDGER_STATUSES', 'StoreError', 'Store',
-           'SpendLedger', 'check_store', 'salvage_store', 'store_main', 'store_status', 'status_main']
+           'StoreLedger', 'check_store', 'salvage_store', 'store_main', 'store_status', 'status_main']
 
 # %% ../../nbs/31_store.ipynb #53ce4b85
 EXTRA_COLUMNS = ['top_p', 'seed', 'answer', 'finish_reason', 'attempts', 'extra']
@@ -412,8 +412,8 @@ def rewriter_answers(self: Store, dataset: str, # dataset name
     return [dict(round=r, slots=json.loads(s), text=t) for r, s, t in got]
 
 # %% ../../nbs/31_store.ipynb #bdf54e32
-class SpendLedger:
-    "Every request's reservation and final cost, in the store's own file, over all runs."
+class StoreLedger:
+    "The store's spend ledger, over all runs (the client's `SpendLedger` protocol)."
     def __init__(self, store: Store, # the store whose `ledger` table this reads and writes
                 ):
         self.store = store
@@ -422,7 +422,7 @@ class SpendLedger:
                           "FROM ledger")[0]
         self._n, self._usd, self._open = int(n), float(usd), {}
 
-    def __repr__(self): return f"SpendLedger({self._n} requests, ${self._usd:.6g})"
+    def __repr__(self): return f"StoreLedger({self._n} requests, ${self._usd:.6g})"
 
     def spent(self) -> tuple[int, float]:
         "(requests, dollars) over all runs: settled costs plus open reservations at their maximum."
@@ -437,7 +437,7 @@ def _money(v, what) -> float:
 
 # %% ../../nbs/31_store.ipynb #b04e4250
 @patch
-def reserve(self: SpendLedger, model: str, # the pool's name of the model called
+def reserve(self: StoreLedger, model: str, # the pool's name of the model called
             kind: str, # 'generation' or 'rewrite'
             max_usd: float, # the worst-case cost: prompt and max_tokens at the model's prices
            ) -> int: # the entry's id, for `settle`
@@ -455,7 +455,7 @@ def reserve(self: SpendLedger, model: str, # the pool's name of the model called
 
 # %% ../../nbs/31_store.ipynb #9d5b7185
 @patch
-def settle(self: SpendLedger, entry: int, # an id from `reserve`
+def settle(self: StoreLedger, entry: int, # an id from `reserve`
            cost_usd: float, # what the request cost (0 for one that failed before any answer)
            status: str, # 'ok', 'failed' or 'lost'
           ) -> None:
@@ -472,7 +472,7 @@ def settle(self: SpendLedger, entry: int, # an id from `reserve`
 
 # %% ../../nbs/31_store.ipynb #c74bacb4
 @patch
-def settle_lost(self: SpendLedger) -> int: # how many entries were settled
+def settle_lost(self: StoreLedger) -> int: # how many entries were settled
     "Settle every open entry of an earlier run as 'lost' at its maximum (hold the writer lock)."
     mine = list(self._open) or [-1]
     sql = (f"UPDATE ledger SET status = 'lost', cost_usd = max_usd, settled_at = ? "
@@ -481,7 +481,7 @@ def settle_lost(self: SpendLedger) -> int: # how many entries were settled
 
 # %% ../../nbs/31_store.ipynb #f6661db5
 @patch
-def totals(self: SpendLedger) -> pd.DataFrame:
+def totals(self: StoreLedger) -> pd.DataFrame:
     "Requests and dollars per kind and model, with the count of each status."
     df = _frame(self.store, "SELECT kind, model, status, max_usd, cost_usd FROM ledger")
     usd = df['cost_usd'].where(df['status'] != 'open', df['max_usd']).fillna(0.0)
@@ -493,9 +493,9 @@ def totals(self: SpendLedger) -> pd.DataFrame:
 
 # %% ../../nbs/31_store.ipynb #7d438b12
 @patch
-def ledger(self: Store) -> SpendLedger:
+def ledger(self: Store) -> StoreLedger:
     "The store's spend ledger (one object per open store)."
-    if self._ledger is None: self._ledger = SpendLedger(self)
+    if self._ledger is None: self._ledger = StoreLedger(self)
     return self._ledger
 
 # %% ../../nbs/31_store.ipynb #d85851c8
