@@ -14,6 +14,7 @@ import random
 import time
 import tomllib
 import warnings
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
@@ -462,20 +463,29 @@ class _Window:
     "At most `size` requests in flight; `size` halves on a 429 and grows back by one per success."
     def __init__(self, limit: int):
         self.size = self.limit = limit
-        self.busy, self._cond = 0, asyncio.Condition()
+        self.busy, self._waiting = 0, deque()   # futures of the requests waiting, first come first served
 
     async def __aenter__(self):
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.busy < self.size)
-            self.busy += 1
+        if self.busy < self.size and not self._waiting: self.busy += 1; return
+        slot = asyncio.get_running_loop().create_future()
+        self._waiting.append(slot)
+        try: await slot
+        except asyncio.CancelledError:   # handed a slot, then cancelled: pass the slot on
+            if slot.done() and not slot.cancelled(): self._release()
+            raise
 
-    async def __aexit__(self, *exc):
-        async with self._cond:
-            self.busy -= 1
-            self._cond.notify_all()
+    async def __aexit__(self, *exc): self._release()
+
+    def _release(self): self.busy -= 1; self._hand_on()
+
+    def _hand_on(self):
+        "Wake the oldest waiting requests while there is room: one wake-up per free slot."
+        while self._waiting and self.busy < self.size:
+            slot = self._waiting.popleft()
+            if not slot.done(): self.busy += 1; slot.set_result(None)
 
     def shrink(self): self.size = max(1, self.size // 2)
-    def grow(self): self.size = min(self.limit, self.size + 1)
+    def grow(self): self.size = min(self.limit, self.size + 1); self._hand_on()
 
 # %% ../../nbs/30_client.ipynb #4a7e0003
 class _PerMinute:
