@@ -13,8 +13,8 @@ from .stats import grid_stats, training_grid, best_models, TIE_TOL
 
 # %% auto #0
 __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement',
-           'uncertainty_decomposition', 'diagnose', 'plot_instability', 'plot_uncertainty', 'plot_diagnostics',
-           'markdown_table', 'diagnose_main']
+           'uncertainty_decomposition', 'diagnose', 'routing_headroom', 'plot_instability', 'plot_uncertainty',
+           'plot_diagnostics', 'markdown_table', 'diagnose_main']
 
 # %% ../nbs/02_diagnostics.ipynb #8643c2c6
 # observed cells every (query, model) pair needs before the diagnostics can read a grid
@@ -168,47 +168,65 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 
+# %% ../nbs/02_diagnostics.ipynb #fd6e9cc6
+def routing_headroom(obs: pd.DataFrame, # observations of one or more datasets (the training grid is read)
+                     lam: float = 0.05, # cost weight λ
+                    ) -> pd.Series:
+    "Per dataset: mean over queries of the best μ_q − λμ_c, minus the best single model's mean."
+    obs, out = ensure_valid(obs), {}
+    for ds in obs['dataset'].cat.categories:
+        try: q, c = _grid(training_grid(select(obs, dataset=ds)))
+        except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
+        s = grid_stats(q, c)
+        u = s['mu_q'] - lam * s['mu_c']                                   # (queries, models)
+        out[ds] = float(np.nanmean(np.nanmax(u, 1)) - np.nanmax(np.nanmean(u, 0)))
+    return pd.Series(out, name='routing_headroom').rename_axis('dataset')
+
 # %% ../nbs/02_diagnostics.ipynb #d3751fdc
 _METRIC_NAMES = {'outcome_instability': 'Outcome instability',
                  'winner_flip_rate': 'Winner flip rate',
                  'single_vs_da_disagreement': 'Single vs DA disagreement'}
 
 def plot_instability(table: pd.DataFrame, # output of `diagnose`
+                     title: str = 'Single-shot labels are unstable', # chart title
                     ) -> alt.Chart:
     "Figure 2(a): label instability per dataset, three metrics side by side."
     long = (table[list(_METRIC_NAMES)].rename(columns=_METRIC_NAMES).reset_index()
             .melt('dataset', var_name='metric', value_name='rate'))
-    return alt.Chart(long, title='Single-shot labels are unstable').mark_bar().encode(
+    return alt.Chart(long, title=title).mark_bar().encode(
         x=alt.X('metric:N', title=None, sort=list(_METRIC_NAMES.values()),
                 axis=alt.Axis(labelAngle=-20)),
         xOffset=alt.XOffset('dataset:N'),
         y=alt.Y('rate:Q', title='Rate', scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color('dataset:N', title='Dataset'),
+        color=alt.Color('dataset:N', title='Dataset', legend=alt.Legend(orient='bottom')),
         tooltip=['dataset', 'metric', alt.Tooltip('rate:Q', format='.3f')]
         ).properties(width=210, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #fd408681
 def plot_uncertainty(table: pd.DataFrame, # output of `diagnose`
+                     title: str = 'Where the uncertainty comes from', # chart title
                     ) -> alt.Chart:
     "Figure 2(b): input-side vs output-side variance per dataset."
     long = (table[['input_variance', 'output_variance']]
-            .rename(columns={'input_variance': 'Input side', 'output_variance': 'Output side'})
+            .rename(columns={'input_variance': 'Input side (rewording)',
+                             'output_variance': 'Output side (decoding)'})
             .reset_index().melt('dataset', var_name='source', value_name='variance'))
-    return alt.Chart(long, title='Where the uncertainty comes from').mark_bar().encode(
+    return alt.Chart(long, title=title).mark_bar().encode(
         x=alt.X('dataset:N', title='Dataset', axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset('source:N'),
         y=alt.Y('variance:Q', title='Mean variance of the score'),
-        color=alt.Color('source:N', title='Uncertainty',
-                        scale=alt.Scale(range=['#4c78a8', '#f58518'])),
+        color=alt.Color('source:N', title='Uncertainty', scale=alt.Scale(range=['#4c78a8', '#f58518']),
+                        legend=alt.Legend(orient='bottom', direction='vertical')),
         tooltip=['dataset', 'source',
                  alt.Tooltip('variance:Q', format='.4f')]).properties(width=170, height=220)
 
 # %% ../nbs/02_diagnostics.ipynb #9632adfd
 def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
                     ) -> alt.HConcatChart:
-    "Figure 2(a) and 2(b) side by side, each with its own colours and bar offsets."
-    return (plot_instability(table) | plot_uncertainty(table)).resolve_scale(color='independent',
-                                                                             xOffset='independent')
+    "Figure 2(a) and 2(b) side by side, panels labelled, each with its own colours and bar offsets."
+    return (plot_instability(table, '(a) Single-shot labels are unstable')
+            | plot_uncertainty(table, '(b) Where the uncertainty comes from')
+           ).resolve_scale(color='independent', xOffset='independent')
 
 # %% ../nbs/02_diagnostics.ipynb #b8e4d8fc
 def markdown_table(df, # a DataFrame (its named index becomes the first columns)

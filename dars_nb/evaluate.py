@@ -17,9 +17,9 @@ from .stats import normalize_cost, normalized_cost, supervision, Supervision, ce
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_ci',
            'view_utility', 'fixed_model_utilities', 'best_fixed_model', 'best_fixed_model_from_training',
            'oracle_choices', 'random_choices', 'oracle_utility', 'random_utility', 'utility_table',
-           'plot_view_utilities', 'fit_predict', 'true_utility', 'true_regret', 'cost_quality_curve',
+           'plot_view_utilities', 'fit_predict', 'router_choices', 'true_utility', 'true_regret', 'cost_quality_curve',
            'plot_cost_quality', 'router_variance', 'plot_router_variance', 'draw_view_utilities', 'single_vs_dars',
-           'plot_single_vs_dars']
+           'plot_single_vs_dars', 'draw_utilities']
 
 # %% ../nbs/20_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
@@ -361,6 +361,32 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
     return pd.Series(np.asarray(pred, dtype=object),
                      index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
 
+# %% ../nbs/20_evaluate.ipynb #4ed1291f
+def _test_ids(obs_test: pd.DataFrame) -> pd.Index:
+    "Sorted ids of the test queries (split 'test') in `obs_test`."
+    ids = obs_test.loc[obs_test['split'].astype(str) == 'test', 'query_id'].astype(str).unique()
+    if len(ids) == 0: raise ValueError("no test observations (split 'test') in the table")
+    return pd.Index(sorted(ids), name='query_id')
+
+# %% ../nbs/20_evaluate.ipynb #240574ed
+def _feature_frame(features) -> pd.DataFrame:
+    "`features`, checked to be a DataFrame indexed by query_id."
+    if not isinstance(features, pd.DataFrame):
+        raise ValueError("features must be a DataFrame indexed by query_id, got "
+                         f"{type(features).__name__}")
+    return features
+
+# %% ../nbs/20_evaluate.ipynb #c6b9efa9
+def router_choices(router, # a fitted router: `predict(X)` -> model names, (n,) or (R, n)
+                   features: pd.DataFrame, # query features indexed by query_id (test queries among them)
+                   obs_test: pd.DataFrame, # observations: the queries of their test split are routed
+                  ) -> pd.Series | pd.DataFrame:
+    "The router's choice per test query: a Series by query_id, or a column per draw for R draws."
+    ids = _test_ids(obs_test)
+    pred = np.asarray(router.predict(_features(_feature_frame(features), ids, 'test')), dtype=object)
+    if pred.ndim == 1: return pd.Series(pred, index=ids)
+    return pd.DataFrame(pred.T, index=ids).rename_axis(columns='draw')
+
 # %% ../nbs/20_evaluate.ipynb #727c07ba
 def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_c (or utility)
                  lam: float = 0.05, # cost weight λ
@@ -387,33 +413,40 @@ def true_regret(choices, # mapping or Series query_id -> model name (the queries
     regret = t.max(axis=1).reindex(chosen.index).to_numpy() - chosen.to_numpy()
     return _maybe_ci(regret, ci, n_boot, alpha, seed)
 
+# %% ../nbs/20_evaluate.ipynb #c9a13c0f
+def _curve_tables(obs: pd.DataFrame, obs_test, view: str) -> tuple:
+    "(training observations, view quality table, view cost table), costs normalised jointly."
+    if obs_test is None: obs = obs_test = _prepared(obs)
+    elif 'cost_norm' not in obs.columns or 'cost_norm' not in obs_test.columns:
+        obs, obs_test = normalize_jointly(obs, obs_test)
+    return (obs, *view_means(obs_test, view))
+
 # %% ../nbs/20_evaluate.ipynb #0773d2d7
-def cost_quality_curve(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> model names
-                       X_train, # training features (indexed by query_id, or in supervision order)
-                       obs_train: pd.DataFrame, # observations with the training grid
-                       X_test, # test features (indexed by query_id, or in test-table order)
-                       obs_test: pd.DataFrame, # observations with the test view
+def cost_quality_curve(router, # an unfitted router, or a mapping label -> unfitted router
+                       features: pd.DataFrame, # query features indexed by query_id (train and test)
+                       obs: pd.DataFrame, # observations: the training grid and the test view
+                       *,
                        lams=(0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), # the λ values to sweep
                        mode: str = 'dars', # supervision mode
                        beta: float = 0.2, # risk weight β
                        view: str = 'rewrite', # evaluation view
                        seed=0, # seed for single-shot supervision
-                       name: str | None = None, # the router's label (default: its class name)
+                       name: str | None = None, # label of a single router (default: its class name)
+                       obs_test: pd.DataFrame | None = None, # test observations, if not in `obs`
                       ) -> pd.DataFrame:
     "Mean normalised cost and quality of the router's choices per λ, and one point per fixed model."
-    if 'cost_norm' not in obs_train.columns or 'cost_norm' not in obs_test.columns:
-        if obs_train is obs_test: obs_train = obs_test = _prepared(obs_train)
-        else: obs_train, obs_test = normalize_jointly(obs_train, obs_test)
-    quality, cost = view_means(obs_test, view)
+    features = _feature_frame(features)
+    routers = router if isinstance(router, Mapping) else {name or type(router).__name__: router}
+    obs_train, quality, cost = _curve_tables(obs, obs_test, view)
     sup0 = supervision(obs_train, mode=mode, lam=float(lams[0]), beta=beta, seed=seed)
-    name = name or type(router).__name__
     rows = []
-    for lam in lams:
-        choices = fit_predict(router, X_train, sup0.with_weights(lam=float(lam)), X_test,
-                              quality.index)
-        q, c = _lookup(choices, quality).mean(), _lookup(choices, cost).mean()
-        rows.append(dict(policy=name, kind='router', lam=float(lam), cost=c, quality=q,
-                         utility=q - lam * c))
+    for label, r in routers.items():
+        for lam in lams:
+            choices = fit_predict(r, features, sup0.with_weights(lam=float(lam)), features,
+                                  quality.index)
+            q, c = _lookup(choices, quality).mean(), _lookup(choices, cost).mean()
+            rows.append(dict(policy=label, kind='router', lam=float(lam), cost=c, quality=q,
+                             utility=q - lam * c))
     fixed = pd.DataFrame(dict(policy=quality.columns, kind='fixed model', lam=np.nan,
                               cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(),
                               utility=np.nan))
@@ -438,6 +471,22 @@ def plot_cost_quality(curve: pd.DataFrame, # `cost_quality_curve` output (or sev
     labels = pts.mark_text(align='left', dx=7, fontSize=9, color='gray').encode(text='policy:N')
     return (line + pts + labels).properties(title=title, width=420, height=280)
 
+# %% ../nbs/20_evaluate.ipynb #55030e40
+def _reference_series(reference, # None, a number, a Series by group, or a table with the group columns
+                      keys: list, # the group columns
+                      value: str, # the column of utilities (or 'reference')
+                      groups: pd.Index, # the groups, for a number
+                     ) -> pd.Series | None:
+    "The reference utility per group, as a Series indexed like `groups`."
+    if reference is None or isinstance(reference, pd.Series): return reference
+    if not isinstance(reference, pd.DataFrame): return pd.Series(float(reference), index=groups)
+    if not set(keys) <= set(reference.columns): reference = reference.reset_index()
+    col = 'reference' if 'reference' in reference.columns else value
+    ref = reference.set_index(keys if len(keys) > 1 else keys[0])[col]
+    if ref.index.has_duplicates:
+        raise ValueError(f"reference has more than one row for {ref.index[ref.index.duplicated()][0]!r}")
+    return ref
+
 # %% ../nbs/20_evaluate.ipynb #7b997267
 def router_variance(utilities_per_draw, # a test utility per single-shot router, or a long table
                     reference=None, # DARS-trained router's utility: a number, or a Series by group
@@ -459,8 +508,7 @@ def router_variance(utilities_per_draw, # a test utility per single-shot router,
                             median=g.median(), q95=g.quantile(0.95), max=g.max()))
     out['range'] = out['max'] - out['min']
     if reference is not None:
-        ref = reference if isinstance(reference, pd.Series) else pd.Series(float(reference),
-                                                                           index=out.index)
+        ref = _reference_series(reference, keys, value, out.index)
         row_keys = pd.MultiIndex.from_frame(df[keys]) if len(keys) > 1 else pd.Index(df[keys[0]])
         below = df.assign(_below=df[value].to_numpy() < ref.reindex(row_keys).to_numpy(float))
         out['reference'] = ref.reindex(out.index).to_numpy(float)
@@ -472,7 +520,7 @@ def router_variance(utilities_per_draw, # a test utility per single-shot router,
 
 # %% ../nbs/20_evaluate.ipynb #3184fb41
 def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, columns `by`, `value`
-                         reference: pd.DataFrame | None = None, # DARS: `by`, 'reference'
+                         reference=None, # DARS: a Series by group, or a table with `by` and `value`
                          by: str = 'router', # the column on the vertical axis
                          column: str | None = 'view', # facet column (None for one panel)
                          value: str = 'utility', # the column of utilities
@@ -482,10 +530,12 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
     facet = column is not None and column in draws.columns
     keys = [by] + ([column] if facet else [])
     data = draws[keys + [value]].assign(kind='single-shot')
-    if reference is not None:
-        data = pd.concat([data, reference[keys + ['reference']].rename(columns={'reference': value})
-                                .assign(kind='DARS')],
-                         ignore_index=True)
+    groups = pd.MultiIndex.from_frame(data[keys].drop_duplicates()) if len(keys) > 1 else \
+        pd.Index(data[keys[0]].unique(), name=keys[0])
+    ref = _reference_series(reference, keys, value, groups)
+    if ref is not None:
+        ref = ref.rename(value).rename_axis(keys).reset_index().assign(kind='DARS')
+        data = pd.concat([data, ref], ignore_index=True)
     base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
                                           scale=alt.Scale(zero=False)),
                                   y=alt.Y(f'{by}:N', title=None))
@@ -542,3 +592,21 @@ def plot_single_vs_dars(long: pd.DataFrame, # output of `single_vs_dars`
     bars = base.mark_errorbar().encode(x=x, y=alt.Y('lo:Q', title=y_title), y2='hi:Q')
     return (alt.layer(bars, points).properties(width=260, height=200)
             .facet(column=alt.Column('view:N', title='Test view')).properties(title=title))
+
+# %% ../nbs/20_evaluate.ipynb #31ea1c31
+def draw_utilities(routers, # a fitted router (one or R draws), or a mapping name -> fitted router
+                   features: pd.DataFrame, # query features indexed by query_id (test queries among them)
+                   obs_test: pd.DataFrame, # observations holding the test views
+                   views=('rewrite', 'decode'), # the views to score
+                   lam: float = 0.05, # cost weight λ
+                  ) -> pd.DataFrame:
+    "A row per (router, view, draw): U_view of every draw of every router."
+    routers = routers if isinstance(routers, Mapping) else {type(routers).__name__: routers}
+    features, parts = _feature_frame(features), []
+    for v in views:
+        t = per_query_view_utility(obs_test, v, lam)
+        X = _features(features, t.index, 'test')
+        for name, r in routers.items():
+            u = draw_view_utilities(r, X, {v: t})[v]
+            parts.append(pd.DataFrame(dict(router=name, view=v, draw=np.arange(len(u)), utility=u)))
+    return pd.concat(parts, ignore_index=True)
