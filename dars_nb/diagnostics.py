@@ -179,7 +179,8 @@ def routing_headroom(obs: pd.DataFrame, # observations of one or more datasets (
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         s = grid_stats(q, c)
         u = s['mu_q'] - lam * s['mu_c']                                   # (queries, models)
-        out[ds] = float(np.nanmean(np.nanmax(u, 1)) - np.nanmax(np.nanmean(u, 0)))
+        gap = float(np.nanmean(np.nanmax(u, 1)) - np.nanmax(np.nanmean(u, 0)))
+        out[ds] = max(gap, 0.0)               # ≥ 0 by construction; a rounding error below is 0
     return pd.Series(out, name='routing_headroom').rename_axis('dataset')
 
 # %% ../nbs/02_diagnostics.ipynb #d3751fdc

@@ -362,8 +362,10 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
                      index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
 
 # %% ../nbs/20_evaluate.ipynb #4ed1291f
-def _test_ids(obs_test: pd.DataFrame) -> pd.Index:
-    "Sorted ids of the test queries (split 'test') in `obs_test`."
+def _test_ids(obs_test) -> pd.Index:
+    "Sorted ids of the test queries (split 'test') in `obs_test`, or the query ids given, in order."
+    if not isinstance(obs_test, pd.DataFrame): return pd.Index([str(i) for i in obs_test],
+                                                               name='query_id')
     ids = obs_test.loc[obs_test['split'].astype(str) == 'test', 'query_id'].astype(str).unique()
     if len(ids) == 0: raise ValueError("no test observations (split 'test') in the table")
     return pd.Index(sorted(ids), name='query_id')
@@ -379,7 +381,7 @@ def _feature_frame(features) -> pd.DataFrame:
 # %% ../nbs/20_evaluate.ipynb #c6b9efa9
 def router_choices(router, # a fitted router: `predict(X)` -> model names, (n,) or (R, n)
                    features: pd.DataFrame, # query features indexed by query_id (test queries among them)
-                   obs_test: pd.DataFrame, # observations: the queries of their test split are routed
+                   obs_test, # observations (the queries of their test split are routed), or query ids
                   ) -> pd.Series | pd.DataFrame:
     "The router's choice per test query: a Series by query_id, or a column per draw for R draws."
     ids = _test_ids(obs_test)

@@ -188,9 +188,13 @@ def test_math_and_config():
                          r'<div class="arithmatex">\[U = \mu_q - \lambda\,\mu_c\]</div>')
     fc.test_eq(out.count('<math'), 2)
     assert 'display="block"' in out and 'arithmatex' not in out
-    cfg = mkdocs_config([('dars_nb', 'index.md'), ('Statistics', 'stats.md'), ('Why labels flip', 'tutorials/why.md')], 'x')
+    cfg = mkdocs_config([('dars_nb', 'index.md'), ('Contributing', 'contributing/contributing.md'),
+                         ('Glossary', 'reference/glossary.md'), ('Statistics', 'stats.md'),
+                         ('Why labels flip', 'tutorials/why.md')], 'x')
     fc.test_eq(cfg['nav'], [{'Home': 'index.md'}, {'Tutorials': [{'Why labels flip': 'tutorials/why.md'}]},
-                         {'Library': [{'Statistics': 'stats.md'}]}])
+                         {'Reference': [{'Glossary': 'reference/glossary.md'}]},
+                         {'Library': [{'Statistics': 'stats.md'}]},
+                         {'Contributing': [{'Contributing': 'contributing/contributing.md'}]}])
     fc.test_eq(cfg['theme']['font'], False)
 
 

@@ -439,8 +439,8 @@ def mkdocs_config(pages: list, # [(title, page path)] in navigation order
         if sec == 'Home': nav.insert(0, {'Home': Path(page).as_posix()}); continue
         if sec not in sections: sections[sec] = []; nav.append({sec: sections[sec]})
         sections[sec].append({title: Path(page).as_posix()})
-    order = {'Home': 0, 'Tutorials': 1, 'Library': 2}
-    nav.sort(key=lambda d: order.get(next(iter(d)), 3))
+    order = {'Home': 0, 'Tutorials': 1, 'Reference': 2, 'Library': 3}   # other sections after these
+    nav.sort(key=lambda d: order.get(next(iter(d)), len(order)))
     return {
         'site_name': site_name, 'site_description': description, 'use_directory_urls': False,
         'theme': {'name': 'material', 'font': False, 'language': 'en',
