@@ -6,14 +6,29 @@
 from __future__ import annotations
 from fastcore.basics import patch
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from .observations import validate, ensure_valid, to_dense, dense_index, canonical_layout, select, Dense
+from .observations import (validate, ensure_valid, to_dense, dense_index, model_order,
+                                  select, Dense)
 
 # %% auto #0
-__all__ = ['TIE_TOL', 'MODES', 'normalized_cost', 'normalize_cost', 'cell_means', 'grid_stats', 'training_grid', 'utility',
-           'row_sums', 'stats_from_sums', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets',
-           'pairwise_preferences', 'Supervision', 'draw_single', 'supervision']
+__all__ = ['TIE_TOL', 'MODES', 'cost_scale', 'normalized_cost', 'normalize_cost', 'cell_means', 'grid_stats', 'training_grid',
+           'utility', 'PairBlocks', 'pair_blocks', 'block_sums', 'row_sums', 'stats_from_sums', 'capability_stats',
+           'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
+           'supervision']
+
+# %% ../nbs/01_stats.ipynb #2bf55958
+def cost_scale(obs: pd.DataFrame, # validated observation table
+              ) -> np.ndarray: # Z_d per dataset category
+    "The largest raw cost of each dataset (Z_d); 1 for a dataset whose calls were all free."
+    cost = obs['cost'].to_numpy(float)
+    n_datasets = len(obs['dataset'].cat.categories)
+    if n_datasets == 1: return np.array([cost.max() or 1.0])
+    z = np.zeros(n_datasets)
+    np.maximum.at(z, obs['dataset'].cat.codes.to_numpy(), cost)
+    z[z == 0] = 1.0  # free calls keep cost 0
+    return z
 
 # %% ../nbs/01_stats.ipynb #ab5ee1da
 def normalized_cost(obs: pd.DataFrame, # validated observation table
@@ -21,14 +36,8 @@ def normalized_cost(obs: pd.DataFrame, # validated observation table
                    ) -> np.ndarray: # cost / Z_d per row
     "Raw cost over its dataset's largest raw cost (Z_d); a present `cost_norm` kept."
     if 'cost_norm' in obs.columns and not recompute: return obs['cost_norm'].to_numpy(float)
-    cost = obs['cost'].to_numpy(float)
-    # free calls keep cost 0
-    if len(obs['dataset'].cat.categories) == 1: return cost / (cost.max() or 1.0)
-    codes = obs['dataset'].cat.codes.to_numpy()
-    z = np.zeros(len(obs['dataset'].cat.categories))
-    np.maximum.at(z, codes, cost)
-    z[z == 0] = 1.0
-    return cost / z[codes]
+    z, cost = cost_scale(obs), obs['cost'].to_numpy(float)
+    return cost / z[0] if len(z) == 1 else cost / z[obs['dataset'].cat.codes.to_numpy()]
 
 # %% ../nbs/01_stats.ipynb #d042a33d
 def normalize_cost(obs: pd.DataFrame, # observation table (raw `cost` in dollars)
@@ -108,33 +117,184 @@ def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
     "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise)."
     return mu_q - lam * mu_c - beta * sigma
 
-# %% ../nbs/01_stats.ipynb #86db5637
-def row_sums(obs: pd.DataFrame, # validated observation table
-             cost: np.ndarray, # normalised cost per row
-             models: list | None = None, # model order
-            ):
-    "Count, Σq, Σq² and Σc per (query, model, rewrite) row of the grid: one `np.bincount` each."
-    d, rows = dense_index(obs, models, level='row')
+# %% ../nbs/01_stats.ipynb #a234a450
+class PairBlocks(NamedTuple):
+    "Rows in one contiguous block per (query, model) pair, every block laid out alike."
+    axes: Dense           # queries, models, rewrite and sample ids of the grid (no values)
+    position: np.ndarray  # per block, its flat (query, model) position on the axes
+    shape: tuple          # one block as a 2-D array: (N, M) if rewrite-major, else (M, N)
+    rewrite_major: bool   # True: a block's rows run through one rewrite's decodes, then the next
+
+# %% ../nbs/01_stats.ipynb #7133b4c3
+def _first_change(a: np.ndarray) -> int:
+    "Index of the first element that differs from a[0] (len(a) if none), read in growing chunks."
+    start, step = 1, 1024
+    while start < len(a):
+        stop = min(len(a), start + step)
+        hit = np.flatnonzero(a[start:stop] != a[0])
+        if len(hit): return start + int(hit[0])
+        start, step = stop, step * 4
+    return len(a)
+
+# %% ../nbs/01_stats.ipynb #307ce16d
+def _block_shape(rewrites: np.ndarray) -> tuple | None:
+    "(shape, rewrite_major) of a block's rewrite ids; None unless each rewrite fills a row or column."
+    counts = np.unique(rewrites, return_counts=True)[1]
+    N, M = len(counts), len(rewrites) // len(counts)
+    if (counts != M).any(): return None
+    if (rewrites.reshape(N, M) == rewrites[::M, None]).all(): return (N, M), True
+    if (rewrites.reshape(M, N) == rewrites[None, :N]).all(): return (M, N), False
+    return None
+
+# %% ../nbs/01_stats.ipynb #e288efa4
+def pair_blocks(obs: pd.DataFrame, # validated observation table
+                models: list | None = None, # model order (default: sorted names)
+               ) -> PairBlocks | None:
+    "The layout when every (dataset, query, model) is one run of B rows, all with one cell pattern."
+    if len(obs) == 0: return None
+    keys = [obs[c].cat.codes.to_numpy() for c in ('dataset', 'query_id', 'model')]
+    B = min(_first_change(k) for k in keys)
+    if len(obs) % B: return None
+    P = len(obs) // B
+    cells = [obs[c].to_numpy() for c in ('rewrite_id', 'sample_id')]
+    if not (all((k.reshape(P, B) == k[::B, None]).all() for k in keys)    # one pair per block
+            and all((c.reshape(P, B) == c[:B]).all() for c in cells)):   # one cell pattern
+        return None
+    layout = _block_shape(cells[0][:B])
+    if layout is None: return None
+    axes, position = dense_index(obs.iloc[::B], models, level='row')
+    if np.bincount(position).max() > 1: return None                    # a pair in two blocks
+    axes.rewrite_ids, axes.sample_ids = np.unique(cells[0][:B]), np.unique(cells[1][:B])
+    return PairBlocks(axes, position, *layout)
+
+# %% ../nbs/01_stats.ipynb #0c8b2b5b
+def _zero_one(q: np.ndarray) -> bool:
+    "True when every score is 0 or 1 (exact match, math-verify): then q² = q and Σq² = Σq."
+    return bool(((q == 0) | (q == 1)).all())
+
+# %% ../nbs/01_stats.ipynb #26c70d22
+def block_sums(obs: pd.DataFrame, # validated observation table in a `PairBlocks` layout
+               blocks: PairBlocks, # that layout
+               cost: np.ndarray, # cost per row
+              ) -> list: # count, Σq, Σq² per (block, rewrite): (P, N); Σc per block: (P,)
+    "The sums `stats_from_sums` reads, by reshaping each column to (blocks, rows, columns)."
+    P = len(blocks.position)
+    q = obs['score'].to_numpy(float).reshape(P, *blocks.shape)
+    cells = 'pnm' if blocks.rewrite_major else 'pmn'
+    s1 = np.einsum(f'{cells}->pn', q)
+    s2 = s1 if _zero_one(q) else np.einsum(f'{cells},{cells}->pn', q, q)
+    count = np.broadcast_to(q.shape[2 if blocks.rewrite_major else 1], s1.shape)
+    return [count, s1, s2, np.einsum('pb->p', cost.reshape(P, -1))]
+
+# %% ../nbs/01_stats.ipynb #2a7edcc2
+def _bin_sums(bins: np.ndarray, # per row, its flat (pair, rewrite) bin
+              q: np.ndarray, # score per row
+              n_rewrites: int, # rewrites per pair
+              n_bins: int, # number of bins
+             ) -> list:
+    "Count, Σq and Σq² per bin, as (pairs, rewrites) arrays: one `np.bincount` each."
+    per_bin = lambda w: np.bincount(bins, weights=w, minlength=n_bins).reshape(-1, n_rewrites)
+    count, s1 = per_bin(None), per_bin(q)
+    return [count, s1, s1 if _zero_one(q) else per_bin(q * q)]
+
+# %% ../nbs/01_stats.ipynb #c36134c5
+def _pair_codes(obs: pd.DataFrame) -> np.ndarray:
+    "Each row's (dataset·query, model) category codes as one flat intp code."
+    n_queries, n_models = len(obs['query_id'].cat.categories), len(obs['model'].cat.categories)
+    flat = obs['query_id'].cat.codes.to_numpy().astype(np.intp)
+    if len(obs['dataset'].cat.categories) > 1:
+        flat += obs['dataset'].cat.codes.to_numpy().astype(np.intp) * n_queries
+    flat *= n_models
+    flat += obs['model'].cat.codes.to_numpy()
+    return flat
+
+# %% ../nbs/01_stats.ipynb #2d24457d
+def _code_axes(obs: pd.DataFrame, # validated observation table
+               seen: np.ndarray, # (dataset·query codes, model codes): True where a pair has rows
+               models: list | None, # model order
+              ) -> tuple:
+    "Queries and models that have rows, and the output position of every code pair."
+    n_queries = len(obs['query_id'].cat.categories)
+    q = np.flatnonzero(seen.any(1))
+    queries = pd.MultiIndex.from_arrays(
+        [obs['dataset'].cat.categories[q // n_queries].astype(str),
+         obs['query_id'].cat.categories[q % n_queries].astype(str)], names=['dataset', 'query_id'])
+    names = obs['model'].cat.categories.astype(str)
+    models = model_order(pd.DataFrame({'model': pd.Categorical(names[seen.any(0)])}), models)
+    rank = np.full(len(seen), -1)
+    rank[q] = np.arange(len(q))
+    column = pd.Index(models).get_indexer(names)    # -1: a category with no rows, never looked up
+    return queries, models, (rank[:, None] * len(models) + column).ravel()
+
+# %% ../nbs/01_stats.ipynb #951610a5
+def _compact_row_sums(obs, q, cost, models) -> tuple:
+    "`row_sums` through `dense_index`, for category codes too sparse to count over directly."
+    d, bins = dense_index(obs, models, level='row')
     Q, K, N, _ = d.shape
-    q = obs['score'].to_numpy(float)
-    per_row = lambda w: np.bincount(rows, weights=w, minlength=Q * K * N).reshape(Q, K, N)
-    count, s1, c1 = per_row(None), per_row(q), per_row(cost)
-    # 0/1 scores: q² = q, one scatter fewer
-    s2 = s1 if ((q == 0) | (q == 1)).all() else per_row(q * q)
-    return d, [count, s1, s2, c1]
+    c1 = np.bincount(bins, cost, minlength=Q * K * N).reshape(-1, N).sum(-1)
+    return d.queries, d.models, np.arange(Q * K), _bin_sums(bins, q, N, Q * K * N) + [c1]
+
+# %% ../nbs/01_stats.ipynb #86db5637
+def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
+             cost: np.ndarray, # cost per row
+             models: list | None = None, # model order
+            ) -> tuple: # queries, models, output position per pair, [count, Σq, Σq², Σc]
+    "Count, Σq, Σq² per (pair, rewrite) and Σc per pair, by `np.bincount` over category codes."
+    r, q = obs['rewrite_id'].to_numpy(), obs['score'].to_numpy(float)
+    r0, N = int(r.min()), int(r.max()) - int(r.min()) + 1
+    n_codes = int(np.prod([len(obs[c].cat.categories) for c in ('dataset', 'query_id', 'model')]))
+    if n_codes * N > 4 * len(obs) + 2**16: return _compact_row_sums(obs, q, cost, models)
+    bins = _pair_codes(obs)
+    c1 = np.bincount(bins, cost, minlength=n_codes)
+    bins *= N; bins += r; bins -= r0            # now the (pair, rewrite) bin, built in place
+    sums = _bin_sums(bins, q, N, n_codes * N) + [c1]
+    seen = sums[0].any(-1).reshape(-1, len(obs['model'].cat.categories))
+    return (*_code_axes(obs, seen, models), sums)
 
 # %% ../nbs/01_stats.ipynb #ce4d02db
-def stats_from_sums(count, s1, s2, c1) -> dict:
-    "μ_q, μ_c, σ_q, σ_in, σ_out, n from per-row sums (Q, K, N); rows with no cell are ignored."
+def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
+                    s1, # Σq per (pair, rewrite)
+                    s2, # Σq² per (pair, rewrite)
+                    c1, # Σc per pair: (...)
+                   ) -> dict:
+    "μ_q, μ_c, σ_q, σ_in, σ_out, n per pair from its sums; rewrites with no cell are ignored."
+    total = lambda a: np.einsum('...n->...', a)    # a sum over rewrites, no temporary
     with np.errstate(invalid='ignore', divide='ignore'):
-        n = count.sum(-1)
-        mu_q, mu_c = s1.sum(-1) / n, c1.sum(-1) / n
-        sigma_q = np.sqrt(np.maximum(s2.sum(-1) / n - mu_q ** 2, 0))
-        row = np.where(count > 0, s1 / count, np.nan)
-        row_var = np.maximum(np.where(count > 0, s2 / count, np.nan) - row ** 2, 0)
-        sigma_in = np.sqrt(np.nanmean((row - np.nanmean(row, -1, keepdims=True)) ** 2, -1))
-        sigma_out = np.sqrt(np.nanmean(row_var, -1))
+        n, rows = total(count), (count > 0).sum(-1)
+        mu_q, mu_c = total(s1) / n, c1 / n
+        sigma_q = np.sqrt(np.maximum(total(s2) / n - mu_q ** 2, 0))
+        row = np.divide(s1, count, out=np.zeros(s1.shape), where=count > 0)    # rewrite means
+        spread = np.where(count > 0, row - (total(row) / rows)[..., None], 0)
+        sigma_in = np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows)
+        within = np.divide(s2, count, out=np.zeros(s2.shape), where=count > 0) - row ** 2
+        sigma_out = np.sqrt(total(np.maximum(within, 0)) / rows)
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+
+# %% ../nbs/01_stats.ipynb #85a54c21
+def _query_scale(obs: pd.DataFrame, queries: pd.MultiIndex) -> np.ndarray:
+    "Z_d of each query's dataset; 1 when the table carries `cost_norm` already."
+    if 'cost_norm' in obs.columns: return np.ones(len(queries))
+    z = cost_scale(obs)[obs['dataset'].cat.categories.get_indexer(queries.levels[0])]
+    return z[queries.codes[0]]
+
+# %% ../nbs/01_stats.ipynb #a0cdad70
+def _stats_frame(s: dict, queries: pd.MultiIndex, models: list, position: np.ndarray,
+                 z: np.ndarray) -> pd.DataFrame:
+    "One row per pair with observations, in (query, model) order; μ_c divided by Z_d of its query."
+    K = len(models)
+    slot = np.full(len(queries) * K, -1)
+    seen = np.flatnonzero(s['n'].ravel() > 0)
+    slot[position[seen]] = seen                   # per output position, the pair computed there
+    at = np.flatnonzero(slot >= 0)
+    qi, src = at // K, slot[at]
+    idx = pd.MultiIndex(levels=[*queries.levels, pd.Index(models, dtype=str)],
+                        codes=[*(c[qi] for c in queries.codes), at % K],
+                        names=['dataset', 'query_id', 'model'], verify_integrity=False)
+    out = pd.DataFrame({k: s[k].ravel()[src] for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in',
+                                                       'sigma_out')}, index=idx)
+    out['mu_c'] /= z[qi]
+    out['n'] = s['n'].ravel()[src]
+    return out
 
 # %% ../nbs/01_stats.ipynb #b9dee045
 def capability_stats(obs: pd.DataFrame, # observations (usually the training grid)
@@ -144,22 +304,17 @@ def capability_stats(obs: pd.DataFrame, # observations (usually the training gri
                     ) -> pd.DataFrame:
     "μ_q, μ_c, σ_q, σ_in, σ_out, n and DARS utility per (dataset, query_id, model)."
     obs = ensure_valid(obs)
-    cost = normalized_cost(obs)
-    d = canonical_layout(obs, models)
-    if d is not None:  # a complete grid in key order: reshape, two passes
-        s = grid_stats(obs['score'].to_numpy(float).reshape(d.shape), cost.reshape(d.shape))
+    # raw costs are summed as they are; each pair's mean is divided by Z_d at the end
+    cost = obs['cost_norm' if 'cost_norm' in obs.columns else 'cost'].to_numpy(float)
+    blocks = pair_blocks(obs, models)
+    if blocks is None: queries, models, position, sums = row_sums(obs, cost, models)
     else:
-        d, sums = row_sums(obs, cost, models)
-        s = stats_from_sums(*sums)
-    Q, K = d.shape[:2]
-    idx = pd.MultiIndex.from_arrays(
-        [np.repeat(d.queries.get_level_values(0), K), np.repeat(d.queries.get_level_values(1), K),
-         np.tile(np.asarray(d.models, dtype=object), Q)], names=['dataset', 'query_id', 'model'])
-    out = pd.DataFrame(
-        {k: s[k].ravel() for k in ('mu_q', 'mu_c', 'sigma_q', 'sigma_in', 'sigma_out')}, index=idx)
-    out['n'] = s['n'].ravel()
+        queries, models, position = blocks.axes.queries, blocks.axes.models, blocks.position
+        sums = block_sums(obs, blocks, cost)
+    z = _query_scale(obs, queries)
+    out = _stats_frame(stats_from_sums(*sums), queries, models, position, z)
     out['utility'] = utility(out['mu_q'], out['mu_c'], out['sigma_q'], lam, beta)
-    return out[out['n'] > 0]
+    return out
 
 # %% ../nbs/01_stats.ipynb #9c917890
 TIE_TOL = 1e-9  # utilities within this of the best count as tied (absolute, on the utility scale)
