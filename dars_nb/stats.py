@@ -117,6 +117,41 @@ def utility(mu_q, mu_c, sigma, lam: float = 0.05, beta: float = 0.2):
     "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise)."
     return mu_q - lam * mu_c - beta * sigma
 
+# %% ../nbs/01_stats.ipynb #53b07704
+def _n_codes(obs: pd.DataFrame) -> int:
+    "Size of the (dataset, query, model) category-code space of `obs`."
+    return int(np.prod([len(obs[c].cat.categories) for c in ('dataset', 'query_id', 'model')]))
+
+# %% ../nbs/01_stats.ipynb #c36134c5
+def _pair_codes(obs: pd.DataFrame) -> np.ndarray:
+    "Each row's (dataset·query, model) category codes as one flat intp code."
+    n_queries, n_models = len(obs['query_id'].cat.categories), len(obs['model'].cat.categories)
+    flat = obs['query_id'].cat.codes.to_numpy().astype(np.intp)
+    if len(obs['dataset'].cat.categories) > 1:
+        flat += obs['dataset'].cat.codes.to_numpy().astype(np.intp) * n_queries
+    flat *= n_models
+    flat += obs['model'].cat.codes.to_numpy()
+    return flat
+
+# %% ../nbs/01_stats.ipynb #2d24457d
+def _code_axes(obs: pd.DataFrame, # validated observation table
+               seen: np.ndarray, # (dataset·query codes, model codes): True where a pair has rows
+               models: list | None, # model order
+              ) -> tuple: # queries, models, output position of every code pair
+    "The queries and models that have rows, and where each code pair lands on those axes."
+    cats = obs['query_id'].cat.categories
+    q = np.flatnonzero(seen.any(1))
+    queries = pd.MultiIndex(levels=[obs['dataset'].cat.categories.astype(str), cats.astype(str)],
+                            codes=[q // len(cats), q % len(cats)], names=['dataset', 'query_id'],
+                            verify_integrity=False)
+    if len(q) < len(seen): queries = queries.remove_unused_levels()
+    names = obs['model'].cat.categories.astype(str)
+    models = model_order(pd.DataFrame({'model': pd.Categorical(names[seen.any(0)])}), models)
+    rank = np.full(len(seen), -1)
+    rank[q] = np.arange(len(q))
+    column = pd.Index(models).get_indexer(names)    # -1: a category with no rows, never looked up
+    return queries, models, (rank[:, None] * len(models) + column).ravel()
+
 # %% ../nbs/01_stats.ipynb #a234a450
 class PairBlocks(NamedTuple):
     "Rows in one contiguous block per (query, model) pair, every block laid out alike."
@@ -147,25 +182,34 @@ def _block_shape(rewrites: np.ndarray) -> tuple | None:
     return None
 
 # %% ../nbs/01_stats.ipynb #e288efa4
+def _block_length(obs: pd.DataFrame) -> int | None:
+    "B when every run of B rows holds one (dataset, query, model) and the first run's cells, else None."
+    keys = [obs[c].cat.codes.to_numpy() for c in ('dataset', 'query_id', 'model')
+            if len(obs[c].cat.categories) > 1]                 # one category: constant anyway
+    B = min((_first_change(k) for k in keys), default=len(obs))
+    if len(obs) % B: return None
+    P = len(obs) // B
+    cells = [obs[c].to_numpy() for c in ('rewrite_id', 'sample_id')]
+    return B if (all((k.reshape(P, B) == k[::B, None]).all() for k in keys)   # one pair per run
+                 and all(np.array_equal(c[B:], c[:-B]) for c in cells)) else None  # runs alike
+
+# %% ../nbs/01_stats.ipynb #3524f884
 def pair_blocks(obs: pd.DataFrame, # validated observation table
                 models: list | None = None, # model order (default: sorted names)
                ) -> PairBlocks | None:
     "The layout when every (dataset, query, model) is one run of B rows, all with one cell pattern."
-    if len(obs) == 0: return None
-    keys = [obs[c].cat.codes.to_numpy() for c in ('dataset', 'query_id', 'model')]
-    B = min(_first_change(k) for k in keys)
-    if len(obs) % B: return None
-    P = len(obs) // B
-    cells = [obs[c].to_numpy() for c in ('rewrite_id', 'sample_id')]
-    if not (all((k.reshape(P, B) == k[::B, None]).all() for k in keys)    # one pair per block
-            and all((c.reshape(P, B) == c[:B]).all() for c in cells)):   # one cell pattern
-        return None
-    layout = _block_shape(cells[0][:B])
+    if len(obs) == 0 or _n_codes(obs) > 4 * len(obs) + 2**16: return None   # sparse codes
+    B = _block_length(obs)
+    layout = None if B is None else _block_shape(obs['rewrite_id'].to_numpy()[:B])
     if layout is None: return None
-    axes, position = dense_index(obs.iloc[::B], models, level='row')
-    if np.bincount(position).max() > 1: return None                    # a pair in two blocks
-    axes.rewrite_ids, axes.sample_ids = np.unique(cells[0][:B]), np.unique(cells[1][:B])
-    return PairBlocks(axes, position, *layout)
+    codes = _pair_codes(obs.iloc[::B])
+    rows = np.bincount(codes, minlength=_n_codes(obs))
+    if rows.max() > 1: return None                                       # a pair in two blocks
+    queries, models, position = _code_axes(obs, rows.reshape(-1, len(obs['model'].cat.categories)) > 0,
+                                           models)
+    first = obs.iloc[:B]
+    axes = Dense(queries, models, np.unique(first['rewrite_id']), np.unique(first['sample_id']))
+    return PairBlocks(axes, position[codes], *layout)
 
 # %% ../nbs/01_stats.ipynb #0c8b2b5b
 def _zero_one(q: np.ndarray) -> bool:
@@ -197,35 +241,6 @@ def _bin_sums(bins: np.ndarray, # per row, its flat (pair, rewrite) bin
     count, s1 = per_bin(None), per_bin(q)
     return [count, s1, s1 if _zero_one(q) else per_bin(q * q)]
 
-# %% ../nbs/01_stats.ipynb #c36134c5
-def _pair_codes(obs: pd.DataFrame) -> np.ndarray:
-    "Each row's (dataset·query, model) category codes as one flat intp code."
-    n_queries, n_models = len(obs['query_id'].cat.categories), len(obs['model'].cat.categories)
-    flat = obs['query_id'].cat.codes.to_numpy().astype(np.intp)
-    if len(obs['dataset'].cat.categories) > 1:
-        flat += obs['dataset'].cat.codes.to_numpy().astype(np.intp) * n_queries
-    flat *= n_models
-    flat += obs['model'].cat.codes.to_numpy()
-    return flat
-
-# %% ../nbs/01_stats.ipynb #2d24457d
-def _code_axes(obs: pd.DataFrame, # validated observation table
-               seen: np.ndarray, # (dataset·query codes, model codes): True where a pair has rows
-               models: list | None, # model order
-              ) -> tuple:
-    "Queries and models that have rows, and the output position of every code pair."
-    n_queries = len(obs['query_id'].cat.categories)
-    q = np.flatnonzero(seen.any(1))
-    queries = pd.MultiIndex.from_arrays(
-        [obs['dataset'].cat.categories[q // n_queries].astype(str),
-         obs['query_id'].cat.categories[q % n_queries].astype(str)], names=['dataset', 'query_id'])
-    names = obs['model'].cat.categories.astype(str)
-    models = model_order(pd.DataFrame({'model': pd.Categorical(names[seen.any(0)])}), models)
-    rank = np.full(len(seen), -1)
-    rank[q] = np.arange(len(q))
-    column = pd.Index(models).get_indexer(names)    # -1: a category with no rows, never looked up
-    return queries, models, (rank[:, None] * len(models) + column).ravel()
-
 # %% ../nbs/01_stats.ipynb #951610a5
 def _compact_row_sums(obs, q, cost, models) -> tuple:
     "`row_sums` through `dense_index`, for category codes too sparse to count over directly."
@@ -242,7 +257,7 @@ def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
     "Count, Σq, Σq² per (pair, rewrite) and Σc per pair, by `np.bincount` over category codes."
     r, q = obs['rewrite_id'].to_numpy(), obs['score'].to_numpy(float)
     r0, N = int(r.min()), int(r.max()) - int(r.min()) + 1
-    n_codes = int(np.prod([len(obs[c].cat.categories) for c in ('dataset', 'query_id', 'model')]))
+    n_codes = _n_codes(obs)
     if n_codes * N > 4 * len(obs) + 2**16: return _compact_row_sums(obs, q, cost, models)
     bins = _pair_codes(obs)
     c1 = np.bincount(bins, cost, minlength=n_codes)
@@ -252,22 +267,29 @@ def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
     return (*_code_axes(obs, seen, models), sums)
 
 # %% ../nbs/01_stats.ipynb #ce4d02db
+def _rewrite_spread(count, s1, s2) -> tuple:
+    "σ_in and σ_out from per-rewrite sums (..., N); a rewrite with no cell is left out."
+    seen = count > 0
+    rows = count.shape[-1] if seen.all() else seen.sum(-1)
+    row = s1 / np.maximum(count, 1)           # rewrite means; 0 (masked below) with no cell
+    spread = (row - (np.einsum('...n->...', row) / rows)[..., None]) * seen
+    within = np.maximum(s2 / np.maximum(count, 1) - row ** 2, 0)
+    return (np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows),
+            np.sqrt(np.einsum('...n->...', within) / rows))
+
+# %% ../nbs/01_stats.ipynb #df523456
 def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
                     s1, # Σq per (pair, rewrite)
                     s2, # Σq² per (pair, rewrite)
                     c1, # Σc per pair: (...)
                    ) -> dict:
-    "μ_q, μ_c, σ_q, σ_in, σ_out, n per pair from its sums; rewrites with no cell are ignored."
+    "μ_q, μ_c, σ_q, σ_in, σ_out and n per pair from its sums (NaN for a pair with no cell)."
     total = lambda a: np.einsum('...n->...', a)    # a sum over rewrites, no temporary
     with np.errstate(invalid='ignore', divide='ignore'):
-        n, rows = total(count), (count > 0).sum(-1)
+        n = total(count)
         mu_q, mu_c = total(s1) / n, c1 / n
         sigma_q = np.sqrt(np.maximum(total(s2) / n - mu_q ** 2, 0))
-        row = np.divide(s1, count, out=np.zeros(s1.shape), where=count > 0)    # rewrite means
-        spread = np.where(count > 0, row - (total(row) / rows)[..., None], 0)
-        sigma_in = np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows)
-        within = np.divide(s2, count, out=np.zeros(s2.shape), where=count > 0) - row ** 2
-        sigma_out = np.sqrt(total(np.maximum(within, 0)) / rows)
+        sigma_in, sigma_out = _rewrite_spread(count, s1, s2)
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
 # %% ../nbs/01_stats.ipynb #85a54c21
