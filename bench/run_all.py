@@ -14,6 +14,7 @@ from summary import collect
 HERE = Path(__file__).parent
 BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_stats.py', [], ['--queries', '20000', '--reps', '2']),
+    ('bench_bootstrap.py', [], ['--reps', '2']),
     ('bench_diagnostics.py', [], ['--sizes', '10000', '100000', '--reps', '2']),
     ('bench_routers.py', [], ['--quick']),
     ('bench_reproduce.py', [], ['--quick']),

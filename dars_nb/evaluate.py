@@ -14,12 +14,12 @@ from .observations import ensure_valid, to_dense, select, VIEWS
 from .stats import normalize_cost, normalized_cost, supervision, Supervision, cell_means
 
 # %% auto #0
-__all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_ci',
-           'view_utility', 'fixed_model_utilities', 'best_fixed_model', 'best_fixed_model_from_training',
-           'oracle_choices', 'random_choices', 'oracle_utility', 'random_utility', 'utility_table',
-           'plot_view_utilities', 'fit_predict', 'router_choices', 'true_utility', 'true_regret', 'cost_quality_curve',
-           'plot_cost_quality', 'router_variance', 'plot_router_variance', 'draw_view_utilities', 'single_vs_dars',
-           'plot_single_vs_dars', 'draw_utilities']
+__all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_means',
+           'bootstrap_ci', 'view_utility', 'fixed_model_utilities', 'best_fixed_model',
+           'best_fixed_model_from_training', 'oracle_choices', 'random_choices', 'oracle_utility', 'random_utility',
+           'utility_table', 'plot_view_utilities', 'fit_predict', 'router_choices', 'true_utility', 'true_regret',
+           'cost_quality_curve', 'plot_cost_quality', 'router_variance', 'plot_router_variance', 'draw_view_utilities',
+           'single_vs_dars', 'plot_single_vs_dars', 'draw_utilities']
 
 # %% ../nbs/20_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
@@ -129,6 +129,34 @@ class Estimate(NamedTuple):
     low: float
     high: float
 
+# %% ../nbs/20_evaluate.ipynb #bbb9c1e4
+def _per_query(values) -> np.ndarray:
+    "`values` as a float array of shape (n,) or (n, k); raise on an empty, 3-D or NaN input."
+    v = np.asarray(values, dtype=float)
+    if v.ndim not in (1, 2) or len(v) == 0: raise ValueError("per_query_values must be a non-empty "
+                                                             "1-D or 2-D array")
+    if np.isnan(v).any(): raise ValueError("per_query_values contains NaN")
+    return v
+
+# %% ../nbs/20_evaluate.ipynb #fb83e2bb
+def bootstrap_means(per_query_values, # per test query: (n,), or (n, k): k columns resampled as one
+                    n_boot: int = 1000, # bootstrap resamples
+                    seed=0, # seed or numpy Generator
+                    chunk: int = 2**22, # query indices drawn at a time (8 bytes each)
+                   ) -> np.ndarray: # (n_boot,) or (n_boot, k)
+    "The mean of every column in each of `n_boot` resamples of the queries (with replacement)."
+    v = _per_query(per_query_values)
+    if n_boot < 1: raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    rng, n, centre = np.random.default_rng(seed), len(v), v.mean(0)
+    centred, out, step = v - centre, np.empty((n_boot, *v.shape[1:])), max(1, chunk // n)
+    for start in range(0, n_boot, step):
+        b = min(step, n_boot - start)
+        drawn = rng.integers(0, n, (b, n))
+        drawn += (np.arange(b) * n)[:, None]       # resample r's queries: bins r·n … r·n + n − 1
+        counts = np.bincount(drawn.ravel(), minlength=b * n).reshape(b, n)
+        out[start:start + b] = counts @ centred / n
+    return out + centre
+
 # %% ../nbs/20_evaluate.ipynb #6c971464
 def bootstrap_ci(per_query_values, # per test query: (n,), or (n, k): k policies resampled together
                  n_boot: int = 1000, # bootstrap resamples
@@ -136,16 +164,9 @@ def bootstrap_ci(per_query_values, # per test query: (n,), or (n, k): k policies
                  seed=0, # seed or numpy Generator
                 ) -> Estimate:
     "Mean and percentile-bootstrap interval over test queries (arrays of length k for a 2-D input)."
-    v = np.asarray(per_query_values, dtype=float)
-    if v.ndim not in (1, 2) or len(v) == 0: raise ValueError("per_query_values must be a non-empty "
-                                                             "1-D or 2-D array")
-    if np.isnan(v).any(): raise ValueError("per_query_values contains NaN")
+    v = _per_query(per_query_values)
     if not 0 < alpha < 1: raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    rng, n = np.random.default_rng(seed), len(v)
-    # (n_boot, n): how often each query is drawn
-    counts = rng.multinomial(n, np.full(n, 1 / n), size=n_boot)
-    means = counts @ v / n                                            # (n_boot,) or (n_boot, k)
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
+    low, high = np.quantile(bootstrap_means(v, n_boot, seed), [alpha / 2, 1 - alpha / 2], axis=0)
     est = v.mean(0)
     if v.ndim == 1: return Estimate(float(est), float(low), float(high))
     return Estimate(est, low, high)

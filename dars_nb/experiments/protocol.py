@@ -396,17 +396,15 @@ def _add_intervals(table: pd.DataFrame, n_boot: int, alpha: float, seed: int,
     for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
     table['best_fixed'] = ''
     for (d, v), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
-        P, s = (np.column_stack(table.loc[idx, 'per_query'].to_list()),
-                derive_seed(seed, 'bootstrap', d, v))
-        e = bootstrap_ci(P, n_boot, alpha, s)
-        table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = e.low, e.high
-        if baselines is None or v not in baselines.get(d, {}): continue
-        vals, names = baselines[d][v]
-        ref = vals[BASELINES[0]].to_numpy()
-        # paired: the same queries for router and baseline
-        f = bootstrap_ci(P - ref[:, None], n_boot, alpha, s)
+        P = np.column_stack(table.loc[idx, 'per_query'].to_list())
+        k, (vals, names) = P.shape[1], (baselines or {}).get(d, {}).get(v, (None, None))
+        if vals is not None:  # the differences to the reference: one call, the same resamples
+            P = np.column_stack([P, P - vals[BASELINES[0]].to_numpy()[:, None]])
+        e = bootstrap_ci(P, n_boot, alpha, derive_seed(seed, 'bootstrap', d, v))
+        table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = e.low[:k], e.high[:k]
+        if vals is None: continue
         (table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'],
-         table.loc[idx, 'vs_best_fixed_high']) = f
+         table.loc[idx, 'vs_best_fixed_high']) = e.estimate[k:], e.low[k:], e.high[k:]
         table.loc[idx, 'best_fixed'] = names[BASELINES[0]]
     return table
 
