@@ -188,10 +188,13 @@ def _block_length(obs: pd.DataFrame) -> int | None:
             if len(obs[c].cat.categories) > 1]                 # one category: constant anyway
     B = min((_first_change(k) for k in keys), default=len(obs))
     if len(obs) % B: return None
-    P = len(obs) // B
     cells = [obs[c].to_numpy() for c in ('rewrite_id', 'sample_id')]
-    return B if (all((k.reshape(P, B) == k[::B, None]).all() for k in keys)   # one pair per run
-                 and all(np.array_equal(c[B:], c[:-B]) for c in cells)) else None  # runs alike
+    for end in (min(len(obs), 1024 * B), len(obs)):          # the first runs, then all of them
+        P = end // B
+        if not (all((k[:end].reshape(P, B) == k[:end:B, None]).all() for k in keys)  # one pair
+                and all(np.array_equal(c[B:end], c[:end - B]) for c in cells)):      # runs alike
+            return None
+    return B
 
 # %% ../nbs/01_stats.ipynb #3524f884
 def pair_blocks(obs: pd.DataFrame, # validated observation table
