@@ -183,7 +183,7 @@ def _block_shape(rewrites: np.ndarray) -> tuple | None:
 
 # %% ../nbs/01_stats.ipynb #e288efa4
 def _block_length(obs: pd.DataFrame) -> int | None:
-    "B when every run of B rows holds one (dataset, query, model) and the first run's cells, else None."
+    "B if every run of B rows holds one (dataset, query, model) and the first run's cells; else None."
     keys = [obs[c].cat.codes.to_numpy() for c in ('dataset', 'query_id', 'model')
             if len(obs[c].cat.categories) > 1]                 # one category: constant anyway
     B = min((_first_change(k) for k in keys), default=len(obs))
@@ -208,8 +208,8 @@ def pair_blocks(obs: pd.DataFrame, # validated observation table
     codes = _pair_codes(obs.iloc[::B])
     rows = np.bincount(codes, minlength=_n_codes(obs))
     if rows.max() > 1: return None                                       # a pair in two blocks
-    queries, models, position = _code_axes(obs, rows.reshape(-1, len(obs['model'].cat.categories)) > 0,
-                                           models)
+    seen = rows.reshape(-1, len(obs['model'].cat.categories)) > 0
+    queries, models, position = _code_axes(obs, seen, models)
     first = obs.iloc[:B]
     axes = Dense(queries, models, np.unique(first['rewrite_id']), np.unique(first['sample_id']))
     return PairBlocks(axes, position[codes], *layout)
