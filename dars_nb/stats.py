@@ -183,7 +183,7 @@ def _block_shape(rewrites: np.ndarray) -> tuple | None:
 
 # %% ../nbs/01_stats.ipynb #e288efa4
 def _block_length(obs: pd.DataFrame) -> int | None:
-    "B if every run of B rows holds one (dataset, query, model) and the first run's cells; else None."
+    "B if every run of B rows holds one (dataset, query, model) and the first run's cells."
     keys = [obs[c].cat.codes.to_numpy() for c in ('dataset', 'query_id', 'model')
             if len(obs[c].cat.categories) > 1]                 # one category: constant anyway
     B = min((_first_change(k) for k in keys), default=len(obs))
