@@ -27,8 +27,9 @@ readme: $(VENV)   ## README.md from nbs/index.ipynb
 docs: $(VENV)     ## static, offline HTML site in _site/
 	.venv/bin/python tools/docs.py --out _site
 
-bench: $(VENV)    ## benchmarks: figures and ratios, written with date and machine to bench/RESULTS.md
+bench: $(VENV)    ## benchmarks: figures and ratios, written with date and machine to bench/RESULTS.md and the README
 	.venv/bin/python bench/run_all.py --markdown bench/RESULTS.md
+	.venv/bin/python tools/docs.py --readme
 
 outputs: $(VENV)  ## run index.ipynb and the tutorials and keep their static outputs (SVG/PNG/text/tables) in the notebooks
 	.venv/bin/python tools/docs.py --outputs

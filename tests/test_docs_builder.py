@@ -307,3 +307,14 @@ def test_home_page_lists_every_notebook():
     text = '\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
     for name, table in index_tables(ROOT/'nbs').items():
         assert table in text, f'the {name} table of nbs/index.ipynb is out of date: run make readme'
+
+
+def test_benchmark_figures_come_from_results(tmp_path):
+    "The home page's benchmark table is RESULTS.md from its machine line on; a file without one is refused."
+    from tools.docs import benchmark_figures
+    f = tmp_path/'RESULTS.md'
+    assert 'has not written RESULTS.md' in benchmark_figures(f)
+    f.write_text("# Benchmark figures\n\nWritten by make bench.\n\nmeasured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    fc.test_eq(benchmark_figures(f), "measured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    f.write_text("# Benchmark figures\n| a |\n")
+    fc.test_fail(lambda: benchmark_figures(f), contains="no 'measured on' line")

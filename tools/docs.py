@@ -620,10 +620,21 @@ def repository_paths(table: str) -> str:
 
 _INDEX_TABLES = {'tutorials': True, 'modules': False}   # marker in nbs/index.ipynb -> tutorials or modules
 
+def benchmark_figures(results: Path, # the Markdown file `make bench` writes (bench/RESULTS.md)
+                     ) -> str:
+    "The figures table of `bench/RESULTS.md` (its machine line and table, without the file's own heading)."
+    if not results.exists(): return f"`make bench` has not written {results.name} yet."
+    lines = results.read_text(encoding='utf-8').splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('measured on ')), None)
+    if start is None: raise ValueError(f"{results} has no 'measured on' line: rerun make bench")
+    return '\n'.join(lines[start:]).strip() + '\n'
+
 def index_tables(nbs_path: Path | None = None, # notebooks folder (default: the project's)
                 ) -> dict:
-    "{'tutorials': markdown cell, 'modules': markdown cell} of the home page, between their markers."
-    return {k: f"<!-- {k} table -->\n{repository_paths(feature_table(nbs_path, tutorials=t))}" for k, t in _INDEX_TABLES.items()}
+    "{'tutorials': …, 'modules': …, 'benchmarks': …}: markdown cells of the home page, after their markers."
+    tables = {k: f"<!-- {k} table -->\n{repository_paths(feature_table(nbs_path, tutorials=t))}" for k, t in _INDEX_TABLES.items()}
+    results = Path(nbs_path or get_config().nbs_path).parent/'bench'/'RESULTS.md'
+    return {**tables, 'benchmarks': f"<!-- benchmarks table -->\n{benchmark_figures(results)}"}
 
 def refresh_index(root: str | Path | None = None, # project folder (default: found from the working directory)
                  ) -> bool:
