@@ -14,7 +14,7 @@ import torch
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
+__all__ = ['PASS_BYTES', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
 
 # %% ../../nbs/12a_router_ensemble.ipynb #fb5c1788
 def draw_seeds(random_state, # int, or None for fresh entropy
@@ -106,6 +106,34 @@ def _fit(self: EnsembleRouter, X, sup):
 def _keep(self: EnsembleRouter, X, T):
     "Hook: keep training tensors a family needs at prediction time (none by default)."
 
+# %% ../../nbs/12a_router_ensemble.ipynb #a09ca412
+PASS_BYTES = 8 * 2**20  # the widest activation of one pass stays near this: about a CPU's cache
+
+@patch
+def _width(self: EnsembleRouter) -> int:
+    "Floats per (draw, model, training query) in the family's widest activation."
+    return 3
+
+@patch
+def _draws_per_pass(self: EnsembleRouter, n_draws: int, n_rows: int) -> int:
+    "Draws per forward/backward pass: on a CPU, as many as keep the widest activation ≤ `PASS_BYTES`."
+    if torch.device(self.device).type != 'cpu': return n_draws
+    per_draw = 4 * self._width() * len(self.models_) * n_rows
+    return int(min(n_draws, max(1, PASS_BYTES // per_draw)))
+
+# %% ../../nbs/12a_router_ensemble.ipynb #98ce9bf8
+@patch
+def _backward(self: EnsembleRouter, P, X, T, rows, gen):
+    "Gradients of Σ_r loss_r in passes of `_draws_per_pass` draws, each from the same `gen` state."
+    R = next(iter(P.values())).shape[0]
+    step = self._draws_per_pass(R, X.shape[0] if isinstance(rows, slice) else len(rows))
+    if step >= R: return self._loss(P, X, T, rows, gen).sum().backward()
+    state = gen.get_state()
+    for s in range(0, R, step):
+        gen.set_state(state)
+        part = lambda d: {k: v[s:s + step] for k, v in d.items()}
+        self._loss(part(P), X, part(T), rows, gen).sum().backward()
+
 # %% ../../nbs/12a_router_ensemble.ipynb #5dc39825
 @patch
 def _train(self: EnsembleRouter, X, T, seeds, shared):
@@ -121,7 +149,7 @@ def _train(self: EnsembleRouter, X, T, seeds, shared):
         for start in range(0, Q, bs):
             rows = slice(None) if order is None else order[start:start + bs]
             opt.zero_grad(set_to_none=True)
-            self._loss(P, X, T, rows, gen).sum().backward()
+            self._backward(P, X, T, rows, gen)
             opt.step()
     return {k: v.detach() for k, v in P.items()}
 
