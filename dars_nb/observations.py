@@ -45,12 +45,24 @@ def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
                                f"{cost[cost < 0][0]!r}")
     return score, cost
 
+# %% ../nbs/00_observations.ipynb #9505f6b9
+def _used(s: pd.Series) -> np.ndarray:
+    "Which categories of a categorical occur in it: one pass over the codes, no strings, no sort."
+    codes = s.cat.codes.to_numpy()
+    return np.bincount(codes[codes >= 0], minlength=len(s.cat.categories)) > 0
+
+def _present(s: pd.Series) -> list[str]:
+    "The distinct values of `s` as strings ('nan' for a missing one), read from a categorical's codes."
+    if not isinstance(s.dtype, pd.CategoricalDtype): return list(pd.unique(s.astype(str)))
+    missing = ['nan'] if (s.cat.codes.to_numpy() < 0).any() else []
+    return list(s.cat.categories[_used(s)].astype(str)) + missing
+
 # %% ../nbs/00_observations.ipynb #5acb33ba
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
     score, cost = _check_measures(df['score'], df['cost'])
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
-        unknown = sorted(set(pd.unique(df[col].astype(str))) - set(allowed))
+        unknown = sorted(set(_present(df[col])) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
     for col in ('rewrite_id', 'sample_id'):
         ids = pd.to_numeric(df[col], errors='coerce')
@@ -62,7 +74,8 @@ def _check_values(df):
 def _as_category(s: pd.Series) -> pd.Series:
     "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
-        return s.cat.remove_unused_categories()
+        used = _used(s)
+        return s if used.all() else s.cat.remove_categories(s.cat.categories[~used])
     return s.astype(str).astype('category')
 
 # %% ../nbs/00_observations.ipynb #d631f01b

@@ -315,6 +315,16 @@ def truth(world: World, # the latent world
     out['is_best'] = best.ravel()
     return out.set_index(['dataset', 'query_id', 'model'])
 
+# %% ../nbs/03_simulate.ipynb #d5b887cf
+def _concat(parts: list) -> pd.DataFrame:
+    "Observation tables stacked, each categorical column on the sorted union of its categories."
+    for c in parts[0].columns:
+        if isinstance(parts[0][c].dtype, pd.CategoricalDtype):
+            cats = parts[0][c].cat.categories
+            for p in parts[1:]: cats = cats.union(p[c].cat.categories)
+            parts = [p.assign(**{c: p[c].cat.set_categories(cats)}) for p in parts]
+    return pd.concat(parts, ignore_index=True)
+
 # %% ../nbs/03_simulate.ipynb #56973135
 def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
              n_train: int = 200, # training queries (the paper uses 200)
@@ -331,7 +341,7 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
     if n_test:
         parts += [observe(w, 'test', 'rewrite', 3, 1, temperature, seed),
                   observe(w, 'test', 'decode', 1, 3, temperature, seed)]
-    obs = validate(pd.concat(parts, ignore_index=True))
+    obs = validate(_concat(parts))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])
     return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()),
