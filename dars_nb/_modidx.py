@@ -1001,6 +1001,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'dars_nb/routers/ensemble.py'),
                                           'dars_nb.routers.ensemble.StatsHeads._targets': ( 'router_ensemble.html#statsheads._targets',
                                                                                             'dars_nb/routers/ensemble.py'),
+                                          'dars_nb.routers.ensemble.clipped_heads': ( 'router_ensemble.html#clipped_heads',
+                                                                                      'dars_nb/routers/ensemble.py'),
                                           'dars_nb.routers.ensemble.draw_seeds': ( 'router_ensemble.html#draw_seeds',
                                                                                    'dars_nb/routers/ensemble.py'),
                                           'dars_nb.routers.ensemble.init_linear': ( 'router_ensemble.html#init_linear',

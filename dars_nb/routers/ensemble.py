@@ -14,7 +14,8 @@ import torch
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['PASS_BYTES', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
+__all__ = ['PASS_BYTES', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads',
+           'clipped_heads']
 
 # %% ../../nbs/12a_router_ensemble.ipynb #fb5c1788
 def draw_seeds(random_state, # int, or None for fresh entropy
@@ -166,12 +167,20 @@ class StatsHeads:
 
     def _scores(self, p, X): return self._route(*self._heads(p, X))
 
+# %% ../../nbs/12a_router_ensemble.ipynb #f5fb6a3a
+def clipped_heads(arrays: list, # (R, Q, K) arrays, one per head
+                 ) -> np.ndarray:
+    "The arrays clipped to [0, 1] as one float32 (R, heads, K, Q) array, written head by head."
+    R, Q, K = np.shape(arrays[0])
+    y = np.empty((R, len(arrays), K, Q), np.float32)
+    for h, a in enumerate(arrays): np.clip(np.swapaxes(a, -1, -2), 0, 1, out=y[:, h])
+    return y
+
 # %% ../../nbs/12a_router_ensemble.ipynb #73486397
 @patch
 def _targets(self: StatsHeads, sup):
     t = family_targets(sup, 'stats')
-    y = np.stack([t['mu_q'], t['mu_c'], 2 * t['sigma']], 1)     # (R, 3, Q, K)
-    return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 3, K, Q)
+    return dict(y=clipped_heads([t['mu_q'], t['mu_c'], 2 * t['sigma']]))   # (R, 3, K, Q)
 
 # %% ../../nbs/12a_router_ensemble.ipynb #2afaac79
 @patch

@@ -56,7 +56,9 @@ def _targets(self: RMSoftmaxRouter, sup):
     grid = np.unique(np.append(np.asarray(self.lam_grid, dtype=float), sup.lam))
     self.lam_grid_ = grid
     self.lam_scale_ = float(grid.max()) if grid.max() > 0 else 1.0
-    P = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, grid, sup.beta, self.tau)   # (R, G, Q, K)
+    P = np.empty((sup.n_draws, len(grid), *sup.utility.shape[1:]), np.float32)     # (R, G, Q, K)
+    for g, lam in enumerate(grid):   # one λ at a time: float64 temporaries of one (R, Q, K) each
+        P[:, g] = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, [lam], sup.beta, self.tau)[:, 0]
     return dict(p=P.transpose(0, 3, 1, 2),
                 lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
 
