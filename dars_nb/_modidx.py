@@ -859,6 +859,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'dars_nb.observations._fail': ('observations.html#_fail', 'dars_nb/observations.py'),
                                       'dars_nb.observations._present': ('observations.html#_present', 'dars_nb/observations.py'),
                                       'dars_nb.observations._used': ('observations.html#_used', 'dars_nb/observations.py'),
+                                      'dars_nb.observations._without_unused': ( 'observations.html#_without_unused',
+                                                                                'dars_nb/observations.py'),
                                       'dars_nb.observations.canonical_layout': ( 'observations.html#canonical_layout',
                                                                                  'dars_nb/observations.py'),
                                       'dars_nb.observations.dense_index': ('observations.html#dense_index', 'dars_nb/observations.py'),

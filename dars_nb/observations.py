@@ -46,11 +46,19 @@ def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
     return score, cost
 
 # %% ../nbs/00_observations.ipynb #9505f6b9
-def _used(s: pd.Series) -> np.ndarray:
-    "Which categories of a categorical occur in it: one pass over the codes, no strings, no sort."
-    codes = s.cat.codes.to_numpy()
-    return np.bincount(codes[codes >= 0], minlength=len(s.cat.categories)) > 0
+def _used(c) -> np.ndarray:
+    "Which categories of a categorical (Series or `pd.Categorical`) occur: a bincount, no sort."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    codes = np.asarray(cat.codes)
+    return np.bincount(codes[codes >= 0], minlength=len(cat.categories)) > 0
 
+def _without_unused(c):
+    "A categorical (Series or `pd.Categorical`) without its unused categories, order kept."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    used = _used(c)
+    return c if used.all() else cat.set_categories(cat.categories[used])
+
+# %% ../nbs/00_observations.ipynb #836215ea
 def _present(s: pd.Series) -> list[str]:
     "The distinct values of `s` as strings ('nan' for a missing one), read from a categorical's codes."
     if not isinstance(s.dtype, pd.CategoricalDtype): return list(pd.unique(s.astype(str)))
@@ -74,8 +82,7 @@ def _check_values(df):
 def _as_category(s: pd.Series) -> pd.Series:
     "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
-        used = _used(s)
-        return s if used.all() else s.cat.remove_categories(s.cat.categories[~used])
+        return _without_unused(s)
     return s.astype(str).astype('category')
 
 # %% ../nbs/00_observations.ipynb #d631f01b
@@ -266,7 +273,7 @@ def _check_dense(d: Dense, split: str, view: str):
 def _categorical(names, codes) -> pd.Categorical:
     "`codes` into `names` as `validate` makes a key column: sorted string categories, no unused."
     cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
-    return pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)).remove_unused_categories()
+    return _without_unused(pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)))
 
 # %% ../nbs/00_observations.ipynb #280f838e
 def from_dense(d: Dense, # dense observations
@@ -309,7 +316,7 @@ def select(obs: pd.DataFrame, # validated observation table
     for col, v in (('split', split), ('view', view), ('dataset', dataset)):
         if v is not None: mask &= (obs[col] == v).to_numpy()
     out = obs.loc[mask]
-    return out.assign(**{c: out[c].cat.remove_unused_categories() for c in CATEGORICAL_COLUMNS
+    return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 
 # %% ../nbs/00_observations.ipynb #a4efccad
