@@ -935,6 +935,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.features_by_id': ( 'routers_base.html#features_by_id',
                                                                                'dars_nb/routers/base.py'),
+                                      'dars_nb.routers.base.stats_by_query': ( 'routers_base.html#stats_by_query',
+                                                                               'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.training_settings': ( 'routers_base.html#training_settings',
                                                                                   'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.with_training_settings': ( 'routers_base.html#with_training_settings',

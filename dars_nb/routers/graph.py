@@ -94,7 +94,12 @@ def _loss(self: GraphRouter, p, X, T, rows, gen):
 @patch
 def _logits(self: GraphRouter, p, X):
     "Edge logits between queries `X` and the model nodes of the training graph: (R, 3, K, n)."
-    return self._edges(p, self._model_nodes(p, self.graph_X_, self.graph_edges_), X)
+    R, Q = p['E'].shape[0], self.graph_X_.shape[0]
+    step = self._draws_per_pass(R, max(Q, X.shape[0]))   # as in training: a few draws per pass
+    part = lambda s: {k: v[s:s + step] for k, v in p.items()}
+    return torch.cat([self._edges(part(s), self._model_nodes(part(s), self.graph_X_,
+                                                             self.graph_edges_[s:s + step]), X)
+                      for s in range(0, R, step)])
 
 # %% ../../nbs/16_router_graph.ipynb #f777472c
 @patch
