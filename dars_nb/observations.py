@@ -45,12 +45,32 @@ def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
                                f"{cost[cost < 0][0]!r}")
     return score, cost
 
+# %% ../nbs/00_observations.ipynb #9505f6b9
+def _used(c) -> np.ndarray:
+    "Which categories of a categorical (Series or `pd.Categorical`) occur: a bincount, no sort."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    codes = np.asarray(cat.codes)
+    return np.bincount(codes[codes >= 0], minlength=len(cat.categories)) > 0
+
+def _without_unused(c):
+    "A categorical (Series or `pd.Categorical`) without its unused categories, order kept."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    used = _used(c)
+    return c if used.all() else cat.set_categories(cat.categories[used])
+
+# %% ../nbs/00_observations.ipynb #836215ea
+def _present(s: pd.Series) -> list[str]:
+    "The distinct values of `s` as strings ('nan' for a missing one), read from a categorical's codes."
+    if not isinstance(s.dtype, pd.CategoricalDtype): return list(pd.unique(s.astype(str)))
+    missing = ['nan'] if (s.cat.codes.to_numpy() < 0).any() else []
+    return list(s.cat.categories[_used(s)].astype(str)) + missing
+
 # %% ../nbs/00_observations.ipynb #5acb33ba
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
     score, cost = _check_measures(df['score'], df['cost'])
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
-        unknown = sorted(set(pd.unique(df[col].astype(str))) - set(allowed))
+        unknown = sorted(set(_present(df[col])) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
     for col in ('rewrite_id', 'sample_id'):
         ids = pd.to_numeric(df[col], errors='coerce')
@@ -62,7 +82,7 @@ def _check_values(df):
 def _as_category(s: pd.Series) -> pd.Series:
     "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
     if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
-        return s.cat.remove_unused_categories()
+        return _without_unused(s)
     return s.astype(str).astype('category')
 
 # %% ../nbs/00_observations.ipynb #d631f01b
@@ -253,7 +273,7 @@ def _check_dense(d: Dense, split: str, view: str):
 def _categorical(names, codes) -> pd.Categorical:
     "`codes` into `names` as `validate` makes a key column: sorted string categories, no unused."
     cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
-    return pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)).remove_unused_categories()
+    return _without_unused(pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)))
 
 # %% ../nbs/00_observations.ipynb #280f838e
 def from_dense(d: Dense, # dense observations
@@ -296,7 +316,7 @@ def select(obs: pd.DataFrame, # validated observation table
     for col, v in (('split', split), ('view', view), ('dataset', dataset)):
         if v is not None: mask &= (obs[col] == v).to_numpy()
     out = obs.loc[mask]
-    return out.assign(**{c: out[c].cat.remove_unused_categories() for c in CATEGORICAL_COLUMNS
+    return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 
 # %% ../nbs/00_observations.ipynb #a4efccad

@@ -13,8 +13,8 @@ from .observations import validate, Dense, from_dense
 from .diagnostics import diagnose
 
 # %% auto #0
-__all__ = ['MODEL_NAMES', 'PROFILES', 'PAPER_DIAGNOSTICS', 'Profile', 'World', 'make_world', 'success_probability', 'sample_grid',
-           'observe', 'truth', 'simulate', 'calibration_table', 'temperature_sweep', 'plot_temperature']
+__all__ = ['MODEL_NAMES', 'PROFILES', 'PAPER_DIAGNOSTICS', 'Profile', 'World', 'make_world', 'widen', 'success_probability',
+           'sample_grid', 'observe', 'truth', 'simulate', 'calibration_table', 'temperature_sweep', 'plot_temperature']
 
 # %% ../nbs/03_simulate.ipynb #e9368e6d
 MODEL_NAMES = ['gemma-3-12b', 'mistral-small-3.2-24b', 'qwen3-32b', 'llama-3.3-70b',
@@ -48,9 +48,10 @@ class Profile:
     verbosity_sd: float = 0.0  # spread of the topic verbosity v_m (who is cheap on which queries)
     n_features: int = 32             # width of the feature vector x_i
     feature_noise: float = 0.3       # noise added to the features
+    model_names: tuple = ()          # names of the pool's models (default: `MODEL_NAMES`)
 
     @property
-    def models(self): return list(MODEL_NAMES)
+    def models(self): return list(self.model_names or MODEL_NAMES)
 
 # %% ../nbs/03_simulate.ipynb #162d95fd
 _PRICE_IN = (0.05, 0.06, 0.10, 0.13, 0.10, 0.27)   # $ per million prompt tokens
@@ -123,10 +124,16 @@ class World:
 
 # %% ../nbs/03_simulate.ipynb #55decdd9
 def _profile(profile) -> Profile:
-    "The `Profile` named by `profile` (or `profile` itself)."
-    if isinstance(profile, Profile): return profile
+    "The `Profile` named by `profile` (or `profile` itself), its per-model fields checked."
     if isinstance(profile, str) and profile in PROFILES: return PROFILES[profile]
-    raise ValueError(f"unknown profile {profile!r} (expected one of {', '.join(PROFILES)})")
+    if not isinstance(profile, Profile):
+        raise ValueError(f"unknown profile {profile!r} (expected one of {', '.join(PROFILES)})")
+    per_model = (profile.ability, profile.price_in, profile.price_out, profile.completion_tokens,
+                 profile.models)
+    if len({len(v) for v in per_model}) > 1:
+        raise ValueError(f"profile {profile.name!r}: ability, prices, completion tokens and model "
+                         f"names need one entry per model, got {[len(v) for v in per_model]}")
+    return profile
 
 # %% ../nbs/03_simulate.ipynb #733639f1
 def _query_draws(rng, p: Profile, n: int, mixing=None):
@@ -173,6 +180,32 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
     return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings,
                  verbosity,
                  q['prompt'], seed)
+
+# %% ../nbs/03_simulate.ipynb #6d0e9d47
+def _blend(values, a, b, w, log=False) -> tuple:
+    "The values followed by one blend (1 − w)·values[a] + w·values[b] per new model."
+    v = np.log(np.asarray(values, float)) if log else np.asarray(values, float)
+    new = (1 - w) * v[a] + w * v[b]
+    return tuple(values) + tuple((np.exp(new) if log else new).round(4).tolist())
+
+# %% ../nbs/03_simulate.ipynb #d944c582
+def widen(profile: str | Profile, # a name in `PROFILES` or a `Profile`
+          n_models: int, # models in the pool: the profile's own first, then new blends
+          seed: int = 0, # seed of the blends
+         ) -> Profile:
+    "The profile with `n_models` models: its own, then blends of two of them (names `model-07`, …)."
+    p = _profile(profile)
+    K = len(p.ability)
+    if n_models < K:
+        raise ValueError(f"n_models must be at least the profile's {K} models, got {n_models}")
+    rng = np.random.default_rng([seed, n_models])
+    a, b = rng.integers(0, K, (2, n_models - K))
+    w = rng.random(n_models - K)
+    return replace(p, ability=_blend(p.ability, a, b, w), price_in=_blend(p.price_in, a, b, w, True),
+                   price_out=_blend(p.price_out, a, b, w, True),
+                   completion_tokens=_blend(p.completion_tokens, a, b, w, True),
+                   model_names=tuple(p.models) + tuple(f'model-{k + 1:02d}'
+                                                       for k in range(K, n_models)))
 
 # %% ../nbs/03_simulate.ipynb #5539ba85
 _PARTIAL_F1 = np.array([0.4, 0.5, 2 / 3, 0.8])  # partial F1 values a wrong span can earn
@@ -282,6 +315,16 @@ def truth(world: World, # the latent world
     out['is_best'] = best.ravel()
     return out.set_index(['dataset', 'query_id', 'model'])
 
+# %% ../nbs/03_simulate.ipynb #d5b887cf
+def _concat(parts: list) -> pd.DataFrame:
+    "Observation tables stacked, each categorical column on the sorted union of its categories."
+    for c in parts[0].columns:
+        if isinstance(parts[0][c].dtype, pd.CategoricalDtype):
+            cats = parts[0][c].cat.categories
+            for p in parts[1:]: cats = cats.union(p[c].cat.categories)
+            parts = [p.assign(**{c: p[c].cat.set_categories(cats)}) for p in parts]
+    return pd.concat(parts, ignore_index=True)
+
 # %% ../nbs/03_simulate.ipynb #56973135
 def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
              n_train: int = 200, # training queries (the paper uses 200)
@@ -298,7 +341,7 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
     if n_test:
         parts += [observe(w, 'test', 'rewrite', 3, 1, temperature, seed),
                   observe(w, 'test', 'decode', 1, 3, temperature, seed)]
-    obs = validate(pd.concat(parts, ignore_index=True))
+    obs = validate(_concat(parts))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])
     return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()),

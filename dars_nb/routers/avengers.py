@@ -13,7 +13,7 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.preprocessing import normalize
-from .base import Router, check_features, family_targets
+from .base import Router, check_features, stats_by_query
 
 # %% auto #0
 __all__ = ['cluster_means', 'cluster_weights', 'AvengersProRouter', 'plot_cluster_utilities']
@@ -79,9 +79,7 @@ def _fit(self: AvengersProRouter, X, sup):
     if C > len(X):
         raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
     Z = normalize(X)
-    T = family_targets(sup, 'stats')
-    # (Q, 3, R, K)
-    targets = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
+    targets = stats_by_query(sup)   # (Q, 3, R, K)
     self.batched_ = bool(self.batched)
     if self.batched_:
         km = self._cluster(Z)

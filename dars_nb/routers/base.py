@@ -15,7 +15,7 @@ from ..stats import Supervision, utility
 
 # %% auto #0
 __all__ = ['FAMILY_TARGETS', 'check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'check_router',
-           'training_settings', 'with_training_settings', 'align', 'family_targets']
+           'training_settings', 'with_training_settings', 'align', 'family_targets', 'stats_by_query']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -295,6 +295,15 @@ def family_targets(sup: Supervision, # supervision in any mode
     if kind == 'utility': return dict(utility=sup.utility)
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or "
                      "'utility')")
+
+# %% ../../nbs/10_routers_base.ipynb #dcef7829
+def stats_by_query(sup: Supervision, # supervision in any mode
+                  ) -> np.ndarray:
+    "μ_q, μ_c and σ of every draw as one contiguous (Q, 3, R, K) array, a query per row."
+    R, Q, K = sup.utility.shape
+    out = np.empty((Q, 3, R, K))
+    for i, a in enumerate((sup.mu_q, sup.mu_c, sup.sigma)): out[:, i] = a.transpose(1, 0, 2)
+    return out
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
 from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features

@@ -11,7 +11,7 @@ require('torch', 'torch', 'EmbedLLMRouter')   # a missing torch: one line naming
 import torch
 import torch.nn.functional as F
 from .base import with_training_settings, family_targets, check_features
-from .ensemble import EnsembleRouter, init_linear, shared_linear
+from .ensemble import EnsembleRouter, init_linear, shared_linear, clipped_heads
 
 # %% auto #0
 __all__ = ['EmbedLLMRouter']
@@ -38,8 +38,7 @@ def _check_params(self: EmbedLLMRouter):
 @patch
 def _targets(self: EmbedLLMRouter, sup):
     t = family_targets(sup, 'risk_adjusted')
-    y = np.stack([t['quality'], t['mu_c']], 1)                   # (R, 2, Q, K)
-    return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 2, K, Q)
+    return dict(y=clipped_heads([t['quality'], t['mu_c']]))       # (R, 2, K, Q)
 
 # %% ../../nbs/14_router_embedllm.ipynb #0e6027ca
 @patch

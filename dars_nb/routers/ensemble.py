@@ -14,7 +14,8 @@ import torch
 from .base import Router, family_targets
 
 # %% auto #0
-__all__ = ['draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads']
+__all__ = ['PASS_BYTES', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads',
+           'clipped_heads']
 
 # %% ../../nbs/12a_router_ensemble.ipynb #fb5c1788
 def draw_seeds(random_state, # int, or None for fresh entropy
@@ -106,6 +107,34 @@ def _fit(self: EnsembleRouter, X, sup):
 def _keep(self: EnsembleRouter, X, T):
     "Hook: keep training tensors a family needs at prediction time (none by default)."
 
+# %% ../../nbs/12a_router_ensemble.ipynb #a09ca412
+PASS_BYTES = 8 * 2**20  # the widest activation of one pass stays near this: about a CPU's cache
+
+@patch
+def _width(self: EnsembleRouter) -> int:
+    "Floats per (draw, model, training query) in the family's widest activation."
+    return 3
+
+@patch
+def _draws_per_pass(self: EnsembleRouter, n_draws: int, n_rows: int) -> int:
+    "Draws per forward/backward pass: on a CPU, as many as keep the widest activation ≤ `PASS_BYTES`."
+    if torch.device(self.device).type != 'cpu': return n_draws
+    per_draw = 4 * self._width() * len(self.models_) * n_rows
+    return int(min(n_draws, max(1, PASS_BYTES // per_draw)))
+
+# %% ../../nbs/12a_router_ensemble.ipynb #98ce9bf8
+@patch
+def _backward(self: EnsembleRouter, P, X, T, rows, gen):
+    "Gradients of Σ_r loss_r in passes of `_draws_per_pass` draws, each from the same `gen` state."
+    R = next(iter(P.values())).shape[0]
+    step = self._draws_per_pass(R, X.shape[0] if isinstance(rows, slice) else len(rows))
+    if step >= R: return self._loss(P, X, T, rows, gen).sum().backward()
+    state = gen.get_state()
+    for s in range(0, R, step):
+        gen.set_state(state)
+        part = lambda d: {k: v[s:s + step] for k, v in d.items()}
+        self._loss(part(P), X, part(T), rows, gen).sum().backward()
+
 # %% ../../nbs/12a_router_ensemble.ipynb #5dc39825
 @patch
 def _train(self: EnsembleRouter, X, T, seeds, shared):
@@ -121,7 +150,7 @@ def _train(self: EnsembleRouter, X, T, seeds, shared):
         for start in range(0, Q, bs):
             rows = slice(None) if order is None else order[start:start + bs]
             opt.zero_grad(set_to_none=True)
-            self._loss(P, X, T, rows, gen).sum().backward()
+            self._backward(P, X, T, rows, gen)
             opt.step()
     return {k: v.detach() for k, v in P.items()}
 
@@ -138,12 +167,20 @@ class StatsHeads:
 
     def _scores(self, p, X): return self._route(*self._heads(p, X))
 
+# %% ../../nbs/12a_router_ensemble.ipynb #f5fb6a3a
+def clipped_heads(arrays: list, # (R, Q, K) arrays, one per head
+                 ) -> np.ndarray:
+    "The arrays clipped to [0, 1] as one float32 (R, heads, K, Q) array, written head by head."
+    R, Q, K = np.shape(arrays[0])
+    y = np.empty((R, len(arrays), K, Q), np.float32)
+    for h, a in enumerate(arrays): np.clip(np.swapaxes(a, -1, -2), 0, 1, out=y[:, h])
+    return y
+
 # %% ../../nbs/12a_router_ensemble.ipynb #73486397
 @patch
 def _targets(self: StatsHeads, sup):
     t = family_targets(sup, 'stats')
-    y = np.stack([t['mu_q'], t['mu_c'], 2 * t['sigma']], 1)     # (R, 3, Q, K)
-    return dict(y=np.clip(y, 0, 1).swapaxes(-1, -2))              # (R, 3, K, Q)
+    return dict(y=clipped_heads([t['mu_q'], t['mu_c'], 2 * t['sigma']]))   # (R, 3, K, Q)
 
 # %% ../../nbs/12a_router_ensemble.ipynb #2afaac79
 @patch

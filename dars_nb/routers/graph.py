@@ -54,7 +54,8 @@ def _model_nodes(self: GraphRouter, p, X_vis, e_vis):
     R, _, K, V = e_vis.shape
     hq = torch.relu(shared_linear(X_vis, p['Wq'], p['bq']))           # (R, h, V)
     from_edge = (p['We'] @ e_vis.reshape(R, 3, K * V)).reshape(R, -1, K, V)
-    msg = torch.relu(from_edge + (p['Wh'] @ hq + p['bm'])[:, :, None, :])   # (R, h, K, V)
+    # rectified in place: the sum is a fresh tensor, and one (R, h, K, V) buffer is kept, not two
+    msg = (from_edge + (p['Wh'] @ hq + p['bm'])[:, :, None, :]).relu_()   # (R, h, K, V)
     return p['E'] + p['Wa'] @ msg.mean(-1)
 
 # %% ../../nbs/16_router_graph.ipynb #348a99d8
@@ -67,10 +68,11 @@ def _edges(self: GraphRouter, p, g, X):
     # (R, K, n): each query attends to the models
     att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)
     hq = hq + p['Wv'] @ (g @ att)                                      # model → query
-    pair = (p['C'] @ (hq[:, :, None, :] * g[..., None]).reshape(R, h, K * n)).reshape(R, h, K, n)
-    # (R, h, K, n)
-    z = torch.relu(pair + (p['A'] @ hq + p['b1'])[:, :, None, :] + (p['B'] @ g)[..., None])
-    return (p['Wo'] @ z.reshape(R, h, K * n) + p['bo']).reshape(R, 3, K, n)
+    # A h_q + B g_m + C (h_q ⊙ g_m) + b1 = (A + C diag g_m) h_q + (B g_m + b1): one product per model
+    M = (p['A'][:, None] + p['C'][:, None] * g.transpose(1, 2)[:, :, None, :]).reshape(R, K * h, h)
+    bias = (p['B'] @ g + p['b1']).transpose(1, 2).reshape(R, K * h, 1)
+    z = torch.baddbmm(bias, M, hq).relu_().reshape(R, K, h, n)          # (R, K, h, n)
+    return (p['Wo'][:, None] @ z + p['bo'][:, None]).transpose(1, 2)    # (R, 3, K, n)
 
 # %% ../../nbs/16_router_graph.ipynb #85c6bf52
 @patch
@@ -92,4 +94,15 @@ def _loss(self: GraphRouter, p, X, T, rows, gen):
 @patch
 def _logits(self: GraphRouter, p, X):
     "Edge logits between queries `X` and the model nodes of the training graph: (R, 3, K, n)."
-    return self._edges(p, self._model_nodes(p, self.graph_X_, self.graph_edges_), X)
+    R, Q = p['E'].shape[0], self.graph_X_.shape[0]
+    step = self._draws_per_pass(R, max(Q, X.shape[0]))   # as in training: a few draws per pass
+    part = lambda s: {k: v[s:s + step] for k, v in p.items()}
+    return torch.cat([self._edges(part(s), self._model_nodes(part(s), self.graph_X_,
+                                                             self.graph_edges_[s:s + step]), X)
+                      for s in range(0, R, step)])
+
+# %% ../../nbs/16_router_graph.ipynb #f777472c
+@patch
+def _width(self: GraphRouter) -> int:
+    "Floats per (draw, model, query) of the widest activation: the (R, h, K, n) edge layer."
+    return int(self.hidden)

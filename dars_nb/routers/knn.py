@@ -8,7 +8,7 @@ from fastcore.basics import patch
 import numpy as np
 from scipy import sparse
 from sklearn.preprocessing import normalize
-from .base import Router, family_targets
+from .base import Router, stats_by_query
 
 # %% auto #0
 __all__ = ['cosine_neighbours', 'KNNRouter']
@@ -20,10 +20,15 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
                       eps: float = 1e-6, # ε added to every distance before inverting
                      ) -> tuple[np.ndarray, np.ndarray]:
     "The k nearest training rows (n, k) by cosine distance, and inverse-distance weights (sum 1)."
-    d = np.clip(1.0 - normalize(X) @ normalize(X_train).T, 0.0, None)
-    k = min(n_neighbors, d.shape[1])
-    idx = np.argpartition(d, k - 1, axis=1)[:, :k]
-    w = 1.0 / (np.take_along_axis(d, idx, 1) + eps)
+    Z, Zt = normalize(X), normalize(X_train).T
+    k = min(n_neighbors, Zt.shape[1])
+    rows = max(1, 2**22 // Zt.shape[1])     # distance blocks of about 32 MB, not one (n, Q) matrix
+    idx, dk = np.empty((len(Z), k), np.int64), np.empty((len(Z), k))
+    for s in range(0, len(Z), rows):
+        d = np.clip(1.0 - Z[s:s + rows] @ Zt, 0.0, None)
+        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
+        dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
+    w = 1.0 / (dk + eps)
     return idx, w / w.sum(1, keepdims=True)
 
 # %% ../../nbs/12_router_knn.ipynb #864da50b
@@ -43,9 +48,7 @@ def _fit(self: KNNRouter, X, sup):
     if int(self.n_neighbors) < 1:
         raise ValueError(f"n_neighbors must be at least 1, got {self.n_neighbors}")
     self.X_train_ = X.copy()
-    T = family_targets(sup, 'stats')
-    # (Q, 3, R, K)
-    self.targets_ = np.stack([T['mu_q'], T['mu_c'], T['sigma']], axis=1).transpose(2, 1, 0, 3)
+    self.targets_ = stats_by_query(sup)   # (Q, 3, R, K)
 
 # %% ../../nbs/12_router_knn.ipynb #aa5959b0
 @patch

@@ -56,7 +56,13 @@ def _targets(self: RMSoftmaxRouter, sup):
     grid = np.unique(np.append(np.asarray(self.lam_grid, dtype=float), sup.lam))
     self.lam_grid_ = grid
     self.lam_scale_ = float(grid.max()) if grid.max() > 0 else 1.0
-    P = lambda_targets(sup.mu_q, sup.mu_c, sup.sigma, grid, sup.beta, self.tau)   # (R, G, Q, K)
+    P = np.empty((sup.n_draws, len(grid), *sup.utility.shape[1:]), np.float32)     # (R, G, Q, K)
+    step = max(1, 2**22 // sup.utility[0].size)   # float64 temporaries of about 32 MB at a time
+    for g, lam in enumerate(grid):
+        for r in range(0, sup.n_draws, step):
+            d = slice(r, r + step)
+            P[d, g] = lambda_targets(sup.mu_q[d], sup.mu_c[d], sup.sigma[d], [lam], sup.beta,
+                                     self.tau)[:, 0]
     return dict(p=P.transpose(0, 3, 1, 2),
                 lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
 
