@@ -16,6 +16,7 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_stats.py', [], ['--queries', '20000', '--reps', '2']),
     ('bench_diagnostics.py', [], ['--sizes', '10000', '100000', '--reps', '2']),
     ('bench_routers.py', [], ['--quick']),
+    ('bench_features.py', [], ['--quick']),
     ('bench_reproduce.py', [], ['--quick']),
     ('bench_client.py', [], ['--calls', '400']),
     ('bench_serve.py', [], ['--quick']),
