@@ -5,7 +5,7 @@ Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size
 
 1. Encoding throughput on real GSM8K questions (the GSM8K rows of the LLMRouter table in data/routing,
    as a router sees them): the reference path (sentence-transformers on torch, batch 64, texts in the
-   order the library used to pass them) against `sentence_encoder().encode` (onnxruntime on the fused
+   order the library used to pass them) against `sentence_encoder().encode` (onnxruntime on the ONNX
    export, batches of similar token length), alternating, median of `--reps`. Goal: >= 150 questions/s
    on 2 cores. The largest coordinate difference between the two is printed beside.
 2. The disk cache: `sentence_embeddings` on the same questions with an empty cache (encode + store) and

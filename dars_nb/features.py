@@ -26,10 +26,10 @@ from sklearn.exceptions import NotFittedError
 from .extras import install_hint, require
 
 # %% auto #0
-__all__ = ['MODEL_NAME', 'RUNTIMES', 'CACHE_PARTS', 'FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path',
-           'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path', 'SentenceEncoder', 'sentence_encoder',
-           'EmbeddingStore', 'sentence_embeddings', 'SentenceFeaturizer', 'cache_info', 'clear_cache', 'cache_main',
-           'make_featurizer', 'tfidf_features', 'query_features']
+__all__ = ['MODEL_NAME', 'RUNTIMES', 'EXPORT_FORMAT', 'CACHE_PARTS', 'FEATURIZERS', 'check_texts', 'TfidfFeaturizer',
+           'sentence_model_path', 'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path', 'SentenceEncoder',
+           'sentence_encoder', 'EmbeddingStore', 'sentence_embeddings', 'SentenceFeaturizer', 'cache_info',
+           'clear_cache', 'cache_main', 'make_featurizer', 'tfidf_features', 'query_features']
 
 # %% ../nbs/09_features.ipynb #8f408330
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
@@ -130,6 +130,7 @@ def _cache_dir(cache_dir=None) -> Path:
 # %% ../nbs/09_features.ipynb #5031f4be
 MODEL_NAME = 'all-MiniLM-L6-v2'
 RUNTIMES = ('onnx', 'torch')  # onnxruntime on an export made at first use; sentence-transformers
+EXPORT_FORMAT = 1  # raised whenever `export_onnx` changes the graph it writes
 
 def _check_runtime(runtime: str) -> str:
     if runtime not in RUNTIMES:
@@ -158,7 +159,7 @@ def encoder_identity(runtime: str = 'onnx', # 'onnx' or 'torch'
     v = importlib.metadata.version
     if _check_runtime(runtime) == 'onnx':
         require('onnxruntime', 'embed', 'the onnx runtime of the sentence encoder')
-        how = f"onnxruntime {v('onnxruntime')}, exported with torch {v('torch')}"
+        how = f"onnxruntime {v('onnxruntime')}, export {EXPORT_FORMAT} with torch {v('torch')}"
     else: how = f"torch {v('torch')}, sentence-transformers {v('sentence-transformers')}"
     return f"{MODEL_NAME} {_weights_sha256()[:12]} ({how})"
 
@@ -169,7 +170,7 @@ def _pooled_model():
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    # eager attention: its pattern is the one onnxruntime's BERT fusion recognises
+    # eager attention: plain operators, no branch on the mask's values in the trace
     bert = AutoModel.from_pretrained(str(_installed_model_path()), attn_implementation='eager')
     class MeanPooled(torch.nn.Module):
         def __init__(self, bert): super().__init__(); self.bert = bert
@@ -182,35 +183,30 @@ def _pooled_model():
     return MeanPooled(bert).eval()
 
 # %% ../nbs/09_features.ipynb #a550c4e4
-def _export_fused(model, # `_pooled_model()`
-                  target: Path, # the .onnx file to write
-                 ):
-    "Trace `model` to ONNX, then fuse its attention, GELU and layer norms for onnxruntime."
+def _trace_onnx(model, # `_pooled_model()`
+                target: Path, # the .onnx file to write
+               ):
+    "Trace `model` to ONNX: (input_ids, attention_mask) of any batch and length -> embedding."
     import torch
-    from onnxruntime.transformers.optimizer import optimize_model
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])  # a padded row: mask traced
     axes = {'input_ids': {0: 'batch', 1: 'tokens'}, 'attention_mask': {0: 'batch', 1: 'tokens'},
             'embedding': {0: 'batch'}}
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter('ignore')   # the tracer's notes on Python branches of the model
-        traced = str(Path(tmp) / 'traced.onnx')
-        torch.onnx.export(model, (ids, (ids > 0).long()), traced, dynamo=False, opset_version=17,
-                          input_names=['input_ids', 'attention_mask'],
+        torch.onnx.export(model, (ids, (ids > 0).long()), str(target), dynamo=False,
+                          opset_version=17, input_names=['input_ids', 'attention_mask'],
                           output_names=['embedding'], dynamic_axes=axes)
-        cfg = model.bert.config
-        optimize_model(traced, model_type='bert', num_heads=cfg.num_attention_heads,
-                       hidden_size=cfg.hidden_size, opt_level=1).save_model_to_file(str(target))
 
 # %% ../nbs/09_features.ipynb #e9e73667
 def export_onnx(target, # the .onnx file to write (replaced atomically)
                ) -> Path:
-    "Export the packaged model, pooling and normalisation included, to a fused ONNX file; checked."
+    "Export the packaged model, pooling and normalisation included, to an ONNX file; checked."
     import torch
     target = Path(target); target.parent.mkdir(parents=True, exist_ok=True)
     model = _pooled_model()
     part = target.with_name(f'{target.name}.{os.getpid()}.part')
     try:
-        _export_fused(model, part)
+        _trace_onnx(model, part)
         ids = torch.tensor([[101, 2054, 2003, 1016, 1009, 1016, 1029, 102], [101, 2040, 102] + [0] * 5])
         mask = (ids > 0).long()
         with torch.inference_mode(): want = model(ids, mask).numpy()
@@ -239,9 +235,10 @@ def _onnx_session(path):
 # %% ../nbs/09_features.ipynb #1d923e07
 def onnx_model_path(cache_dir=None, # the cache folder (default `cache_root()`)
                    ) -> Path:
-    "The fused ONNX file of the encoder in the cache, exported first if it is not there yet."
+    "The ONNX file of the encoder in the cache, exported first if it is not there yet."
     v = importlib.metadata.version
-    name = f"{MODEL_NAME}-{_weights_sha256()[:12]}-torch{v('torch')}-ort{v('onnxruntime')}.onnx"
+    name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}-torch{v('torch')}"
+            f"-ort{v('onnxruntime')}.onnx")
     path = cache_root(cache_dir) / 'encoders' / name
     return path if path.exists() else export_onnx(path)
 
