@@ -150,7 +150,7 @@ def main(argv=None):
         emit(f"routing decision (featurize + predict), {kind} bundle, one question", f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
              f"p50 <= {goals[kind]:g} ms", bool(p50 <= goals[kind]))
     enc = encoder_times(probe) if not a.endpoint_only else np.array([np.nan])
-    if not a.endpoint_only: print(f"  for reference, the sentence encoder alone (all-MiniLM-L6-v2 on onnxruntime), loaded once: p50 {np.percentile(enc, 50):.2f} ms, "
+    if not a.endpoint_only: print(f"  for reference, the sentence encoder alone (all-MiniLM-L6-v2 on OpenVINO), loaded once: p50 {np.percentile(enc, 50):.2f} ms, "
           f"p99 {np.percentile(enc, 99):.2f} ms per question")
 
     from dars_nb.collect.local import free_port
