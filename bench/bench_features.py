@@ -1,0 +1,142 @@
+"""Sentence features: questions per second of the reference encoder and of the library's, side by side,
+and what a second run on the same texts costs.
+
+Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size 20000]
+
+1. Encoding throughput on real GSM8K questions (the GSM8K rows of the LLMRouter table in data/routing):
+   the reference path (sentence-transformers on torch, batch 64, texts in the order the library used to
+   pass them) against `sentence_encoder().encode` (OpenVINO on the ONNX export, batches of similar token
+   length, one per core, in the CPU's best precision: bfloat16 where it has bfloat16 arithmetic) and
+   against the same in float32, alternating, median of `--reps`. Goal: >= 150 questions/s on 2 cores
+   for the library's default. The largest coordinate difference to the reference is printed beside.
+2. The disk cache: `sentence_embeddings` on the same questions with an empty cache (encode + store) and
+   a second time (read back: nothing encoded), then the store alone at `--store-size` texts (write, read).
+3. The one-time ONNX export of the packaged model (first use on a machine).
+The load average is printed with the figures: the machine may be shared, and a loaded machine gives
+lower figures for both paths.
+"""
+import argparse, hashlib, os, statistics, sys, tempfile, time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from summary import emit
+
+GOAL = 150.0   # questions per second on 2 cores
+DATA = Path(__file__).resolve().parents[1] / 'data' / 'routing' / 'llmrouter'
+
+
+def gsm8k_questions() -> list[str]:
+    "The GSM8K questions of the LLMRouter table shipped in data/routing (train and test)."
+    rows = pd.concat([pd.read_json(DATA / f'{s}.jsonl', lines=True) for s in ('train', 'test')])
+    return rows.loc[rows['task'] == 'gsm8k', 'question'].tolist()
+
+
+def load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def cpu_seconds() -> float:
+    "User + system CPU seconds of this process so far (all its threads)."
+    t = os.times(); return t.user + t.system
+
+
+def throughput(texts, reps):
+    "Questions per wall and per CPU second of each path, alternating; each path's rows in the texts' order."
+    from dars_nb.features import sentence_encoder
+    ref_model = sentence_encoder('torch')._model
+    order = sorted(range(len(texts)), key=lambda i: hashlib.sha256(texts[i].encode()).digest())
+    as_before = [texts[i] for i in order]      # the order the library's cache used to encode them in
+    def ref():
+        out = ref_model.encode(as_before, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+        rows = np.empty_like(out); rows[order] = out; return rows
+    paths = {'reference': ref, 'library': lambda: sentence_encoder().encode(texts),
+             'library f32': lambda: sentence_encoder(precision='f32').encode(texts)}
+    rows = {k: f() for k, f in paths.items()}  # warm every path
+    times, cpu = {k: [] for k in paths}, {k: [] for k in paths}
+    for rep in range(reps):
+        for name in list(paths) if rep % 2 == 0 else list(paths)[::-1]:
+            c, t = cpu_seconds(), time.perf_counter(); rows[name] = paths[name]()
+            times[name].append(time.perf_counter() - t); cpu[name].append(cpu_seconds() - c)
+    qps = {k: len(texts) / statistics.median(v) for k, v in times.items()}
+    per_cpu = {k: len(texts) / statistics.median(v) for k, v in cpu.items()}
+    return qps, per_cpu, rows
+
+
+def cache_runs(texts):
+    "Seconds of `sentence_embeddings` with an empty cache and again; texts encoded the second time."
+    from dars_nb.features import sentence_embeddings, sentence_encoder
+    enc = sentence_encoder()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter(); sentence_embeddings(texts, tmp); first = time.perf_counter() - t
+        n = enc.n_encoded
+        t = time.perf_counter(); sentence_embeddings(texts, tmp); second = time.perf_counter() - t
+        return first, second, enc.n_encoded - n
+
+
+def store_runs(n):
+    "Seconds to write and to read back `n` vectors of 384 floats through the embedding store."
+    from dars_nb.features import EmbeddingStore
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((n, 384)).astype(np.float32)
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    keys = [hashlib.sha256(f'question {i}'.encode()).digest() for i in range(n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = EmbeddingStore(tmp)
+        t = time.perf_counter(); store.put('bench', keys, V); put = time.perf_counter() - t
+        t = time.perf_counter(); got = store.get('bench', keys, 384); get = time.perf_counter() - t
+        assert len(got) == n and store.damaged == 0
+        size = store.path.stat().st_size
+    return put, get, size
+
+
+def export_seconds():
+    "Seconds of the one-time ONNX export (to a temporary folder)."
+    from dars_nb.features import export_onnx
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter(); export_onnx(Path(tmp) / 'model.onnx'); return time.perf_counter() - t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--quick', action='store_true', help='one repetition, a smaller store')
+    ap.add_argument('--reps', type=int, default=3, help='alternating repetitions of each encoder')
+    ap.add_argument('--store-size', type=int, default=20000, help='texts in the store timing')
+    a = ap.parse_args(argv)
+    if a.quick: a.reps, a.store_size = 1, 5000
+    from dars_nb.features import sentence_encoder
+    texts = gsm8k_questions()
+    tokens = np.array([len(e.ids) for e in sentence_encoder()._tokenizer.encode_batch(texts)])
+    print(f"{len(texts)} GSM8K questions, {tokens.mean():.0f} tokens on average (max {tokens.max()}); {load()}")
+    precision = sentence_encoder().precision
+    qps, per_cpu, rows = throughput(texts, a.reps)
+    speedup, met = qps['library'] / qps['reference'], qps['library'] >= GOAL
+    print(f"encoding, questions/s (median of {a.reps}; per CPU second in brackets, less sensitive to other work "
+          f"on the machine); {load()}:")
+    for name, what in (('reference', 'sentence-transformers on torch, batch 64'),
+                       ('library', f'OpenVINO {precision} (the default here), length-sorted batches, one per core'),
+                       ('library f32', 'OpenVINO f32, the same batches')):
+        R, N = rows['reference'], rows[name]
+        print(f"  {name:12s} {qps[name]:6.0f} ({per_cpu[name]:4.0f})  x{qps[name] / qps['reference']:.1f}  "
+              f"largest difference to the reference {np.abs(R - N).max():.1e}, smallest cosine {(R * N).sum(1).min():.6f}"
+              f"  [{what}]")
+    print(f"  goal: >= {GOAL:.0f} questions/s on 2 cores (library default): {'met' if met else 'not met'}")
+    emit(f"sentence features: GSM8K questions/s (library {precision} vs sentence-transformers)",
+         f"{qps['library']:.0f} vs {qps['reference']:.0f} q/s (x{speedup:.1f}); f32 {qps['library f32']:.0f}; {load()}",
+         f">= {GOAL:.0f} q/s", bool(met))
+    first, second, encoded = cache_runs(texts)
+    print(f"sentence_embeddings on the {len(texts)} questions: empty cache {first:.2f} s, second run {second * 1e3:.0f} ms "
+          f"({encoded} texts encoded the second time)")
+    emit("sentence features: second run on the same texts (disk cache)",
+         f"{second * 1e3:.0f} ms for {len(texts)} questions ({encoded} encoded) vs {first:.2f} s the first time",
+         'nothing encoded', encoded == 0)
+    put, get, size = store_runs(a.store_size)
+    print(f"embedding store, {a.store_size:,} texts: write {put:.2f} s, read back {get:.2f} s, {size / 1e6:.0f} MB")
+    emit(f"embedding store, {a.store_size:,} texts", f"write {put:.2f} s, read {get:.2f} s", '', None)
+    print(f"one-time ONNX export of the packaged model: {export_seconds():.1f} s; {load()}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
