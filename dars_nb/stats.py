@@ -9,12 +9,11 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from .observations import (validate, ensure_valid, to_dense, dense_index, model_order,
-                                  select, Dense)
+from .observations import ensure_valid, to_dense, dense_index, model_order, Dense
 
 # %% auto #0
-__all__ = ['TIE_TOL', 'MODES', 'cost_scale', 'normalized_cost', 'normalize_cost', 'cell_means', 'grid_stats', 'training_grid',
-           'utility', 'PairBlocks', 'pair_blocks', 'block_sums', 'row_sums', 'stats_from_sums', 'capability_stats',
+__all__ = ['TIE_TOL', 'MODES', 'cost_scale', 'normalized_cost', 'normalize_cost', 'cell_means', 'stats_from_sums', 'grid_stats',
+           'training_grid', 'utility', 'PairBlocks', 'pair_blocks', 'block_sums', 'row_sums', 'capability_stats',
            'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
            'supervision']
 
@@ -57,6 +56,32 @@ def cell_means(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
         mu_c = None if c is None else np.nansum(c.reshape(flat.shape), -1) / n
         return np.nansum(flat, -1) / n, mu_c, n
 
+# %% ../nbs/01_stats.ipynb #ce4d02db
+def _rewrite_spread(count, s1, s2) -> tuple:
+    "σ_in and σ_out from per-rewrite sums (..., N); a rewrite with no cell is left out."
+    seen = count > 0
+    rows = count.shape[-1] if seen.all() else seen.sum(-1)
+    row = s1 / np.maximum(count, 1)           # rewrite means; 0 (masked below) with no cell
+    spread = (row - (np.einsum('...n->...', row) / rows)[..., None]) * seen
+    within = np.maximum(s2 / np.maximum(count, 1) - row ** 2, 0)
+    return (np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows),
+            np.sqrt(np.einsum('...n->...', within) / rows))
+
+# %% ../nbs/01_stats.ipynb #df523456
+def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
+                    s1, # Σq per (pair, rewrite)
+                    s2, # Σq² per (pair, rewrite)
+                    c1=None, # Σc per pair: (...); None: no μ_c
+                   ) -> dict:
+    "μ_q, μ_c, σ_q, σ_in, σ_out and n per pair from its sums (NaN for a pair with no cell)."
+    total = lambda a: np.einsum('...n->...', a)    # a sum over rewrites, no temporary
+    with np.errstate(invalid='ignore', divide='ignore'):
+        n = total(count)
+        mu_q, mu_c = total(s1) / n, None if c1 is None else c1 / n
+        sigma_q = np.sqrt(np.maximum(total(s2) / n - mu_q ** 2, 0))
+        sigma_in, sigma_out = _rewrite_spread(count, s1, s2)
+    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+
 # %% ../nbs/01_stats.ipynb #f61cdfb7
 def _complete_stats(q, c) -> dict:
     "`grid_stats` of grids with no missing cell: plain sums (einsum: no temporaries)."
@@ -74,16 +99,12 @@ def _complete_stats(q, c) -> dict:
 
 # %% ../nbs/01_stats.ipynb #8a445d5f
 def _partial_stats(q, c) -> dict:
-    "`grid_stats` of grids with missing cells: NaN-aware means over the observed cells."
-    mu_q, mu_c, n = cell_means(q, c)
-    flatq = q.reshape(*q.shape[:-2], -1)
-    sigma_q = np.sqrt(np.nansum((flatq - mu_q[..., None]) ** 2, -1) / n)
-    rown = (~np.isnan(q)).sum(-1)
-    row = np.nansum(q, -1) / rown
-    rowvar = np.nansum((q - row[..., None]) ** 2, -1) / rown
-    sigma_in = np.sqrt(np.nanmean((row - np.nanmean(row, -1, keepdims=True)) ** 2, -1))
-    sigma_out = np.sqrt(np.nanmean(rowvar, -1))
-    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+    "`grid_stats` of grids with missing cells: per-rewrite sums of the observed cells."
+    seen = ~np.isnan(q)
+    z = np.where(seen, q, 0.0)
+    c1 = None if c is None else np.nansum(c.reshape(*q.shape[:-2], -1), -1)
+    return stats_from_sums(seen.sum(-1), np.einsum('...nm->...n', z),
+                           np.einsum('...nm,...nm->...n', z, z), c1)
 
 # %% ../nbs/01_stats.ipynb #81cbe563
 def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
@@ -268,32 +289,6 @@ def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
     sums = _bin_sums(bins, q, N, n_codes * N) + [c1]
     seen = sums[0].any(-1).reshape(-1, len(obs['model'].cat.categories))
     return (*_code_axes(obs, seen, models), sums)
-
-# %% ../nbs/01_stats.ipynb #ce4d02db
-def _rewrite_spread(count, s1, s2) -> tuple:
-    "σ_in and σ_out from per-rewrite sums (..., N); a rewrite with no cell is left out."
-    seen = count > 0
-    rows = count.shape[-1] if seen.all() else seen.sum(-1)
-    row = s1 / np.maximum(count, 1)           # rewrite means; 0 (masked below) with no cell
-    spread = (row - (np.einsum('...n->...', row) / rows)[..., None]) * seen
-    within = np.maximum(s2 / np.maximum(count, 1) - row ** 2, 0)
-    return (np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows),
-            np.sqrt(np.einsum('...n->...', within) / rows))
-
-# %% ../nbs/01_stats.ipynb #df523456
-def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
-                    s1, # Σq per (pair, rewrite)
-                    s2, # Σq² per (pair, rewrite)
-                    c1, # Σc per pair: (...)
-                   ) -> dict:
-    "μ_q, μ_c, σ_q, σ_in, σ_out and n per pair from its sums (NaN for a pair with no cell)."
-    total = lambda a: np.einsum('...n->...', a)    # a sum over rewrites, no temporary
-    with np.errstate(invalid='ignore', divide='ignore'):
-        n = total(count)
-        mu_q, mu_c = total(s1) / n, c1 / n
-        sigma_q = np.sqrt(np.maximum(total(s2) / n - mu_q ** 2, 0))
-        sigma_in, sigma_out = _rewrite_spread(count, s1, s2)
-    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
 # %% ../nbs/01_stats.ipynb #85a54c21
 def _query_scale(obs: pd.DataFrame, queries: pd.MultiIndex) -> np.ndarray:
