@@ -625,11 +625,14 @@ def draw_utilities(routers, # a fitted router (one or R draws), or a mapping nam
                   ) -> pd.DataFrame:
     "A row per (router, view, draw): U_view of every draw of every router."
     routers = routers if isinstance(routers, Mapping) else {type(routers).__name__: routers}
-    features, parts = _feature_frame(features), []
-    for v in views:
+    features, by_queries, u = _feature_frame(features), {}, {}
+    for v in views:                    # views over the same queries share one prediction
         t = per_query_view_utility(obs_test, v, lam)
-        X = _features(features, t.index, 'test')
+        by_queries.setdefault(tuple(t.index), {})[v] = t
+    for ids, tables in by_queries.items():
+        X = _features(features, ids, 'test')
         for name, r in routers.items():
-            u = draw_view_utilities(r, X, {v: t})[v]
-            parts.append(pd.DataFrame(dict(router=name, view=v, draw=np.arange(len(u)), utility=u)))
-    return pd.concat(parts, ignore_index=True)
+            u |= {(v, name): a for v, a in draw_view_utilities(r, X, tables).items()}
+    return pd.concat([pd.DataFrame(dict(router=name, view=v, draw=np.arange(len(u[v, name])),
+                                        utility=u[v, name])) for v in views for name in routers],
+                     ignore_index=True)
