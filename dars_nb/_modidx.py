@@ -844,6 +844,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dars_nb.features._infer': ('features.html#_infer', 'dars_nb/features.py'),
                                   'dars_nb.features._installed_model_path': ('features.html#_installed_model_path', 'dars_nb/features.py'),
                                   'dars_nb.features._loaded_encoder': ('features.html#_loaded_encoder', 'dars_nb/features.py'),
+                                  'dars_nb.features._model_width': ('features.html#_model_width', 'dars_nb/features.py'),
                                   'dars_nb.features._pooled_model': ('features.html#_pooled_model', 'dars_nb/features.py'),
                                   'dars_nb.features._precision_of': ('features.html#_precision_of', 'dars_nb/features.py'),
                                   'dars_nb.features._store_lines': ('features.html#_store_lines', 'dars_nb/features.py'),

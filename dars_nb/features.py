@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import sqlite3
-import tempfile
 import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +115,10 @@ def _installed_model_path() -> Path:
     if path is None:
         raise ValueError(f"the sentence encoder is not installed: {install_hint('embed')}")
     return path
+
+def _model_width() -> int:
+    "Width of the installed encoder's rows: its config's `hidden_size`."
+    return int(json.loads((_installed_model_path() / 'config.json').read_text())['hidden_size'])
 
 # %% ../nbs/09_features.ipynb #7e503f0e
 def cache_root(cache_dir=None, # a folder (default: $DARS_CACHE, else ~/.cache/dars_nb)
@@ -278,8 +281,7 @@ class SentenceEncoder:
         self.runtime, self.precision = _check_runtime(runtime), _precision_of(runtime, precision)
         self.identity = encoder_identity(runtime, self.precision)
         self.calls = self.n_encoded = 0   # encode calls that ran the model, texts they encoded
-        path = _installed_model_path()
-        self.dim = int(json.loads((path / 'config.json').read_text())['hidden_size'])
+        self.dim = _model_width()
         if runtime == 'torch': self._model = _torch_model()
         else: self._model = _compiled(onnx_model_path(cache_dir), self.precision)
         self._tokenizer = _tokenizer()
@@ -392,7 +394,8 @@ def put(self: EmbeddingStore, encoder: str, # `SentenceEncoder.identity` of the 
        ) -> None:
     "Store `vectors` under their text hashes, replacing older rows, in one transaction."
     V = np.ascontiguousarray(vectors, np.float32)
-    rows = [(encoder, k, v.tobytes(), zlib.crc32(k + v.tobytes())) for k, v in zip(keys, V)]
+    blobs = [v.tobytes() for v in V]
+    rows = [(encoder, k, b, zlib.crc32(k + b)) for k, b in zip(keys, blobs)]
     self._safely(lambda con: con.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)",
                                              rows))
 
@@ -468,8 +471,9 @@ def fit(self: SentenceFeaturizer, texts=None, # training texts (nothing is learn
         y=None, # ignored (scikit-learn's signature)
        ) -> 'SentenceFeaturizer':
     "Check that the encoder is installed and record its output width."
-    path = _installed_model_path(); _precision_of(_check_runtime(self.runtime), self.precision)
-    self.n_features_out_ = int(json.loads((path / 'config.json').read_text())['hidden_size'])
+    width = _model_width()                # first: the one-line error when not installed
+    _precision_of(_check_runtime(self.runtime), self.precision)
+    self.n_features_out_ = width
     return self
 
 # %% ../nbs/09_features.ipynb #2e433d4c
