@@ -9,7 +9,7 @@ import argparse, os, platform, subprocess, sys, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from summary import collect
+from summary import MARK, collect
 
 HERE = Path(__file__).parent
 BENCHES = [  # (script, arguments for the full run, arguments for --quick)
@@ -67,7 +67,7 @@ def run_echoed(cmd) -> tuple[int, str]:
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if not line.startswith('BENCH-SUMMARY '): print(line, end='', flush=True)
+        if not line.startswith(MARK): print(line, end='', flush=True)
     return proc.wait(), ''.join(lines)
 
 
