@@ -4,8 +4,8 @@ and what a second run on the same texts costs.
 Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size 20000]
 
 1. Encoding throughput on real GSM8K questions (the GSM8K rows of the LLMRouter table in data/routing):
-   the reference path (sentence-transformers on torch, batch 64, texts in the order the library used to
-   pass them) against `sentence_encoder().encode` (OpenVINO on the ONNX export, batches of similar token
+   the reference path (sentence-transformers on torch, batch 64; its `encode` sorts the texts by length
+   itself) against `sentence_encoder().encode` (OpenVINO on the ONNX export, batches of similar token
    length, one per core, in the CPU's best precision: bfloat16 where it has bfloat16 arithmetic) and
    against the same in float32, alternating, median of `--reps`. Goal: >= 150 questions/s on 2 cores
    for the library's default. The largest coordinate difference to the reference is printed beside.
@@ -46,11 +46,7 @@ def throughput(texts, reps):
     "Questions per wall and per CPU second of each path, alternating; each path's rows in the texts' order."
     from dars_nb.features import sentence_encoder
     ref_model = sentence_encoder('torch')._model
-    order = sorted(range(len(texts)), key=lambda i: hashlib.sha256(texts[i].encode()).digest())
-    as_before = [texts[i] for i in order]      # the order the library's cache used to encode them in
-    def ref():
-        out = ref_model.encode(as_before, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
-        rows = np.empty_like(out); rows[order] = out; return rows
+    ref = lambda: ref_model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
     paths = {'reference': ref, 'library': lambda: sentence_encoder().encode(texts),
              'library f32': lambda: sentence_encoder(precision='f32').encode(texts)}
     rows = {k: f() for k, f in paths.items()}  # warm every path
