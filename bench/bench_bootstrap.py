@@ -3,7 +3,7 @@
 Run: .venv/bin/python bench/bench_bootstrap.py [--queries 6000] [--routers 7] [--views 2] [--boot 1000] [--reps 3]
 Per view, the evaluation bootstraps every router's per-query utility and its paired difference to the
 best fixed model (one `bootstrap_ci` call on a queries x 2·routers matrix, as `utility_table` and the
-protocol do). Measured side by side with the multinomial-count bootstrap the library used before
+protocol do). Measured side by side with a multinomial-count bootstrap of the same work
 (two calls per view, the same work); wall time best and median of --reps alternating rounds.
 """
 import argparse, gc, statistics, time, tracemalloc
@@ -37,7 +37,7 @@ def ours(views, n_boot):
     return [bootstrap_ci(np.column_stack([P, P - ref[:, None]]), n_boot, seed=i) for i, (P, ref) in enumerate(views)]
 
 
-def before(views, n_boot):
+def multinomial(views, n_boot):
     "The multinomial bootstrap, called as the protocol called it: utilities, then differences, per view."
     return [(multinomial_ci(P, n_boot, seed=i), multinomial_ci(P - ref[:, None], n_boot, seed=i))
             for i, (P, ref) in enumerate(views)]
@@ -52,9 +52,9 @@ def main(argv=None):
     ap.add_argument('--reps', type=int, default=3)
     a = ap.parse_args(argv)
     views = tables(a.queries, a.routers, a.views)
-    times = {'ours': [], 'before': []}
+    times = {'ours': [], 'multinomial': []}
     for _ in range(a.reps):
-        for name, fn in (('ours', ours), ('before', before)):
+        for name, fn in (('ours', ours), ('multinomial', multinomial)):
             gc.collect()
             t = time.perf_counter(); fn(views, a.boot); times[name].append(time.perf_counter() - t)
     gc.collect(); tracemalloc.start(); ours(views, a.boot)
@@ -64,14 +64,14 @@ def main(argv=None):
     print(f"{case} (utilities and paired differences); best / median of {a.reps}")
     print(f"{'method':34s} {'best s':>8s} {'median s':>9s}")
     print(f"{'bootstrap_ci (index resampling)':34s} {best['ours']:8.3f} {median['ours']:9.3f}")
-    print(f"{'multinomial counts (before)':34s} {best['before']:8.3f} {median['before']:9.3f}")
+    print(f"{'multinomial counts':34s} {best['multinomial']:8.3f} {median['multinomial']:9.3f}")
     met = best['ours'] <= GOAL_SECONDS
     print(f"bootstrap_ci: {best['ours']:.2f} s (goal <= {GOAL_SECONDS:.0f} s: {'met' if met else 'not met'}), "
-          f"{best['before'] / best['ours']:.1f}x faster than before; peak memory {peak / 2**20:.0f} MiB")
+          f"{best['multinomial'] / best['ours']:.1f}x faster than multinomial counts; peak memory {peak / 2**20:.0f} MiB")
     emit(f"bootstrap intervals, {case}",
-         f"{best['ours']:.2f} s ({best['before']:.2f} s before, {best['before'] / best['ours']:.1f}x); "
+         f"{best['ours']:.2f} s ({best['multinomial']:.2f} s with multinomial counts, {best['multinomial'] / best['ours']:.1f}x); "
          f"peak memory {peak / 2**20:.0f} MiB", f"<= {GOAL_SECONDS:.0f} s", met)
-    return dict(seconds=best['ours'], before_seconds=best['before'], peak_bytes=peak)
+    return dict(seconds=best['ours'], multinomial_seconds=best['multinomial'], peak_bytes=peak)
 
 
 if __name__ == '__main__':

@@ -12,10 +12,23 @@ import pandas as pd
 from .observations import ensure_valid, to_dense, dense_index, model_order, Dense
 
 # %% auto #0
-__all__ = ['TIE_TOL', 'MODES', 'cost_scale', 'normalized_cost', 'normalize_cost', 'cell_means', 'stats_from_sums', 'grid_stats',
-           'training_grid', 'utility', 'PairBlocks', 'pair_blocks', 'block_sums', 'row_sums', 'capability_stats',
-           'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
-           'supervision']
+__all__ = ['PAPER', 'ROUNDING', 'TIE_TOL', 'MODES', 'PaperDefaults', 'cost_scale', 'normalized_cost', 'normalize_cost',
+           'cell_means', 'root_spread', 'stats_from_sums', 'grid_stats', 'training_grid', 'utility', 'PairBlocks',
+           'pair_blocks', 'block_sums', 'row_sums', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets',
+           'pairwise_preferences', 'Supervision', 'draw_single', 'supervision']
+
+# %% ../nbs/01_stats.ipynb #73bd57cb
+@dataclass(frozen=True)
+class PaperDefaults:
+    "The constants of the paper's method, in one place."
+    lam: float = 0.05    # λ: utility = quality − λ·normalised cost
+    beta: float = 0.2    # β: the weight of risk σ in the DARS utility
+    tau: float = 0.05    # τ: temperature of the soft targets softmax(U/τ)
+    eps: float = 1e-6    # ε: two scores closer than this are the same outcome
+    draws: int = 100     # R: independent single-shot draws averaged over
+    grid: tuple = (5, 5) # N rewrites × M decodes of a training grid
+
+PAPER = PaperDefaults()
 
 # %% ../nbs/01_stats.ipynb #2bf55958
 def cost_scale(obs: pd.DataFrame, # validated observation table
@@ -56,6 +69,16 @@ def cell_means(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
         mu_c = None if c is None else np.nansum(c.reshape(flat.shape), -1) / n
         return np.nansum(flat, -1) / n, mu_c, n
 
+# %% ../nbs/01_stats.ipynb #25455be0
+ROUNDING = 64 * np.finfo(float).eps   # one-pass variances within this share of E[x²] are rounding
+
+def root_spread(second, # E[x²] (any shape)
+                square, # what is taken from it: μ² (or μ² + another variance)
+               ) -> np.ndarray:
+    "√(second − square): a one-pass standard deviation; rounding around 0 gives 0, NaN stays NaN."
+    var = second - square
+    return np.sqrt(np.where(var <= ROUNDING * np.abs(second), 0.0, var))
+
 # %% ../nbs/01_stats.ipynb #ce4d02db
 def _rewrite_spread(count, s1, s2) -> tuple:
     "σ_in and σ_out from per-rewrite sums (..., N); a rewrite with no cell is left out."
@@ -63,7 +86,7 @@ def _rewrite_spread(count, s1, s2) -> tuple:
     rows = count.shape[-1] if seen.all() else seen.sum(-1)
     row = s1 / np.maximum(count, 1)           # rewrite means; 0 (masked below) with no cell
     spread = (row - (np.einsum('...n->...', row) / rows)[..., None]) * seen
-    within = np.maximum(s2 / np.maximum(count, 1) - row ** 2, 0)
+    within = root_spread(s2 / np.maximum(count, 1), row ** 2) ** 2
     return (np.sqrt(np.einsum('...n,...n->...', spread, spread) / rows),
             np.sqrt(np.einsum('...n->...', within) / rows))
 
@@ -78,7 +101,7 @@ def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
     with np.errstate(invalid='ignore', divide='ignore'):
         n = total(count)
         mu_q, mu_c = total(s1) / n, None if c1 is None else c1 / n
-        sigma_q = np.sqrt(np.maximum(total(s2) / n - mu_q ** 2, 0))
+        sigma_q = root_spread(total(s2) / n, mu_q ** 2)
         sigma_in, sigma_out = _rewrite_spread(count, s1, s2)
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
@@ -90,9 +113,9 @@ def _complete_stats(q, c) -> dict:
     row = np.einsum('...nm->...n', q) / M                                  # (..., N)
     mu_q = row.mean(-1)
     second = np.einsum('...i,...i->...', flatq, flatq) / (N * M)
-    sigma_q = np.sqrt(np.maximum(second - mu_q ** 2, 0))
+    sigma_q = root_spread(second, mu_q ** 2)
     sigma_in = row.std(-1)
-    sigma_out = np.sqrt(np.maximum(sigma_q ** 2 - sigma_in ** 2, 0))    # law of total variance
+    sigma_out = root_spread(second, mu_q ** 2 + sigma_in ** 2)          # law of total variance
     mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
     n = np.full(flatq.shape[:-1], N * M)
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)

@@ -1,4 +1,6 @@
-"""House metrics of the notebooks and modules: export-cell size, definitions per cell, function length, long lines, `test_eq(bool)`.
+"""House metrics of the notebooks and modules: export-cell size, definitions per cell, function length, long lines,
+`test_eq(bool)`, and how a notebook reads: definitions followed by an example or test, runs of exported cells, cells
+of private helpers only, example cells with an output, files over 500 lines (the package and `tools/`).
 
 Run: python tools/house_metrics.py [--list]   (from the project root)"""
 import ast, json, re, statistics, sys
@@ -19,6 +21,47 @@ def definitions(src):
     try: tree = ast.parse('\n'.join(l for l in body(src) if not l.lstrip().startswith(('%', '!'))))
     except SyntaxError: return 0
     return sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body)
+
+def defined_names(src):
+    "Names of the top-level functions and classes a cell defines (a `@patch`ed method counts as its function)."
+    try: tree = ast.parse('\n'.join(l for l in body(src) if not l.lstrip().startswith(('%', '!'))))
+    except SyntaxError: return []
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+def is_export(src): return bool(src.splitlines()) and bool(EXPORT.match(src.splitlines()[0]))
+
+def reading_order(nbs):
+    "Per notebook, its code cells in order as (is exported, names defined, has an output)."
+    out = {}
+    for nb in nbs:
+        cells = [c for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
+        out[nb] = [(is_export(''.join(c['source'])), defined_names(''.join(c['source'])), bool(c.get('outputs')))
+                   for c in cells]
+    return out
+
+def layout_metrics(order):
+    "Definitions followed by an example/test before the next exported cell, runs of exported cells, private-only cells."
+    followed = {'all': [0, 0], 'public': [0, 0]}; runs, private_only, def_cells, examples, kept = [], 0, 0, 0, 0
+    worst = ('', 0)
+    for nb, cells in order.items():
+        run = 0
+        for i, (exp, names, has_out) in enumerate(cells):
+            if not exp:
+                examples += 1; kept += has_out
+                if run >= 5: runs.append(run)
+                if run > worst[1]: worst = (nb.name, run)
+                run = 0; continue
+            run += 1
+            if not names: continue
+            def_cells += 1; private_only += all(n.startswith('_') for n in names)
+            ok = i + 1 < len(cells) and not cells[i + 1][0]    # the very next code cell is an example or a test
+            for n in names:
+                for k in ('all', 'public') if not n.startswith('_') else ('all',):
+                    followed[k][0] += ok; followed[k][1] += 1
+        if run >= 5: runs.append(run)
+        if run > worst[1]: worst = (nb.name, run)
+    return dict(followed=followed, runs=runs, worst=worst, private_only=private_only, def_cells=def_cells,
+                examples=examples, kept=kept)
 
 def functions(path):
     tree = ast.parse(path.read_text())
@@ -43,6 +86,20 @@ def import_graph():
                 if base.startswith('dars_nb'): deps.add(base)
         graph[name] = {d for d in deps if d != name}
     return graph
+
+def private_imports():
+    "(module, imported module, name) for every private name a module imports from another module of the package."
+    out = []
+    for p in (ROOT/'dars_nb').rglob('*.py'):
+        name = _module_name(p)
+        pkg = name if p.name == '__init__.py' else name.rsplit('.', 1)[0]
+        for n in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(n, ast.ImportFrom): continue
+            base = n.module or ''
+            if n.level: base = '.'.join(pkg.split('.')[:len(pkg.split('.')) - n.level + 1] + ([base] if base else []))
+            if base.startswith('dars_nb') and base != name:
+                out += [(name, base, a.name) for a in n.names if a.name.startswith('_') and not a.name.startswith('__')]
+    return sorted(out)
 
 def import_cycles(graph):
     "Strongly connected groups of more than one module (Tarjan)."
@@ -75,7 +132,8 @@ def main(listing=False):
             else:
                 tl = [l for l in lines if re.search(r'\btest_\w+\(', l)]
                 test_lines += len(tl); bool_eq += sum(bool(re.search(r'test_eq\(.*,\s*(True|False)\)\s*$', l)) for l in tl)
-    fns = [(p.relative_to(ROOT), n, k) for p in sorted((ROOT/'dars_nb').rglob('*.py')) if p.name != '_modidx.py' for n, k in functions(p)]
+    files = [p for p in sorted((ROOT/'dars_nb').rglob('*.py')) + sorted((ROOT/'tools').glob('*.py')) if p.name != '_modidx.py']
+    fns = [(p.relative_to(ROOT), n, k) for p in files for n, k in functions(p)]
     if listing:
         for p, n, k in sorted(fns, key=lambda t: -t[2]):
             if k > 40: print(f'  function {k:4d} lines  {p}:{n}')
@@ -84,6 +142,20 @@ def main(listing=False):
     print(f"functions over 40 / over 60 lines: {sum(k > 40 for *_, k in fns)} / {sum(k > 60 for *_, k in fns)}")
     print(f"notebook code lines over 100 characters: {long_lines/code_lines:.1%} of {code_lines}")
     print(f"test_eq(<bool>, True/False) lines: {bool_eq} of {test_lines} test lines")
+    lay = layout_metrics(reading_order(notebooks()))
+    pct = lambda k: lay['followed'][k][0] / max(lay['followed'][k][1], 1)
+    print(f"exported definitions followed by an example or test: {pct('all'):.0%} of {lay['followed']['all'][1]} "
+          f"(goal >= 55 %); public only {pct('public'):.0%} of {lay['followed']['public'][1]} (goal >= 70 %)")
+    print(f"runs of >= 5 exported cells with no other code cell between: {len(lay['runs'])} "
+          f"(longest {lay['worst'][1]}, {lay['worst'][0]}; goal: none over 4)")
+    print(f"definition cells holding only private helpers: {lay['private_only'] / max(lay['def_cells'], 1):.0%} of {lay['def_cells']}")
+    print(f"example cells that keep an output: {lay['kept'] / max(lay['examples'], 1):.0%} of {lay['examples']}")
+    big = [(p.relative_to(ROOT), len(p.read_text().splitlines())) for p in files]
+    print(f"files over 500 lines (dars_nb/ and tools/): {sum(k > 500 for _, k in big)}"
+          + ''.join(f"\n  {k:5d}  {p}" for p, k in sorted(big, key=lambda t: -t[1]) if k > 500))
+    priv = private_imports()
+    print(f"private names imported from another module: {len(priv)}"
+          + ''.join(f"\n  {m} <- {b}.{n}" for m, b, n in priv))
     cycles = import_cycles(import_graph())
     print(f"import cycles in dars_nb: {cycles if cycles else 'none'}")
 
