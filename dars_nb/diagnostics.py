@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 import altair as alt
 from .observations import validate, ensure_valid, select, Dense
+from .markdown import markdown_table
 from .stats import grid_stats, training_grid, best_models, TIE_TOL
 
 # %% auto #0
 __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement',
            'uncertainty_decomposition', 'diagnose', 'routing_headroom', 'plot_instability', 'plot_uncertainty',
-           'plot_diagnostics', 'markdown_table', 'diagnose_main']
+           'plot_diagnostics', 'diagnose_main']
 
 # %% ../nbs/02_diagnostics.ipynb #8643c2c6
 # observed cells every (query, model) pair needs before the diagnostics can read a grid
@@ -228,21 +229,6 @@ def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
     return (plot_instability(table, '(a) Single-shot labels are unstable')
             | plot_uncertainty(table, '(b) Where the uncertainty comes from')
            ).resolve_scale(color='independent', xOffset='independent')
-
-# %% ../nbs/02_diagnostics.ipynb #b8e4d8fc
-def markdown_table(df, # a DataFrame (its named index becomes the first columns)
-                   floatfmt: str = '.4f', # format of float cells
-                  ) -> str:
-    "`df` as a GitHub Markdown table (missing floats left blank)."
-    df = df.reset_index() if df.index.name is not None or df.index.nlevels > 1 else df
-    def cell(v):
-        if isinstance(v, (float, np.floating)):
-            return format(float(v), floatfmt) if np.isfinite(v) else ''
-        return str(v)
-    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
-             '|' + '|'.join('---' for _ in df.columns) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |'
-                              for row in df.itertuples(index=False)])
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
 def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)

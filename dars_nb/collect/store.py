@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 from fastcore.basics import patch
-from ..diagnostics import markdown_table
+from ..markdown import markdown_table
 from .client import fmt_usd
 import numpy as np
 import pandas as pd
@@ -41,7 +41,6 @@ LEDGER_STATUSES = ('ok', 'failed', 'lost')
 # %% ../../nbs/31_store.ipynb #3cbabe6f
 def _sql_list(values) -> str: return ', '.join(repr(v) for v in values)
 
-# %% ../../nbs/31_store.ipynb #fcf7365d
 def _observations_sql() -> str:
     req = KEY_COLUMNS + ['score', 'cost']
     cols = [f"{c} {_TYPES[c]}{' NOT NULL' if c in req else ''}" for c in STORE_COLUMNS]
@@ -51,7 +50,6 @@ def _observations_sql() -> str:
     body = (',' + chr(10) + '  ').join(cols + ['created_at REAL NOT NULL'] + checks)
     return f"CREATE TABLE IF NOT EXISTS observations (\n  {body},\n  UNIQUE ({', '.join(KEY_COLUMNS)})\n);\n"
 
-# %% ../../nbs/31_store.ipynb #ac0c3310
 _TABLES_SQL = f"""
 CREATE TABLE IF NOT EXISTS rewrites (
   dataset TEXT NOT NULL, query_id TEXT NOT NULL, rewrite_id INTEGER NOT NULL CHECK (rewrite_id >= 0),
@@ -77,6 +75,19 @@ def _schema_sql() -> str: return _observations_sql() + _TABLES_SQL
 class StoreError(ValueError):
     "A row or a file the store cannot accept, stated in one line."
 
+def _salvage_hint(path) -> str:
+    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
+
+def _damaged(path, detail) -> StoreError:
+    detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
+    return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
+
+def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
+    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
+    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
+        return StoreError(f"store {path}: {e}")
+    return _damaged(path, e)
+
 # %% ../../nbs/31_store.ipynb #0276d995
 def _plain(v):
     "A value sqlite3 accepts: numpy scalars to Python, NaN to NULL, bools to 0/1."
@@ -84,22 +95,6 @@ def _plain(v):
     if isinstance(v, float) and math.isnan(v): return None
     if isinstance(v, bool): return int(v)
     return v
-
-# %% ../../nbs/31_store.ipynb #fd74a657
-def _salvage_hint(path) -> str:
-    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
-
-# %% ../../nbs/31_store.ipynb #b13ed6cc
-def _damaged(path, detail) -> StoreError:
-    detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
-    return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
-
-# %% ../../nbs/31_store.ipynb #15da2e74
-def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
-    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
-    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
-        return StoreError(f"store {path}: {e}")
-    return _damaged(path, e)
 
 # %% ../../nbs/31_store.ipynb #691055e3
 def _check_file(path: Path, readonly: bool) -> bool:
@@ -128,13 +123,11 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
     conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
     return conn
 
-# %% ../../nbs/31_store.ipynb #5f9200dc
 def _check_pages(conn, path):
     "Refuse a store whose pages do not hold together (`PRAGMA quick_check`, reads every page)."
     got = conn.execute('PRAGMA quick_check').fetchall()
     if got != [('ok',)]: raise _damaged(path, got[0][0] if got else 'quick_check gave nothing')
 
-# %% ../../nbs/31_store.ipynb #eb2c5134
 def _create_schema(conn, path):
     "WAL, durable commits and the tables (created if missing, nothing written when they exist)."
     mode = conn.execute('PRAGMA journal_mode = WAL').fetchone()[0]
@@ -145,14 +138,12 @@ def _create_schema(conn, path):
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (v,))
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version' AND value != ?", (v, v))
 
-# %% ../../nbs/31_store.ipynb #523b33c6
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
     if missing: raise StoreError(f"{path} has an observations table without "
                                  f"column(s) {', '.join(missing)}")
 
-# %% ../../nbs/31_store.ipynb #039e344e
 def _empty_tables(conn):
     "Read-only, a store written before a table existed gets an empty temporary one in its place."
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -226,16 +217,12 @@ def _check_row(row: dict) -> dict:
     if isinstance(r.get('extra'), (dict, list)): r['extra'] = json.dumps(r['extra'])
     return r
 
-# %% ../../nbs/31_store.ipynb #9a03f318
-def _key_of(r) -> tuple: return tuple(r[k] for k in KEY_COLUMNS)
-
-# %% ../../nbs/31_store.ipynb #22e46f99
+# %% ../../nbs/31_store.ipynb #3006e2c5
 def _insert_sql(cols):
     return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES "
             f"({', '.join('?' * len(cols))}, ?) "
             f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO NOTHING")
 
-# %% ../../nbs/31_store.ipynb #3006e2c5
 @patch
 def insert(self: Store, row: dict, # one observation: key fields, score, cost, any of STORE_COLUMNS
           ) -> bool: # True if the row was new, False if its key was stored (nothing changed)
@@ -369,7 +356,6 @@ def set_meta(self: Store, key: str, value) -> None:
             'SET value = excluded.value',
             (str(key), json.dumps(value)))
 
-# %% ../../nbs/31_store.ipynb #4de38ba5
 @patch
 def get_meta(self: Store, key: str, default=None):
     "The value stored under `key`, or `default`."
@@ -428,14 +414,19 @@ class StoreLedger:
         "(requests, dollars) over all runs: settled costs plus open reservations at their maximum."
         return self._n, self._usd
 
-# %% ../../nbs/31_store.ipynb #d2fd5b98
+@patch
+def ledger(self: Store) -> StoreLedger:
+    "The store's spend ledger (one object per open store)."
+    if self._ledger is None: self._ledger = StoreLedger(self)
+    return self._ledger
+
+# %% ../../nbs/31_store.ipynb #b04e4250
 def _money(v, what) -> float:
     v = _plain(v)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
         raise StoreError(f"{what} must be a finite non-negative number of dollars, got {v!r}")
     return float(v)
 
-# %% ../../nbs/31_store.ipynb #b04e4250
 @patch
 def reserve(self: StoreLedger, model: str, # the pool's name of the model called
             kind: str, # 'generation' or 'rewrite'
@@ -490,13 +481,6 @@ def totals(self: StoreLedger) -> pd.DataFrame:
     counts = df.groupby(['kind', 'model'])['status'].value_counts().unstack(fill_value=0)
     cols = [s for s in ('ok', 'failed', 'lost', 'open')]
     return out.join(counts.reindex(columns=cols, fill_value=0))[['requests', *cols, 'usd']]
-
-# %% ../../nbs/31_store.ipynb #7d438b12
-@patch
-def ledger(self: Store) -> StoreLedger:
-    "The store's spend ledger (one object per open store)."
-    if self._ledger is None: self._ledger = StoreLedger(self)
-    return self._ledger
 
 # %% ../../nbs/31_store.ipynb #d85851c8
 @patch
@@ -626,7 +610,6 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
 
-# %% ../../nbs/31_store.ipynb #2c50fd32
 def store_status(path, # the store file
                 ) -> str:
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
