@@ -8,7 +8,8 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from .client import Pool, ConfigError
+from ..pool.config import ConfigError
+from ..pool.models import Pool
 from .prompts import KINDS
 
 # %% auto #0

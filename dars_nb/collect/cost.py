@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from ..observations import KEY_COLUMNS
 from ..markdown import markdown_table
-from .client import fmt_usd
+from ..pool.usage import fmt_usd
 from .store import Store
 from .config import load_config
 from .tasks import load_tasks

@@ -8,7 +8,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from .client import Pool
+from ..pool.models import Pool
 
 # %% auto #0
 __all__ = ['EndpointError', 'check_endpoints']

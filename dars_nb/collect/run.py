@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 from ..observations import KEY_COLUMNS, write_observations
-from .client import Client, ConfigError, BudgetExceeded, PermanentError
+from ..pool.config import ConfigError
+from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
 from .prompts import generation_messages
 from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import pandas as pd
-from .client import ConfigError
+from ..pool.config import ConfigError
 from .prompts import KINDS, LETTERS, choice_list
 from .config import SOURCES, DatasetSpec, load_config
 
