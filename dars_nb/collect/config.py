@@ -4,11 +4,11 @@
 
 # %% ../../nbs/35a_collect_config.ipynb #91a000cf
 from __future__ import annotations
-import math
-import tomllib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..pool.config import ConfigError
+from fastcore.basics import patch
+from ..pool.config import ConfigError, check_known_keys, from_table, is_finite_number, is_integer, read_toml
 from ..pool.models import Pool
 from .prompts import KINDS
 
@@ -18,14 +18,6 @@ __all__ = ['SOURCES', 'DatasetSpec', 'CollectConfig', 'load_config']
 # %% ../../nbs/35a_collect_config.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train',
            'drop': 'load_drop', 'gpqa': 'load_gpqa'}
-# ([serve] is read by `dars serve`, so one file can drive both)
-_POOL_KEYS = ('models', 'rewriter', 'limits')
-_COLLECTION_DEFAULTS = dict(store='dars_store.sqlite', output='observations.parquet', seed=0,
-                            temperature=0.7, top_p=0.95, n_rewrites=5, n_decodes=5, test_rewrites=3,
-                            test_decodes=3, rewrite_temperature=0.7, rewrite_max_tokens=1024,
-                            rewrite_attempts=2, data_dir=None, models=None, similarity='auto',
-                            answer_grammar=None)
-_DATASET_KEYS = ('name', 'source', 'path', 'train', 'test', 'options')
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -37,14 +29,106 @@ class DatasetSpec:
     test: int = 0 # test queries (each gets the rewrite and decode views)
     options: dict = field(default_factory=dict) # more loader arguments
 
+# %% ../../nbs/35a_collect_config.ipynb #40ce9371
+_DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
+
+def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
+    "The `i`-th [[datasets]] entry, checked, its paths resolved against the folder `base`."
+    where = f"[[datasets]] #{i + 1}"
+    if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
+    check_known_keys(d, _DATASET_KEYS, where)
+    src, path = d.get('source'), d.get('path')
+    if (src is None) == (path is None): raise ConfigError(f"{where} needs exactly one of source or path")
+    if src is not None and src not in SOURCES:
+        expected = f"expected one of {', '.join(SOURCES)}, or a path to a JSONL file"
+        raise ConfigError(f"{where}: unknown source {src!r} ({expected})")
+    name = d.get('name', src if src is not None else Path(str(path)).stem)
+    if not isinstance(name, str) or not name.strip(): raise ConfigError(f"{where}: name must be a non-empty string")
+    for k in ('train', 'test'):
+        v = d.get(k, 0)
+        if not is_integer(v) or v < 0:
+            raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
+    if d.get('train', 0) + d.get('test', 0) == 0: raise ConfigError(f"{where} ({name}): train and test are both 0")
+    opts = d.get('options', {})
+    if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
+    if src == 'gpqa':
+        if 'path' not in opts:
+            raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")
+        opts = {**opts, 'path': str((base / opts['path']).resolve())}
+    return DatasetSpec(name=name, source=src, path=(base / path).resolve() if path is not None else None,
+                       train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
+
+# %% ../../nbs/35a_collect_config.ipynb #7f2c7376
+def _dataset_specs(entries, # the [[datasets]] array of a config
+                   base: Path, # the folder relative paths start from
+                  ) -> tuple:
+    "Every [[datasets]] entry read and checked, their names unique."
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError("the configuration needs at least one [[datasets]] entry")
+    specs = tuple(_dataset_spec(d, i, base) for i, d in enumerate(entries))
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice: raise ConfigError(f"dataset name {twice[0]!r} appears twice in [[datasets]]")
+    return specs
+
+# %% ../../nbs/35a_collect_config.ipynb #ad4b215a
+# the [collection] numbers: (field, least value, integer only)
+_NUMBERS = (('seed', 0, True), ('temperature', 0, False), ('rewrite_temperature', 0, False), ('top_p', 0, False),
+            ('n_rewrites', 1, True), ('n_decodes', 1, True), ('rewrite_max_tokens', 1, True),
+            ('rewrite_attempts', 1, True), ('test_rewrites', 0, True), ('test_decodes', 0, True))
+
+def _number(v, name: str, least=None, integer: bool = False):
+    "`v` if it is a finite number (an integer when asked) of at least `least`; else a one-line `ConfigError`."
+    ok = is_integer(v) if integer else is_finite_number(v)
+    if not ok or (least is not None and v < least):
+        what = ('an integer' if integer else 'a number') + (f' ≥ {least}' if least is not None else '')
+        raise ConfigError(f"[collection] {name} must be {what}, got {v!r}")
+    return v
+
+# %% ../../nbs/35a_collect_config.ipynb #2e7491ed
+def _model_names(models, pool: Pool) -> tuple | None:
+    "The `[collection] models` as a tuple of names the pool knows (None: every model of the pool)."
+    if models is None: return None
+    if isinstance(models, str) or not all(isinstance(m, str) for m in models):
+        raise ConfigError("[collection] models must be a list of model names")
+    unknown = [m for m in models if m not in pool.models]
+    if unknown:
+        known = ', '.join(pool.models)
+        raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool has: {known})")
+    return tuple(models)
+
+# %% ../../nbs/35a_collect_config.ipynb #79b0998d
+def _answer_grammar(grammar) -> dict | None:
+    "The `[collection] answer_grammar` table, checked: task kinds it knows, each with a non-empty grammar."
+    if grammar is None: return None
+    if not isinstance(grammar, dict):
+        raise ConfigError('[collection] answer_grammar must be a table: task kind = "GBNF grammar"')
+    unknown = [k for k in grammar if k not in KINDS]
+    if unknown:
+        expected = ', '.join(KINDS)
+        raise ConfigError(f"[collection] answer_grammar: unknown task kind {unknown[0]!r} (expected one of {expected})")
+    empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
+    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
+    return dict(grammar)
+
+# %% ../../nbs/35a_collect_config.ipynb #4e9849aa
+def _check_views(datasets: tuple, test_rewrites: int, test_decodes: int, rewriter) -> None:
+    "Refuse datasets that ask for what the views or the pool cannot give: test views, rewrites."
+    if not datasets: raise ConfigError("the configuration needs at least one [[datasets]] entry")
+    tested = any(s.test > 0 for s in datasets)
+    if tested and test_rewrites + test_decodes == 0:
+        raise ConfigError("[collection] test queries are requested but test_rewrites and test_decodes are both 0")
+    if (any(s.train > 0 for s in datasets) or (tested and test_rewrites > 0)) and rewriter is None:
+        raise ConfigError('rewrites are needed but the pool names no rewriter (add rewriter = "model")')
+
 # %% ../../nbs/35a_collect_config.ipynb #052a8829
 @dataclass(frozen=True)
 class CollectConfig:
-    "Everything a collection run needs."
+    "Everything a collection run needs: the pool, the datasets and the [collection] settings."
     pool: Pool # models, rewriter, limits
     datasets: tuple # DatasetSpec, ...
-    store: Path # SQLite store
-    output: Path # the complete observation table (.parquet, .jsonl or .csv)
+    store: Path | str = Path('dars_store.sqlite') # SQLite store
+    output: Path | str = Path('observations.parquet') # the complete observation table (.parquet, .jsonl or .csv)
     seed: int = 0 # query draw and per-call sampling seeds
     temperature: float = 0.7 # decoding temperature T
     top_p: float = 0.95 # nucleus mass
@@ -61,150 +145,40 @@ class CollectConfig:
     answer_grammar: dict | None = None # task kind -> GBNF grammar for answer calls (llama.cpp)
     source: str | None = None # the config file it was read from (named in messages)
 
-    @property
-    def model_names(self) -> list[str]:
-        "The models whose observations are collected, in pool order."
-        return list(self.models) if self.models else list(self.pool.models)
+    def __post_init__(self):
+        "Check what the settings mean, whether read from a file or made in Python."
+        for k, least, integer in _NUMBERS: _number(getattr(self, k), k, least, integer)
+        if not 0 < self.top_p <= 1: raise ConfigError(f"[collection] top_p must be in (0, 1], got {self.top_p!r}")
+        if self.similarity not in ('auto', 'sentence', 'tfidf'):
+            raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {self.similarity!r}")
+        _check_views(self.datasets, self.test_rewrites, self.test_decodes, self.pool.rewriter)
+        normal = dict(store=Path(self.store), output=Path(self.output), models=_model_names(self.models, self.pool),
+                      answer_grammar=_answer_grammar(self.answer_grammar))
+        for k, v in normal.items(): object.__setattr__(self, k, v)
 
-# %% ../../nbs/35a_collect_config.ipynb #ad4b215a
-def _num(v, name, lo=None, integer=False):
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-          and (not integer or isinstance(v, int)))
-    if not ok or (lo is not None and v < lo):
-        what = 'an integer' if integer else 'a number'
-        raise ConfigError(f"[collection] {name} must be "
-                          f"{what}{f' ≥ {lo}' if lo is not None else ''}, got {v!r}")
-    return v
+# %% ../../nbs/35a_collect_config.ipynb #4ca5fef0
+@patch(as_prop=True)
+def model_names(self: CollectConfig) -> list[str]:
+    "The models whose observations are collected, in pool order."
+    return list(self.models) if self.models else list(self.pool.models)
 
-# %% ../../nbs/35a_collect_config.ipynb #40ce9371
-def _dataset_spec(d, i, base: Path) -> DatasetSpec:
-    where = f"[[datasets]] #{i + 1}"
-    if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
-    extra = [k for k in d if k not in _DATASET_KEYS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
-                                f"{', '.join(_DATASET_KEYS)})")
-    src, path = d.get('source'), d.get('path')
-    if (src is None) == (path is None):
-        raise ConfigError(f"{where} needs exactly one of source or path")
-    if src is not None and src not in SOURCES:
-        raise ConfigError(f"{where}: unknown source {src!r} (expected one of "
-                          f"{', '.join(SOURCES)}, or a path to a JSONL file)")
-    name = d.get('name', src if src is not None else Path(str(path)).stem)
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{where}: name must be a non-empty string")
-    for k in ('train', 'test'):
-        v = d.get(k, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
-    if d.get('train', 0) + d.get('test', 0) == 0:
-        raise ConfigError(f"{where} ({name}): train and test are both 0")
-    opts = d.get('options', {})
-    if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
-    if src == 'gpqa':
-        if 'path' not in opts:
-            raise ConfigError(f"{where} ({name}): the gpqa source needs "
-                              "options.path (your own GPQA copy)")
-        opts = {**opts, 'path': str((base / opts['path']).resolve())}
-    return DatasetSpec(name=name, source=src,
-                       path=(base / path).resolve() if path is not None else None,
-                       train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
-
-# %% ../../nbs/35a_collect_config.ipynb #0cba32f4
-def _read_config(config) -> tuple:
-    "(the configuration as a dict, the folder of its relative paths, its file name or None)."
+# %% ../../nbs/35a_collect_config.ipynb #93a2ba9f
+def _config_dict(config) -> tuple:
+    "(the configuration as a dict, the folder its relative paths start from, its file name or None)."
     if isinstance(config, dict): return config, Path.cwd(), None
     if not isinstance(config, (str, Path)):
         raise ConfigError(f"a config must be a TOML path or a dict, got {type(config).__name__}")
-    path = Path(config)
-    if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-    try: d = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-    return d, path.resolve().parent, str(path)
+    return read_toml(config), Path(config).resolve().parent, str(config)
 
-# %% ../../nbs/35a_collect_config.ipynb #2e7491ed
-def _check_models(models, pool) -> tuple | None:
-    if models is None: return None
-    if isinstance(models, str) or not all(isinstance(m, str) for m in models):
-        raise ConfigError("[collection] models must be a list of model names")
-    unknown = [m for m in models if m not in pool.models]
-    if unknown: raise ConfigError(f"[collection] models: unknown model {unknown[0]!r} (the pool "
-                                  f"has: {', '.join(pool.models)})")
-    return tuple(models)
-
-# %% ../../nbs/35a_collect_config.ipynb #79b0998d
-def _check_grammar(grammar) -> dict | None:
-    if grammar is None: return None
-    if not isinstance(grammar, dict):
-        raise ConfigError("[collection] answer_grammar must be a table: "
-                          "task kind = \"GBNF grammar\"")
-    bad = [k for k in grammar if k not in KINDS]
-    if bad: raise ConfigError(f"[collection] answer_grammar: unknown task kind {bad[0]!r} "
-                              f"(expected one of {', '.join(KINDS)})")
-    empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
-    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be "
-                                "a non-empty grammar string")
-    return dict(grammar)
-
-# %% ../../nbs/35a_collect_config.ipynb #30c3479f
-def _collection(col, pool) -> dict:
-    "[collection] merged with its defaults and checked."
-    if not isinstance(col, dict): raise ConfigError("[collection] must be a table")
-    extra = [k for k in col if k not in _COLLECTION_DEFAULTS]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in [collection] (expected one of "
-                                f"{', '.join(_COLLECTION_DEFAULTS)})")
-    c = {**_COLLECTION_DEFAULTS, **col}
-    _num(c['seed'], 'seed', 0, True)
-    for k in ('temperature', 'rewrite_temperature', 'top_p'): _num(c[k], k, 0)
-    if not 0 < c['top_p'] <= 1:
-        raise ConfigError(f"[collection] top_p must be in (0, 1], got {c['top_p']!r}")
-    for k in ('n_rewrites', 'n_decodes', 'rewrite_max_tokens', 'rewrite_attempts'):
-        _num(c[k], k, 1, True)
-    for k in ('test_rewrites', 'test_decodes'): _num(c[k], k, 0, True)
-    if c['similarity'] not in ('auto', 'sentence', 'tfidf'):
-        raise ConfigError("[collection] similarity must be auto, sentence or "
-                          f"tfidf, got {c['similarity']!r}")
-    return {**c, 'models': _check_models(c['models'], pool),
-            'answer_grammar': _check_grammar(c['answer_grammar'])}
-
-# %% ../../nbs/35a_collect_config.ipynb #4e9849aa
-def _datasets(raw, c, pool, base) -> tuple:
-    "The [[datasets]] entries, checked against each other and against what the grid needs."
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("the configuration needs at least one [[datasets]] entry")
-    specs = tuple(_dataset_spec(x, i, base) for i, x in enumerate(raw))
-    names = [s.name for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup: raise ConfigError(f"dataset name {dup[0]!r} appears twice in [[datasets]]")
-    if any(s.test > 0 for s in specs) and c['test_rewrites'] + c['test_decodes'] == 0:
-        raise ConfigError("[collection] test queries are requested but test_rewrites "
-                          "and test_decodes are both 0")
-    tested = any(s.test > 0 for s in specs) and c['test_rewrites'] > 0
-    rewrites = any(s.train > 0 for s in specs) or tested
-    if rewrites and pool.rewriter is None:
-        raise ConfigError("rewrites are needed but the pool names no rewriter "
-                          "(add rewriter = \"model\")")
-    return specs
-
-# %% ../../nbs/35a_collect_config.ipynb #93a2ba9f
 def load_config(config, # a TOML file path, a dict of the same layout, or a CollectConfig
                 check_env: bool = True, # fail if a model's key variable is not set
                ) -> CollectConfig:
     "Read and check a collection config; a `ConfigError` names any problem in one line."
     if isinstance(config, CollectConfig): return config
-    d, base, source = _read_config(config)
-    allowed = _POOL_KEYS + ('collection', 'datasets', 'serve')
-    extra = [k for k in d if k not in allowed]
-    if extra: raise ConfigError(f"unknown key {extra[0]!r} in the configuration (expected "
-                                f"one of {', '.join(allowed)})")
-    pool = Pool.from_dict({k: d[k] for k in _POOL_KEYS if k in d}, check_env=check_env,
-                          source=source)
-    c = _collection(d.get('collection', {}), pool)
-    specs = _datasets(d.get('datasets'), c, pool, base)
-    data_dir = str((base / str(c['data_dir'])).resolve()) if c['data_dir'] is not None else None
-    keep = ('seed', 'n_rewrites', 'n_decodes', 'test_rewrites', 'test_decodes', 'rewrite_max_tokens',
-            'rewrite_attempts', 'models', 'similarity', 'answer_grammar')
-    floats = {k: float(c[k]) for k in ('temperature', 'top_p', 'rewrite_temperature')}
-    return CollectConfig(pool=pool, datasets=specs, store=(base / str(c['store'])).resolve(),
-                         output=(base / str(c['output'])).resolve(), data_dir=data_dir,
-                         source=source, **{k: c[k] for k in keep}, **floats)
+    d, base, source = _config_dict(config)
+    pool = Pool.from_dict(d, check_env=check_env, also=('collection', 'datasets', 'serve'), source=source)
+    given = dict(pool=pool, datasets=_dataset_specs(d.get('datasets'), base), source=source)
+    cfg = from_table(CollectConfig, d.get('collection', {}), '[collection]', given=given)
+    here = lambda p: (base / str(p)).resolve()          # relative paths are relative to the file
+    data_dir = str(here(cfg.data_dir)) if cfg.data_dir is not None else None
+    return dataclasses.replace(cfg, store=here(cfg.store), output=here(cfg.output), data_dir=data_dir)
