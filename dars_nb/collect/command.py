@@ -45,12 +45,11 @@ _PREFIX = 'dars collect: '
 def _report(res: CollectResult):
     "The report of a finished run on standard output."
     c = res.counters
-    print(f"{res.collected} observation(s) collected, {res.skipped} already "
-          f"stored, {res.missing} missing "
-          f"of {res.planned} planned; rewriter: {res.rewrites['calls']} call(s), {res.rewrites['filled']} rewrite(s) "
-          f"filled with the original wording")
-    if c is not None: print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} "
-                            f"failed; spend ${c.spend_usd:.6f}")
+    rw, done = res.rewrites, f"{res.collected} observation(s) collected, {res.skipped} already stored"
+    print(f"{done}, {res.missing} missing of {res.planned} planned; "
+          f"rewriter: {rw['calls']} call(s), {rw['filled']} rewrite(s) filled with the original wording")
+    if c is not None:
+        print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
     if res.rewrite_validity is not None:
         print('\nrewrite validity\n' + markdown_table(res.rewrite_validity))
     if res.table is not None and len(res.table):
@@ -84,8 +83,8 @@ def collect_main(config: str, # path of the collection TOML file
             print(describe_plan(cfg)); return EXIT_OK
         with _sigterm_as_sigint(): res = collect(cfg, progress=not quiet, validity=not quiet)
     except KeyboardInterrupt:
-        print(f"{_PREFIX}interrupted: every answer received is stored; the "
-              "same command resumes the run", file=sys.stderr)
+        print(f"{_PREFIX}interrupted: every answer received is stored; the same command resumes the run",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
         print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR

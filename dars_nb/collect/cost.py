@@ -97,9 +97,10 @@ def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
         if cap is None: continue
         if have + need <= cap:
             lines.append(f"{key} {fmt(cap)}: enough for the whole plan"); continue
-        lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({fmt(have)} "
-                     f"spent + up to {fmt(need)}); "
-                     f"the run will stop there — raise [limits] {key} in {cfg.source or 'the configuration'} to collect it all")
+        need_text = f"{fmt(have)} spent + up to {fmt(need)}"
+        where = cfg.source or 'the configuration'
+        lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({need_text}); "
+                     f"the run will stop there — raise [limits] {key} in {where} to collect it all")
     return lines
 
 # %% ../../nbs/35d_collect_cost.ipynb #a9106a2d

@@ -6,9 +6,8 @@
 from __future__ import annotations
 import json
 import os
-import urllib.error
-import urllib.request
-from ..pool.models import Pool
+from ..pool.models import Pool, ModelSpec
+from ..pool.http import EndpointUnreachable, http_get
 
 # %% auto #0
 __all__ = ['EndpointError', 'check_endpoints']
@@ -17,36 +16,31 @@ __all__ = ['EndpointError', 'check_endpoints']
 class EndpointError(ValueError):
     "An endpoint that cannot be used (unreachable, key refused, model not served), in one line."
 
-def _get_models(url: str, key: str | None, timeout: float):
-    req = urllib.request.Request(url, headers={'Authorization': f'Bearer {key}'} if key else {})
-    with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read()
+def _served_models(spec: ModelSpec, timeout: float) -> list | None:
+    "The model ids `GET {base_url}/models` lists (None: it lists none), or an `EndpointError`."
+    key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+    auth = {'Authorization': f'Bearer {key}'} if key else None
+    try: status, body = http_get(spec.base_url.rstrip('/') + '/models', headers=auth, timeout_s=timeout)
+    except EndpointUnreachable as e:
+        raise EndpointError(f"cannot reach model {spec.name!r} at {spec.base_url}: {e.reason}") from None
+    if status in (401, 403):
+        key_name = spec.api_key_env or '(no key variable)'
+        raise EndpointError(f"model {spec.name!r}: {spec.base_url} refused the key in {key_name} (HTTP {status})")
+    if status >= 400: return None       # reachable; this endpoint just does not list its models
+    try: return [m['id'] for m in json.loads(body)['data']]
+    except Exception: return None
 
 def check_endpoints(pool: Pool, # the pool to check
                     models: list | None = None, # model names to check (default: all and the rewriter)
                     timeout: float = 10.0, # seconds per endpoint
                    ) -> dict:
     "GET {base_url}/models of every endpoint used: {base_url: served ids or None}, or `EndpointError`."
-    specs = [s for s in pool.specs() if models is None or s.name in models]
     served = {}
-    for s in specs:
-        if s.base_url not in served:
-            url = s.base_url.rstrip('/') + '/models'
-            key = os.environ.get(s.api_key_env) if s.api_key_env else None
-            try:
-                status, body = _get_models(url, key, timeout)
-                try: ids = [m['id'] for m in json.loads(body)['data']]
-                except Exception: ids = None
-            except urllib.error.HTTPError as e:
-                if e.code in (401, 403):
-                    raise EndpointError(f"model {s.name!r}: {s.base_url} refused the key in "
-                                        f"{s.api_key_env or '(no key variable)'} (HTTP {e.code})") from None
-                ids = None      # reachable; this endpoint just does not list its models
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                reason = getattr(e, 'reason', e)
-                raise EndpointError(f"cannot reach model {s.name!r} at {s.base_url}: {reason}") from None
-            served[s.base_url] = ids
+    for s in pool.specs():
+        if models is not None and s.name not in models: continue
+        if s.base_url not in served: served[s.base_url] = _served_models(s, timeout)
         ids = served[s.base_url]
         if ids is not None and s.remote_name not in ids:
-            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} "
-                                f"(it serves: {', '.join(map(str, ids[:8]))})")
+            listed = ', '.join(map(str, ids[:8]))
+            raise EndpointError(f"model {s.name!r}: {s.base_url} does not serve {s.remote_name!r} (it serves: {listed})")
     return served

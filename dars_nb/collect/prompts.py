@@ -77,19 +77,20 @@ def user_prompt(row, # a task row
     q = str(question_text if question_text is not None else task_field(row, 'question', '')).strip()
     if kind == 'choice':
         ch = choice_list(row)
-        return ("Answer the following multiple-choice question.\n\nQuestion: "
-                f"{q}\n\nOptions:\n{format_choices(ch)}\n\n"
-                f"Choose exactly one option. End with the line `Final Answer: X`, where X is a single letter "
-                f"from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
+        return (f"Answer the following multiple-choice question.\n\nQuestion: {q}\n\n"
+                f"Options:\n{format_choices(ch)}\n\n"
+                "Choose exactly one option. "
+                f"End with the line `Final Answer: X`, where X is a single letter from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
     if kind == 'math':
         return (f"Solve the following math problem.\n\nProblem: {q}\n\n"
-                "Reason as briefly as you can. Then write only the final result (a number or a simplified "
-                "expression, no units or words) after `Final Answer:` on the last line.")
+                "Reason as briefly as you can. "
+                "Then write only the final result (a number or a simplified expression, no units or words) "
+                "after `Final Answer:` on the last line.")
     passage = str(task_field(row, 'context', '')).strip()
     return (f"Read the passage and answer the question using only information in the passage.\n\n"
             f"Passage: {passage}\n\nQuestion: {q}\n\n"
-            "Answer with a number, a date or a short span copied from the passage, after `Final Answer:` "
-            "on the last line.")
+            "Answer with a number, a date or a short span copied from the passage, "
+            "after `Final Answer:` on the last line.")
 
 # %% ../../nbs/33_prompts.ipynb #2c1616c5
 def generation_messages(row, # a task row

@@ -55,8 +55,7 @@ def pair_similarity(a, # original texts
                    ) -> tuple[np.ndarray, str]:
     "Cosine similarity of each pair (a[i], b[i]) and the backend used."
     a, b = [str(t) for t in a], [str(t) for t in b]
-    if len(a) != len(b): raise ValueError("pair_similarity needs aligned lists, got "
-                                          f"{len(a)} and {len(b)} texts")
+    if len(a) != len(b): raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
     # the routers' cached encoder: unit vectors, so the dot product is the cosine

@@ -135,8 +135,8 @@ async def call(self: _Collector, model: str, batch: list):
     texts = self.texts[(job.dataset, job.query_id)] if job.rewrite_id else {}
     wording = texts.get(job.rewrite_id) if job.rewrite_id else None
     if job.rewrite_id != 0 and wording is None:
-        self.failures += [(k, f"rewrite {job.rewrite_id} of "
-                              f"{job.dataset}/{job.query_id} is not stored") for k in keys]
+        missing = f"rewrite {job.rewrite_id} of {job.dataset}/{job.query_id} is not stored"
+        self.failures += [(k, missing) for k in keys]
         return
     comp = await self.ask(model, batch, keys, task, wording)
     if comp is None: return
@@ -192,14 +192,12 @@ def _check_decoding(store, cfg):
     if before is not None:
         for k in ('temperature', 'top_p'):
             if before[k] != now[k]:
-                raise ConfigError(f"store {cfg.store.name} was collected with {k} = "
-                                  f"{before[k]:g}, the config asks for {now[k]:g}; "
-                                  f"use a new store for other decoding settings")
+                was = f"store {cfg.store.name} was collected with {k} = {before[k]:g}"
+                raise ConfigError(f"{was}, the config asks for {now[k]:g}; use a new store for other decoding settings")
         for m in sorted(set(before['max_tokens']) & set(now['max_tokens'])):
             if before['max_tokens'][m] != now['max_tokens'][m]:
-                raise ConfigError(f"store {cfg.store.name} was collected with other "
-                                  f"max_tokens for model {m!r} "
-                                  f"({before['max_tokens'][m]}); use a new store for other decoding settings")
+                was = f"store {cfg.store.name} was collected with other max_tokens for model {m!r}"
+                raise ConfigError(f"{was} ({before['max_tokens'][m]}); use a new store for other decoding settings")
         now['max_tokens'] = {**before['max_tokens'], **now['max_tokens']}
     store.set_meta('decoding', now)
     store.set_meta('pool', cfg.pool.fingerprint())

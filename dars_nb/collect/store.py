@@ -111,8 +111,7 @@ def _check_file(path: Path, readonly: bool) -> bool:
                          "restore it from a copy, or delete it to start a new store")
     with open(path, 'rb') as f: head = f.read(16)
     if head != b'SQLite format 3\x00':
-        raise StoreError(f"{path} is not a store, or its first page is "
-                         f"damaged; {_salvage_hint(path)}")
+        raise StoreError(f"{path} is not a store, or its first page is damaged; {_salvage_hint(path)}")
     return True
 
 # %% ../../nbs/31_store.ipynb #695e8529
@@ -141,8 +140,7 @@ def _create_schema(conn, path):
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
-    if missing: raise StoreError(f"{path} has an observations table without "
-                                 f"column(s) {', '.join(missing)}")
+    if missing: raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
 
 def _empty_tables(conn):
     "Read-only, a store written before a table existed gets an empty temporary one in its place."
@@ -262,8 +260,8 @@ def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('re
 def has(self: Store, key: tuple) -> bool:
     "Whether the observation with this natural key is stored."
     if len(key) != len(KEY_COLUMNS):
-        raise StoreError(f"a key has {len(KEY_COLUMNS)} fields "
-                         f"({', '.join(KEY_COLUMNS)}), got {len(key)}")
+        fields = f"{len(KEY_COLUMNS)} fields ({', '.join(KEY_COLUMNS)})"
+        raise StoreError(f"a key has {fields}, got {len(key)}")
     k = [str(v) if i < 5 else int(_plain(v)) for i, v in enumerate(key)]
     where = ' AND '.join(f'{c} = ?' for c in KEY_COLUMNS)
     return bool(self._q(f'SELECT 1 FROM observations WHERE {where} LIMIT 1', k))
@@ -452,8 +450,8 @@ def settle(self: StoreLedger, entry: int, # an id from `reserve`
           ) -> None:
     "Record the final cost and outcome of a reserved request."
     if status not in LEDGER_STATUSES:
-        raise StoreError(f"unknown ledger status {status!r} (expected one of "
-                         f"{', '.join(LEDGER_STATUSES)})")
+        expected = ', '.join(LEDGER_STATUSES)
+        raise StoreError(f"unknown ledger status {status!r} (expected one of {expected})")
     c = _money(cost_usd, 'cost_usd')
     held = self._open.pop(entry, None)
     if held is None: raise StoreError(f"ledger entry {entry} is not open in this run")
@@ -496,8 +494,7 @@ def lock_writer(self: Store, command: str = 'dars collect', # the holder, as nam
         raise StoreError(f"store {self.path} is being written by {holder}; "
                          "wait for it to end or stop it") from None
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
-    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on "
-                                     f"{socket.gethostname()}, started {started})\n")
+    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on {socket.gethostname()}, started {started})\n")
     f.flush()
     self._writer = f
 
@@ -511,9 +508,8 @@ def check_store(path, # the store file
         n = len(s.to_frame())
         counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
                                                                     'ledger')]
-    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, "
-            f"{counts[1]} rewriter answers, "
-            f"{counts[2]} ledger entries")
+    rows = f"{n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, {counts[2]} ledger entries"
+    return f"store {path}: sound; {rows}"
 
 # %% ../../nbs/31_store.ipynb #8b206178
 def _readable_rows(conn, table: str, cols: list) -> list:
@@ -590,8 +586,7 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (re
         if action == 'check': print(check_store(store)); return 0
         if action != 'salvage':
             raise StoreError(f"unknown action {action!r} (expected check or salvage)")
-        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the "
-                                         "damaged file is left as it is)")
+        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
         got = salvage_store(store, out)
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1

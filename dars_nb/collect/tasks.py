@@ -41,8 +41,8 @@ def load_task_file(path, # a JSONL file, one task per line
             try: ch = choice_list(r)                    # 2 to 10 options
             except ValueError as e: raise ValueError(f"{where}: {e}") from None
             if str(r['gold']).strip().upper() not in LETTERS[:len(ch)] or len(str(r['gold']).strip()) != 1:
-                raise ValueError(f"{where}: gold must be one option letter "
-                                 f"A-{LETTERS[len(ch) - 1]}, got {r['gold']!r}")
+                letters = f"A-{LETTERS[len(ch) - 1]}"
+                raise ValueError(f"{where}: gold must be one option letter {letters}, got {r['gold']!r}")
         if kind == 'reading' and not str(r.get('context') or '').strip():
             raise ValueError(f"{where}: missing field 'context' (the passage of a reading task)")
         rows.append(dict(dataset=dataset or path.stem, query_id=str(r['query_id']), kind=kind, question=str(r['question']),
@@ -51,8 +51,7 @@ def load_task_file(path, # a JSONL file, one task per line
     if not rows: raise ValueError(f"task file {path.name} holds no tasks")
     df = pd.DataFrame(rows)
     dup = df['query_id'].duplicated()
-    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id "
-                                   f"{df['query_id'][dup].iloc[0]!r}")
+    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id {df['query_id'][dup].iloc[0]!r}")
     return df
 
 # %% ../../nbs/35b_collect_tasks.ipynb #71688594
@@ -76,8 +75,8 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
-            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than train + "
-                             f"test = {spec.train + spec.test}")
+            wanted = f"train + test = {spec.train + spec.test}"
+            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than {wanted}")
         train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
                                    n_test=spec.test)
         parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
