@@ -8,7 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from fastcore.basics import patch
-from ..pool.config import ConfigError, check_known_keys, from_table, is_finite_number, is_integer, read_toml
+from ..pool.config import (ConfigError, check_known_keys, from_table, is_finite_number, is_integer,
+                                 read_toml)
 from ..pool.models import Pool
 from .prompts import KINDS
 
@@ -38,24 +39,28 @@ def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
     if not isinstance(d, dict): raise ConfigError(f"{where} must be a table")
     check_known_keys(d, _DATASET_KEYS, where)
     src, path = d.get('source'), d.get('path')
-    if (src is None) == (path is None): raise ConfigError(f"{where} needs exactly one of source or path")
+    if (src is None) == (path is None):
+        raise ConfigError(f"{where} needs exactly one of source or path")
     if src is not None and src not in SOURCES:
         expected = f"expected one of {', '.join(SOURCES)}, or a path to a JSONL file"
         raise ConfigError(f"{where}: unknown source {src!r} ({expected})")
     name = d.get('name', src if src is not None else Path(str(path)).stem)
-    if not isinstance(name, str) or not name.strip(): raise ConfigError(f"{where}: name must be a non-empty string")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: name must be a non-empty string")
     for k in ('train', 'test'):
         v = d.get(k, 0)
         if not is_integer(v) or v < 0:
             raise ConfigError(f"{where} ({name}): {k} must be a non-negative integer, got {v!r}")
-    if d.get('train', 0) + d.get('test', 0) == 0: raise ConfigError(f"{where} ({name}): train and test are both 0")
+    if d.get('train', 0) + d.get('test', 0) == 0:
+        raise ConfigError(f"{where} ({name}): train and test are both 0")
     opts = d.get('options', {})
     if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
     if src == 'gpqa':
         if 'path' not in opts:
             raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")
         opts = {**opts, 'path': str((base / opts['path']).resolve())}
-    return DatasetSpec(name=name, source=src, path=(base / path).resolve() if path is not None else None,
+    return DatasetSpec(name=name, source=src,
+                       path=(base / path).resolve() if path is not None else None,
                        train=d.get('train', 0), test=d.get('test', 0), options=dict(opts))
 
 # %% ../../nbs/35a_collect_config.ipynb #7f2c7376
@@ -73,12 +78,13 @@ def _dataset_specs(entries, # the [[datasets]] array of a config
 
 # %% ../../nbs/35a_collect_config.ipynb #ad4b215a
 # the [collection] numbers: (field, least value, integer only)
-_NUMBERS = (('seed', 0, True), ('temperature', 0, False), ('rewrite_temperature', 0, False), ('top_p', 0, False),
+_NUMBERS = (('seed', 0, True), ('temperature', 0, False), ('rewrite_temperature', 0, False),
+            ('top_p', 0, False),
             ('n_rewrites', 1, True), ('n_decodes', 1, True), ('rewrite_max_tokens', 1, True),
             ('rewrite_attempts', 1, True), ('test_rewrites', 0, True), ('test_decodes', 0, True))
 
 def _number(v, name: str, least=None, integer: bool = False):
-    "`v` if it is a finite number (an integer when asked) of at least `least`; else a one-line `ConfigError`."
+    "`v` if it is a finite number (an integer when asked) of at least `least`, else a `ConfigError`."
     ok = is_integer(v) if integer else is_finite_number(v)
     if not ok or (least is not None and v < least):
         what = ('an integer' if integer else 'a number') + (f' ≥ {least}' if least is not None else '')
@@ -99,7 +105,7 @@ def _model_names(models, pool: Pool) -> tuple | None:
 
 # %% ../../nbs/35a_collect_config.ipynb #79b0998d
 def _answer_grammar(grammar) -> dict | None:
-    "The `[collection] answer_grammar` table, checked: task kinds it knows, each with a non-empty grammar."
+    "The `[collection] answer_grammar` table, checked: known task kinds, each with a non-empty grammar."
     if grammar is None: return None
     if not isinstance(grammar, dict):
         raise ConfigError('[collection] answer_grammar must be a table: task kind = "GBNF grammar"')
@@ -108,7 +114,8 @@ def _answer_grammar(grammar) -> dict | None:
         expected = ', '.join(KINDS)
         raise ConfigError(f"[collection] answer_grammar: unknown task kind {unknown[0]!r} (expected one of {expected})")
     empty = [k for k, g in grammar.items() if not isinstance(g, str) or not g.strip()]
-    if empty: raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
+    if empty:
+        raise ConfigError(f"[collection] answer_grammar.{empty[0]} must be a non-empty grammar string")
     return dict(grammar)
 
 # %% ../../nbs/35a_collect_config.ipynb #4e9849aa
@@ -128,7 +135,7 @@ class CollectConfig:
     pool: Pool # models, rewriter, limits
     datasets: tuple # DatasetSpec, ...
     store: Path | str = Path('dars_store.sqlite') # SQLite store
-    output: Path | str = Path('observations.parquet') # the complete observation table (.parquet, .jsonl or .csv)
+    output: Path | str = Path('observations.parquet') # the observation table (.parquet, .jsonl or .csv)
     seed: int = 0 # query draw and per-call sampling seeds
     temperature: float = 0.7 # decoding temperature T
     top_p: float = 0.95 # nucleus mass
@@ -148,11 +155,13 @@ class CollectConfig:
     def __post_init__(self):
         "Check what the settings mean, whether read from a file or made in Python."
         for k, least, integer in _NUMBERS: _number(getattr(self, k), k, least, integer)
-        if not 0 < self.top_p <= 1: raise ConfigError(f"[collection] top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"[collection] top_p must be in (0, 1], got {self.top_p!r}")
         if self.similarity not in ('auto', 'sentence', 'tfidf'):
             raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {self.similarity!r}")
         _check_views(self.datasets, self.test_rewrites, self.test_decodes, self.pool.rewriter)
-        normal = dict(store=Path(self.store), output=Path(self.output), models=_model_names(self.models, self.pool),
+        normal = dict(store=Path(self.store), output=Path(self.output),
+                      models=_model_names(self.models, self.pool),
                       answer_grammar=_answer_grammar(self.answer_grammar))
         for k, v in normal.items(): object.__setattr__(self, k, v)
 
@@ -176,9 +185,11 @@ def load_config(config, # a TOML file path, a dict of the same layout, or a Coll
     "Read and check a collection config; a `ConfigError` names any problem in one line."
     if isinstance(config, CollectConfig): return config
     d, base, source = _config_dict(config)
-    pool = Pool.from_dict(d, check_env=check_env, also=('collection', 'datasets', 'serve'), source=source)
+    pool = Pool.from_dict(d, check_env=check_env, also=('collection', 'datasets', 'serve'),
+                          source=source)
     given = dict(pool=pool, datasets=_dataset_specs(d.get('datasets'), base), source=source)
     cfg = from_table(CollectConfig, d.get('collection', {}), '[collection]', given=given)
     here = lambda p: (base / str(p)).resolve()          # relative paths are relative to the file
     data_dir = str(here(cfg.data_dir)) if cfg.data_dir is not None else None
-    return dataclasses.replace(cfg, store=here(cfg.store), output=here(cfg.output), data_dir=data_dir)
+    return dataclasses.replace(cfg, store=here(cfg.store), output=here(cfg.output),
+                               data_dir=data_dir)

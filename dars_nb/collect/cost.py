@@ -70,7 +70,8 @@ def estimate_cost(config, # a CollectConfig, TOML path or dict
     out = _candidate_rows(cfg, plan, done)
     if rewrites is not None and len(rewrites) and cfg.pool.rewriter is not None:
         out.loc[f'{cfg.pool.rewriter.name} (rewriter)'] = _rewriter_row(cfg, rewrites)
-    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max', 'completion_tokens_typical',
+    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max',
+           'completion_tokens_typical',
            'cost_max_usd', 'cost_typical_usd']
     out.loc['total'] = dict(role='', **out[num].sum())
     out = out[['role'] + num]
@@ -127,7 +128,8 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              f"T={cfg.temperature:g}, top_p={cfg.top_p:g}",
              f"store: {cfg.store}{' (exists)' if cfg.store.exists() else ' (new)'}; output: {cfg.output}", '',
              'queries', markdown_table(sel.to_frame()), '',
-             'observations planned (calls per model)', markdown_table(counts.unstack('model', fill_value=0)), '',
+             'observations planned (calls per model)',
+             markdown_table(counts.unstack('model', fill_value=0)), '',
              'cost estimate (USD; upper bound = every answer uses max_tokens and every rewriter round is used)',
              markdown_table(cost[cols], floatfmt='.6f'), '',
              f"total: at most {calls} calls to make (retries not counted), at most {fmt_usd(most)}, "

@@ -63,7 +63,8 @@ def plan_rewrites(config, # a CollectConfig, TOML path or dict
         if n == 0: continue
         calls = rewrite_calls_max(n, cfg.rewrite_attempts)
         first = _chars_to_tokens(rewrite_messages(r, n))
-        rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls, prompt_tokens_est=first,
+        rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls,
+                         prompt_tokens_est=first,
                          prompt_tokens_max=first + (calls - 1) * _chars_to_tokens(rewrite_messages(r, 1)),
                          completion_tokens_typical=min(cfg.rewrite_max_tokens,
                                                        n * (len(str(r['question'])) // 4 + 15))))

@@ -20,7 +20,8 @@ def _served_models(spec: ModelSpec, timeout: float) -> list | None:
     "The model ids `GET {base_url}/models` lists (None: it lists none), or an `EndpointError`."
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
     auth = {'Authorization': f'Bearer {key}'} if key else None
-    try: status, body = http_get(spec.base_url.rstrip('/') + '/models', headers=auth, timeout_s=timeout)
+    try: status, body = http_get(spec.base_url.rstrip('/') + '/models', headers=auth,
+                                 timeout_s=timeout)
     except EndpointUnreachable as e:
         raise EndpointError(f"cannot reach model {spec.name!r} at {spec.base_url}: {e.reason}") from None
     if status in (401, 403):

@@ -55,7 +55,8 @@ def pair_similarity(a, # original texts
                    ) -> tuple[np.ndarray, str]:
     "Cosine similarity of each pair (a[i], b[i]) and the backend used."
     a, b = [str(t) for t in a], [str(t) for t in b]
-    if len(a) != len(b): raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
+    if len(a) != len(b):
+        raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
     # the routers' cached encoder: unit vectors, so the dot product is the cosine
@@ -118,7 +119,8 @@ def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, questi
     if (df['_merge'] != 'both').any():
         bad = df.loc[df['_merge'] != 'both'].iloc[0]
         raise ValueError(f"rewrite of unknown query {bad['dataset']}/{bad['query_id']}")
-    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'], ignore_index=True)
+    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'],
+                                               ignore_index=True)
     sim, backend = pair_similarity(df['question'].astype(str), df['text'], method=similarity)
     thr = DEFAULT_MIN_SIMILARITY[backend] if min_similarity is None else float(min_similarity)
     orig_norm, rew_norm = df['question'].map(_norm_text), df['text'].map(_norm_text)
@@ -159,7 +161,8 @@ def rewrite_validity(tasks: pd.DataFrame, # tasks (with `split`, and `n_rewrites
     per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'),
                                                                complete=('complete', 'mean'))
     g = checks.groupby(['dataset', 'split'], observed=True)
-    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved', 'structural_pass',
+    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved',
+                                      'structural_pass',
                                       'review_flag')}
     per_r = g.agg(rewrites=('text', 'size'), sim_mean=('similarity', 'mean'),
                   sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))), **means)
@@ -259,7 +262,8 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
     most = sum(rewrite_calls_max(len(q.missing), attempts) for q in todo)
     kw = dict(max_tokens=max_tokens, temperature=temperature)
     bar = client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()
-    with bar:   # every query runs to its end (what was paid for is stored) before the first error is raised
+    with bar:
+        # every query runs to its end (what was paid for is stored) before the first error is raised
         runs = [q.run(client, attempts, fill_with_original, **kw) for q in todo]
         results = await asyncio.gather(*runs, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]

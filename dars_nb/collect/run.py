@@ -224,7 +224,9 @@ def _record_plan(store, cfg, plan: pd.DataFrame):
     store.ledger().settle_lost()
     planned = plan.groupby(['dataset', 'model'], sort=False).size()
     lim = cfg.pool.limits
-    store.set_meta('plan', dict(config=cfg.source, started=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
+    store.set_meta('plan',
+                   dict(config=cfg.source,
+                        started=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
                                 limits=dict(call_budget=lim.call_budget,
                                             spend_cap_usd=lim.spend_cap_usd),
                                 planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
@@ -239,8 +241,10 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
         if len(need) and cfg.pool.rewriter is not None:
             try:
                 out['rewrites'] = await ensure_rewrites(client, store, need, cfg.pool.rewriter.name,
-                                                        max_tokens=cfg.rewrite_max_tokens, temperature=cfg.rewrite_temperature,
-                                                        attempts=cfg.rewrite_attempts, progress=progress)
+                                                        max_tokens=cfg.rewrite_max_tokens,
+                                                        temperature=cfg.rewrite_temperature,
+                                                        attempts=cfg.rewrite_attempts,
+                                                        progress=progress)
             except BudgetExceeded as e: out['stop'] = str(e)
         todo = _pending(plan, store.keys())
         if not out['stop'] and len(todo):
@@ -258,7 +262,8 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
     fails = run['failures']
     message = (run['stop'] if run['stop'] else
                f"{len(fails)} call(s) failed permanently, first: {fails[0][1]}" if fails else '')
-    store.set_meta('last_run', dict(status=status, message=message, collected=run['collected'], missing=missing,
+    store.set_meta('last_run',
+                   dict(status=status, message=message, collected=run['collected'], missing=missing,
                                     failures=len(fails), first_failures=[m for _, m in fails[:5]]))
     table, out, rv = store.to_frame(), None, None
     if write_output and len(table):

@@ -140,7 +140,8 @@ def _create_schema(conn, path):
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
-    if missing: raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
+    if missing:
+        raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
 
 def _empty_tables(conn):
     "Read-only, a store written before a table existed gets an empty temporary one in its place."
@@ -230,7 +231,8 @@ def insert(self: Store, row: dict, # one observation: key fields, score, cost, a
     try:
         with self._lock:
             cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
-    except sqlite3.IntegrityError as e: raise StoreError(f"observation rejected by the store: {e}") from None
+    except sqlite3.IntegrityError as e:
+        raise StoreError(f"observation rejected by the store: {e}") from None
     except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
     return cur.rowcount == 1
 
@@ -297,7 +299,8 @@ def to_frame(self: Store) -> pd.DataFrame:
     p = df['parsed']
     df['parsed'] = p.astype(bool) if p.notna().all() else p.map({1: True, 0: False}).astype('boolean')
     try: return validate(df)
-    except Exception as e: raise _damaged(self.path, f"rows that are not observations: {e}") from None
+    except Exception as e:
+        raise _damaged(self.path, f"rows that are not observations: {e}") from None
 
 # %% ../../nbs/31_store.ipynb #edc21a77
 @patch
@@ -482,7 +485,8 @@ def totals(self: StoreLedger) -> pd.DataFrame:
 
 # %% ../../nbs/31_store.ipynb #d85851c8
 @patch
-def lock_writer(self: Store, command: str = 'dars collect', # the holder, as named to a refused writer
+def lock_writer(self: Store,
+                command: str = 'dars collect', # the holder, as named to a refused writer
                ) -> None:
     "Become the only writer of this store, or a one-line `StoreError` naming the one that is."
     import fcntl
@@ -566,7 +570,8 @@ def salvage_store(path, # the damaged store
     report = {}
     try:
         with Store(out) as new:
-            for table, cols in [('observations', STORE_COLUMNS + ['created_at']), *_COPY_COLS.items()]:
+            for table, cols in [('observations', STORE_COLUMNS + ['created_at']),
+                                *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
                 # one commit per table, not one per row
@@ -586,7 +591,8 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (re
         if action == 'check': print(check_store(store)); return 0
         if action != 'salvage':
             raise StoreError(f"unknown action {action!r} (expected check or salvage)")
-        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
+        if out is None:
+            raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
         got = salvage_store(store, out)
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1
@@ -613,7 +619,8 @@ def store_status(path, # the store file
         lines = [f"store {path}: {s.count()} observations, "
                  f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
-                 markdown_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', markdown_table(ledger.totals(), '.6f')]
+                 markdown_table(_plan_table(s, plan)), '', 'spend ledger (all runs)',
+                 markdown_table(ledger.totals(), '.6f')]
         n, usd = ledger.spent()
     lim = plan.get('limits', {})
     lines.append(f"total: {n} requests, {fmt_usd(usd)}; call_budget {lim.get('call_budget')}, "

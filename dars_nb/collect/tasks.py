@@ -45,13 +45,16 @@ def load_task_file(path, # a JSONL file, one task per line
                 raise ValueError(f"{where}: gold must be one option letter {letters}, got {r['gold']!r}")
         if kind == 'reading' and not str(r.get('context') or '').strip():
             raise ValueError(f"{where}: missing field 'context' (the passage of a reading task)")
-        rows.append(dict(dataset=dataset or path.stem, query_id=str(r['query_id']), kind=kind, question=str(r['question']),
+        rows.append(dict(dataset=dataset or path.stem, query_id=str(r['query_id']), kind=kind,
+                         question=str(r['question']),
                          context=str(r.get('context') or ''), choices=r.get('choices'),
-                         gold=r['gold'] if kind == 'reading' else str(r['gold']).strip(), subject=str(r.get('subject') or '')))
+                         gold=r['gold'] if kind == 'reading' else str(r['gold']).strip(),
+                         subject=str(r.get('subject') or '')))
     if not rows: raise ValueError(f"task file {path.name} holds no tasks")
     df = pd.DataFrame(rows)
     dup = df['query_id'].duplicated()
-    if dup.any(): raise ValueError(f"{path.name}: duplicate query_id {df['query_id'][dup].iloc[0]!r}")
+    if dup.any():
+        raise ValueError(f"{path.name}: duplicate query_id {df['query_id'][dup].iloc[0]!r}")
     return df
 
 # %% ../../nbs/35b_collect_tasks.ipynb #71688594
