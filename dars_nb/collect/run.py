@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
+from fastcore.meta import delegates
 from ..observations import KEY_COLUMNS, write_observations
 from ..pool.config import ConfigError
 from .client import Client, BudgetExceeded, PermanentError
@@ -296,7 +297,7 @@ class CollectResult:
 async def acollect(config, # a CollectConfig, TOML path or dict
                    progress: bool = True, # tqdm progress bars
                    validity: bool = True, # compute the rewrite validity table at the end
-                   similarity: str | None = None, # validity similarity backend (None: the config's)
+                   similarity: str | None = None, # 'sentence', 'tfidf' or 'auto' for the validity table (None: the config's)
                    write_output: bool = True, # write the complete table to the config's output file
                   ) -> CollectResult:
     "Collect every planned observation not yet in the store (async); see `collect`."
@@ -316,14 +317,11 @@ async def acollect(config, # a CollectConfig, TOML path or dict
                          counters=run['counters'], **end)
 
 # %% ../../nbs/35f_collect_run.ipynb #cbcca586
+@delegates(acollect)
 def collect(config, # a CollectConfig, a TOML path or a dict of the same layout
-            progress: bool = True, # tqdm progress bars
-            validity: bool = True, # compute the rewrite validity table at the end
-            similarity: str | None = None, # 'sentence', 'tfidf', 'auto' (None: the config's)
-            write_output: bool = True, # write the complete table to the config's output file
-           ) -> CollectResult:
+            **kwargs) -> CollectResult:
     "Collect every planned observation not yet in the store, resumably; in scripts and notebooks."
-    run = lambda: asyncio.run(acollect(config, progress, validity, similarity, write_output))
+    run = lambda: asyncio.run(acollect(config, **kwargs))
     try: asyncio.get_running_loop()
     except RuntimeError: return run()
     box = {}                       # inside a running loop (a notebook): run in a thread of its own
