@@ -12,10 +12,11 @@ from ..pool.http import EndpointUnreachable, http_get
 # %% auto #0
 __all__ = ['EndpointError', 'check_endpoints']
 
-# %% ../../nbs/35e_collect_probe.ipynb #06824fd2
+# %% ../../nbs/35e_collect_probe.ipynb #f03fd314
 class EndpointError(ValueError):
     "An endpoint that cannot be used (unreachable, key refused, model not served), in one line."
 
+# %% ../../nbs/35e_collect_probe.ipynb #06824fd2
 def _served_models(spec: ModelSpec, timeout: float) -> list | None:
     "The model ids `GET {base_url}/models` lists (None: it lists none), or an `EndpointError`."
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
