@@ -4,7 +4,6 @@
 
 # %% ../nbs/00_observations.ipynb #9e15d5cf
 from __future__ import annotations
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np

@@ -231,8 +231,8 @@ def _wordings(p: Profile, rng, Q: int, K: int, N: int) -> tuple:
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
                 view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode': the original, id 0)
-                n_decodes: int = 5, # decodes per wording
+                n_rewrites: int = PAPER.grid[0], # rewrites per query (ids 1..n; 'decode': the original, id 0)
+                n_decodes: int = PAPER.grid[1], # decodes per wording
                 temperature: float = 0.7, # decoding temperature
                 seed: int = 0, # seed of this sampling run
                ) -> dict:
@@ -262,8 +262,8 @@ def sample_grid(world: World, # the latent world
 def observe(world: World, # the latent world
             split: str = 'train', # which queries
             view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-            n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
-            n_decodes: int = 5, # decodes per wording
+            n_rewrites: int = PAPER.grid[0], # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
+            n_decodes: int = PAPER.grid[1], # decodes per wording
             temperature: float = 0.7, # decoding temperature
             seed: int = 0, # seed of this sampling run
            ) -> pd.DataFrame:
@@ -327,8 +327,8 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
              n_train: int = 200, # training queries (the paper uses 200)
              n_test: int = 250, # test queries
              seed: int = 0, # random seed for the world and every observation
-             n_rewrites: int = 5, # N of the training grid
-             n_decodes: int = 5, # M of the training grid
+             n_rewrites: int = PAPER.grid[0], # N of the training grid
+             n_decodes: int = PAPER.grid[1], # M of the training grid
              temperature: float = 0.7, # decoding temperature
              **kwargs
             ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

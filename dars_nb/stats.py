@@ -6,7 +6,6 @@
 from __future__ import annotations
 from fastcore.basics import patch
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from .observations import as_validated, to_dense, Dense
