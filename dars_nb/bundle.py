@@ -18,7 +18,8 @@ from fastcore.basics import patch
 from sklearn.base import clone
 from . import __version__
 from .extras import install_hint
-from .features import TfidfFeaturizer, SentenceFeaturizer, make_featurizer, check_texts
+from .features import TfidfFeaturizer, SentenceFeaturizer, make_featurizer
+from .encoder import check_texts
 from .observations import read_observations
 from .stats import Supervision, supervision, normalize_cost
 

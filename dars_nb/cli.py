@@ -38,7 +38,7 @@ COMMANDS = {
     'collect': Command('dars_nb.collect.command:collect_main', 'collect'),
     'status': Command('dars_nb.collect.store:status_main'),
     'store': Command('dars_nb.collect.store:store_main'),
-    'cache': Command('dars_nb.features:cache_main'),
+    'cache': Command('dars_nb.cache:cache_main'),
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
     'train': Command('dars_nb.bundle:train_main', options=('out',)),
     'route': Command('dars_nb.bundle:route_main', positional=('question',)),

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import altair as alt
 from sklearn.base import clone
-from .observations import ensure_valid, to_dense, select, VIEWS
-from .stats import normalize_cost, normalized_cost, supervision, Supervision, cell_means
+from .observations import as_validated, to_dense, select, VIEWS
+from .stats import normalize_cost, cost_norm_array, supervision, Supervision, cell_means
 
 # %% auto #0
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'Estimate', 'bootstrap_means',
@@ -24,19 +24,19 @@ __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_
 # %% ../nbs/20_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
     "`obs` validated (if its keys are not categorical yet) and with `cost_norm`."
-    obs = ensure_valid(obs)
+    obs = as_validated(obs)
     return obs if 'cost_norm' in obs.columns else normalize_cost(obs)
 
 # %% ../nbs/20_evaluate.ipynb #3b45680e
 def normalize_jointly(*tables: pd.DataFrame, # observations of the same datasets (e.g. train, test)
                      ) -> list[pd.DataFrame]:
     "Add `cost_norm` to every table with Z_d = the largest raw cost of dataset d over all of them."
-    tables = [ensure_valid(t) for t in tables]
+    tables = [as_validated(t) for t in tables]
     both = pd.DataFrame({
         'dataset': pd.Categorical(np.concatenate([t['dataset'].astype(str) for t in tables])),
         'cost': np.concatenate([t['cost'].to_numpy(float) for t in tables])})
     ends = np.cumsum([len(t) for t in tables])[:-1]
-    parts = np.split(normalized_cost(both, recompute=True), ends)
+    parts = np.split(cost_norm_array(both, recompute=True), ends)
     return [t.assign(cost_norm=c) for t, c in zip(tables, parts)]
 
 # %% ../nbs/20_evaluate.ipynb #3004d3a5

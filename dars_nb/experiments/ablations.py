@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import altair as alt
-from ..observations import validate, ensure_valid, select
+from ..observations import validate, as_validated, select
 from ..diagnostics import diagnose
 from ..simulate import make_world, observe, plot_temperature
 from .protocol import Spec, Table, run_experiments, VIEW_LABELS
@@ -182,7 +182,7 @@ def temperature_study(obs: pd.DataFrame, # observations with a `temperature` col
     "Diagnostics of the training grid per (dataset, temperature): output-side variance, winner flip rate, …"
     if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' "
                                                           "column")
-    obs = ensure_valid(obs)
+    obs = as_validated(obs)
     temp = pd.to_numeric(obs['temperature'], errors='coerce')
     if temp.isna().any(): raise ValueError(f"{int(temp.isna().sum())} observation(s) have no "
                                            "numeric temperature")

@@ -18,7 +18,7 @@ from sklearn.base import clone
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from fastcore.basics import patch
-from ..observations import ensure_valid, select, model_order
+from ..observations import as_validated, select, model_order
 from ..stats import supervision, normalize_cost, MODES, Supervision
 from ..evaluate import (per_query_view_utility, bootstrap_ci, router_variance,
                               plot_router_variance, true_utility,
@@ -57,7 +57,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
                 ) -> Dataset:
     "Validate one dataset's observations and features; normalise cost over train and test."
-    obs = ensure_valid(obs)
+    obs = as_validated(obs)
     names = list(obs['dataset'].cat.categories)
     if len(names) != 1: raise ValueError("make_dataset takes one dataset at a time, got "
                                          f"{len(names)}: use datasets_from")
@@ -83,7 +83,7 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                   truth: pd.DataFrame | None = None, # ground truth, if known
                  ) -> list[Dataset]:
     "One `Dataset` per dataset in `obs`."
-    obs = ensure_valid(obs)
+    obs = as_validated(obs)
     return [make_dataset(select(obs, dataset=d), features, truth)
             for d in obs['dataset'].cat.categories]
 

@@ -306,4 +306,6 @@ def stats_by_query(sup: Supervision, # supervision in any mode
     return out
 
 # %% ../../nbs/10_routers_base.ipynb #b33f86cd
-from ..features import sentence_model_path, _cache_dir, sentence_embeddings, tfidf_features, query_features
+from ..encoder import sentence_model_path
+from ..embedding_store import sentence_embeddings
+from ..features import tfidf_features, query_features
