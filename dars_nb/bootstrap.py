@@ -33,7 +33,8 @@ def bootstrap_means(per_query_values, # per test query: (n,), or (n, k): k colum
     for start in range(0, n_boot, step):
         batch = min(step, n_boot - start)
         drawn = rng.integers(0, n, (batch, n))
-        drawn += (np.arange(batch) * n)[:, None]       # resample r's queries: bins r·n … r·n + n − 1
+        # resample r's queries: bins r·n … r·n + n − 1
+        drawn += (np.arange(batch) * n)[:, None]
         counts = np.bincount(drawn.ravel(), minlength=batch * n).reshape(batch, n)
         out[start:start + batch] = counts @ centred / n
     return out + centre
@@ -53,7 +54,8 @@ def bootstrap_ci(per_query_values, # per test query: (n,), or (n, k): k policies
     "Mean and percentile-bootstrap interval over test queries (arrays of length k for a 2-D input)."
     values = _per_query(per_query_values)
     if not 0 < alpha < 1: raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    low, high = np.quantile(bootstrap_means(values, n_boot, seed), [alpha / 2, 1 - alpha / 2], axis=0)
+    means = bootstrap_means(values, n_boot, seed)
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
     estimate = values.mean(0)
     if values.ndim == 1: return Estimate(float(estimate), float(low), float(high))
     return Estimate(estimate, low, high)

@@ -10,7 +10,8 @@ import pandas as pd
 import altair as alt
 from .observations import ensure_valid
 from .stats import PAPER, normalized_cost, supervision
-from .evaluate import feature_table, fit_predict, chosen_utility, view_means, normalize_jointly
+from .evaluate import (feature_table, fit_predict, chosen_utility, view_means,
+                              normalize_jointly)
 
 # %% auto #0
 __all__ = ['cost_quality_curve', 'plot_cost_quality']
@@ -45,13 +46,17 @@ def cost_quality_curve(router, # an unfitted router, or a mapping label -> unfit
     rows = []
     for label, r in routers.items():
         for lam in lams:
-            choices = fit_predict(r, features, base_sup.with_weights(lam=float(lam)), features, quality.index)
-            mean_quality = chosen_utility(choices, quality).mean()       # the chosen cells of each table
+            choices = fit_predict(r, features, base_sup.with_weights(lam=float(lam)), features,
+                                  quality.index)
+            # the chosen cells of each table
+            mean_quality = chosen_utility(choices, quality).mean()
             mean_cost = chosen_utility(choices, cost).mean()
-            rows.append(dict(policy=label, kind='router', lam=float(lam), cost=mean_cost, quality=mean_quality,
+            rows.append(dict(policy=label, kind='router', lam=float(lam), cost=mean_cost,
+                             quality=mean_quality,
                              utility=mean_quality - lam * mean_cost))
     fixed = pd.DataFrame(dict(policy=quality.columns, kind='fixed model', lam=np.nan,
-                              cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(), utility=np.nan))
+                              cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(),
+                              utility=np.nan))
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
 # %% ../nbs/20c_curves.ipynb #d69ea54f

@@ -23,12 +23,13 @@ def draw_view_utilities(router, # a fitted router (one or R draws)
     "U_view of every draw of `router`: {view: array of shape (R,)}."
     S = np.asarray(router.predict_utility(X_test))
     pick = S.reshape(-1, *S.shape[-2:]).argmax(-1)                          # (R, n)
-    return {view: np.take_along_axis(table.to_numpy(float)[None], pick[..., None], -1)[..., 0].mean(-1)
-            for view, table in tables.items()}
+    def mean_chosen(table):
+        return np.take_along_axis(table.to_numpy(float)[None], pick[..., None], -1)[..., 0].mean(-1)
+    return {view: mean_chosen(table) for view, table in tables.items()}
 
 # %% ../nbs/20d_draws.ipynb #31ea1c31
 def draw_utilities(routers, # a fitted router (one or R draws), or a mapping name -> fitted router
-                   features: pd.DataFrame, # query features indexed by query_id (test queries among them)
+                   features: pd.DataFrame, # query features by query_id (test queries among them)
                    obs_test: pd.DataFrame, # observations holding the test views
                    views=('rewrite', 'decode'), # the views to score
                    lam: float = PAPER.lam, # cost weight λ
@@ -42,13 +43,15 @@ def draw_utilities(routers, # a fitted router (one or R draws), or a mapping nam
     for ids, tables in by_queries.items():
         X_test = feature_rows(features, ids, 'test')
         for name, router in routers.items():
-            utilities |= {(view, name): u for view, u in draw_view_utilities(router, X_test, tables).items()}
-    return pd.concat([pd.DataFrame(dict(router=name, view=view, draw=np.arange(len(utilities[view, name])),
+            for view, values in draw_view_utilities(router, X_test, tables).items():
+                utilities[view, name] = values
+    return pd.concat([pd.DataFrame(dict(router=name, view=view,
+                                        draw=np.arange(len(utilities[view, name])),
                                         utility=utilities[view, name]))
                       for view in views for name in routers], ignore_index=True)
 
 # %% ../nbs/20d_draws.ipynb #55030e40
-def _reference_series(reference, # None, a number, a Series by group, or a table with the group columns
+def _reference_series(reference, # None, a number, a Series by group, or a table of the groups
                       keys: list, # the group columns
                       value: str, # the column of utilities (or 'reference')
                       groups: pd.Index, # the groups, for a number
@@ -79,16 +82,20 @@ def router_variance(utilities_per_draw, # a test utility per single-shot router,
     if len(table) == 0 or table[value].isna().any():
         raise ValueError("utilities must be non-empty and free of NaN")
     groups = table.groupby(keys, observed=True, sort=False)[value]
-    out = pd.DataFrame(dict(n=groups.size(), mean=groups.mean(), std=groups.std(ddof=1), min=groups.min(),
-                            q05=groups.quantile(0.05), median=groups.median(), q95=groups.quantile(0.95),
+    out = pd.DataFrame(dict(n=groups.size(), mean=groups.mean(), std=groups.std(ddof=1),
+                            min=groups.min(),
+                            q05=groups.quantile(0.05), median=groups.median(),
+                            q95=groups.quantile(0.95),
                             max=groups.max()))
     out['range'] = out['max'] - out['min']
     if reference is not None:
         ref = _reference_series(reference, keys, value, out.index)
-        row_keys = pd.MultiIndex.from_frame(table[keys]) if len(keys) > 1 else pd.Index(table[keys[0]])
+        row_keys = (pd.MultiIndex.from_frame(table[keys]) if len(keys) > 1
+                    else pd.Index(table[keys[0]]))
         below = table.assign(_below=table[value].to_numpy() < ref.reindex(row_keys).to_numpy(float))
         out['reference'] = ref.reindex(out.index).to_numpy(float)
-        out['share_below_reference'] = below.groupby(keys, observed=True, sort=False)['_below'].mean()
+        below_by_group = below.groupby(keys, observed=True, sort=False)['_below']
+        out['share_below_reference'] = below_by_group.mean()
         out['z_reference'] = (out['reference'] - out['mean']) / out['std']
     one_group = keys == ['group'] and not isinstance(utilities_per_draw, pd.DataFrame)
     return out.iloc[0].rename(None) if one_group else out
@@ -111,7 +118,8 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
     if ref is not None:
         ref = ref.rename(value).rename_axis(keys).reset_index().assign(kind='DARS')
         data = pd.concat([data, ref], ignore_index=True)
-    base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility', scale=alt.Scale(zero=False)),
+    base = alt.Chart(data).encode(x=alt.X(f'{value}:Q', title='Test utility',
+                                          scale=alt.Scale(zero=False)),
                                   y=alt.Y(f'{by}:N', title=None))
     box = base.transform_filter(alt.datum.kind == 'single-shot').mark_boxplot(
         extent='min-max', size=14, color='#4c78a8')
@@ -120,7 +128,8 @@ def plot_router_variance(draws: pd.DataFrame, # a row per single-shot router, co
         tooltip=keys + [alt.Tooltip(f'{value}:Q', format='.4f')])
     chart = alt.layer(box, dars).properties(width=230, height=alt.Step(26))
     if facet:
-        chart = chart.facet(column=alt.Column(f'{column}:N', title=None, sort=['rewrite', 'decode']))
+        chart = chart.facet(column=alt.Column(f'{column}:N', title=None,
+                                              sort=['rewrite', 'decode']))
     return chart.properties(title=title)
 
 # %% ../nbs/20d_draws.ipynb #9e276cb6
@@ -130,8 +139,10 @@ def single_vs_dars(single, # router fitted on R single-shot draws
                    tables: dict, # view -> table from `per_query_view_utility`
                   ) -> pd.DataFrame:
     "Long table (policy, view, utility, sd): the single-shot draws, DARS and the random router."
-    on_draws, on_dars = draw_view_utilities(single, X_test, tables), draw_view_utilities(dars, X_test, tables)
-    rows = [dict(policy=f'single-shot ({len(on_draws[view])} draws)', view=view, utility=on_draws[view].mean(),
+    on_draws = draw_view_utilities(single, X_test, tables)
+    on_dars = draw_view_utilities(dars, X_test, tables)
+    rows = [dict(policy=f'single-shot ({len(on_draws[view])} draws)', view=view,
+                 utility=on_draws[view].mean(),
                  sd=on_draws[view].std()) for view in tables]
     rows += [dict(policy='DARS', view=view, utility=on_dars[view][0], sd=0.0) for view in tables]
     rows += [dict(policy='random', view=view, utility=random_utility(table), sd=0.0)
@@ -144,7 +155,8 @@ def plot_single_vs_dars(long: pd.DataFrame, # output of `single_vs_dars`
                        ) -> alt.Chart:
     "Mean test utility per policy and view, with ± one standard deviation over single-shot draws."
     base = alt.Chart(long.assign(lo=long.utility - long.sd, hi=long.utility + long.sd))
-    x = alt.X('policy:N', title=None, sort=['random', long.policy.iloc[0], 'DARS'], axis=alt.Axis(labelAngle=0))
+    x = alt.X('policy:N', title=None, sort=['random', long.policy.iloc[0], 'DARS'],
+              axis=alt.Axis(labelAngle=0))
     y_title = 'Mean test utility (q − λ·cost)'
     points = base.mark_point(filled=True, size=80).encode(
         x=x, y=alt.Y('utility:Q', title=y_title, scale=alt.Scale(zero=False)),

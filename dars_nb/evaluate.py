@@ -54,7 +54,8 @@ def view_means(obs_test: pd.DataFrame, # observations holding the view (others a
                          "evaluate one dataset at a time")
     quality, cost, _ = cell_means(dense['score'], dense['cost_norm'])
     cols = pd.Index(dense.models, name='model')
-    return pd.DataFrame(quality, index=ids, columns=cols), pd.DataFrame(cost, index=ids, columns=cols)
+    as_table = lambda values: pd.DataFrame(values, index=ids, columns=cols)
+    return as_table(quality), as_table(cost)
 
 # %% ../nbs/20b_evaluate.ipynb #5eaa5887
 def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the view
@@ -73,9 +74,11 @@ def _choice_series(choices) -> pd.Series:
     elif isinstance(choices, Mapping): series = pd.Series(dict(choices), dtype=object)
     else: raise ValueError(f"choices must be a mapping or a Series query_id -> model, got {type(choices).__name__}")
     ids = series.index
-    if isinstance(ids, pd.MultiIndex):      # e.g. (dataset, query_id): the query id is the named or the last level
+    # e.g. (dataset, query_id): the query id is the named or the last level
+    if isinstance(ids, pd.MultiIndex):
         ids = ids.get_level_values('query_id' if 'query_id' in ids.names else -1)
-    series = pd.Series(np.asarray(series, dtype=object).astype(str), index=pd.Index(ids.astype(str), name='query_id'))
+    series = pd.Series(np.asarray(series, dtype=object).astype(str),
+                       index=pd.Index(ids.astype(str), name='query_id'))
     if series.index.has_duplicates:
         raise ValueError(f"query {series.index[series.index.duplicated()][0]!r} has more than one choice")
     return series
@@ -173,8 +176,10 @@ def random_choices(obs_test: pd.DataFrame, # test observations, or a `per_query_
     "One uniformly random model per query among the models observed on it."
     table = _table(obs_test, view, 0.0)
     observed = ~np.isnan(table.to_numpy(float))
-    draws = np.random.default_rng(seed).random(observed.shape) * observed     # the largest valid draw wins
-    return pd.Series(np.asarray(table.columns, dtype=object)[np.argmax(draws, 1)], index=table.index)
+    # the largest valid draw wins
+    draws = np.random.default_rng(seed).random(observed.shape) * observed
+    return pd.Series(np.asarray(table.columns, dtype=object)[np.argmax(draws, 1)],
+                     index=table.index)
 
 # %% ../nbs/20b_evaluate.ipynb #b41e7a73
 def _maybe_ci(values, ci: bool, **kwargs) -> float | Estimate:
@@ -234,7 +239,8 @@ def fit_predict(router, # an unfitted router: `fit(X, sup)`, `predict(X)` -> mod
         test_ids = X_test.index
     fitted = clone(router).fit(feature_rows(X_train, sup.query_ids, 'training'), sup)
     pred = fitted.predict(feature_rows(X_test, test_ids, 'test'))
-    return pd.Series(np.asarray(pred, dtype=object), index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
+    return pd.Series(np.asarray(pred, dtype=object),
+                     index=pd.Index(pd.Index(test_ids).astype(str), name='query_id'))
 
 # %% ../nbs/20b_evaluate.ipynb #240574ed
 def feature_table(features, # query features: a DataFrame indexed by query_id
@@ -247,18 +253,20 @@ def feature_table(features, # query features: a DataFrame indexed by query_id
 # %% ../nbs/20b_evaluate.ipynb #c6b9efa9
 def _test_ids(obs_test) -> pd.Index:
     "Sorted ids of the test queries (split 'test') in `obs_test`, or the query ids given, in order."
-    if not isinstance(obs_test, pd.DataFrame): return pd.Index([str(i) for i in obs_test], name='query_id')
+    if not isinstance(obs_test, pd.DataFrame):
+        return pd.Index([str(i) for i in obs_test], name='query_id')
     ids = obs_test.loc[obs_test['split'].astype(str) == 'test', 'query_id'].astype(str).unique()
     if len(ids) == 0: raise ValueError("no test observations (split 'test') in the table")
     return pd.Index(sorted(ids), name='query_id')
 
 def router_choices(router, # a fitted router: `predict(X)` -> model names, (n,) or (R, n)
-                   features: pd.DataFrame, # query features indexed by query_id (test queries among them)
-                   obs_test, # observations (the queries of their test split are routed), or query ids
+                   features: pd.DataFrame, # query features by query_id (test queries among them)
+                   obs_test, # observations (their test queries are routed) or query ids
                   ) -> pd.Series | pd.DataFrame:
     "The router's choice per test query: a Series by query_id, or a column per draw for R draws."
     ids = _test_ids(obs_test)
-    pred = np.asarray(router.predict(feature_rows(feature_table(features), ids, 'test')), dtype=object)
+    pred = np.asarray(router.predict(feature_rows(feature_table(features), ids, 'test')),
+                      dtype=object)
     if pred.ndim == 1: return pd.Series(pred, index=ids)
     return pd.DataFrame(pred.T, index=ids).rename_axis(columns='draw')
 
@@ -313,12 +321,15 @@ def utility_table(policies: Mapping, # name -> choices (mapping or Series query_
             reference = table[fixed[0]].to_numpy(float)
             if np.isnan(reference).any():
                 raise ValueError(f"the training-chosen model {fixed[0]!r} has no {view!r} observation of some test query")
-            V = np.column_stack([V, V - reference[:, None]])   # utilities and paired differences: one set of resamples
+            # utilities and paired differences: one set of resamples
+            V = np.column_stack([V, V - reference[:, None]])
         est, low, high = (np.asarray(a) for a in bootstrap_ci(V, **kwargs))
         if fixed is None:        # no training grid: no differences to report
             est, low, high = (np.concatenate([a, np.full(k, np.nan)]) for a in (est, low, high))
-        rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i], high=high[i],
-                      detail=detail.get(name, ''), vs_best_fixed=est[k + i], vs_low=low[k + i], vs_high=high[k + i])
+        rows += [dict(policy=name, kind=kinds[name], view=view, utility=est[i], low=low[i],
+                      high=high[i],
+                      detail=detail.get(name, ''), vs_best_fixed=est[k + i], vs_low=low[k + i],
+                      vs_high=high[k + i])
                  for i, name in enumerate(cols)]
     return pd.DataFrame(rows)
 

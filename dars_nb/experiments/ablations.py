@@ -21,7 +21,8 @@ __all__ = ['ABLATIONS', 'GRIDS', 'BETAS', 'TEMPERATURES', 'run_ablations', 'abla
            'temperature_observations', 'temperature_study', 'plot_temperature_study', 'plot_figure3']
 
 # %% ../../nbs/22_ablations.ipynb #f9f8659e
-ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA', 'output_only': 'Output-only DA',
+ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA',
+             'output_only': 'Output-only DA',
              'no_risk': 'DARS w/o risk', 'decomp_risk': 'DARS w/ decomp. risk', 'dars': 'Full DARS'}
 
 @delegates(run_experiments, but=['specs', 'desc'])
@@ -30,14 +31,16 @@ def run_ablations(datasets, # `ProtocolData`(s), or a mapping name -> (obs, feat
                   beta: float = PAPER.beta, # risk weight β
                   **kwargs,
                  ) -> pd.DataFrame:
-    "Every router under the six supervisions of the paper's ablation (Table 3), in the protocol's tidy format."
-    return run_experiments(datasets, routers, [Spec(mode, beta) for mode in ABLATIONS], desc='ablations', **kwargs)
+    "Every router under the six supervisions of the paper's ablation (Table 3), as the protocol."
+    return run_experiments(datasets, routers, [Spec(mode, beta) for mode in ABLATIONS],
+                           desc='ablations', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #b912c568
 def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     "Mean utility per `row` value (rows) and (dataset, view) (columns), plus the average column."
     labelled = results.assign(_view=results['view'].map(lambda v: VIEW_LABELS.get(v, v)))
-    wide = labelled.pivot_table(index=row, columns=['dataset', '_view'], values='utility', aggfunc='mean',
+    wide = labelled.pivot_table(index=row, columns=['dataset', '_view'], values='utility',
+                                aggfunc='mean',
                                 sort=False)
     cols = [(d, VIEW_LABELS.get(v, v)) for d in dict.fromkeys(labelled['dataset'])
             for v in dict.fromkeys(results['view'])]
@@ -54,11 +57,12 @@ def _best_bold(values: pd.DataFrame, block: str | None) -> pd.DataFrame:
 def ablation_table(results: pd.DataFrame, # output of `run_ablations`
                    overall: bool = True, # add a block with the mean over routers
                   ) -> Table:
-    "Paper Table 3: rows (router, variant), columns dataset × view and their average; the best per column in bold."
+    "Paper Table 3: rows (router, variant), columns dataset × view and their average; best in bold."
     labels = [mode for mode in ABLATIONS if mode in set(results['supervision'])]
     blocks = {router: _wide(part, 'supervision').reindex(labels)
               for router, part in results.groupby('router', sort=False)}
-    if overall and len(blocks) > 1: blocks['mean of routers'] = _wide(results, 'supervision').reindex(labels)
+    if overall and len(blocks) > 1:
+        blocks['mean of routers'] = _wide(results, 'supervision').reindex(labels)
     values = pd.concat(blocks, names=['router', 'variant']).rename(index=ABLATIONS, level='variant')
     return Table(values, _best_bold(values, 'router'))
 
@@ -72,7 +76,8 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
     order = [ABLATIONS[mode] for mode in ABLATIONS if mode in set(means['supervision'])]
     return alt.Chart(means).mark_point(filled=True, size=80).encode(
         y=alt.Y('variant:N', title=None, sort=order),
-        x=alt.X('utility:Q', title='Mean test utility (routers and views)', scale=alt.Scale(zero=False)),
+        x=alt.X('utility:Q', title='Mean test utility (routers and views)',
+                scale=alt.Scale(zero=False)),
         color=alt.Color('variant:N', title='Variant', sort=order, legend=None),
         tooltip=['dataset', 'variant', alt.Tooltip('utility:Q', format='.4f')],
     ).properties(width=200, height=alt.Step(18)).facet(column=alt.Column('dataset:N', title=None)
@@ -82,14 +87,15 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
 
 @delegates(run_experiments, but=['specs', 'desc', 'n_draws'])
-def run_sample_efficiency(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
+def run_sample_efficiency(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features, …)
                           routers=None, # mapping name -> router, a list, or None for every family
                           grids=GRIDS, # (rewrites, decodes) sub-grids of the training grid
                           beta: float = PAPER.beta, # risk weight β
                           **kwargs,
                          ) -> pd.DataFrame:
     "DARS trained on the leading n×m corner of every training grid, for each sub-grid in `grids`."
-    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(grid)) for grid in grids], n_draws=1,
+    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(grid)) for grid in grids],
+                           n_draws=1,
                            desc='sample efficiency', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #fb4038c4
@@ -102,17 +108,19 @@ def run_beta_sweep(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fea
                    **kwargs,
                   ) -> pd.DataFrame:
     "Full DARS at every β in `betas`."
-    return run_experiments(datasets, routers, [Spec('dars', float(beta)) for beta in betas], n_draws=1,
+    return run_experiments(datasets, routers, [Spec('dars', float(beta)) for beta in betas],
+                           n_draws=1,
                            desc='beta sweep', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #3f5d79d7
 def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency` or `run_beta_sweep`
                       by: str = 'beta', # the knob: 'beta' or 'grid'
                      ) -> Table:
-    "Mean utility over routers per knob value (rows) and dataset × view (columns), with the average; best in bold."
+    "Mean utility over routers per knob value (rows), dataset × view and the average; best in bold."
     values = _wide(results, by)
     if by == 'grid':
-        values = values.loc[sorted(values.index, key=lambda grid: np.prod([int(x) for x in grid.split('x')]))]
+        values = values.loc[sorted(values.index,
+                                   key=lambda grid: np.prod([int(x) for x in grid.split('x')]))]
     else: values = values.sort_index()
     return Table(values, _best_bold(values, None))
 
@@ -121,16 +129,19 @@ def _knob_chart(results: pd.DataFrame, by: str, title: str, x_title: str, sort=N
     means = results.groupby(['dataset', by], sort=False)['utility'].mean().reset_index()
     return alt.Chart(means, title=title).mark_line(point=True).encode(
         x=alt.X(f'{by}:O', title=x_title, sort=sort),
-        y=alt.Y('utility:Q', title='Mean test utility (routers and views)', scale=alt.Scale(zero=False)),
+        y=alt.Y('utility:Q', title='Mean test utility (routers and views)',
+                scale=alt.Scale(zero=False)),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]).properties(width=220, height=180)
+        tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]
+    ).properties(width=220, height=180)
 
 # %% ../../nbs/22_ablations.ipynb #64e62c1b
 def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_efficiency`
                            title: str = 'Sample efficiency of DARS', # chart title
                           ) -> alt.Chart:
     "Paper Fig. 3a: utility of DARS against the size of the training grid, per dataset."
-    grids = sorted(set(results['grid']), key=lambda grid: np.prod([int(x) for x in grid.split('x')]))
+    grids = sorted(set(results['grid']),
+                   key=lambda grid: np.prod([int(x) for x in grid.split('x')]))
     return _knob_chart(results, 'grid', title, 'Observation grid (rewrites × decodes)', grids)
 
 # %% ../../nbs/22_ablations.ipynb #a2b7dd95
@@ -150,17 +161,19 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
                              n_decodes: int = 5, # M
                              seed: int = 0, # seed of the world and of every sampling run
                             ) -> pd.DataFrame:
-    "Training grids of one simulated world observed at each temperature, in one table (sample ids offset per temperature)."
+    "One simulated world's training grids at each temperature (sample ids offset per temperature)."
     world = make_world(profile, n_train, 0, seed)
-    parts = [observe(world, 'train', 'grid', n_rewrites, n_decodes, float(t), seed).assign(
-        sample_id=lambda d, k=k: d['sample_id'] + k * n_decodes) for k, t in enumerate(temperatures)]
+    parts = [observe(world, 'train', 'grid', n_rewrites, n_decodes, float(t), seed)
+             for t in temperatures]
+    parts = [part.assign(sample_id=part['sample_id'] + k * n_decodes)
+             for k, part in enumerate(parts)]
     return validate(pd.concat(parts, ignore_index=True))
 
 # %% ../../nbs/22_ablations.ipynb #b9b11f95
 def temperature_study(obs: pd.DataFrame, # observations with a `temperature` column
                       lam: float = PAPER.lam, # cost weight λ
                      ) -> pd.DataFrame:
-    "Diagnostics of the training grid per (dataset, temperature): output-side variance, winner flip rate, …"
+    "Diagnostics of the training grid per (dataset, temperature): output-side variance, flips, …"
     if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' column")
     obs = ensure_valid(obs)
     temperature = pd.to_numeric(obs['temperature'], errors='coerce')
@@ -168,7 +181,8 @@ def temperature_study(obs: pd.DataFrame, # observations with a `temperature` col
         raise ValueError(f"{int(temperature.isna().sum())} observation(s) have no numeric temperature")
     rows = []
     for t in np.unique(temperature.round(6)):
-        part = select(obs[(temperature.round(6) == t).to_numpy()])          # unused categories dropped
+        # unused categories dropped
+        part = select(obs[(temperature.round(6) == t).to_numpy()])
         if not ((part['split'] == 'train') & (part['view'] == 'grid')).any(): continue
         rows.append(diagnose(part, lam).assign(temperature=float(t)))
     if not rows: raise ValueError("no training grid at any temperature")

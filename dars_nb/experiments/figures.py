@@ -20,26 +20,27 @@ def protocol_draws(results: pd.DataFrame, # output of `run_protocol`
     single = results[(results['supervision'] == 'single') & (results['n_draws'] > 1)]
     if single.empty: raise ValueError("no single-shot rows with several draws in the results")
     n = single['draw_utilities'].map(len).to_numpy()
-    return pd.DataFrame({c: np.repeat(single[c].to_numpy(), n) for c in ('dataset', 'router', 'view')}
-                        | {'draw': np.concatenate([np.arange(k) for k in n]),
-                           'utility': np.concatenate(single['draw_utilities'].to_list())})
+    keys = {c: np.repeat(single[c].to_numpy(), n) for c in ('dataset', 'router', 'view')}
+    return pd.DataFrame(keys | {'draw': np.concatenate([np.arange(k) for k in n]),
+                                'utility': np.concatenate(single['draw_utilities'].to_list())})
 
 # %% ../../nbs/21c_figures.ipynb #5f290526
 def protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                      ) -> pd.DataFrame:
     "Spread of the R single-shot utilities per (dataset, router, view), DARS as the reference."
     keys = ['dataset', 'router', 'view']
-    reference = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)['utility']
-    return router_variance(protocol_draws(results), reference=reference, by=keys)
+    dars = results[results['supervision'] == 'dars'].drop_duplicates(keys).set_index(keys)
+    return router_variance(protocol_draws(results), reference=dars['utility'], by=keys)
 
 # %% ../../nbs/21c_figures.ipynb #8ca96200
 def plot_protocol_variance(results: pd.DataFrame, # output of `run_protocol`
                           ) -> alt.Chart:
     "Figure 2c per dataset: single-shot routers as boxes, the DARS router as a red diamond."
     draws = protocol_draws(results)
-    reference = (results[results['supervision'] == 'dars'].drop_duplicates(['dataset', 'router', 'view'])
-                 .rename(columns={'utility': 'reference'}))
-    charts = [plot_router_variance(draws[draws['dataset'] == d], reference[reference['dataset'] == d],
+    dars = results[results['supervision'] == 'dars'].drop_duplicates(['dataset', 'router', 'view'])
+    reference = dars.rename(columns={'utility': 'reference'})
+    charts = [plot_router_variance(draws[draws['dataset'] == d],
+                                   reference[reference['dataset'] == d],
                                    title=f'{d}: routers trained on different single-shot draws')
               for d in dict.fromkeys(draws['dataset'])]
     return alt.vconcat(*charts) if len(charts) > 1 else charts[0]
@@ -55,13 +56,17 @@ def plot_protocol(results: pd.DataFrame, # output of `run_protocol`
     rows['low'], rows['high'] = rows['single'] - spread, rows['single'] + spread
     base = alt.Chart(rows).encode(y=alt.Y('router:N', title=None, sort=None))
     x = alt.X('single:Q', title='Test utility (mean of q − λc)', scale=alt.Scale(zero=False))
-    rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)), x2='high:Q')
+    rule = base.mark_rule(color='#4c78a8').encode(x=alt.X('low:Q', scale=alt.Scale(zero=False)),
+                                                  x2='high:Q')
     single = base.mark_point(filled=True, size=50, color='#4c78a8').encode(
-        x=x, tooltip=['router', alt.Tooltip('single:Q', format='.4f'), alt.Tooltip('single_std:Q', format='.4f')])
+        x=x,
+        tooltip=['router', alt.Tooltip('single:Q', format='.4f'),
+                 alt.Tooltip('single_std:Q', format='.4f')])
     dars = base.mark_point(shape='diamond', filled=True, size=90, color='#e45756').encode(
         x='dars:Q', tooltip=['router', alt.Tooltip('dars:Q', format='.4f'), 'win'])
-    return alt.layer(rule, single, dars, data=rows).properties(width=180, height=alt.Step(20)).facet(
-        row=alt.Row('dataset:N', title=None),
-        column=alt.Column('view:N', title=None, sort=['U_rew', 'U_dec'])
-    ).resolve_scale(x='independent').properties(
-        title=alt.TitleParams(title, subtitle='blue: single-shot mean ± 1 std over the R draws; red diamond: DARS'))
+    subtitle = 'blue: single-shot mean ± 1 std over the R draws; red diamond: DARS'
+    layers = alt.layer(rule, single, dars, data=rows).properties(width=180, height=alt.Step(20))
+    panels = layers.facet(row=alt.Row('dataset:N', title=None),
+                          column=alt.Column('view:N', title=None, sort=['U_rew', 'U_dec']))
+    return panels.resolve_scale(x='independent').properties(
+        title=alt.TitleParams(title, subtitle=subtitle))

@@ -32,7 +32,8 @@ class Settings:
     beta: float = PAPER.beta                 # risk weight β of DARS
 
 FULL = Settings()
-QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop_like': 60}, n_draws=10,
+QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop_like': 60},
+                 n_draws=10,
                  n_boot=200, grids=((1, 1), (3, 3), (5, 5)), betas=(0.0, 0.2, 0.5),
                  temperatures=(0.3, 0.7), temperature_n_train=60)
 
@@ -89,7 +90,9 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
     if not usable:
         raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")
     skipped = sorted(set(obs['dataset'].cat.categories) - set(usable))
-    if skipped: log(f"      skipping dataset(s) without a training grid or test views: {', '.join(skipped)}")
+    if skipped:
+        log(f"      skipping dataset(s) without a training grid or test views: "
+            f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
     feats = read_features(features) if features is not None else features_from_text(obs)
     return datasets_from(obs, feats), obs

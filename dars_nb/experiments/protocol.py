@@ -51,8 +51,8 @@ class ProtocolData:
     def __repr__(self):
         counts = self.obs.groupby(['split', 'view'], observed=True)['query_id'].nunique().to_dict()
         queries = ', '.join(f"{split}/{view}: {k}" for (split, view), k in counts.items())
-        return (f"ProtocolData({self.name!r}, queries {queries}, features {self.features.shape[1]}, "
-                f"truth={self.truth is not None})")
+        return (f"ProtocolData({self.name!r}, queries {queries}, "
+                f"features {self.features.shape[1]}, truth={self.truth is not None})")
 
 # %% ../../nbs/21a_protocol.ipynb #46627ed3
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
@@ -72,7 +72,8 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
     if not isinstance(features, pd.DataFrame):
         raise ValueError("features must be a DataFrame indexed by query_id")
     features = features.set_axis(features.index.astype(str).rename('query_id'))
-    align(features, obs['query_id'].cat.categories.astype(str))     # every query needs a feature row
+    # every query needs a feature row
+    align(features, obs['query_id'].cat.categories.astype(str))
     if truth is not None and name in truth.index.get_level_values('dataset'):
         truth = truth.xs(name, level='dataset', drop_level=False)
     elif truth is not None:
@@ -103,7 +104,7 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
             for name in obs['dataset'].cat.categories]
 
 # %% ../../nbs/21a_protocol.ipynb #9516c7b1
-def as_datasets(datasets, # a `ProtocolData`, a list of them, or a mapping name -> (obs, features[, truth])
+def as_datasets(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
                ) -> list[ProtocolData]:
     "The datasets as a list of `ProtocolData` with unique names."
     if isinstance(datasets, ProtocolData): return [datasets]
@@ -176,7 +177,8 @@ class Prepared:
 def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np.ndarray:
     "True U* = μ_q − λμ_c (n, K) of the test queries `ids`."
     table = true_utility(truth, lam).xs(name, level='dataset').unstack('model')
-    table = table.set_axis(table.index.astype(str), axis=0).reindex(index=list(ids), columns=list(models))
+    table = table.set_axis(table.index.astype(str), axis=0)
+    table = table.reindex(index=list(ids), columns=list(models))
     if table.isna().any(axis=None):
         raise ValueError(f"the truth frame of {name!r} misses some test (query, model) pairs")
     return table.to_numpy(float)
@@ -245,7 +247,8 @@ def chosen_positions(prep: Prepared, # the prepared dataset
     if est.get_params().get('random_state', 0) is None:
         est.set_params(random_state=derive_seed(seed, 'router', prep.name, name))
     with single_threaded():
-        picked = _choices(est, align(prep.features, sup.query_ids), sup, align(prep.features, prep.test_ids))
+        picked = _choices(est, align(prep.features, sup.query_ids), sup,
+                          align(prep.features, prep.test_ids))
     pos = pd.Index(prep.models).get_indexer(picked.ravel()).reshape(picked.shape)
     if (pos < 0).any():
         raise ValueError(f"router {name!r} chose a model outside the pool: {picked.ravel()[np.argmax(pos.ravel() < 0)]!r}")
@@ -274,17 +277,22 @@ def score_unit(prep: Prepared, # the prepared dataset
               ) -> list[dict]:
     "Fit `router` on `sup` and score its choices on every view: one row per view."
     pos, R, U = chosen_positions(prep, name, router, sup, seed), sup.n_draws, prep.true_utility
-    regret = np.nan if U is None else float((U.max(1) - U[np.arange(len(U)), pos]).mean())  # draws, queries
+    # draws, queries
+    regret = np.nan if U is None else float((U.max(1) - U[np.arange(len(U)), pos]).mean())
     rows = []
     for view in prep.tables:
         values = _view_values(prep, view, pos)
         per_draw, per_query = values.mean(1), values.mean(0)
-        ci = (bootstrap_ci(per_query, n_boot, alpha, derive_seed(seed, 'bootstrap', prep.name, view))
+        ci = (bootstrap_ci(per_query, n_boot, alpha,
+                           derive_seed(seed, 'bootstrap', prep.name, view))
               if n_boot else (np.nan, np.nan, np.nan))
-        rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode, beta=float(spec.beta),
+        rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode,
+                         beta=float(spec.beta),
                          grid=grid, view=view, utility=float(per_draw.mean()), ci_low=float(ci[1]),
-                         ci_high=float(ci[2]), single_std=float(per_draw.std(ddof=1)) if R > 1 else np.nan,
-                         n_draws=R, true_regret=regret, draw_utilities=per_draw, per_query=per_query))
+                         ci_high=float(ci[2]),
+                         single_std=float(per_draw.std(ddof=1)) if R > 1 else np.nan,
+                         n_draws=R, true_regret=regret, draw_utilities=per_draw,
+                         per_query=per_query))
     return rows
 
 # %% ../../nbs/21a_protocol.ipynb #9841bd62
@@ -306,7 +314,8 @@ def run_unit(ds: ProtocolData, # the dataset
     return score_unit(prep, name, router, spec, sup, grid, seed, n_boot, alpha)
 
 # %% ../../nbs/21a_protocol.ipynb #7875ef7d
-RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low', 'ci_high',
+RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low',
+                  'ci_high',
                   'best_fixed', 'vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high',
                   'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']
 ARRAY_COLUMNS = ['draw_utilities', 'per_query']
@@ -317,18 +326,20 @@ def scalars(results: pd.DataFrame, # output of `run_experiments` / `run_protocol
     return results.drop(columns=ARRAY_COLUMNS, errors='ignore')
 
 # %% ../../nbs/21a_protocol.ipynb #cbf49e8d
-BASELINES = ('best fixed model (training)', 'best fixed model (test, optimistic)', 'oracle', 'random')
+BASELINES = ('best fixed model (training)', 'best fixed model (test, optimistic)', 'oracle',
+             'random')
 
 def baseline_values(ds: ProtocolData, # the dataset
                     lam: float = PAPER.lam, # cost weight λ
                     views=('rewrite', 'decode'), # views (skipped without test observations)
-                    tables: dict | None = None, # view -> per-query view utility, when already computed
+                    tables: dict | None = None, # view -> per-query view utility, if computed
                    ) -> dict:
     "Per view: the baselines' per-query utilities (columns `BASELINES`) and the fixed ones' models."
     models = model_order(ds.obs)
     if tables is None:
         test = ds.obs[(ds.obs['split'] == 'test').to_numpy()]
-        tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views if (test['view'] == v).any()}
+        views = [v for v in views if (test['view'] == v).any()]
+        tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views}
     fixed, _ = best_fixed_model_from_training(ds.obs, lam, models)
     out = {}
     for view, table in tables.items():
@@ -356,18 +367,19 @@ def protocol_baselines(datasets, # `ProtocolData`(s), or a mapping name -> (obs,
     rows = []
     for ds in as_datasets(datasets):
         for view, (values, models) in baseline_values(ds, lam, views).items():
-            ci = bootstrap_ci(values.to_numpy(), n_boot, alpha, derive_seed(seed, 'bootstrap', ds.name, view))
+            ci = bootstrap_ci(values.to_numpy(), n_boot, alpha,
+                              derive_seed(seed, 'bootstrap', ds.name, view))
             rows += [dict(dataset=ds.name, view=view, policy=policy, model=models.get(policy, ''),
                           utility=ci.estimate[i], ci_low=ci.low[i], ci_high=ci.high[i])
                      for i, policy in enumerate(BASELINES)]
     return pd.DataFrame(rows)
 
 # %% ../../nbs/21a_protocol.ipynb #784ec264
-def add_intervals(table: pd.DataFrame, # unit rows with a `per_query` column (e.g. from `score_unit`)
+def add_intervals(table: pd.DataFrame, # unit rows with `per_query` values (e.g. from `score_unit`)
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed: int = 0, # the run's seed
-                  baselines: dict | None = None, # dataset -> `baseline_values`, for the difference to the best fixed model
+                  baselines: dict | None = None, # dataset -> `baseline_values`: adds differences
                  ) -> pd.DataFrame:
     "Paired bootstrap intervals per (dataset, view); each row's difference to the best fixed model."
     table = table.copy()
@@ -399,7 +411,8 @@ def _reusable(reuse, units, n_draws) -> dict:
     groups = {key: rows for key, rows in reuse.groupby(keys, sort=False)}
     labels, found = {}, {}
     for i, (ds, name, spec) in enumerate(units):
-        if (ds.name, spec.grid) not in labels: labels[(ds.name, spec.grid)] = _grid_label(ds, spec.grid)
+        if (ds.name, spec.grid) not in labels:
+            labels[(ds.name, spec.grid)] = _grid_label(ds, spec.grid)
         R = int(n_draws) if spec.mode == 'single' else 1
         key = (ds.name, name, spec.mode, float(spec.beta), labels[(ds.name, spec.grid)], R)
         if key in groups: found[i] = groups[key].to_dict('records')
@@ -412,7 +425,8 @@ def _unit_jobs(units, todo, routers, preps, n_draws, lam, seed, alpha):
         ds, _, spec = units[i]
         if (ds.name, spec) not in sups:
             sups[(ds.name, spec)] = supervise(ds, spec, n_draws, lam, seed, preps[ds.name].models)
-    return (delayed(score_unit)(preps[ds.name], name, routers[name], spec, *sups[(ds.name, spec)], seed, 0, alpha)
+    return (delayed(score_unit)(preps[ds.name], name, routers[name], spec, *sups[(ds.name, spec)],
+                                seed, 0, alpha)
             for ds, name, spec in (units[i] for i in todo))
 
 # %% ../../nbs/21a_protocol.ipynb #2dff9c85
@@ -428,7 +442,7 @@ def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fe
                     n_jobs: int | None = None, # joblib workers (None: parallel_config's default)
                     progress: bool = True, # show a progress bar (on a terminal only)
                     desc: str = 'units', # label of the progress bar
-                    reuse: pd.DataFrame | None = None, # earlier results of this run: matching units are not rerun
+                    reuse: pd.DataFrame | None = None, # earlier results of this run: not rerun
                    ) -> pd.DataFrame:
     "Every (dataset, router, spec) unit, in parallel through joblib: one row per unit and view."
     dss, routers = as_datasets(datasets), resolve_routers(routers)
@@ -456,5 +470,6 @@ def run_protocol(datasets, # `ProtocolData`(s), or a mapping name -> (obs, featu
                  **kwargs,
                 ) -> pd.DataFrame:
     "The paper's comparison: each router under R single-shot draws and DARS, both views, one table."
-    return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)), desc='protocol',
+    return run_experiments(datasets, routers, (Spec('single', beta), Spec('dars', beta)),
+                           desc='protocol',
                            **kwargs)

@@ -35,7 +35,8 @@ def _descendants(pid: int) -> list[int]:
 
 def peak_memory_mb() -> tuple[float, float]:
     "Peak resident memory (MiB) of this process, and the sum of its live workers' peaks (Linux)."
-    unit = 1024 ** 2 if sys.platform == 'darwin' else 1024          # ru_maxrss: bytes on macOS, KiB on Linux
+    # ru_maxrss: bytes on macOS, KiB on Linux
+    unit = 1024 ** 2 if sys.platform == 'darwin' else 1024
     main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / unit
     workers = 0.0
     for pid in _descendants(os.getpid()):
@@ -64,9 +65,11 @@ def run_summary(run: Run, # the run
     names = [d.name for d in datasets]
     best = {name: (row['router'], row['supervision'], float(row['utility']))
             for name, row in _best_routers(results).iterrows()}
-    return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict, verdict_text=str(verdict),
+    return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict,
+                verdict_text=str(verdict),
                 baselines=baselines, seconds=time.perf_counter() - run.started, peak_memory_mb=main,
-                worker_memory_mb=workers, n_jobs=run.n_jobs, cpus=os.cpu_count(), timings=dict(run.timings),
+                worker_memory_mb=workers, n_jobs=run.n_jobs, cpus=os.cpu_count(),
+                timings=dict(run.timings),
                 best=best, routers=list(routers), datasets=names,
                 grid_sides=dict(zip(names, (d.grid_sides for d in datasets))))
 
@@ -83,7 +86,8 @@ def _memory_text(summary: dict) -> str:
 def _no_router_text(verdict) -> str:
     "A sentence when no router beats the best fixed model anywhere."
     if verdict.dars_beats_fixed or verdict.single_beats_fixed: return ''
-    return ' No router beats the best fixed model in any setting: on this data, routing has not been shown to pay.'
+    return (' No router beats the best fixed model in any setting: on this data, routing has '
+            'not been shown to pay.')
 
 def _baseline_lines(baselines: pd.DataFrame, md: bool = False) -> list[str]:
     "One line per dataset: the baselines' utilities per view (and the fixed models' names)."
@@ -94,8 +98,10 @@ def _baseline_lines(baselines: pd.DataFrame, md: bool = False) -> list[str]:
         def values(policy):
             return ' / '.join(f"{by_policy.loc[(policy, v), 'utility']:.3f}" for v in views
                               if (policy, v) in by_policy.index)
-        def model(policy): return ' / '.join(dict.fromkeys(by_policy.xs(policy, level='policy')['model']))
-        text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) {values(BASELINES[0])}; "
+        def model(policy):
+            return ' / '.join(dict.fromkeys(by_policy.xs(policy, level='policy')['model']))
+        text = (f"best fixed model chosen on training data ({model(BASELINES[0])}) "
+                f"{values(BASELINES[0])}; "
                 f"chosen on test, optimistic ({model(BASELINES[1])}) {values(BASELINES[1])}; "
                 f"oracle {values('oracle')}; random {values('random')}")
         lines.append(f'- {name}: {text}' if md else f'  {name:<16} {text}')
@@ -107,15 +113,16 @@ def _best_text(name: str, best, results: pd.DataFrame) -> str:
     rows = results[(results['dataset'] == name) & (results['router'] == router)
                    & (results['supervision'] == supervision)]
     diffs = ', '.join(f"{VIEW_LABELS.get(x.view, x.view)} {x.vs_best_fixed:+.3f} "
-                      f"[{x.vs_best_fixed_low:+.3f}, {x.vs_best_fixed_high:+.3f}]" for x in rows.itertuples())
+                      f"[{x.vs_best_fixed_low:+.3f}, {x.vs_best_fixed_high:+.3f}]"
+                      for x in rows.itertuples())
     label = 'DARS' if supervision == 'dars' else 'single-shot'
     return f"{name}: {router} ({label}) {utility:.3f}, difference {diffs}"
 
 # %% ../../nbs/24c_report.ipynb #863cdd88
 def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
-    sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, {n} test queries'
-                      for p, n in settings.test_sizes.items())
+    sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, '
+                      f'{n} test queries' for p, n in settings.test_sizes.items())
     source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
     one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
     lines = [
@@ -123,34 +130,38 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
         f'Data: {source}. Routers: {", ".join(summary["routers"])}. Single-shot supervision: '
         f'R = {settings.n_draws} draws per router (one batched fit); DARS: one fit. '
         f'λ = {settings.lam}, β = {settings.beta}, seed {seed}. '
-        'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the decode '
-        f'view (U_dec), with {settings.n_boot}-resample bootstrap intervals in `protocol_results.csv`.', '',
+        'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the '
+        f'decode view (U_dec), with {settings.n_boot}-resample bootstrap intervals in '
+        '`protocol_results.csv`.', '',
         f'Wall time {_fmt_seconds(summary["seconds"])} on {summary["cpus"]} CPU(s) '
         f'(n_jobs = {summary["n_jobs"]}); {_memory_text(summary)}.', '']
     if one_cell:
-        lines += [f'Note: {", ".join(one_cell)} {"has" if len(one_cell) == 1 else "have"} one observation '
-                  'per (query, model) pair (a 1×1 grid), so DARS and single-shot supervision see the same '
-                  'numbers there; their differences are router randomness only.', '']
+        verb = 'has' if len(one_cell) == 1 else 'have'
+        lines += [f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '
+                  '(a 1×1 grid), so DARS and single-shot supervision see the same numbers there; '
+                  'their differences are router randomness only.', '']
     return lines
 
 # %% ../../nbs/24c_report.ipynb #2e6e2518
 def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
     "The headline of report.md: verdicts, per dataset, the baselines and the best policy."
-    per_dataset = '; '.join(f'{name} {r.dars_beats_single}/{r.dars_beats_fixed}/{r.single_beats_fixed}/'
-                            f'{r.dars_below_fixed} of {r.settings}'
+    per_dataset = '; '.join(f'{name} {r.dars_beats_single}/{r.dars_beats_fixed}/'
+                            f'{r.single_beats_fixed}/{r.dars_below_fixed} of {r.settings}'
                             for name, r in count_verdicts(results, by='dataset').iterrows())
     best = '; '.join(_best_text(name, b, results) for name, b in summary['best'].items())
     return [
-        '## Headline', '', f'**{summary["verdict_text"]}.**' + _no_router_text(summary['verdict']), '',
+        '## Headline', '', f'**{summary["verdict_text"]}.**' + _no_router_text(summary['verdict']),
+        '',
         'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / '
         f'single-shot beats it / DARS falls below it: {per_dataset}.', '',
         f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query '
-        'difference lies above 0 (the same test queries resampled for router and baseline). The best '
-        'fixed model is the one model with the best mean training-grid utility — what one would deploy '
-        'without a router; the one chosen on the test set is shown too, labelled optimistic.', '',
+        'difference lies above 0 (the same test queries resampled for router and baseline). '
+        'The best fixed model is the one model with the best mean training-grid utility — what '
+        'one would deploy without a router; the one chosen on the test set is shown too, '
+        'labelled optimistic.', '',
         *_baseline_lines(summary['baselines'], md=True), '',
-        'Best policy per dataset (mean over the evaluated views), against the best fixed model chosen '
-        f'on training data: {best}.', '']
+        'Best policy per dataset (mean over the evaluated views), against the best fixed model '
+        f'chosen on training data: {best}.', '']
 
 # %% ../../nbs/24c_report.ipynb #7ba5d62f
 def _report_protocol(settings: Settings, md: dict, truth: bool) -> list[str]:
@@ -158,26 +169,28 @@ def _report_protocol(settings: Settings, md: dict, truth: bool) -> list[str]:
     lines = [
         '## 1. Diagnostics (paper Fig. 2a, 2b)', '',
         'How unstable single-shot labels are before any router is trained: share of unstable '
-        '(query, model) pairs, of queries whose winner flips across grid cells, of cells whose winner '
-        'disagrees with the distribution-aware label, and the input-side / output-side variance of '
-        'the score.', '', md['diagnostics'], md['fig2ab'], '',
+        '(query, model) pairs, of queries whose winner flips across grid cells, of cells whose '
+        'winner disagrees with the distribution-aware label, and the input-side / output-side '
+        'variance of the score.', '', md['diagnostics'], md['fig2ab'], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
-        f'Each router trained on {settings.n_draws} single-shot draws (mean, and ± std over draws in Table 5) '
-        'and once on DARS supervision, then the baselines. Bold: DARS beats the single-shot mean.',
-        '', md['table1'], '',
+        f'Each router trained on {settings.n_draws} single-shot draws (mean, and ± std over draws '
+        'in Table 5) and once on DARS supervision, then the baselines. Bold: DARS beats the '
+        'single-shot mean.', '', md['table1'], '',
         'Difference to the best fixed model chosen on training data, with its paired-bootstrap '
-        'interval (single-shot: the per-query mean over the draws). Bold: the interval lies above 0.',
+        'interval (single-shot: the per-query mean over the draws). Bold: the interval lies '
+        'above 0.',
         '', md['table1_vs_fixed'], '', md['table5'], '', md['fig_protocol'], '']
     if truth:
         lines += ['### True regret', '',
-                  'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, so each '
-                  'router can be scored without test-time noise: mean over test queries of max U* − '
-                  'U*(chosen model). Lower is better; the single-shot figure is the mean over the R '
-                  'routers.', '', md['regret'], '']
+                  'The simulator knows every (query, model) expected utility U* = μ_q − λμ_c, '
+                  'so each router can be scored without test-time noise: mean over test queries '
+                  'of max U* − U*(chosen model). Lower is better; the single-shot figure is the '
+                  'mean over the R routers.', '', md['regret'], '']
     if 'variance' in md:
         lines += ['### Router variance (paper Fig. 2c)', '',
-                  'Spread of test utility across the routers trained on different single-shot draws, '
-                  'and where the DARS router falls (share of single-shot routers below it).', '',
+                  'Spread of test utility across the routers trained on different single-shot '
+                  'draws, and where the DARS router falls (share of single-shot routers below it).',
+                  '',
                   md['variance'], md['fig2c'], '']
     return lines
 
@@ -185,26 +198,29 @@ def _report_protocol(settings: Settings, md: dict, truth: bool) -> list[str]:
 def _report_studies(summary: dict, md: dict) -> list[str]:
     "Sections 3 to 5 of report.md: ablations, sensitivity, adaptive sampling, and the files."
     lines = ['## 3. Ablations (paper Table 3)', '',
-             'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant per column.',
+             'Mean over routers (the per-router blocks are in `table3.md`); bold: best variant per '
+             'column.',
              '', md['table3_mean'], '', md['fig_ablations'], '',
              '## 4. Sensitivity (paper Fig. 3)', '']
     if 'efficiency' in md:
         lines += ['### (a) Sample efficiency: DARS from the leading n×m corner of each grid', '',
                   md['efficiency'], '']
     if 'temperature' in md:
-        lines += ['### (b) Decoding temperature: diagnostics of the training grid observed at each temperature',
-                  '', md['temperature'], '']
+        lines += ['### (b) Decoding temperature: diagnostics of the training grid observed at each '
+                  'temperature', '', md['temperature'], '']
     lines += ['### (c) Risk coefficient β', '', md['beta'], '', md['fig3'], '']
     if 'adaptive' in md:
         lines += ['## 5. Adaptive sampling', '',
-                  'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin Δ(x) '
-                  'in its highest; otherwise grow to 3×3 (then everything stops; 5×5 is the cap). '
-                  'Observations per (query, model), calls saved against fixed grids, and agreement of '
-                  'the adaptive label with the full-grid DARS label.', '', md['adaptive'], '']
+                  'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin '
+                  'Δ(x) in its highest; otherwise grow to 3×3 (then everything stops; 5×5 is the '
+                  'cap). Observations per (query, model), calls saved against fixed grids, and '
+                  'agreement of the adaptive label with the full-grid DARS label.', '',
+                  md['adaptive'], '']
     times = ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in summary['timings'].items())
     return lines + ['## Files', '',
-                    'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results in '
-                    '`*_results.csv`, per-draw single-shot utilities in `protocol_draws.csv`.', '',
+                    'Tables as `.csv` and `.md`, charts as `.png` and `.svg`; raw per-unit results '
+                    'in `*_results.csv`, per-draw single-shot utilities in `protocol_draws.csv`.',
+                    '',
                     f'Time per study: {times}.', '']
 
 # %% ../../nbs/24c_report.ipynb #c517e55a
@@ -235,9 +251,9 @@ def _router_lines(results: pd.DataFrame) -> list[str]:
         lines.append(f'  {name}')
         for router, rows in part.droplevel('dataset').groupby(level='router', sort=False):
             rows = rows.droplevel('router')
-            lines.append(f"    {router:<12} single-shot "
-                         + ' / '.join(cell(rows.loc[v], 'single') for v in views if v in rows.index)
-                         + "   DARS " + ' / '.join(cell(rows.loc[v], 'dars') for v in views if v in rows.index))
+            side = lambda label: ' / '.join(cell(rows.loc[v], label) for v in views
+                                            if v in rows.index)
+            lines.append(f"    {router:<12} single-shot {side('single')}   DARS {side('dars')}")
     return lines
 
 def summary_text(summary: dict, # `run_summary`'s output
@@ -246,7 +262,8 @@ def summary_text(summary: dict, # `run_summary`'s output
                 ) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{summary['verdict_text']}.{_no_router_text(summary['verdict'])}",
-             'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / DARS < best fixed:']
+             'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / '
+             'DARS < best fixed:']
     for name, r in count_verdicts(results, by='dataset').iterrows():
         lines.append(f"  {name:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / "
                      f"{r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")

@@ -9,15 +9,18 @@ import sys
 from pathlib import Path
 from ..extras import install_hint
 from .inputs import Settings, FULL, QUICK
-from .stages import (Run, data_stage, diagnostics_stage, protocol_stage, ablation_stage,
-                                        efficiency_stage, temperature_stage, beta_stage, figure3, adaptive_stage)
+from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
+                                        ablation_stage,
+                                        efficiency_stage, temperature_stage, beta_stage, figure3,
+                                        adaptive_stage)
 from .report import run_summary, report_text, summary_text
 
 # %% auto #0
 __all__ = ['TORCH_ROUTERS', 'reproduce', 'reproduce_main']
 
 # %% ../../nbs/24d_reproduce.ipynb #4eaf5179
-TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')    # default families that need `torch`
+# default families that need `torch`
+TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
 
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file
@@ -32,14 +35,16 @@ def reproduce(out, # folder for the report (created if needed)
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     if routers is None and importlib.util.find_spec('torch') is None:
         raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
-    if n_jobs is None: n_jobs = 1 if quick else -1          # starting workers costs more than a quick run gains
+    # starting workers costs more than a quick run gains
+    if n_jobs is None: n_jobs = 1 if quick else -1
     run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
     run.out.mkdir(parents=True, exist_ok=True)
     with run.timed('data'): routers, datasets, obs = data_stage(run, data, features, routers)
     with run.timed('diagnostics'): diagnostics_stage(run, obs)
     with run.timed('protocol'): results, baselines = protocol_stage(run, datasets, routers)
     with run.timed('ablations'): ablations = ablation_stage(run, datasets, routers, results)
-    with run.timed('sample efficiency'): efficiency = efficiency_stage(run, datasets, routers, ablations)
+    with run.timed('sample efficiency'):
+        efficiency = efficiency_stage(run, datasets, routers, ablations)
     with run.timed('temperature'): study = temperature_stage(run, obs, simulated=data is None)
     with run.timed('beta sweep'):
         betas = beta_stage(run, datasets, routers, ablations)
@@ -47,7 +52,8 @@ def reproduce(out, # folder for the report (created if needed)
     with run.timed('adaptive'): adaptive_stage(run, obs)
     summary = run_summary(run, results, baselines, datasets, routers)
     truth = bool(results['true_regret'].notna().any())
-    (run.out / 'report.md').write_text(report_text(summary, run.settings, run.md, results, truth, data, seed))
+    (run.out / 'report.md').write_text(report_text(summary, run.settings, run.md, results, truth,
+                                                   data, seed))
     summary['files'] = sorted(p.name for p in run.out.iterdir())
     run.log(summary_text(summary, results, truth))
     return summary

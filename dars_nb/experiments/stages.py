@@ -15,11 +15,16 @@ from ..observations import validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
 from .protocol import resolve_routers, run_protocol, protocol_baselines, scalars
-from .tables import Table, table1, table_vs_fixed, table5, count_verdicts, regret_table
-from .figures import protocol_draws, protocol_variance, plot_protocol_variance, plot_protocol
-from .ablations import (run_ablations, ablation_table, plot_ablations, run_sample_efficiency,
-                                           run_beta_sweep, sensitivity_table, plot_sample_efficiency,
-                                           plot_beta_sweep, temperature_observations, temperature_study,
+from .tables import (Table, table1, table_vs_fixed, table5, count_verdicts,
+                                        regret_table)
+from .figures import (protocol_draws, protocol_variance, plot_protocol_variance,
+                                         plot_protocol)
+from .ablations import (run_ablations, ablation_table, plot_ablations,
+                                           run_sample_efficiency,
+                                           run_beta_sweep, sensitivity_table,
+                                           plot_sample_efficiency,
+                                           plot_beta_sweep, temperature_observations,
+                                           temperature_study,
                                            plot_temperature_study, plot_figure3)
 from .inputs import Settings, FULL, load_data
 
@@ -34,7 +39,8 @@ def write_table(table, # a `Table` or a DataFrame
                 digits: int = 3, # decimals in the Markdown version
                ) -> str:
     "Write `name`.csv and `name`.md; return the Markdown."
-    if not isinstance(table, Table): table = Table(table, pd.DataFrame(False, index=table.index, columns=table.columns))
+    if not isinstance(table, Table):
+        table = Table(table, pd.DataFrame(False, index=table.index, columns=table.columns))
     wide = isinstance(table.values.columns, pd.MultiIndex) or table.std is not None
     csv = table.to_frame() if wide else table.values.reset_index()
     csv.to_csv(out / f'{name}.csv', index=False)
@@ -72,7 +78,8 @@ class Run:
     @property
     def common(self) -> dict:
         "Keyword arguments shared by the protocol runners."
-        return dict(seed=self.seed, n_boot=self.settings.n_boot, n_jobs=self.n_jobs, progress=self.verbose)
+        return dict(seed=self.seed, n_boot=self.settings.n_boot, n_jobs=self.n_jobs,
+                    progress=self.verbose)
 
 # %% ../../nbs/24b_stages.ipynb #cbc446be
 @patch
@@ -129,7 +136,8 @@ def _protocol_tables(run: Run, results: pd.DataFrame, baselines: pd.DataFrame):
     run.table('table1_vs_fixed', table_vs_fixed(results), 'table1_vs_best_fixed')
     run.table('table5', table5(results), 'table5')
     run.table('wins_by', count_verdicts(results, by='dataset'), 'verdicts_by_dataset', 0)
-    if results['true_regret'].notna().any(): run.table('regret', regret_table(results), 'true_regret', 4)
+    if results['true_regret'].notna().any(): run.table('regret', regret_table(results),
+                                                       'true_regret', 4)
     if run.settings.n_draws > 1:
         cols = ['n', 'mean', 'std', 'min', 'max', 'reference', 'share_below_reference']
         run.table('variance', protocol_variance(results)[cols], 'router_variance', 4)
@@ -144,10 +152,12 @@ def protocol_stage(run: Run, # the run
     settings = run.settings
     run.log(f"[3/8] protocol: {len(datasets)} × {len(routers)} routers × (R = {settings.n_draws} "
             "single-shot + DARS)")
-    results = run_protocol(datasets, routers, settings.beta, n_draws=settings.n_draws, lam=settings.lam,
+    results = run_protocol(datasets, routers, settings.beta, n_draws=settings.n_draws,
+                           lam=settings.lam,
                            **run.common)
     scalars(results).to_csv(run.out / 'protocol_results.csv', index=False)
-    if settings.n_draws > 1: protocol_draws(results).to_csv(run.out / 'protocol_draws.csv', index=False)
+    if settings.n_draws > 1: protocol_draws(results).to_csv(run.out / 'protocol_draws.csv',
+                                                            index=False)
     baselines = protocol_baselines(datasets, settings.lam, n_boot=settings.n_boot, seed=run.seed)
     _protocol_tables(run, results, baselines)
     return results, baselines
@@ -161,14 +171,16 @@ def ablation_stage(run: Run, # the run
     "Table 3: every supervision variant per router, and the mean over routers."
     settings = run.settings
     run.log("[4/8] ablations (Table 3)")
-    ablations = run_ablations(datasets, routers, settings.beta, n_draws=settings.n_draws, lam=settings.lam,
+    ablations = run_ablations(datasets, routers, settings.beta, n_draws=settings.n_draws,
+                              lam=settings.lam,
                               reuse=results, **run.common)
     scalars(ablations).to_csv(run.out / 'ablation_results.csv', index=False)
     table3 = ablation_table(ablations)
     run.table('table3', table3, 'table3')
     mean = (table3.values.index.get_level_values('router') == 'mean of routers')
     run.md['table3_mean'] = run.md['table3']
-    if mean.any(): run.md['table3_mean'] = Table(table3.values[mean], table3.bold[mean]).to_markdown()
+    if mean.any():
+        run.md['table3_mean'] = Table(table3.values[mean], table3.bold[mean]).to_markdown()
     run.chart('fig_ablations', plot_ablations(ablations), 'fig_ablations')
     return ablations
 
@@ -201,14 +213,16 @@ def temperature_stage(run: Run, # the run
     "Fig. 3b: diagnostics per decoding temperature; None without temperatures."
     settings = run.settings
     if simulated:
-        run.log(f"[6/8] decoding temperature: simulated worlds at T = {', '.join(map(str, settings.temperatures))}")
-        tobs = pd.concat([temperature_observations(p, settings.temperatures, settings.temperature_n_train,
+        temperatures = ', '.join(map(str, settings.temperatures))
+        run.log(f"[6/8] decoding temperature: simulated worlds at T = {temperatures}")
+        tobs = pd.concat([temperature_observations(p, settings.temperatures,
+                                                   settings.temperature_n_train,
                                                    seed=run.seed)
                           for p in settings.test_sizes], ignore_index=True)
         study = temperature_study(validate(tobs), settings.lam)
     elif 'temperature' in obs.columns and obs['temperature'].notna().all():
-        run.log(f"[6/8] decoding temperature: T = {', '.join(map(str, sorted(obs['temperature'].unique())))} "
-                "in the data")
+        temperatures = ', '.join(map(str, sorted(obs['temperature'].unique())))
+        run.log(f"[6/8] decoding temperature: T = {temperatures} in the data")
         study = temperature_study(obs, settings.lam)
     else:
         run.log("[6/8] decoding temperature: skipped (the observations have no temperature column)")
@@ -226,7 +240,8 @@ def beta_stage(run: Run, # the run
     "Fig. 3c: DARS at each risk weight β of the settings."
     settings = run.settings
     run.log(f"[7/8] β sweep: β = {', '.join(map(str, settings.betas))}")
-    betas = run_beta_sweep(datasets, routers, settings.betas, lam=settings.lam, reuse=ablations, **run.common)
+    betas = run_beta_sweep(datasets, routers, settings.betas, lam=settings.lam, reuse=ablations,
+                           **run.common)
     scalars(betas).to_csv(run.out / 'beta_sweep_results.csv', index=False)
     run.table('beta', sensitivity_table(betas, 'beta'), 'beta_sweep')
     return betas
@@ -253,14 +268,15 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
         side = min(grid['rewrite_id'].nunique(), grid['sample_id'].nunique())
         stages = tuple(s for s in PAPER_STAGES if s <= side)
         if len(stages) < 2: continue
-        summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages, PAPER_QUANTILES[:len(stages) - 1]))
+        summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages,
+                                                         PAPER_QUANTILES[:len(stages) - 1]))
         rows.append(summary.rename(name))
     if not rows: return None
     table = pd.DataFrame(rows).rename_axis('dataset')
     stages = sorted((c for c in table.columns if c.startswith('queries_at_')), key=_stage_order)
     table[stages] = table[stages].fillna(0)
     counts = ['queries'] + stages
-    table = table.astype({c: int for c in counts} | {c: float for c in table.columns if c not in counts})
+    table = table.astype({c: (int if c in counts else float) for c in table.columns})
     rest = [c for c in table.columns if c not in ['queries', 'obs_per_pair'] + stages]
     return table[['queries', 'obs_per_pair'] + stages + rest]
 

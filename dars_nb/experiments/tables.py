@@ -40,9 +40,11 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
             for col, src in (('vs_fixed', 'vs_best_fixed'), ('vs_fixed_low', 'vs_best_fixed_low'),
                              ('vs_fixed_high', 'vs_best_fixed_high')):
                 out[f'{side}_{col}'] = rows[src].reindex(out.index)
-        out['best_fixed'] = part.set_index(keys)['best_fixed'].groupby(level=keys).first().reindex(out.index)
+        fixed = part.set_index(keys)['best_fixed'].groupby(level=keys).first()
+        out['best_fixed'] = fixed.reindex(out.index)
     out = out.dropna(subset=['single', 'dars'])
-    order = {c: list(dict.fromkeys(results[c])) for c in keys}        # the input's order of appearance
+    # the input's order of appearance
+    order = {c: list(dict.fromkeys(results[c])) for c in keys}
     position = lambda key: tuple(order[c].index(v) for c, v in zip(keys, key))
     return out.reindex(pd.MultiIndex.from_tuples(sorted(out.index, key=position), names=keys))
 
@@ -51,7 +53,8 @@ class Wins(NamedTuple):
     "How many settings DARS improves."
     wins: int
     settings: int
-    def __str__(self): return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
+    def __str__(self):
+        return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
 
 def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                by=None, # None for one count, or column(s) among dataset/router/view
@@ -67,15 +70,18 @@ class Verdict(NamedTuple):
     "DARS against single-shot, and both against the best fixed model chosen on training data."
     settings: int            # router–dataset–view settings
     dars_beats_single: int   # DARS utility above the single-shot mean
-    dars_beats_fixed: int    # DARS router: interval of the difference to the best fixed model above 0
+    # DARS router: interval of the difference to the best fixed model above 0
+    dars_beats_fixed: int
     dars_below_fixed: int    # DARS router: that interval below 0
     single_beats_fixed: int  # single-shot routers (mean over draws): interval above 0
     def __str__(self):
         n = self.settings
-        return (f"DARS beats single-shot in {self.dars_beats_single} of {n} router–dataset–view settings; "
-                "it beats the best fixed model (chosen on training data, interval above 0) in "
-                f"{self.dars_beats_fixed} of {n} (single-shot: {self.single_beats_fixed} of {n}) "
-                f"and falls below it in {self.dars_below_fixed} of {n}")
+        single = (f"DARS beats single-shot in {self.dars_beats_single} of {n} "
+                  "router–dataset–view settings")
+        fixed = ("it beats the best fixed model (chosen on training data, interval above 0) in "
+                 f"{self.dars_beats_fixed} of {n} (single-shot: {self.single_beats_fixed} of {n}) "
+                 f"and falls below it in {self.dars_below_fixed} of {n}")
+        return f"{single}; {fixed}"
 
 def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
                    by=None, # None for one count, or column(s) among dataset/router/view
@@ -88,7 +94,8 @@ def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `com
                           'dars_beats_fixed': comparison['dars_vs_fixed_low'] > 0,
                           'dars_below_fixed': comparison['dars_vs_fixed_high'] < 0,
                           'single_beats_fixed': comparison['single_vs_fixed_low'] > 0})
-    if by is None: return Verdict(len(comparison), *(int(flags[k].sum()) for k in Verdict._fields[1:]))
+    if by is None: return Verdict(len(comparison),
+                                  *(int(flags[k].sum()) for k in Verdict._fields[1:]))
     groups = flags.groupby(level=by, sort=False)
     return groups.sum().astype(int).assign(settings=groups.size())[list(Verdict._fields)]
 
@@ -164,14 +171,18 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
     values, bold = pd.DataFrame(np.nan, rows, cols), pd.DataFrame(False, rows, cols)
     for (d, r, v), row in comparison.iterrows():
         col = (d, VIEW_LABELS.get(v, v))
-        values.loc[(r, 'single-shot'), col], values.loc[(r, '+ DARS'), col] = row['single'], row['dars']
+        values.loc[(r, 'single-shot'), col] = row['single']
+        values.loc[(r, '+ DARS'), col] = row['dars']
         bold.loc[(r, '+ DARS'), col] = bool(row['win'])
     if baselines is not None:
-        labels = [(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'], baselines['view'])]
+        labels = [(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'],
+                                                             baselines['view'])]
         base = baselines.assign(col=labels).pivot(index='policy', columns='col', values='utility')
         base = base.reindex(index=list(BASELINES), columns=cols)
-        base.index = pd.MultiIndex.from_tuples([('baseline', p) for p in base.index], names=rows.names)
-        values, bold = pd.concat([values, base]), pd.concat([bold, pd.DataFrame(False, base.index, cols)])
+        base.index = pd.MultiIndex.from_tuples([('baseline', p) for p in base.index],
+                                               names=rows.names)
+        values = pd.concat([values, base])
+        bold = pd.concat([bold, pd.DataFrame(False, base.index, cols)])
     return Table(values, bold)
 
 # %% ../../nbs/21b_tables.ipynb #15876400
@@ -190,7 +201,8 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
     for (d, r, v), row in comparison.iterrows():
         for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
             for k, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
-                frames[k].loc[(r, label), (d, VIEW_LABELS.get(v, v))] = row[f'{side}_vs_fixed{suffix}']
+                cell = (r, label), (d, VIEW_LABELS.get(v, v))
+                frames[k].loc[cell] = row[f'{side}_vs_fixed{suffix}']
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21b_tables.ipynb #311d48bf
@@ -201,14 +213,16 @@ def table5(results: pd.DataFrame, # output of `run_protocol`
     views = list(dict.fromkeys(comparison.index.get_level_values('view')))
     cols = [f'{s} {VIEW_LABELS.get(v, v)}' for v in views for s in ('Single', 'DARS')]
     routers = list(dict.fromkeys(comparison.index.get_level_values('router')))
-    pairs = sorted(dict.fromkeys((r, d) for d, r, _ in comparison.index), key=lambda k: routers.index(k[0]))
+    pairs = sorted(dict.fromkeys((r, d) for d, r, _ in comparison.index),
+                   key=lambda k: routers.index(k[0]))
     idx = pd.MultiIndex.from_tuples(pairs, names=['router', 'dataset'])
     values, std, bold = (pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols),
                          pd.DataFrame(False, idx, cols))
     for (d, r, v), row in comparison.iterrows():
         label = VIEW_LABELS.get(v, v)
-        values.loc[(r, d), f'Single {label}'], std.loc[(r, d), f'Single {label}'] = row['single'], row['single_std']
-        values.loc[(r, d), f'DARS {label}'], bold.loc[(r, d), f'DARS {label}'] = row['dars'], bool(row['win'])
+        single, dars = ((r, d), f'Single {label}'), ((r, d), f'DARS {label}')
+        values.loc[single], std.loc[single] = row['single'], row['single_std']
+        values.loc[dars], bold.loc[dars] = row['dars'], bool(row['win'])
     return Table(values, bold, std)
 
 # %% ../../nbs/21b_tables.ipynb #148eab32
@@ -219,4 +233,5 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
             .drop_duplicates(['dataset', 'router', 'supervision']))
     table = rows.pivot(index='router', columns=['dataset', 'supervision'], values='true_regret')
     columns = [(d, s) for d in dict.fromkeys(rows['dataset']) for s in ('single', 'dars')]
-    return table.reindex(index=list(dict.fromkeys(rows['router'])), columns=pd.MultiIndex.from_tuples(columns))
+    return table.reindex(index=list(dict.fromkeys(rows['router'])),
+                         columns=pd.MultiIndex.from_tuples(columns))
