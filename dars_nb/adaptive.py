@@ -28,9 +28,9 @@ def _side_stats(q, c, sides, lam, beta) -> dict:
                 sigma=np.stack([s['sigma_q'] for s in per_side]),
                 n=np.stack([s['n'] for s in per_side]))
 
-def _masked(a):
+def _masked(values):
     "NaN → −inf, so that maxima and argmaxima skip missing models."
-    return np.where(np.isnan(a), -np.inf, a)
+    return np.where(np.isnan(values), -np.inf, values)
 
 def _margin(U):
     "Gap between the two best utilities over the last axis (inf with a single valid model)."
@@ -56,8 +56,8 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
 # %% ../nbs/23_adaptive.ipynb #38cd1ce7
 def _group_quantile(values, groups, mask, p):
     "p-quantile of `values[mask]` per group, broadcast to every position (NaN for an empty group)."
-    q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
-    return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
+    per_group = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
+    return per_group.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
 def _check_rule(stages, quantiles):
     stages = tuple(int(s) for s in stages)
@@ -88,8 +88,8 @@ def _full_utility(q, c, lam, beta):
 def _regret(U_full, label):
     "Full-grid utility lost by choosing `label` (index per query) instead of the full-grid best."
     with np.errstate(invalid='ignore'):
-        r = U_full.max(-1) - U_full[np.arange(len(label)), label]
-    return np.where(np.isfinite(r), r, np.nan)
+        lost = U_full.max(-1) - U_full[np.arange(len(label)), label]
+    return np.where(np.isfinite(lost), lost, np.nan)
 
 # %% ../nbs/23_adaptive.ipynb #3cae0501
 PAPER_STAGES = (2, 3, 5)
@@ -200,10 +200,10 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            title: str = 'Queries stopped at 2×2 as the risk test loosens', # title
                           ) -> alt.Chart:
     "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
-    s = stops[np.isclose(stops['margin_p'], margin_p)]
+    shown = stops[np.isclose(stops['margin_p'], margin_p)]
     x = alt.X('risk_p:Q', title='Risk quantile p_R (stop only if R ≤ Q_p_R(R))',
               scale=alt.Scale(domain=[0, 1]))
-    line = alt.Chart(s).mark_line(point=True).encode(
+    line = alt.Chart(shown).mark_line(point=True).encode(
         x=x, y=alt.Y('share_stopped:Q', title='Share of queries stopped at 2×2',
                      axis=alt.Axis(format='%')),
         color=alt.Color('dataset:N', title='Dataset'),
@@ -228,11 +228,11 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
     qi, ki = np.indices((Q, K))
     level = np.zeros((Q, K), int)
     for k in range(S - 1):
-        u, e = _masked(U[level, qi, ki]), se[level, qi, ki]
-        lead = np.argmax(u, -1)
-        lcb = u[np.arange(Q), lead] - z * e[np.arange(Q), lead]
+        now, error = _masked(U[level, qi, ki]), se[level, qi, ki]
+        lead = np.argmax(now, -1)
+        lcb = now[np.arange(Q), lead] - z * error[np.arange(Q), lead]
         here, is_lead = level == k, ki == lead[:, None]
-        contender = here & ~is_lead & (u + z * e >= lcb[:, None])
+        contender = here & ~is_lead & (now + z * error >= lcb[:, None])
         grow = contender | (here & is_lead & contender.any(-1, keepdims=True))
         level = np.where(grow, k + 1, level)
     return level
@@ -361,7 +361,7 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
     out = pd.DataFrame(_fixed_rows(shared) + _per_query_rows(shared, stages, query_levels,
                                                              second_levels)
                        + _per_pair_rows(shared, pair_z, prior_weight))
-    for f in fixed: out[f'calls_saved_vs_{f}x{f}'] = 1 - out['obs_per_pair'] / (f * f)
+    for side in fixed: out[f'calls_saved_vs_{side}x{side}'] = 1 - out['obs_per_pair'] / side ** 2
     out['pareto'] = _pareto(out)
     return out
 

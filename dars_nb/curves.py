@@ -44,10 +44,10 @@ def cost_quality_curve(router, # an unfitted router, or a mapping label -> unfit
     obs_train, quality, cost = _curve_tables(obs, obs_test, view)
     base_sup = supervision(obs_train, mode=mode, lam=float(lams[0]), beta=beta, seed=seed)
     rows = []
-    for label, r in routers.items():
+    for label, unfitted in routers.items():
         for lam in lams:
-            choices = fit_predict(r, features, base_sup.with_weights(lam=float(lam)), features,
-                                  quality.index)
+            weighted = base_sup.with_weights(lam=float(lam))
+            choices = fit_predict(unfitted, features, weighted, features, quality.index)
             # the chosen cells of each table
             mean_quality = chosen_utility(choices, quality).mean()
             mean_cost = chosen_utility(choices, cost).mean()

@@ -180,11 +180,10 @@ def temperature_study(obs: pd.DataFrame, # observations with a `temperature` col
     if temperature.isna().any():
         raise ValueError(f"{int(temperature.isna().sum())} observation(s) have no numeric temperature")
     rows = []
-    for t in np.unique(temperature.round(6)):
-        # unused categories dropped
-        part = select(obs[(temperature.round(6) == t).to_numpy()])
+    for value in np.unique(temperature.round(6)):
+        part = select(obs[(temperature.round(6) == value).to_numpy()])   # unused categories dropped
         if not ((part['split'] == 'train') & (part['view'] == 'grid')).any(): continue
-        rows.append(diagnose(part, lam).assign(temperature=float(t)))
+        rows.append(diagnose(part, lam).assign(temperature=float(value)))
     if not rows: raise ValueError("no training grid at any temperature")
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature']).sort_index()
 

@@ -345,8 +345,7 @@ def baseline_values(ds: ProtocolData, # the dataset
     for view, table in tables.items():
         if table[fixed].isna().any():
             missing = table.index[table[fixed].isna()][0]
-            raise ValueError(f"{ds.name}: the training-chosen model {fixed!r} has no {view!r} observation "
-                             f"of query {missing!r}")
+            raise ValueError(f"{ds.name}: the training-chosen model {fixed!r} has no {view!r} observation of query {missing!r}")
         on_test, _ = best_fixed_model(table)
         values = table.to_numpy(float)
         columns = (values[:, models.index(fixed)], values[:, models.index(on_test)],
@@ -383,7 +382,7 @@ def add_intervals(table: pd.DataFrame, # unit rows with `per_query` values (e.g.
                  ) -> pd.DataFrame:
     "Paired bootstrap intervals per (dataset, view); each row's difference to the best fixed model."
     table = table.copy()
-    for c in ('vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high'): table[c] = np.nan
+    table[['vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high']] = np.nan
     table['best_fixed'] = ''
     for (name, view), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
         P = np.column_stack(table.loc[idx, 'per_query'].to_list())

@@ -145,9 +145,10 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
 # %% ../../nbs/24c_report.ipynb #2e6e2518
 def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
     "The headline of report.md: verdicts, per dataset, the baselines and the best policy."
-    per_dataset = '; '.join(f'{name} {r.dars_beats_single}/{r.dars_beats_fixed}/'
-                            f'{r.single_beats_fixed}/{r.dars_below_fixed} of {r.settings}'
-                            for name, r in count_verdicts(results, by='dataset').iterrows())
+    counts = count_verdicts(results, by='dataset')
+    tallies = counts[['dars_beats_single', 'dars_beats_fixed', 'single_beats_fixed', 'dars_below_fixed']]
+    per_dataset = '; '.join(f"{name} {'/'.join(map(str, row))} of {counts.loc[name, 'settings']}"
+                            for name, row in tallies.iterrows())
     best = '; '.join(_best_text(name, b, results) for name, b in summary['best'].items())
     return [
         '## Headline', '', f'**{summary["verdict_text"]}.**' + _no_router_text(summary['verdict']),
@@ -264,9 +265,10 @@ def summary_text(summary: dict, # `run_summary`'s output
     lines = ['', '=' * 72, f"{summary['verdict_text']}.{_no_router_text(summary['verdict'])}",
              'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / '
              'DARS < best fixed:']
-    for name, r in count_verdicts(results, by='dataset').iterrows():
-        lines.append(f"  {name:<16} {r.dars_beats_single} / {r.dars_beats_fixed} / "
-                     f"{r.single_beats_fixed} / {r.dars_below_fixed} of {r.settings} settings")
+    for name, counts in count_verdicts(results, by='dataset').iterrows():
+        tally = ' / '.join(str(counts[k]) for k in ('dars_beats_single', 'dars_beats_fixed',
+                                                    'single_beats_fixed', 'dars_below_fixed'))
+        lines.append(f"  {name:<16} {tally} of {counts.settings} settings")
     lines += _baseline_lines(summary['baselines']) + _router_lines(results)
     lines.append('Best policy per dataset (mean over the views), difference to the training-chosen '
                  'best fixed model [interval]:')

@@ -109,36 +109,39 @@ class Table(NamedTuple):
     high: pd.DataFrame | None = None
 
 # %% ../../nbs/21b_tables.ipynb #52ca9722
-def _fmt(v, digits):
-    if isinstance(v, str): return v
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool): return str(v)
-    return '' if pd.isna(v) else f'{v:.{digits}f}'
+def _fmt(value, digits):
+    if isinstance(value, str): return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool): return str(value)
+    return '' if pd.isna(value) else f'{value:.{digits}f}'
 
-def _header(c) -> str:
-    return ' '.join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c)
+def _header(column) -> str:
+    if not isinstance(column, tuple): return str(column)
+    return ' '.join(str(part) for part in column if str(part))
 
 # %% ../../nbs/21b_tables.ipynb #53a7a958
-def _cell_text(t: Table, i: int, j: int, digits: int) -> str:
+def _cell_text(table: Table, i: int, j: int, digits: int) -> str:
     "Cell (i, j): the value, `± std` or `[low, high]` when given, in bold when highlighted."
-    v = t.values.iat[i, j]
-    text = _fmt(v, digits)
-    if t.std is not None and pd.notna(t.std.iat[i, j]): text += f' ± {t.std.iat[i, j]:.{digits}f}'
-    if t.low is not None and pd.notna(v):
-        text = f'{v:+.{digits}f} [{t.low.iat[i, j]:+.{digits}f}, {t.high.iat[i, j]:+.{digits}f}]'
-    return f'**{text}**' if text and bool(t.bold.iat[i, j]) else text
+    value = table.values.iat[i, j]
+    text = _fmt(value, digits)
+    if table.std is not None and pd.notna(table.std.iat[i, j]):
+        text += f' ± {table.std.iat[i, j]:.{digits}f}'
+    if table.low is not None and pd.notna(value):
+        low, high = table.low.iat[i, j], table.high.iat[i, j]
+        text = f'{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]'
+    return f'**{text}**' if text and bool(table.bold.iat[i, j]) else text
 
 @patch
 def to_markdown(self: Table, digits: int = 3) -> str:
     "GitHub Markdown, highlighted cells in bold, `mean ± std` where a std is given."
-    v, idx = self.values, self.values.index
+    values, idx = self.values, self.values.index
     names = [n or '' for n in idx.names]
-    lines = ['| ' + ' | '.join(names + [_header(c) for c in v.columns]) + ' |',
-             '|' + '---|' * len(names) + '---:|' * v.shape[1]]
+    lines = ['| ' + ' | '.join(names + [_header(c) for c in values.columns]) + ' |',
+             '|' + '---|' * len(names) + '---:|' * values.shape[1]]
     prev = (None,) * len(names)
     for i, key in enumerate(idx):
         key = key if isinstance(key, tuple) else (key,)
         shown = [('' if key[:j + 1] == prev[:j + 1] else str(k)) for j, k in enumerate(key)]
-        cells = [_cell_text(self, i, j, digits) for j in range(v.shape[1])]
+        cells = [_cell_text(self, i, j, digits) for j in range(values.shape[1])]
         lines.append('| ' + ' | '.join(shown + cells) + ' |')
         prev = key
     return '\n'.join(lines) + '\n'
@@ -147,15 +150,16 @@ def to_markdown(self: Table, digits: int = 3) -> str:
 @patch
 def to_frame(self: Table) -> pd.DataFrame:
     "Flat numeric table (std columns appended as '<column> std')."
-    v = self.values.copy()
-    v.columns = [_header(c) for c in v.columns]
+    flat = self.values.copy()
+    flat.columns = [_header(c) for c in flat.columns]
     if self.std is not None:
-        s = self.std.copy(); s.columns = [_header(c) + ' std' for c in s.columns]
-        v = pd.concat([v, s.loc[:, s.notna().any()]], axis=1)
-    for name, b in (('low', self.low), ('high', self.high)):
-        if b is not None: v = pd.concat([v, b.set_axis([_header(c) + f' {name}' for c in b.columns],
-                                                       axis=1)], axis=1)
-    return v.reset_index()
+        std = self.std.set_axis([_header(c) + ' std' for c in self.std.columns], axis=1)
+        flat = pd.concat([flat, std.loc[:, std.notna().any()]], axis=1)
+    for name, bound in (('low', self.low), ('high', self.high)):
+        if bound is not None:
+            bound = bound.set_axis([_header(c) + f' {name}' for c in bound.columns], axis=1)
+            flat = pd.concat([flat, bound], axis=1)
+    return flat.reset_index()
 
 # %% ../../nbs/21b_tables.ipynb #631f29ad
 def table1(results: pd.DataFrame, # output of `run_protocol`
@@ -169,11 +173,11 @@ def table1(results: pd.DataFrame, # output of `run_protocol`
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
                                      names=['router', 'supervision'])
     values, bold = pd.DataFrame(np.nan, rows, cols), pd.DataFrame(False, rows, cols)
-    for (d, r, v), row in comparison.iterrows():
-        col = (d, VIEW_LABELS.get(v, v))
-        values.loc[(r, 'single-shot'), col] = row['single']
-        values.loc[(r, '+ DARS'), col] = row['dars']
-        bold.loc[(r, '+ DARS'), col] = bool(row['win'])
+    for (dataset, router, view), row in comparison.iterrows():
+        col = (dataset, VIEW_LABELS.get(view, view))
+        values.loc[(router, 'single-shot'), col] = row['single']
+        values.loc[(router, '+ DARS'), col] = row['dars']
+        bold.loc[(router, '+ DARS'), col] = bool(row['win'])
     if baselines is not None:
         labels = [(d, VIEW_LABELS.get(v, v)) for d, v in zip(baselines['dataset'],
                                                              baselines['view'])]
@@ -198,11 +202,11 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
     rows = pd.MultiIndex.from_tuples([(r, s) for r in routers for s in ('single-shot', '+ DARS')],
                                      names=['router', 'supervision'])
     frames = {k: pd.DataFrame(np.nan, rows, cols) for k in ('vs', 'low', 'high')}
-    for (d, r, v), row in comparison.iterrows():
+    for (dataset, router, view), row in comparison.iterrows():
         for side, label in (('single', 'single-shot'), ('dars', '+ DARS')):
-            for k, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
-                cell = (r, label), (d, VIEW_LABELS.get(v, v))
-                frames[k].loc[cell] = row[f'{side}_vs_fixed{suffix}']
+            cell = (router, label), (dataset, VIEW_LABELS.get(view, view))
+            for key, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
+                frames[key].loc[cell] = row[f'{side}_vs_fixed{suffix}']
     return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21b_tables.ipynb #311d48bf
@@ -218,9 +222,9 @@ def table5(results: pd.DataFrame, # output of `run_protocol`
     idx = pd.MultiIndex.from_tuples(pairs, names=['router', 'dataset'])
     values, std, bold = (pd.DataFrame(np.nan, idx, cols), pd.DataFrame(np.nan, idx, cols),
                          pd.DataFrame(False, idx, cols))
-    for (d, r, v), row in comparison.iterrows():
-        label = VIEW_LABELS.get(v, v)
-        single, dars = ((r, d), f'Single {label}'), ((r, d), f'DARS {label}')
+    for (dataset, router, view), row in comparison.iterrows():
+        label = VIEW_LABELS.get(view, view)
+        single, dars = ((router, dataset), f'Single {label}'), ((router, dataset), f'DARS {label}')
         values.loc[single], std.loc[single] = row['single'], row['single_std']
         values.loc[dars], bold.loc[dars] = row['dars'], bool(row['win'])
     return Table(values, bold, std)
