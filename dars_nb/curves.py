@@ -26,6 +26,7 @@ def _curve_tables(obs: pd.DataFrame, obs_test, view: str) -> tuple:
         obs, obs_test = normalize_jointly(obs, obs_test)
     return (obs, *view_means(obs_test, view))
 
+# %% ../nbs/20c_curves.ipynb #810c899f
 def cost_quality_curve(router, # an unfitted router, or a mapping label -> unfitted router
                        features: pd.DataFrame, # query features indexed by query_id (train and test)
                        obs: pd.DataFrame, # observations: the training grid and the test view

@@ -257,6 +257,7 @@ def _router_lines(results: pd.DataFrame) -> list[str]:
             lines.append(f"    {router:<12} single-shot {side('single')}   DARS {side('dars')}")
     return lines
 
+# %% ../../nbs/24c_report.ipynb #5d1b3912
 def summary_text(summary: dict, # `run_summary`'s output
                  results: pd.DataFrame, # the protocol's results
                  truth: bool, # whether the results carry a true regret
