@@ -143,7 +143,7 @@ def test_writer_killed_mid_write_leaves_whole_rows(tmp_path):
 @needs_encoder
 def test_reproduce_features_second_run_encodes_nothing(tmp_path, monkeypatch):
     "`dars reproduce --data` featurizes text through `features_from_text`: its second run reads everything back."
-    from dars_nb.experiments.reproduce import features_from_text
+    from dars_nb.experiments.inputs import features_from_text
     monkeypatch.setenv('DARS_CACHE', str(tmp_path))
     obs = pd.DataFrame({'query_id': [f'q{i}' for i in range(6)], 'rewrite_id': 0, 'query_text': TEXTS})
     enc = sentence_encoder(); n = enc.n_encoded
