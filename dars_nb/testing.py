@@ -54,7 +54,7 @@ class LoopbackEndpoint:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../nbs/39_testing.ipynb #753993ad
+# %% ../nbs/39_testing.ipynb #ef95ecd6
 @patch
 def start(self: LoopbackEndpoint):
     "Start serving in a background thread; returns self."
@@ -74,7 +74,7 @@ def serve_forever(self: LoopbackEndpoint):
     "Serve until the process ends (for an endpoint in a process of its own, as the benchmarks run it)."
     self.start().server.wait()
 
-# %% ../nbs/39_testing.ipynb #8d75d57c
+# %% ../nbs/39_testing.ipynb #bab7cefd
 @patch
 async def _drop(self: LoopbackEndpoint, scope):
     "Close the connection `scope` came on without an answer."
@@ -192,7 +192,7 @@ class FaultProxy(LoopbackEndpoint):
         self.log: list = []    # (monotonic arrival time, action) per chat request
         self.auth: list = []   # Authorization header per chat request (None if absent)
 
-# %% ../nbs/39_testing.ipynb #58fbcfac
+# %% ../nbs/39_testing.ipynb #cbf12bcb
 @patch
 def _next_action(self: FaultProxy) -> str:
     "The plan's next action, or one drawn from `probabilities` ('pass' if none is drawn)."

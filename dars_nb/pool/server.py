@@ -72,7 +72,7 @@ class BackgroundServer:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../../nbs/08e_pool_server.ipynb #6ee74837
+# %% ../../nbs/08e_pool_server.ipynb #3c8177b1
 @patch
 def start(self: BackgroundServer):
     "Bind, start serving, and wait until the server accepts requests; returns self."
@@ -93,7 +93,6 @@ def start(self: BackgroundServer):
         time.sleep(0.01)
     return self
 
-# %% ../../nbs/08e_pool_server.ipynb #0a52302d
 @patch
 def stop(self: BackgroundServer):
     "Stop serving (requests in flight get `grace_s` to finish) and wait for the thread to end."
@@ -107,7 +106,7 @@ def wait(self: BackgroundServer):
     "Block until the server stops (for a server that is the whole of its process)."
     if self._thread is not None: self._thread.join()
 
-# %% ../../nbs/08e_pool_server.ipynb #d0a17fb9
+# %% ../../nbs/08e_pool_server.ipynb #a5eba470
 _HOP_HEADERS = {'host', 'content-length', 'connection', 'transfer-encoding', 'keep-alive'}
 
 async def relay(request, # a Starlette request
