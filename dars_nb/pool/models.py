@@ -19,46 +19,49 @@ __all__ = ['DATASET_KINDS', 'DEFAULT_MAX_TOKENS', 'ModelSpec', 'Limits', 'Pool',
 DATASET_KINDS = ('choice', 'math', 'reading')
 DEFAULT_MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}
 
-# %% ../../nbs/08b_pool_models.ipynb #5726d70a
-def _check_counts(who: str, m):
+# %% ../../nbs/08b_pool_models.ipynb #6fb98f48
+def _check_counts(who: str, spec):
     "Raise `ConfigError` unless the model's counts and time limits are in range."
-    for p in ('concurrency', 'rpm', 'tpm'):
-        v = getattr(m, p)
-        if (v is not None or p == 'concurrency') and (not is_integer(v) or v < 1):
-            raise ConfigError(f"{who}: {p} must be a positive integer, got {v!r}")
-    if m.max_retries is not None and (not is_integer(m.max_retries) or m.max_retries < 0):
-        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got {m.max_retries!r}")
-    if m.timeout_s is not None and (not is_finite_number(m.timeout_s) or m.timeout_s <= 0):
-        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
-    if not isinstance(m.max_tokens, dict):
+    for key in ('concurrency', 'rpm', 'tpm'):
+        value = getattr(spec, key)
+        if (value is not None or key == 'concurrency') and (not is_integer(value) or value < 1):
+            raise ConfigError(f"{who}: {key} must be a positive integer, got {value!r}")
+    retries, timeout = spec.max_retries, spec.timeout_s
+    if retries is not None and (not is_integer(retries) or retries < 0):
+        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got {retries!r}")
+    if timeout is not None and (not is_finite_number(timeout) or timeout <= 0):
+        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(spec.max_tokens, dict):
         raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
     kinds = ', '.join(DATASET_KINDS)
-    for k, v in m.max_tokens.items():
-        if k not in DATASET_KINDS:
-            raise ConfigError(f"{who}: unknown dataset kind {k!r} in max_tokens (expected one of {kinds})")
-        if not is_integer(v) or v < 1:
-            raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
+    for kind, limit in spec.max_tokens.items():
+        if kind not in DATASET_KINDS:
+            raise ConfigError(f"{who}: unknown dataset kind {kind!r} in max_tokens (expected one of {kinds})")
+        if not is_integer(limit) or limit < 1:
+            raise ConfigError(f"{who}: max_tokens[{kind!r}] must be a positive integer, got {limit!r}")
 
-def _check_model(m):
+def _check_model(spec):
     "Raise `ConfigError` for the first bad setting of a `ModelSpec`."
-    who = f"model {m.name!r}"
-    if not isinstance(m.name, str) or not m.name.strip():
-        raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
-    if not isinstance(m.base_url, str) or not m.base_url.startswith(('http://', 'https://')):
-        raise ConfigError(f"{who}: base_url must start with http:// or https://, got {m.base_url!r}")
-    env = m.api_key_env
+    who = f"model {spec.name!r}"
+    if not isinstance(spec.name, str) or not spec.name.strip():
+        raise ConfigError(f"a model needs a non-empty name, got {spec.name!r}")
+    url = spec.base_url
+    if not isinstance(url, str) or not url.startswith(('http://', 'https://')):
+        raise ConfigError(f"{who}: base_url must start with http:// or https://, got {url!r}")
+    env = spec.api_key_env
     if env is not None and (not isinstance(env, str) or not env.strip()):
         raise ConfigError(f"{who}: api_key_env must name an environment variable, got {env!r}")
-    for p in ('price_in', 'price_out'):
-        v = getattr(m, p)
-        if not is_finite_number(v) or v < 0:
+    for key in ('price_in', 'price_out'):
+        price = getattr(spec, key)
+        if not is_finite_number(price) or price < 0:
             per_million = 'a non-negative number of dollars per million tokens'
-            raise ConfigError(f"{who}: {p} must be {per_million}, got {v!r}")
-    _check_counts(who, m)
-    if m.remote_name is not None and (not isinstance(m.remote_name, str) or not m.remote_name):
-        raise ConfigError(f"{who}: remote_name must be a non-empty string, got {m.remote_name!r}")
-    if not isinstance(m.honours_n, bool):
-        raise ConfigError(f"{who}: honours_n must be true or false, got {m.honours_n!r}")
+            raise ConfigError(f"{who}: {key} must be {per_million}, got {price!r}")
+    _check_counts(who, spec)
+    remote = spec.remote_name
+    if remote is not None and (not isinstance(remote, str) or not remote):
+        raise ConfigError(f"{who}: remote_name must be a non-empty string, got {remote!r}")
+    if not isinstance(spec.honours_n, bool):
+        raise ConfigError(f"{who}: honours_n must be true or false, got {spec.honours_n!r}")
 
 # %% ../../nbs/08b_pool_models.ipynb #c2025950
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def max_tokens_for(self: ModelSpec, kind: str, # dataset kind: 'choice', 'math' 
         raise ConfigError(f"unknown dataset kind {kind!r} (expected one of {kinds})")
     return self.max_tokens[kind]
 
-# %% ../../nbs/08b_pool_models.ipynb #8b2e556a
+# %% ../../nbs/08b_pool_models.ipynb #a3384ff4
 @dataclass(frozen=True)
 class Limits:
     "How long to wait, how often to retry, and when to stop."
@@ -114,22 +117,22 @@ class Limits:
     retry_after_max_s: float = 300.0 # longest `Retry-After` the client agrees to wait
 
     def __post_init__(self):
-        for k in ('timeout_s', 'backoff_s', 'backoff_max_s', 'retry_after_max_s'):
-            v = getattr(self, k)
-            if not is_finite_number(v) or v < 0 or (k == 'timeout_s' and v == 0):
-                raise ConfigError(f"limits: {k} must be a positive number of seconds, got {v!r}")
+        for key in ('timeout_s', 'backoff_s', 'backoff_max_s', 'retry_after_max_s'):
+            seconds = getattr(self, key)
+            if not is_finite_number(seconds) or seconds < 0 or (key == 'timeout_s' and seconds == 0):
+                raise ConfigError(f"limits: {key} must be a positive number of seconds, got {seconds!r}")
         if not is_integer(self.max_retries) or self.max_retries < 0:
             retries = self.max_retries
             raise ConfigError(f"limits: max_retries must be a non-negative integer, got {retries!r}")
-        b, cap = self.call_budget, self.spend_cap_usd
-        if b is not None and (not is_integer(b) or b < 1):
+        budget, cap = self.call_budget, self.spend_cap_usd
+        if budget is not None and (not is_integer(budget) or budget < 1):
             what = 'a positive integer (leave it out for no limit)'
-            raise ConfigError(f"limits: call_budget must be {what}, got {b!r}")
+            raise ConfigError(f"limits: call_budget must be {what}, got {budget!r}")
         if cap is not None and (not is_finite_number(cap) or cap <= 0):
             what = 'a positive number of dollars (leave it out for no cap)'
             raise ConfigError(f"limits: spend_cap_usd must be {what}, got {cap!r}")
 
-# %% ../../nbs/08b_pool_models.ipynb #87447b78
+# %% ../../nbs/08b_pool_models.ipynb #371a1de3
 @dataclass(frozen=True)
 class Pool:
     "The models to route between, the rewriter and the run's limits."
@@ -141,16 +144,18 @@ class Pool:
     def __post_init__(self):
         if not isinstance(self.models, dict) or not self.models:
             raise ConfigError("the pool needs at least one model")
-        for k, m in self.models.items():
-            if not isinstance(m, ModelSpec):
-                raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
-            if m.name != k:
-                raise ConfigError(f"model {k!r} is registered under a different name than its spec ({m.name!r})")
-        rw = self.rewriter
-        if rw is not None and not isinstance(rw, ModelSpec):
+        for name, spec in self.models.items():
+            if not isinstance(spec, ModelSpec):
+                raise ConfigError(f"model {name!r} must be a ModelSpec, got {type(spec).__name__}")
+            if spec.name != name:
+                raise ConfigError(f"model {name!r} is registered under a different name than its spec "
+                                  f"({spec.name!r})")
+        rewriter = self.rewriter
+        if rewriter is not None and not isinstance(rewriter, ModelSpec):
             raise ConfigError("the rewriter must be a ModelSpec")
-        if rw is not None and self.models.get(rw.name, rw) != rw:
-            raise ConfigError(f"the rewriter is named {rw.name!r} like a model of the pool, but with other settings")
+        if rewriter is not None and self.models.get(rewriter.name, rewriter) != rewriter:
+            raise ConfigError(f"the rewriter is named {rewriter.name!r} like a model of the pool, "
+                              "but with other settings")
         if not isinstance(self.limits, Limits): raise ConfigError("limits must be a Limits")
 
 # %% ../../nbs/08b_pool_models.ipynb #bbb61c48
@@ -162,40 +167,41 @@ def specs(self: Pool) -> list:
         out.append(self.rewriter)
     return out
 
-# %% ../../nbs/08b_pool_models.ipynb #eb53a1e2
+# %% ../../nbs/08b_pool_models.ipynb #c487c44e
 @patch
 def spec(self: Pool, name: str, # a routed model's or the rewriter's name
         ) -> ModelSpec:
     "The spec of a routed model or of the rewriter, by name."
-    for s in self.specs():
-        if s.name == name: return s
-    known = ', '.join(s.name for s in self.specs())
+    for spec in self.specs():
+        if spec.name == name: return spec
+    known = ', '.join(spec.name for spec in self.specs())
     raise ConfigError(f"unknown model {name!r} (the pool has: {known})")
 
-# %% ../../nbs/08b_pool_models.ipynb #07279d59
+# %% ../../nbs/08b_pool_models.ipynb #906e53b1
 @patch
 def check_env(self: Pool):
     "Raise `ConfigError` if a model names a key variable that is not set (its value is not read)."
-    for s in self.specs():
-        if s.api_key_env is not None and not os.environ.get(s.api_key_env):
-            unset = f"environment variable {s.api_key_env} (api_key_env) is not set"
-            raise ConfigError(f"model {s.name!r}: {unset}")
+    for spec in self.specs():
+        if spec.api_key_env is not None and not os.environ.get(spec.api_key_env):
+            unset = f"environment variable {spec.api_key_env} (api_key_env) is not set"
+            raise ConfigError(f"model {spec.name!r}: {unset}")
 
-# %% ../../nbs/08b_pool_models.ipynb #2e228bc1
+# %% ../../nbs/08b_pool_models.ipynb #721e06da
 _TOP_KEYS = ('models', 'rewriter', 'limits')
 
 def _model_from(name, table, where: str) -> ModelSpec:
     "A `ModelSpec` from a [models.NAME] table (`name` is its key) or the [rewriter] table (None)."
     return from_table(ModelSpec, table, where, given={} if name is None else {'name': name})
 
-def _rewriter_from(rw, models: dict) -> ModelSpec | None:
+def _rewriter_from(rewriter, models: dict) -> ModelSpec | None:
     "The rewriter of a configuration: None, the name of a model of [models], or a table of its own."
-    if rw is None: return None
-    if isinstance(rw, str):
-        if rw not in models:
-            raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: {', '.join(models)})")
-        return models[rw]
-    return _model_from(None, rw, '[rewriter]')
+    if rewriter is None: return None
+    if isinstance(rewriter, str):
+        if rewriter not in models:
+            known = ', '.join(models)
+            raise ConfigError(f"rewriter {rewriter!r} is not a model of [models] (known: {known})")
+        return models[rewriter]
+    return _model_from(None, rewriter, '[rewriter]')
 
 @patch(cls_method=True)
 def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
@@ -210,7 +216,7 @@ def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
     raw = d.get('models')
     if not isinstance(raw, dict) or not raw:
         raise ConfigError("the configuration needs a [models] table with at least one model")
-    models = {name: _model_from(name, m, f"[models.{name}]") for name, m in raw.items()}
+    models = {name: _model_from(name, table, f"[models.{name}]") for name, table in raw.items()}
     pool = cls(models=models, rewriter=_rewriter_from(d.get('rewriter'), models),
                limits=from_table(Limits, d.get('limits', {}), '[limits]'), source=source)
     if check_env: pool.check_env()
@@ -225,24 +231,24 @@ def from_toml(cls: Pool, path, # a TOML file laid out as above
     "Read and check a pool from a TOML file."
     return cls.from_dict(read_toml(path), check_env=check_env, also=also, source=str(path))
 
-# %% ../../nbs/08b_pool_models.ipynb #dbe74068
+# %% ../../nbs/08b_pool_models.ipynb #41cfe832
 _OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # not in `to_dict` when unset
 
-def _spec_dict(m: ModelSpec) -> dict:
+def _spec_dict(spec: ModelSpec) -> dict:
     "A model's settings without its name; unset optional ones left out (stable fingerprints)."
-    unset = lambda k, v: k in _OPTIONAL_MODEL_KEYS and v is None
-    return {k: v for k, v in asdict(m).items() if k != 'name' and not unset(k, v)}
+    unset = lambda key, value: key in _OPTIONAL_MODEL_KEYS and value is None
+    return {k: v for k, v in asdict(spec).items() if k != 'name' and not unset(k, v)}
 
 @patch
 def to_dict(self: Pool) -> dict:
     "The configuration as a plain dictionary (names of key variables only, never keys)."
-    d = {'models': {n: _spec_dict(m) for n, m in self.models.items()},
-         'limits': asdict(self.limits)}
-    rw = self.rewriter
-    if rw is not None:
-        shared = self.models.get(rw.name) == rw
-        d['rewriter'] = rw.name if shared else {'name': rw.name, **_spec_dict(rw)}
-    return d
+    out = {'models': {name: _spec_dict(spec) for name, spec in self.models.items()},
+           'limits': asdict(self.limits)}
+    rewriter = self.rewriter
+    if rewriter is not None:
+        shared = self.models.get(rewriter.name) == rewriter
+        out['rewriter'] = rewriter.name if shared else {'name': rewriter.name, **_spec_dict(rewriter)}
+    return out
 
 # %% ../../nbs/08b_pool_models.ipynb #3eab8566
 @patch
@@ -250,11 +256,11 @@ def fingerprint(self: Pool) -> str:
     "A short hash of the configuration, e.g. to record in a store which pool produced it."
     return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
-# %% ../../nbs/08b_pool_models.ipynb #906f5c70
+# %% ../../nbs/08b_pool_models.ipynb #b8b2f789
 def redact(text: str, # a message that may quote an endpoint's reply
            pool: Pool, # whose key variables to blank out
           ) -> str:
     "`text` with the value of every key variable the pool names replaced by `***`."
-    keys = {os.environ.get(s.api_key_env) for s in pool.specs() if s.api_key_env}
+    keys = {os.environ.get(spec.api_key_env) for spec in pool.specs() if spec.api_key_env}
     for key in sorted(filter(None, keys), key=len, reverse=True): text = text.replace(key, '***')
     return text

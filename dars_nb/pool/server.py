@@ -14,14 +14,14 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['free_port', 'stop_signals', 'listening_socket', 'BackgroundServer', 'relay']
 
-# %% ../../nbs/08e_pool_server.ipynb #41ea360d
+# %% ../../nbs/08e_pool_server.ipynb #822b0433
 def free_port() -> int:
     "A TCP port on 127.0.0.1 that was free a moment ago."
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
 
-# %% ../../nbs/08e_pool_server.ipynb #91b80f23
+# %% ../../nbs/08e_pool_server.ipynb #d66ba4cc
 @contextmanager
 def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), # what stops
                 ):
@@ -30,10 +30,10 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         yield
         return
     def stop(signum, frame): raise KeyboardInterrupt(signal.Signals(signum).name)
-    old = {s: signal.signal(s, stop) for s in signals}
+    previous = {signum: signal.signal(signum, stop) for signum in signals}
     try: yield
     finally:
-        for s, h in old.items(): signal.signal(s, h)
+        for signum, handler in previous.items(): signal.signal(signum, handler)
 
 # %% ../../nbs/08e_pool_server.ipynb #09180312
 def listening_socket(host: str, # the address to listen on; ':' in it means IPv6

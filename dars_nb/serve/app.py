@@ -91,8 +91,8 @@ class ClientKeyCheck:
         msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
                else 'the client key is not valid')
         err = RequestError(401, msg, kind='authentication_error', code='invalid_api_key')
-        m = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
-        if m is not None: m.refuse(401)
+        metrics = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
+        if metrics is not None: metrics.refuse(401)
         await JSONResponse(err.body(), 401,
                            headers={'www-authenticate': 'Bearer'})(scope, receive, send)
 

@@ -20,8 +20,8 @@ def _utc_day(t: float) -> str:
 
 def _seconds_to_utc_midnight(t: float) -> int:
     "Whole seconds from `t` to the next 00:00 UTC."
-    d = datetime.fromtimestamp(t, timezone.utc)
-    return 86400 - (d.hour * 3600 + d.minute * 60 + d.second)
+    now = datetime.fromtimestamp(t, timezone.utc)
+    return 86400 - (now.hour * 3600 + now.minute * 60 + now.second)
 
 # %% ../../nbs/36b_serve_metrics.ipynb #e40eedec
 class ServeMetrics:
@@ -76,10 +76,10 @@ def answered(self: ServeMetrics, model: str, # the model that answered
             ):
     "Count one answer and its spend."
     self._roll()
-    m = self.models[model]
-    m['answered'] += 1
-    m['prompt_tokens'] += prompt_tokens; m['completion_tokens'] += completion_tokens
-    m['spend_usd'] += cost_usd; m['usage_estimated'] += int(estimated)
+    counts = self.models[model]
+    counts['answered'] += 1
+    counts['prompt_tokens'] += prompt_tokens; counts['completion_tokens'] += completion_tokens
+    counts['spend_usd'] += cost_usd; counts['usage_estimated'] += int(estimated)
     self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
 
 # %% ../../nbs/36b_serve_metrics.ipynb #bb94c8ac
