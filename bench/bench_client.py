@@ -6,10 +6,11 @@ server do not share an interpreter. Ideal wall time = calls x delay / concurrenc
 measured/ideal ratio of at most 1.3. Each repetition is a fresh `Client` (connections included);
 the median is reported with every run.
 """
-import argparse, asyncio, multiprocessing as mp, os, statistics, sys, time, urllib.request
+import argparse, asyncio, multiprocessing as mp, os, statistics, sys, time
 
 from dars_nb.collect.client import Client
 from dars_nb.pool.models import Limits, ModelSpec, Pool
+from dars_nb.pool.http import http_get, EndpointUnreachable
 from dars_nb.pool.server import free_port
 from dars_nb.testing import FixedEndpoint
 
@@ -56,8 +57,8 @@ def main(argv=None):
     base_url = f'http://127.0.0.1:{port}/v1'
     for _ in range(200):
         try:
-            urllib.request.urlopen(base_url + '/models', timeout=1).read(); break
-        except OSError: time.sleep(0.05)
+            http_get(base_url + '/models', timeout_s=1); break
+        except EndpointUnreachable: time.sleep(0.05)
     try:
         ideal = a.calls * a.delay / a.concurrency
         runs = [asyncio.run(one_run(base_url, a.calls, a.concurrency)) for _ in range(a.reps)]

@@ -12,7 +12,7 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    Goal: throughput at concurrency 32 >= 0.9 x direct. Added latency at concurrency 1 is reported.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
 """
-import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time, urllib.request
+import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
 from pathlib import Path
 
 import numpy as np
@@ -83,17 +83,20 @@ def serve_fixed(port, delay):
 def serve_router(port, upstream, bundle_path):
     from dars_nb.bundle import load_bundle
     from dars_nb.pool.models import ModelSpec, Pool
-    from dars_nb.serve import BackgroundServer, ServeSettings, create_app
+    from dars_nb.pool.server import BackgroundServer
+    from dars_nb.serve.app import create_app
+    from dars_nb.serve.requests import ServeSettings
     b = load_bundle(bundle_path)
     pool = Pool({m: ModelSpec(m, upstream, price_in=p[0], price_out=p[1], concurrency=8) for m, p in b.prices.items()})
-    srv = BackgroundServer(create_app(b.rank, pool, ServeSettings(port=port), lam=b.lam)).start()
+    srv = BackgroundServer(create_app(b.rank, pool, ServeSettings(port=port), lam=b.lam), port=port).start()
     threading.Event().wait()
 
 
 def wait_up(url):
+    from dars_nb.pool.http import http_get, EndpointUnreachable
     for _ in range(600):
-        try: urllib.request.urlopen(url + '/models', timeout=1).read(); return
-        except OSError: time.sleep(0.05)
+        try: http_get(url + '/models', timeout_s=1); return
+        except EndpointUnreachable: time.sleep(0.05)
     raise RuntimeError(f'{url} did not start')
 
 

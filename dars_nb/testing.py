@@ -54,7 +54,7 @@ class LoopbackEndpoint:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../nbs/39_testing.ipynb #753993ad
+# %% ../nbs/39_testing.ipynb #ef95ecd6
 @patch
 def start(self: LoopbackEndpoint):
     "Start serving in a background thread; returns self."
@@ -74,13 +74,13 @@ def serve_forever(self: LoopbackEndpoint):
     "Serve until the process ends (for an endpoint in a process of its own, as the benchmarks run it)."
     self.start().server.wait()
 
-# %% ../nbs/39_testing.ipynb #8d75d57c
+# %% ../nbs/39_testing.ipynb #47639638
 @patch
 async def _drop(self: LoopbackEndpoint, scope):
     "Close the connection `scope` came on without an answer."
     for connection in list(self.server.server.server_state.connections):
         if connection.client == scope['client']: connection.transport.close()
-    for _ in range(3): await asyncio.sleep(0)   # uvicorn's connection_lost runs, then the request ends
+    for _ in range(3): await asyncio.sleep(0)   # uvicorn sees the connection lost, then the request ends
 
 # %% ../nbs/39_testing.ipynb #39a00007
 def chat_completion_body(text: str, # the answer
@@ -108,8 +108,9 @@ def chat_completion_events(text: str, # the answer, sent word by word
     "A streamed chat completion as server-sent events: words, a stop chunk, a usage chunk, [DONE]."
     base = {'id': 'chatcmpl-fixed', 'object': 'chat.completion.chunk', 'created': 0, 'model': model}
     words = text.split(' ')
-    deltas = [{'role': 'assistant', 'content': words[0]}] + [{'content': ' ' + w} for w in words[1:]]
-    chunks = [{**base, 'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]} for d in deltas]
+    deltas = [{'role': 'assistant', 'content': words[0]}] + [{'content': ' ' + word} for word in words[1:]]
+    choice = lambda delta: {'index': 0, 'delta': delta, 'finish_reason': None}
+    chunks = [{**base, 'choices': [choice(delta)]} for delta in deltas]
     chunks.append({**base, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})
     tokens = {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
               'total_tokens': prompt_tokens + completion_tokens}
@@ -192,7 +193,7 @@ class FaultProxy(LoopbackEndpoint):
         self.log: list = []    # (monotonic arrival time, action) per chat request
         self.auth: list = []   # Authorization header per chat request (None if absent)
 
-# %% ../nbs/39_testing.ipynb #58fbcfac
+# %% ../nbs/39_testing.ipynb #cbf12bcb
 @patch
 def _next_action(self: FaultProxy) -> str:
     "The plan's next action, or one drawn from `probabilities` ('pass' if none is drawn)."
@@ -253,5 +254,6 @@ class KeyEchoEndpoint(LoopbackEndpoint):
         "A 401 that echoes the key."
         from starlette.responses import Response
         if request.method != 'POST': return await super().handle(request)
-        body = error_body(401, f"invalid key: {request.headers.get('authorization')}", 'invalid_request_error')
+        quoted = f"invalid key: {request.headers.get('authorization')}"
+        body = error_body(401, quoted, 'invalid_request_error')
         return Response(body, 401, media_type='application/json')

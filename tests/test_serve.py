@@ -20,9 +20,11 @@ import pytest
 from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
 from dars_nb.pool.config import ConfigError
 from dars_nb.pool.models import Limits, ModelSpec, Pool
-from dars_nb.pool.server import free_port
+from dars_nb.pool.server import BackgroundServer, free_port
 from dars_nb.testing import FaultProxy, FixedEndpoint
-from dars_nb.serve import BackgroundServer, ServeSettings, create_app, load_serve_config, serve_main
+from dars_nb.serve import serve_main
+from dars_nb.serve.app import create_app
+from dars_nb.serve.requests import ServeSettings, load_serve_config
 
 KEY = 'client-key-0123456789abcdef'
 OTHER_KEY = 'client-key-fedcba9876543210'

@@ -76,12 +76,12 @@ def classify_error(exc: BaseException, # what a request raised
     "(kind, transient, retry_after_s, status) of a failed request; kind None: not the endpoint's."
     import openai
     if isinstance(exc, openai.APIStatusError):
-        s = exc.status_code
-        ra = parse_retry_after(exc.response.headers) if exc.response is not None else None
-        if s == 429: return 'rate_limit', True, ra, s
-        if s >= 500: return 'server', True, ra, s
-        if s == 408: return 'timeout', True, ra, s
-        return 'client', False, None, s
+        status = exc.status_code
+        wait = parse_retry_after(exc.response.headers) if exc.response is not None else None
+        if status == 429: return 'rate_limit', True, wait, status
+        if status >= 500: return 'server', True, wait, status
+        if status == 408: return 'timeout', True, wait, status
+        return 'client', False, None, status
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
     if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
     if isinstance(exc,
@@ -97,9 +97,9 @@ def backoff_delay(attempt: int, # 1 for the first retry, 2 for the second, ...
                   rng: random.Random | None = None, # source of jitter
                  ) -> float:
     "Seconds to wait before retry number `attempt`."
-    u = (rng or random).random()
-    if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * u)
-    return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * u)
+    jitter = (rng or random).random()
+    if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * jitter)
+    return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * jitter)
 
 # %% ../../nbs/30_client.ipynb #5e1d0002
 class SpendLedger(Protocol):
@@ -155,7 +155,7 @@ class _Window:
     "At most `size` requests in flight; `size` halves on a 429 and grows back by one per success."
     def __init__(self, limit: int):
         self.size = self.limit = limit
-        self.busy, self._waiting = 0, deque()   # futures of the requests waiting, first come first served
+        self.busy, self._waiting = 0, deque()   # futures of waiting requests, first come first served
 
     async def __aenter__(self):
         if self.busy < self.size and not self._waiting: self.busy += 1; return
@@ -226,7 +226,8 @@ def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
     pt, ct, estimated = usage_tokens(data.get('usage'), messages, texts)
     return Completion(text=texts[0], prompt_tokens=pt, completion_tokens=ct, latency_s=latency,
                       cost_usd=spec.cost(pt, ct), finish_reason=choices[0].get('finish_reason'),
-                      model=spec.name, attempts=attempts, texts=tuple(texts), usage_estimated=estimated)
+                      model=spec.name, attempts=attempts, texts=tuple(texts),
+                      usage_estimated=estimated)
 
 # %% ../../nbs/30_client.ipynb #f0ded4f6
 @dataclass
@@ -250,7 +251,8 @@ def _warn_shared(specs: list):
     for spec in specs: by_url.setdefault(spec.base_url, []).append(spec)
     for url, sharing in by_url.items():
         if len({spec.concurrency for spec in sharing}) > 1:
-            names, total = ', '.join(spec.name for spec in sharing), sum(spec.concurrency for spec in sharing)
+            names = ', '.join(spec.name for spec in sharing)
+            total = sum(spec.concurrency for spec in sharing)
             warnings.warn(f"models {names} share {url} with different concurrency; each keeps its own, "
                           f"so up to {total} requests go there at once", stacklevel=3)
 
@@ -258,7 +260,7 @@ class Client:
     "Async chat completions over a pool, with retries, rate limits, a call budget and a spend cap."
     def __init__(self, pool: Pool, # the models, the rewriter and the limits
                  seed: int | None = None, # seed of the retry jitter (None: fresh randomness)
-                 ledger: SpendLedger | None = None, # records each request's spend (None: `MemoryLedger`)
+                 ledger: SpendLedger | None = None, # where each request's spend goes (None: `MemoryLedger`)
                 ):
         if not all(hasattr(pool, a) for a in ('models', 'limits', 'specs', 'check_env')):
             raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
@@ -275,9 +277,9 @@ class Client:
         _warn_shared(pool.specs())
 
     def __repr__(self):
-        c = self.counters
-        return (f"Client({len(self.pool.models)} models; calls={c.calls}, completed={c.completed}, "
-                f"retries={c.retries}, failures={c.failures}, spend={fmt_usd(c.spend_usd)})")
+        done = self.counters
+        return (f"Client({len(self.pool.models)} models; calls={done.calls}, completed={done.completed}, "
+                f"retries={done.retries}, failures={done.failures}, spend={fmt_usd(done.spend_usd)})")
 
 # %% ../../nbs/30_client.ipynb #2d425d11
 class _Endpoint:
@@ -286,8 +288,9 @@ class _Endpoint:
         import httpx2
         from openai import AsyncOpenAI, Omit
         # the key is read from the environment and sent per request; the client holds a placeholder
+        http = endpoint_client(timeout_s, connections)
         self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
-                                  timeout=timeout_s, http_client=endpoint_client(timeout_s, connections))
+                                  timeout=timeout_s, http_client=http)
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
 
 @patch
@@ -302,7 +305,8 @@ def _lane(self: Client, spec: ModelSpec) -> tuple:
             sharing = [other for other in self._specs.values() if other.base_url == spec.base_url]
             timeout = max(other.timeout_s or self.pool.limits.timeout_s for other in sharing)
             connections = sum(other.concurrency for other in sharing)
-            endpoint = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout, connections)
+            endpoint = _Endpoint(spec.base_url, timeout, connections)
+            self._endpoints[spec.base_url] = endpoint
         rpm, tpm = spec.rpm and _PerMinute(spec.rpm), spec.tpm and _PerMinute(spec.tpm)
         lane = self._lanes[spec.name] = (endpoint, _Window(spec.concurrency), rpm, tpm)
     return lane
@@ -347,8 +351,8 @@ def _reserve(self: Client, spec: ModelSpec, kind: str, worst_usd: float) -> int:
         self._stop(f"call budget of {limits.call_budget} requests reached ({requests} sent); "
                    f"raise [limits] call_budget in {where} to continue")
     if limits.spend_cap_usd is not None and dollars + worst_usd > limits.spend_cap_usd:
-        self._stop(f"spend cap of {fmt_usd(limits.spend_cap_usd)} reached ({fmt_usd(dollars)} spent "
-                   f"or in flight, next call up to {fmt_usd(worst_usd)}); "
+        cap, spent, next_call = fmt_usd(limits.spend_cap_usd), fmt_usd(dollars), fmt_usd(worst_usd)
+        self._stop(f"spend cap of {cap} reached ({spent} spent or in flight, next call up to {next_call}); "
                    f"raise [limits] spend_cap_usd in {where} to continue")
     self.counters.calls += 1
     return self.ledger.reserve(spec.name, kind, worst_usd)
@@ -394,7 +398,8 @@ async def _send(self: Client, call: _Call, endpoint: _Endpoint, attempt: int) ->
     async with asyncio.timeout(call.spec.timeout_s or self.pool.limits.timeout_s):
         resp = await endpoint.client.post('/chat/completions', body=call.body, cast_to=endpoint.raw,
                                           options={'headers': self._headers(call.spec, endpoint)})
-    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0, attempt)
+    latency = time.perf_counter() - t0
+    comp = _parse_completion(resp.content, call.spec, call.messages, latency, attempt)
     if len(comp.texts) != call.n:
         raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
     return comp
@@ -440,7 +445,8 @@ def _failure_message(self: Client, spec: ModelSpec, failure: _Failure, attempt: 
     "One line on why a call failed, with every configured key blanked out."
     error = failure.error
     detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-    what, url = (f"HTTP {failure.status}" if failure.status else failure.kind), spec.base_url.rstrip('/')
+    what = f"HTTP {failure.status}" if failure.status else failure.kind
+    url = spec.base_url.rstrip('/')
     if failure.status == 404 and not url.endswith('/v1'):
         hint = f'OpenAI-compatible base URLs usually end in /v1 (try base_url = "{url}/v1")'
         msg = f"model {spec.name!r}: HTTP 404 from {url}/chat/completions; {hint}"
@@ -455,7 +461,8 @@ def _done(self: Client, comp: Completion) -> Completion:
     "Count a completion and advance the progress bars."
     counters = self.counters
     counters.completed += 1; counters.spend_usd += comp.cost_usd
-    counters.prompt_tokens += comp.prompt_tokens; counters.completion_tokens += comp.completion_tokens
+    counters.prompt_tokens += comp.prompt_tokens
+    counters.completion_tokens += comp.completion_tokens
     self._tick()
     return comp
 

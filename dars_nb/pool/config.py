@@ -77,7 +77,7 @@ def _kind(tp) -> str:
     return ' or '.join(_KIND_NAMES.get(typing.get_origin(a) or a, getattr(a, '__name__', str(a)))
                        for a in _alternatives(tp))
 
-# %% ../../nbs/08a_pool_config.ipynb #93329fe5
+# %% ../../nbs/08a_pool_config.ipynb #edabb6e2
 def from_table(cls, # a dataclass: its fields are the keys the table may hold
                table, # one parsed TOML table
                where: str, # the table, as messages name it, e.g. '[serve]' or '[models.small]'
@@ -90,12 +90,12 @@ def from_table(cls, # a dataclass: its fields are the keys the table may hold
     given = given or {}
     names = [f.name for f in fields(cls) if f.init and f.name not in given]
     check_known_keys(table, names + list(other_keys), where)
-    for f in fields(cls):
-        required = f.default is MISSING and f.default_factory is MISSING
-        if f.name in names and required and f.name not in table:
-            raise ConfigError(f"{where} needs a {f.name}")
+    for declared in fields(cls):
+        required = declared.default is MISSING and declared.default_factory is MISSING
+        if declared.name in names and required and declared.name not in table:
+            raise ConfigError(f"{where} needs a {declared.name}")
     hints = typing.get_type_hints(cls)
-    for k in names:
-        if k in table and not _fits_any(table[k], hints[k]):
-            raise ConfigError(f"{where}: {k} must be {_kind(hints[k])}, got {table[k]!r}")
+    for key in names:
+        if key in table and not _fits_any(table[key], hints[key]):
+            raise ConfigError(f"{where}: {key} must be {_kind(hints[key])}, got {table[key]!r}")
     return cls(**{k: v for k, v in table.items() if k in names}, **given)

@@ -14,14 +14,14 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['free_port', 'stop_signals', 'listening_socket', 'BackgroundServer', 'relay']
 
-# %% ../../nbs/08e_pool_server.ipynb #41ea360d
+# %% ../../nbs/08e_pool_server.ipynb #822b0433
 def free_port() -> int:
     "A TCP port on 127.0.0.1 that was free a moment ago."
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
 
-# %% ../../nbs/08e_pool_server.ipynb #91b80f23
+# %% ../../nbs/08e_pool_server.ipynb #d66ba4cc
 @contextmanager
 def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), # what stops
                 ):
@@ -30,10 +30,10 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         yield
         return
     def stop(signum, frame): raise KeyboardInterrupt(signal.Signals(signum).name)
-    old = {s: signal.signal(s, stop) for s in signals}
+    previous = {signum: signal.signal(signum, stop) for signum in signals}
     try: yield
     finally:
-        for s, h in old.items(): signal.signal(s, h)
+        for signum, handler in previous.items(): signal.signal(signum, handler)
 
 # %% ../../nbs/08e_pool_server.ipynb #09180312
 def listening_socket(host: str, # the address to listen on; ':' in it means IPv6
@@ -72,7 +72,7 @@ class BackgroundServer:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../../nbs/08e_pool_server.ipynb #6ee74837
+# %% ../../nbs/08e_pool_server.ipynb #3c8177b1
 @patch
 def start(self: BackgroundServer):
     "Bind, start serving, and wait until the server accepts requests; returns self."
@@ -93,7 +93,6 @@ def start(self: BackgroundServer):
         time.sleep(0.01)
     return self
 
-# %% ../../nbs/08e_pool_server.ipynb #0a52302d
 @patch
 def stop(self: BackgroundServer):
     "Stop serving (requests in flight get `grace_s` to finish) and wait for the thread to end."
@@ -107,7 +106,7 @@ def wait(self: BackgroundServer):
     "Block until the server stops (for a server that is the whole of its process)."
     if self._thread is not None: self._thread.join()
 
-# %% ../../nbs/08e_pool_server.ipynb #d0a17fb9
+# %% ../../nbs/08e_pool_server.ipynb #a5eba470
 _HOP_HEADERS = {'host', 'content-length', 'connection', 'transfer-encoding', 'keep-alive'}
 
 async def relay(request, # a Starlette request

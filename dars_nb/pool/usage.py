@@ -11,15 +11,16 @@ from .config import is_integer
 # %% auto #0
 __all__ = ['estimate_prompt_tokens', 'usage_tokens', 'fmt_usd']
 
-# %% ../../nbs/08c_pool_usage.ipynb #8c935541
+# %% ../../nbs/08c_pool_usage.ipynb #6a832a0c
 def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'content': ...}]
                           ) -> int:
     "An upper estimate of a chat prompt's tokens: one per three UTF-8 bytes, plus 8 per message."
-    n = 0
-    for m in messages:
-        c = m.get('content') or ''
-        n += len((c if isinstance(c, str) else json.dumps(c)).encode()) // 3 + 8
-    return n
+    tokens = 0
+    for message in messages:
+        content = message.get('content') or ''
+        text = content if isinstance(content, str) else json.dumps(content)
+        tokens += len(text.encode()) // 3 + 8
+    return tokens
 
 # %% ../../nbs/08c_pool_usage.ipynb #eec688c7
 def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)
