@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .collect.local import LoopbackServer, Request, http_response, forward, error_body
 
 # %% auto #0
-__all__ = ['chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy', 'KeyEchoEndpoint']
+__all__ = ['chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy', 'KeyEchoEndpoint', 'simulated_texts']
 
 # %% ../nbs/39_testing.ipynb #39a00007
 def chat_completion_body(text: str, # the answer
@@ -177,3 +177,20 @@ class KeyEchoEndpoint(LoopbackServer):
         if req.method != 'POST': return await super().handle(req, reader)
         msg = f"invalid key: {req.headers.get('authorization')}"
         return http_response(401, error_body(401, msg, 'invalid_request_error'))
+
+# %% ../nbs/39_testing.ipynb #72520017
+import numpy as np
+import pandas as pd
+
+def simulated_texts(obs: pd.DataFrame, # simulated observations
+                    features: pd.DataFrame, # the simulator's features, indexed by query_id
+                    seed: int = 0, # seed of the filler words
+                   ) -> pd.DataFrame:
+    "`obs` with a `query_text` naming the signs of each query's first features."
+    rng = np.random.default_rng(seed)
+    F = features.to_numpy()[:, :6]
+    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
+                     np.array([f'down{i}' for i in range(F.shape[1])]))
+    filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
+    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
+    return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())

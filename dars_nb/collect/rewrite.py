@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from .prompts import rewrite_messages, parse_rewrites, choice_list, task_kind, _field
 from .client import BudgetExceeded
-from ..routers.base import sentence_model_path, sentence_embeddings
+from ..features import sentence_model_path, sentence_embeddings
 
 # %% auto #0
 __all__ = ['SIMILARITY_BACKENDS', 'DEFAULT_MIN_SIMILARITY', 'VALIDITY_COLUMNS', 'FILLED', 'numeric_tokens', 'similarity_backend',

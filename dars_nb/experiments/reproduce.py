@@ -68,7 +68,7 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
                        method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
                       ) -> pd.DataFrame:
     "Query features from the text of each query's original wording (its lowest rewrite_id)."
-    from dars_nb.routers.base import query_features
+    from dars_nb.features import query_features
     if 'query_text' not in obs.columns:
         raise ValueError("no query features: give a features file or a 'query_text' column in the "
                          "observations")
@@ -437,8 +437,9 @@ def _summary(run: Run, res: pd.DataFrame, base: pd.DataFrame, dss: list, rs: dic
                 grid_sides=dict(zip(names, (_grid_sides(d.obs) for d in dss))))
 
 # %% ../../nbs/24_reproduce.ipynb #4eaf5179
+from ..routers import FAMILIES
 # default families that need `torch`
-TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
+TORCH_ROUTERS = tuple(f.name for f in FAMILIES if f.extra == 'torch')
 
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file

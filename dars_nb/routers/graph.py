@@ -26,13 +26,13 @@ class GraphRouter(StatsHeads, EnsembleRouter):
                 ): self.hidden, self.mask_rate = hidden, mask_rate
 
     def _keep(self, X, T): self.graph_X_, self.graph_edges_ = X, T['y']
-
-# %% ../../nbs/16_router_graph.ipynb #592a52e6
-@patch
-def _check_params(self: GraphRouter):
-    if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
-    if not 0 < self.mask_rate < 1:
-        raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
+    def _width(self) -> int:
+        "Floats per (draw, model, query) of the widest activation: the (R, h, K, n) edge layer."
+        return int(self.hidden)
+    def _check_params(self):
+        if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
 
 # %% ../../nbs/16_router_graph.ipynb #b9aff7fd
 @patch
@@ -43,8 +43,7 @@ def _init_draw(self: GraphRouter, gen, n_features, n_models):
     We, _ = init_linear(gen, 3, h)
     (Wa, _), (Wv, _), (A, b1), (B, _), (C, _) = (init_linear(gen, h, h) for _ in range(5))
     Wo, bo = init_linear(gen, h, 3)
-    return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh,
-                We=We, bm=bm,
+    return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh, We=We, bm=bm,
                 Wa=Wa, Wv=Wv, A=A, B=B, C=C, b1=b1, Wo=Wo, bo=bo)
 
 # %% ../../nbs/16_router_graph.ipynb #6ed6ecee
@@ -100,9 +99,3 @@ def _logits(self: GraphRouter, p, X):
     return torch.cat([self._edges(part(s), self._model_nodes(part(s), self.graph_X_,
                                                              self.graph_edges_[s:s + step]), X)
                       for s in range(0, R, step)])
-
-# %% ../../nbs/16_router_graph.ipynb #f777472c
-@patch
-def _width(self: GraphRouter) -> int:
-    "Floats per (draw, model, query) of the widest activation: the (R, h, K, n) edge layer."
-    return int(self.hidden)
