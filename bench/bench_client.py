@@ -8,8 +8,9 @@ the median is reported with every run.
 """
 import argparse, asyncio, multiprocessing as mp, os, statistics, sys, time, urllib.request
 
-from dars_nb.collect.client import Client, Limits, ModelSpec, Pool
-from dars_nb.collect.local import free_port
+from dars_nb.collect.client import Client
+from dars_nb.pool.models import Limits, ModelSpec, Pool
+from dars_nb.pool.server import free_port
 from dars_nb.testing import FixedEndpoint
 
 from summary import emit

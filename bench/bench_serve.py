@@ -82,7 +82,7 @@ def serve_fixed(port, delay):
 
 def serve_router(port, upstream, bundle_path):
     from dars_nb.bundle import load_bundle
-    from dars_nb.collect.client import ModelSpec, Pool
+    from dars_nb.pool.models import ModelSpec, Pool
     from dars_nb.serve import BackgroundServer, ServeSettings, create_app
     b = load_bundle(bundle_path)
     pool = Pool({m: ModelSpec(m, upstream, price_in=p[0], price_out=p[1], concurrency=8) for m, p in b.prices.items()})
@@ -153,7 +153,7 @@ def main(argv=None):
     if not a.endpoint_only: print(f"  for reference, the sentence encoder alone (all-MiniLM-L6-v2 on OpenVINO), loaded once: p50 {np.percentile(enc, 50):.2f} ms, "
           f"p99 {np.percentile(enc, 99):.2f} ms per question")
 
-    from dars_nb.collect.local import free_port
+    from dars_nb.pool.server import free_port
     ctx = mp.get_context('spawn')
     fport, rport = free_port(), free_port()
     fixed = ctx.Process(target=serve_fixed, args=(fport, a.delay), daemon=True); fixed.start()

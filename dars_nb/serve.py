@@ -21,9 +21,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from fastcore.basics import patch
 from .extras import missing_extra
-from .collect.client import (ConfigError, Pool, ModelSpec, estimate_prompt_tokens,
-                                    usage_tokens, read_toml, redact,
-                                    fmt_usd, _unknown, _is_num, _is_int)
+from .pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
+from .pool.models import Pool, ModelSpec, redact
+from .pool.usage import estimate_prompt_tokens, usage_tokens, fmt_usd
+from .pool.http import endpoint_client
+from .pool.server import stop_signals
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -44,7 +46,7 @@ def _check_listen(host, port, keys):
     "Raise `ConfigError` for a bad address, port or client key, or an open address without keys."
     if not isinstance(host, str) or not host:
         raise ConfigError(f"serve: host must be an address, got {host!r}")
-    if not _is_int(port) or not 0 <= port < 65536:
+    if not is_integer(port) or not 0 <= port < 65536:
         raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise ConfigError("serve: client_keys must be a sequence of strings")
@@ -78,17 +80,16 @@ class ServeSettings:
         object.__setattr__(self, 'client_keys', tuple(self.client_keys))
         for k in ('max_body_bytes', 'max_tokens'):
             v = getattr(self, k)
-            if not _is_int(v) or v < 1:
+            if not is_integer(v) or v < 1:
                 raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
         d = self.daily_spend_usd
-        if d is not None and (not _is_num(d) or d < 0):
+        if d is not None and (not is_finite_number(d) or d < 0):
             raise ConfigError("serve: daily_spend_usd must be a non-negative number of dollars, "
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
 
 # %% ../nbs/36_serve.ipynb #c479df69
-_SERVE_KEYS = ('client_keys_env', 'max_body_bytes', 'max_tokens', 'daily_spend_usd', 'router_model')
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
 
 def _client_keys(serve: dict, env) -> tuple:
@@ -104,23 +105,22 @@ def _client_keys(serve: dict, env) -> tuple:
 
 # %% ../nbs/36_serve.ipynb #c479df6a
 def load_serve_config(path, # a pool TOML file with an optional [serve] table
-                      host: str = '127.0.0.1', # address to listen on
-                      port: int = 8000, # port to listen on
+                      host: str | None = None, # address to listen on (None: `ServeSettings.host`)
+                      port: int | None = None, # port to listen on (None: `ServeSettings.port`)
                       env: dict | None = None, # where key variables are read (default: os.environ)
                      ) -> tuple:
-    "The pool and the `ServeSettings` of a pool TOML file."
+    "The pool and the `ServeSettings` of a pool TOML file, read once."
     d, env = read_toml(path), os.environ if env is None else env
     serve = d.get('serve', {})
     if not isinstance(serve, dict): raise ConfigError("[serve] must be a table of settings")
     if 'request_timeout_s' in serve:
-        raise ConfigError("[serve] request_timeout_s is not a setting: the time per upstream "
-                          "attempt is "
-                          "[limits] timeout_s (or a model's own timeout_s)")
-    _unknown(serve, _SERVE_KEYS, '[serve]')
-    keys = _client_keys(serve, env)
+        instead = "[limits] timeout_s (or a model's own timeout_s)"
+        raise ConfigError("[serve] request_timeout_s is not a setting: "
+                          f"the time per upstream attempt is {instead}")
+    given = dict(client_keys=_client_keys(serve, env), host=ServeSettings.host if host is None else host,
+                 port=ServeSettings.port if port is None else port)
     pool = Pool.from_dict(d, also=_OTHER_TABLES, source=str(path))
-    opts = {k: v for k, v in serve.items() if k != 'client_keys_env'}
-    return pool, ServeSettings(host=host, port=port, client_keys=keys, **opts)
+    return pool, from_table(ServeSettings, serve, '[serve]', given, other_keys=('client_keys_env',))
 
 # %% ../nbs/36_serve.ipynb #0504e077
 FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization',
@@ -167,7 +167,7 @@ def _message_text(content) -> str | None:
 def _parse_lambda(body_value, header_value) -> float | None:
     vals = []
     if body_value is not None:
-        if not _is_num(body_value):
+        if not is_finite_number(body_value):
             raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}",
                                'dars_lambda')
         vals.append(float(body_value))
@@ -190,7 +190,7 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     "(effective max tokens, whether it was capped), with every max-token field of `body` set to it."
     given = [k for k in ('max_tokens', 'max_completion_tokens') if body.get(k) is not None]
     for k in given:
-        if not _is_int(body[k]) or body[k] < 1:
+        if not is_integer(body[k]) or body[k] < 1:
             raise RequestError(400, f"{k} must be a positive integer, got {json.dumps(body[k])}", k)
     if not given:
         body['max_tokens'] = cap
@@ -246,7 +246,7 @@ def _stream_and_n(body: dict) -> tuple:
     if not isinstance(stream, bool):
         raise RequestError(400, f"stream must be true or false, got {json.dumps(stream)}", 'stream')
     if n is None: n = 1
-    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+    if not is_integer(n) or not 1 <= n <= MAX_CHOICES:
         raise RequestError(400,
                            f"n must be an integer from 1 to {MAX_CHOICES}, "
                            f"got {json.dumps(n)}", 'n')
@@ -431,10 +431,7 @@ class Upstreams:
         for s in pool.models.values():
             slots[s.base_url] = slots.get(s.base_url, 0) + s.concurrency
             wait[s.base_url] = max(wait.get(s.base_url, 0), self.timeout(s))
-        self.clients = {url: httpx2.AsyncClient(timeout=httpx2.Timeout(wait[url]),
-                                                limits=httpx2.Limits(max_connections=n,
-                                                                     max_keepalive_connections=n))
-                        for url, n in slots.items()}
+        self.clients = {url: endpoint_client(wait[url], n) for url, n in slots.items()}
 
     def timeout(self, spec: ModelSpec) -> float:
         "Seconds one attempt on `spec` may take: its own `timeout_s`, else the pool's."
@@ -789,7 +786,6 @@ def stop(self: BackgroundServer):
 # %% ../nbs/36_serve.ipynb #fda8613d
 def _run_until_signal(server, sock):
     "Run a uvicorn server until SIGINT, SIGTERM or SIGHUP, each a graceful shutdown."
-    from dars_nb.collect.local import stop_signals
     main = threading.current_thread() is threading.main_thread()
     if main:
         hup = signal.signal(signal.SIGHUP, lambda signum,
@@ -804,8 +800,8 @@ def _run_until_signal(server, sock):
 # %% ../nbs/36_serve.ipynb #6e20b2fd
 def serve_main(router, # a router bundle file (`dars train --out`)
                pool, # the pool TOML file: [models] and an optional [serve] table
-               host: str = '127.0.0.1', # address to listen on (beyond loopback: set client keys)
-               port: int = 8000, # port to listen on
+               host: str = ServeSettings.host, # address to listen on (beyond loopback: set client keys)
+               port: int = ServeSettings.port, # port to listen on
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."

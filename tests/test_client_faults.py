@@ -9,9 +9,11 @@ from collections import Counter
 
 import pytest
 
-from dars_nb.collect.client import (BudgetExceeded, Client, Limits, ModelSpec, PermanentError, Pool,
-                                    estimate_prompt_tokens)
-from dars_nb.collect.local import LOCAL_MODELS, free_port
+from dars_nb.collect.client import BudgetExceeded, Client, PermanentError
+from dars_nb.collect.local import LOCAL_MODELS
+from dars_nb.pool.models import Limits, ModelSpec, Pool
+from dars_nb.pool.server import free_port
+from dars_nb.pool.usage import estimate_prompt_tokens
 
 MODEL = 'smollm2'
 MESSAGES = [{'role': 'system', 'content': "Answer briefly. End with a line 'Final Answer: <answer>'."},

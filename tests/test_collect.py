@@ -207,7 +207,7 @@ GOOD_TASKS = [dict(query_id=f'q{i}', kind='math', question=f'What is {i} + {i}?'
                                   'bad data file', 'unreachable endpoint', 'unparseable config', 'zero call budget',
                                   'zero spend cap'])
 def test_bad_input_is_one_line_and_leaves_the_store_alone(tmp_path, capsys, monkeypatch, case):
-    from dars_nb.collect.local import free_port
+    from dars_nb.pool.server import free_port
     monkeypatch.delenv('DARS_TEST_MISSING_KEY', raising=False)
     db = _good_store(tmp_path)
     digest = files_digest(db)

@@ -18,8 +18,9 @@ import openai
 import pytest
 
 from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
-from dars_nb.collect.client import ConfigError, Limits, ModelSpec, Pool
-from dars_nb.collect.local import free_port
+from dars_nb.pool.config import ConfigError
+from dars_nb.pool.models import Limits, ModelSpec, Pool
+from dars_nb.pool.server import free_port
 from dars_nb.testing import FaultProxy, FixedEndpoint
 from dars_nb.serve import BackgroundServer, ServeSettings, create_app, load_serve_config, serve_main
 

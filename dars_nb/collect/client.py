@@ -6,311 +6,24 @@
 from __future__ import annotations
 import asyncio
 import email.utils
-import hashlib
 import json
-import math
 import os
 import random
 import time
-import tomllib
 import warnings
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, asdict
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Protocol
 from fastcore.basics import patch
+from ..pool.config import ConfigError
+from ..pool.models import ModelSpec, Limits, Pool, redact
+from ..pool.usage import estimate_prompt_tokens, usage_tokens, fmt_usd
+from ..pool.http import endpoint_client
 
 # %% auto #0
-__all__ = ['DATASET_KINDS', 'DEFAULT_MAX_TOKENS', 'SETTLED', 'ConfigError', 'ModelSpec', 'Limits', 'read_toml', 'Pool',
-           'Completion', 'fmt_usd', 'MalformedResponse', 'BudgetExceeded', 'PermanentError', 'parse_retry_after',
-           'classify_error', 'backoff_delay', 'redact', 'SpendLedger', 'MemoryLedger', 'estimate_prompt_tokens',
-           'usage_tokens', 'Counters', 'Client']
-
-# %% ../../nbs/30_client.ipynb #1fd76948
-DATASET_KINDS = ('choice', 'math', 'reading')
-DEFAULT_MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}
-
-class ConfigError(ValueError):
-    "A problem with a model-pool configuration, stated in one line."
-
-# %% ../../nbs/30_client.ipynb #403bb95b
-def _is_num(v) -> bool:
-    "Whether `v` is a finite number (not a bool)."
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-# %% ../../nbs/30_client.ipynb #503af5a4
-def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
-
-# %% ../../nbs/30_client.ipynb #5c1e0a01
-def _check_counts(who: str, m):
-    "Raise `ConfigError` unless the model's counts and time limits are in range."
-    for p in ('concurrency', 'rpm', 'tpm'):
-        v = getattr(m, p)
-        if (v is not None or p == 'concurrency') and (not _is_int(v) or v < 1):
-            raise ConfigError(f"{who}: {p} must be a positive integer, got {v!r}")
-    if m.max_retries is not None and (not _is_int(m.max_retries) or m.max_retries < 0):
-        raise ConfigError(f"{who}: max_retries must be a non-negative integer, got "
-                          f"{m.max_retries!r}")
-    if m.timeout_s is not None and (not _is_num(m.timeout_s) or m.timeout_s <= 0):
-        raise ConfigError(f"{who}: timeout_s must be a positive number of seconds, got "
-                          f"{m.timeout_s!r}")
-    if not isinstance(m.max_tokens, dict):
-        raise ConfigError(f"{who}: max_tokens must map dataset kinds to integers")
-    for k, v in m.max_tokens.items():
-        if k not in DATASET_KINDS:
-            raise ConfigError(f"{who}: unknown dataset kind {k!r} in max_tokens "
-                              f"(expected one of {', '.join(DATASET_KINDS)})")
-        if not _is_int(v) or v < 1:
-            raise ConfigError(f"{who}: max_tokens[{k!r}] must be a positive integer, got {v!r}")
-
-# %% ../../nbs/30_client.ipynb #5c1e0a02
-def _check_model(m):
-    "Raise `ConfigError` for the first bad setting of a `ModelSpec`."
-    who = f"model {m.name!r}"
-    if not isinstance(m.name, str) or not m.name.strip():
-        raise ConfigError(f"a model needs a non-empty name, got {m.name!r}")
-    if not isinstance(m.base_url, str) or not m.base_url.startswith(('http://', 'https://')):
-        raise ConfigError(f"{who}: base_url must start with http:// or https://, "
-                          f"got {m.base_url!r}")
-    env = m.api_key_env
-    if env is not None and (not isinstance(env, str) or not env.strip()):
-        raise ConfigError(f"{who}: api_key_env must name an environment variable, got "
-                          f"{m.api_key_env!r}")
-    for p in ('price_in', 'price_out'):
-        v = getattr(m, p)
-        if not _is_num(v) or v < 0:
-            raise ConfigError(f"{who}: {p} must be a non-negative number of dollars per million "
-                              f"tokens, got {v!r}")
-    _check_counts(who, m)
-    if m.remote_name is not None and (not isinstance(m.remote_name, str) or not m.remote_name):
-        raise ConfigError(f"{who}: remote_name must be a non-empty string, got {m.remote_name!r}")
-    if not isinstance(m.honours_n, bool):
-        raise ConfigError(f"{who}: honours_n must be true or false, got {m.honours_n!r}")
-
-# %% ../../nbs/30_client.ipynb #1b9787b8
-@dataclass(frozen=True)
-class ModelSpec:
-    "One model of the pool: where it is served, what it costs and how hard to push it."
-    name: str # the model's name in the observation table
-    base_url: str # OpenAI-compatible base URL, e.g. https://api.openai.com/v1
-    api_key_env: str | None = None # variable that holds the key (None: the endpoint needs none)
-    price_in: float = 0.0 # dollars per million prompt tokens
-    price_out: float = 0.0 # dollars per million completion tokens
-    max_tokens: dict = field(default_factory=dict) # dataset kind -> most completion tokens
-    concurrency: int = 4 # requests in flight at once for this model (not shared with others)
-    remote_name: str | None = None # model id sent to the endpoint (default: `name`)
-    honours_n: bool = False # whether the endpoint returns `n` choices when asked for n > 1
-    timeout_s: float | None = None # seconds before a request is abandoned (None: [limits])
-    max_retries: int | None = None # retries per call after the first attempt (None: [limits])
-    rpm: int | None = None # requests per minute this model may receive (None: no limit)
-    tpm: int | None = None # tokens per minute, prompt estimate plus max_tokens (None: no limit)
-
-    def __post_init__(self):
-        _check_model(self)
-        object.__setattr__(self, 'max_tokens', {**DEFAULT_MAX_TOKENS, **self.max_tokens})
-        if self.remote_name is None: object.__setattr__(self, 'remote_name', self.name)
-
-# %% ../../nbs/30_client.ipynb #1b9787b9
-@patch
-def cost(self: ModelSpec, prompt_tokens: int, # input tokens
-         completion_tokens: int, # output tokens
-        ) -> float:
-    "Dollars for one call with this usage."
-    return (prompt_tokens * self.price_in + completion_tokens * self.price_out) / 1e6
-
-# %% ../../nbs/30_client.ipynb #da1d41be
-@patch
-def max_tokens_for(self: ModelSpec, kind: str, # dataset kind: 'choice', 'math' or 'reading'
-                  ) -> int:
-    "The completion-token limit for a dataset kind."
-    if kind not in self.max_tokens:
-        raise ConfigError(f"unknown dataset kind {kind!r} (expected one of "
-                          f"{', '.join(DATASET_KINDS)})")
-    return self.max_tokens[kind]
-
-# %% ../../nbs/30_client.ipynb #2d75ac7f
-@dataclass(frozen=True)
-class Limits:
-    "How long to wait, how often to retry, and when to stop."
-    timeout_s: float = 120.0 # seconds before one request is abandoned (and retried)
-    max_retries: int = 5 # retries per call after the first attempt
-    call_budget: int | None = None # most requests ever sent, retries included (None: no limit)
-    spend_cap_usd: float | None = None # most dollars ever spent, in flight included (None: no cap)
-    backoff_s: float = 1.0 # first backoff delay in seconds; it doubles with each retry
-    backoff_max_s: float = 60.0 # longest backoff delay
-    retry_after_max_s: float = 300.0 # longest `Retry-After` the client agrees to wait
-
-    def __post_init__(self):
-        for k in ('timeout_s', 'backoff_s', 'backoff_max_s', 'retry_after_max_s'):
-            v = getattr(self, k)
-            if not _is_num(v) or v < 0 or (k == 'timeout_s' and v == 0):
-                raise ConfigError(f"limits: {k} must be a positive number of seconds, got {v!r}")
-        if not _is_int(self.max_retries) or self.max_retries < 0:
-            raise ConfigError("limits: max_retries must be a non-negative integer, got "
-                              f"{self.max_retries!r}")
-        b, cap = self.call_budget, self.spend_cap_usd
-        if b is not None and (not _is_int(b) or b < 1):
-            raise ConfigError("limits: call_budget must be a positive integer (leave it out for "
-                              f"no limit), got {b!r}")
-        if cap is not None and (not _is_num(cap) or cap <= 0):
-            raise ConfigError("limits: spend_cap_usd must be a positive number of dollars (leave "
-                              f"it out for no cap), got {cap!r}")
-
-# %% ../../nbs/30_client.ipynb #14730742
-_TOP_KEYS = ('models', 'rewriter', 'limits')
-_MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
-_LIMIT_KEYS = tuple(f.name for f in fields(Limits))
-_OPTIONAL_MODEL_KEYS = ('timeout_s', 'max_retries', 'rpm', 'tpm')   # not in `to_dict` when unset
-
-def _unknown(keys, allowed, where):
-    "Raise `ConfigError` naming the first of `keys` that is not in `allowed`."
-    extra = [k for k in keys if k not in allowed]
-    if extra:
-        raise ConfigError(f"unknown key {extra[0]!r} in {where} (expected one of "
-                          f"{', '.join(allowed)})")
-
-# %% ../../nbs/30_client.ipynb #6e209bf3
-def _model_from(name, d, where):
-    "A `ModelSpec` from one [models.NAME] (or [rewriter]) table."
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where} must be a table of settings, got {type(d).__name__}")
-    _unknown(d, [k for k in _MODEL_KEYS if k != 'name'] if name is not None else _MODEL_KEYS, where)
-    if name is None and 'name' not in d: raise ConfigError(f"{where} needs a name")
-    if 'base_url' not in d: raise ConfigError(f"{where} needs a base_url")
-    try: return ModelSpec(**({'name': name} if name is not None else {}), **d)
-    except TypeError as e: raise ConfigError(f"{where}: {e}") from None
-
-# %% ../../nbs/30_client.ipynb #14730743
-def read_toml(path, # a TOML file
-             ) -> dict:
-    "The parsed contents of a configuration file, or a one-line `ConfigError`."
-    path = Path(path)
-    if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-    try: return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
-
-# %% ../../nbs/30_client.ipynb #da702e31
-@dataclass(frozen=True)
-class Pool:
-    "The models to route between, the rewriter and the run's limits."
-    models: dict # model name -> ModelSpec
-    rewriter: ModelSpec | None = None # the model that writes rewrites (may also be in `models`)
-    limits: Limits = field(default_factory=Limits) # timeouts, retries, call budget, spend cap
-    source: str | None = field(default=None, compare=False) # the file it was read from
-
-    def __post_init__(self):
-        if not isinstance(self.models, dict) or not self.models:
-            raise ConfigError("the pool needs at least one model")
-        for k, m in self.models.items():
-            if not isinstance(m, ModelSpec):
-                raise ConfigError(f"model {k!r} must be a ModelSpec, got {type(m).__name__}")
-            if m.name != k:
-                raise ConfigError(f"model {k!r} is registered under a different name than its "
-                                  f"spec ({m.name!r})")
-        rw = self.rewriter
-        if rw is not None and not isinstance(rw, ModelSpec):
-            raise ConfigError("the rewriter must be a ModelSpec")
-        if rw is not None and self.models.get(rw.name, rw) != rw:
-            raise ConfigError(f"the rewriter is named {rw.name!r} like a model of the pool, but "
-                              "with other settings")
-        if not isinstance(self.limits, Limits): raise ConfigError("limits must be a Limits")
-
-# %% ../../nbs/30_client.ipynb #da702e32
-def _rewriter_from(rw, models: dict) -> ModelSpec | None:
-    "The rewriter of a configuration: None, the name of a model of [models], or a table of its own."
-    if rw is None: return None
-    if isinstance(rw, str):
-        if rw not in models:
-            raise ConfigError(f"rewriter {rw!r} is not a model of [models] (known: "
-                              f"{', '.join(models)})")
-        return models[rw]
-    return _model_from(None, rw, '[rewriter]')
-
-# %% ../../nbs/30_client.ipynb #9239a9c0
-@patch(cls_method=True)
-def from_dict(cls: Pool, d: dict, # parsed configuration (the TOML layout above)
-              check_env: bool = True, # fail if a model's key variable is not set
-              also: tuple = (), # other top-level tables the file may hold (read by other tools)
-              source: str | None = None, # the file it came from
-             ) -> Pool:
-    "Build and check a pool from a plain dictionary."
-    if not isinstance(d, dict):
-        raise ConfigError(f"the configuration must be a table, got {type(d).__name__}")
-    _unknown(d, _TOP_KEYS + tuple(also), 'the configuration')
-    raw = d.get('models')
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("the configuration needs a [models] table with at least one model")
-    models = {name: _model_from(name, m, f"[models.{name}]") for name, m in raw.items()}
-    lim = d.get('limits', {})
-    if not isinstance(lim, dict): raise ConfigError("[limits] must be a table of settings")
-    _unknown(lim, _LIMIT_KEYS, '[limits]')
-    pool = cls(models=models, rewriter=_rewriter_from(d.get('rewriter'), models),
-               limits=Limits(**lim), source=source)
-    if check_env: pool.check_env()
-    return pool
-
-# %% ../../nbs/30_client.ipynb #882e04af
-@patch(cls_method=True)
-def from_toml(cls: Pool, path, # a TOML file laid out as above
-              check_env: bool = True, # fail if a model's key variable is not set
-              also: tuple = (), # other top-level tables the file may hold (read by other tools)
-             ) -> Pool:
-    "Read and check a pool from a TOML file."
-    return cls.from_dict(read_toml(path), check_env=check_env, also=also, source=str(path))
-
-# %% ../../nbs/30_client.ipynb #da702e33
-@patch
-def specs(self: Pool) -> list:
-    "Every model the pool may call: the routed models, then the rewriter if it is not one of them."
-    out = list(self.models.values())
-    if self.rewriter is not None and self.models.get(self.rewriter.name) != self.rewriter:
-        out.append(self.rewriter)
-    return out
-
-# %% ../../nbs/30_client.ipynb #d62e4a47
-@patch
-def spec(self: Pool, name: str, # a routed model's or the rewriter's name
-        ) -> ModelSpec:
-    "The spec of a routed model or of the rewriter, by name."
-    for s in self.specs():
-        if s.name == name: return s
-    raise ConfigError(f"unknown model {name!r} (the pool has: "
-                      f"{', '.join(s.name for s in self.specs())})")
-
-# %% ../../nbs/30_client.ipynb #91ba4822
-@patch
-def check_env(self: Pool):
-    "Raise `ConfigError` if a model names a key variable that is not set (its value is not read)."
-    for s in self.specs():
-        if s.api_key_env is not None and not os.environ.get(s.api_key_env):
-            raise ConfigError(f"model {s.name!r}: environment variable {s.api_key_env} "
-                              "(api_key_env) is not set")
-
-# %% ../../nbs/30_client.ipynb #da702e34
-def _spec_dict(m: ModelSpec) -> dict:
-    "A model's settings without its name; unset optional ones left out (stable fingerprints)."
-    return {k: v for k,
-            v in asdict(m).items() if k != 'name' and not (k in _OPTIONAL_MODEL_KEYS and v is None)}
-
-# %% ../../nbs/30_client.ipynb #c7e71daa
-@patch
-def to_dict(self: Pool) -> dict:
-    "The configuration as a plain dictionary (names of key variables only, never keys)."
-    d = {'models': {n: _spec_dict(m) for n, m in self.models.items()},
-         'limits': asdict(self.limits)}
-    rw = self.rewriter
-    if rw is not None:
-        shared = self.models.get(rw.name) == rw
-        d['rewriter'] = rw.name if shared else {'name': rw.name, **_spec_dict(rw)}
-    return d
-
-# %% ../../nbs/30_client.ipynb #b265e7a3
-@patch
-def fingerprint(self: Pool) -> str:
-    "A short hash of the configuration, e.g. to record in a store which pool produced it."
-    return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+__all__ = ['SETTLED', 'Completion', 'MalformedResponse', 'BudgetExceeded', 'PermanentError', 'parse_retry_after',
+           'classify_error', 'backoff_delay', 'SpendLedger', 'MemoryLedger', 'Counters', 'Client']
 
 # %% ../../nbs/30_client.ipynb #7173dca8
 @dataclass(frozen=True)
@@ -326,16 +39,6 @@ class Completion:
     attempts: int = 1 # requests it took (1 = no retry)
     texts: tuple = () # every choice's text (more than one only when n > 1 was honoured)
     usage_estimated: bool = False # the endpoint reported no usage; token counts are estimates
-
-# %% ../../nbs/30_client.ipynb #7173dcb1
-def fmt_usd(x: float, # dollars
-           ) -> str:
-    "Dollars for people: cents from a dollar up; below, three significant digits, no trailing zeros."
-    if x == 0: return '$0'
-    if abs(x) >= 1: return f'${x:,.2f}'
-    digits = max(2, 2 - math.floor(math.log10(abs(x))))
-    text = f'{x:.{digits}f}'.rstrip('0')
-    return '$' + (text if len(text.split('.')[1]) >= 2 else f'{x:.2f}')
 
 # %% ../../nbs/30_client.ipynb #8b3a2f41
 class MalformedResponse(ValueError):
@@ -399,15 +102,6 @@ def backoff_delay(attempt: int, # 1 for the first retry, 2 for the second, ...
     u = (rng or random).random()
     if retry_after is not None: return min(retry_after, limits.retry_after_max_s) * (1 + 0.1 * u)
     return min(limits.backoff_max_s, limits.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * u)
-
-# %% ../../nbs/30_client.ipynb #1e6a0002
-def redact(text: str, # a message that may quote an endpoint's reply
-           pool: Pool, # whose key variables to blank out
-          ) -> str:
-    "`text` with the value of every key variable the pool names replaced by `***`."
-    keys = {os.environ.get(s.api_key_env) for s in pool.specs() if s.api_key_env}
-    for key in sorted(filter(None, keys), key=len, reverse=True): text = text.replace(key, '***')
-    return text
 
 # %% ../../nbs/30_client.ipynb #5e1d0002
 class SpendLedger(Protocol):
@@ -508,27 +202,6 @@ class _PerMinute:
         "Wait until `amount` is available, then take it."
         while (w := self.wait_s(amount)) > 0: await asyncio.sleep(w)
 
-# %% ../../nbs/30_client.ipynb #f262b198
-def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'content': ...}]
-                          ) -> int:
-    "An upper estimate of a chat prompt's tokens: one per three UTF-8 bytes, plus 8 per message."
-    n = 0
-    for m in messages:
-        c = m.get('content') or ''
-        n += len((c if isinstance(c, str) else json.dumps(c)).encode()) // 3 + 8
-    return n
-
-# %% ../../nbs/30_client.ipynb #682c9a21
-def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)
-                 messages: list, # the request's messages
-                 texts, # every choice's text
-                ) -> tuple:
-    "(prompt tokens, completion tokens, whether estimated) of one answer."
-    pt, ct = (usage.get('prompt_tokens'),
-              usage.get('completion_tokens')) if isinstance(usage, dict) else (None, None)
-    if _is_int(pt) and _is_int(ct) and pt >= 0 and ct >= 0: return pt, ct, False
-    return estimate_prompt_tokens(messages), sum(len(t.encode()) // 3 + 1 for t in texts), True
-
 # %% ../../nbs/30_client.ipynb #f262b19a
 def _message_texts(choices: list) -> list:
     "Each choice's message text; `MalformedResponse` if a choice is not a chat message."
@@ -576,13 +249,13 @@ class Counters:
 
 # %% ../../nbs/30_client.ipynb #f0ded4f7
 class _Endpoint:
-    "One AsyncOpenAI client for one base URL."
-    def __init__(self, base_url: str, timeout_s: float):
+    "The `openai` SDK's client of one base URL, on that endpoint's pooled HTTP client."
+    def __init__(self, base_url: str, timeout_s: float, connections: int):
         import httpx2
         from openai import AsyncOpenAI, Omit
         # the key is read from the environment and sent per request; the client holds a placeholder
         self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
-                                  timeout=timeout_s)
+                                  timeout=timeout_s, http_client=endpoint_client(timeout_s, connections))
         self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
 
 # %% ../../nbs/30_client.ipynb #ae247014
@@ -635,7 +308,8 @@ def _lane(self: Client, spec: ModelSpec) -> tuple:
         if ep is None:
             shared = [s for s in self._specs.values() if s.base_url == spec.base_url]
             timeout = max(s.timeout_s or self.pool.limits.timeout_s for s in shared)
-            ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout)
+            connections = sum(s.concurrency for s in shared)
+            ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout, connections)
         rpm, tpm = spec.rpm and _PerMinute(spec.rpm), spec.tpm and _PerMinute(spec.tpm)
         lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), rpm, tpm)
     return lane

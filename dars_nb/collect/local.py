@@ -12,25 +12,23 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 from fastcore.basics import patch
-from .client import ModelSpec, Pool, Limits
+from ..pool.models import ModelSpec, Pool, Limits
+from ..pool.http import http_get, EndpointUnreachable
+from ..pool.server import free_port, stop_signals
 
 # %% auto #0
 __all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModelError', 'LocalModel', 'sha256_file', 'cache_dir',
            'smollm2_path', 'gemma3_path', 'model_path', 'Request', 'http_response', 'error_body', 'LoopbackServer',
-           'forward', 'free_port', 'LocalServer', 'start_local_server', 'stop_signals', 'serve_main']
+           'forward', 'LocalServer', 'start_local_server', 'serve_main']
 
 # %% ../../nbs/32_local.ipynb #3e6268c9
 SMOLLM2_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
@@ -311,14 +309,6 @@ async def forward(upstream: str, # base URL of the upstream endpoint
     keep = {k: v for k, v in headers.items() if k not in skip | {'content-type', 'date', 'server'}}
     return http_response(status, body, headers.get('content-type', 'application/json'), keep)
 
-
-# %% ../../nbs/32_local.ipynb #80fbf78b
-def free_port() -> int:
-    "A TCP port on 127.0.0.1 that was free a moment ago."
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
 # %% ../../nbs/32_local.ipynb #6f37e990
 class _ModelRouter(LoopbackServer):
     "The front of a LocalServer: one base URL, requests routed by their `model` field."
@@ -410,9 +400,8 @@ def stop(self: LocalServer):
 # %% ../../nbs/32_local.ipynb #1c48af18
 def _answers(url: str) -> bool:
     "Whether an OpenAI-compatible base URL lists its models."
-    try:
-        with urllib.request.urlopen(url + '/models', timeout=2) as r: return r.status == 200
-    except (OSError, urllib.error.URLError): return False
+    try: return http_get(url + '/models', timeout_s=2)[0] == 200
+    except EndpointUnreachable: return False
 
 # %% ../../nbs/32_local.ipynb #5056b562
 _ORPHAN_GUARD = """import os, sys
@@ -484,20 +473,6 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
         LocalServer(dict(zip(models, models)), _ModelRouter({}), procs, workdir).stop()
         raise
     return LocalServer({m: paths[m] for m in models}, front, procs, workdir)
-
-# %% ../../nbs/32_local.ipynb #5a9e0001
-@contextmanager
-def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), # what stops
-                ):
-    "In the block, each of `signals` raises `KeyboardInterrupt` (main thread only; restored after)."
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    def stop(signum, frame): raise KeyboardInterrupt(signal.Signals(signum).name)
-    old = {s: signal.signal(s, stop) for s in signals}
-    try: yield
-    finally:
-        for s, h in old.items(): signal.signal(s, h)
 
 # %% ../../nbs/32_local.ipynb #90e1f95d
 def serve_main(port: int = 8080, # port of the OpenAI-compatible front on 127.0.0.1

@@ -26,8 +26,10 @@ import pandas as pd
 from fastcore.basics import patch
 from ..observations import (
     KEY_COLUMNS, validate, write_observations, read_observations, ObservationError)
-from .client import (
-    Pool, Client, ConfigError, BudgetExceeded, PermanentError, estimate_prompt_tokens, fmt_usd)
+from ..pool.config import ConfigError
+from ..pool.models import Pool
+from ..pool.usage import estimate_prompt_tokens, fmt_usd
+from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
 from ..diagnostics import markdown_table
 from .prompts import (

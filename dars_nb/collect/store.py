@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from fastcore.basics import patch
 from ..diagnostics import markdown_table
-from .client import fmt_usd
+from ..pool.usage import fmt_usd
 import numpy as np
 import pandas as pd
 from ..observations import (
