@@ -25,7 +25,7 @@ __all__ = ['RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bun
 # %% ../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
 class RouterBundle:
-    "A fitted featurizer and router with their models, settings and provenance: routes raw question texts."
+    "A fitted featurizer and router with their models, settings and provenance: routes raw texts."
     models: list            # model names, in the router's column order
     lam: float              # cost weight λ the router was trained with (the default for routing)
     beta: float             # risk weight β
@@ -43,8 +43,9 @@ class RouterBundle:
 
     def __repr__(self) -> str:
         guard = 'unguarded' if self.guard is None else f'guard margin {self.guard:.4g}'
-        return (f"RouterBundle({type(self.router).__name__} on {self.featurizer.name}, {len(self.models)} models, "
-                f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}, dars_nb {self.version})")
+        what = f"{type(self.router).__name__} on {self.featurizer.name}, {len(self.models)} models"
+        settings = f"mode {self.mode}, λ = {self.lam}, β = {self.beta}, {guard}"
+        return f"RouterBundle({what}, {settings}, dars_nb {self.version})"
 
     def __post_init__(self):
         check_bundle(self)
@@ -60,7 +61,8 @@ def check_bundle(b: RouterBundle, # the bundle to check
     if b.router.n_draws_ != 1:
         raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
     if list(b.router.models_) != list(b.models):
-        raise BundleError(f"the router's models {list(b.router.models_)} differ from the bundle's {list(b.models)}")
+        router_models, bundle_models = list(b.router.models_), list(b.models)
+        raise BundleError(f"the router's models {router_models} differ from the bundle's {bundle_models}")
     try: check_is_fitted(b.featurizer, 'n_features_out_')
     except (NotFittedError, TypeError): raise BundleError("the featurizer is not fitted") from None
     if b.featurizer.n_features_out_ != b.router.n_features_in_:
@@ -71,7 +73,7 @@ def check_bundle(b: RouterBundle, # the bundle to check
     return b
 
 # %% ../nbs/25c_bundle.ipynb #fb91deda
-def observations_fingerprint(obs: pd.DataFrame, # observations (their training grid is fingerprinted)
+def observations_fingerprint(obs: pd.DataFrame, # observations (the training grid is fingerprinted)
                             ) -> str:
     "sha256 of the sorted training observation keys with their scores and costs."
     cols = ['dataset', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score', 'cost']
@@ -95,7 +97,8 @@ def features(self: RouterBundle, texts, # question texts
 @patch
 def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
-    if self.guard_cv is None: raise ValueError("this bundle has no training statistics to choose a best fixed model")
+    if self.guard_cv is None:
+        raise ValueError("this bundle has no training statistics to choose a best fixed model")
     return int((self.guard_cv.mu_q - lam * self.guard_cv.mu_c).mean(0).argmax())
 
 @patch
@@ -150,8 +153,9 @@ def predict_stats(self: RouterBundle, texts, # question texts
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(U.shape[1])[None].repeat(len(U), 0), 1)
     n, K = U.shape
-    return pd.DataFrame(dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
-                             **{k: v.ravel() for k, v in terms.items()}, utility=U.ravel(), rank=rank.ravel() + 1))
+    columns = dict(text=np.repeat(np.arange(n), K), model=np.tile(self.models, n),
+                   **{k: v.ravel() for k, v in terms.items()})
+    return pd.DataFrame(dict(columns, utility=U.ravel(), rank=rank.ravel() + 1))
 
 # %% ../nbs/25c_bundle.ipynb #cbc62989
 def save_bundle(bundle: RouterBundle, # the bundle to save
@@ -160,13 +164,14 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
     "Write `bundle` as one file: manifest.json and arrays/*.npy. Returns the path."
     check_bundle(bundle)
     arrays = {}
+    guard_cv = None if bundle.guard_cv is None else vars(bundle.guard_cv)
     manifest = dict(library_version=bundle.version, models=list(bundle.models), lam=float(bundle.lam),
                     beta=float(bundle.beta), mode=bundle.mode, guard=encode(bundle.guard, arrays),
                     fingerprint=bundle.fingerprint, featurizer_kind=bundle.featurizer.kind,
-                    n_features=int(bundle.featurizer.n_features_out_), router_class=type(bundle.router).__name__,
-                    meta=encode(bundle.meta, arrays), featurizer=encode(bundle.featurizer, arrays),
-                    router=encode(bundle.router, arrays),
-                    guard_cv=encode(None if bundle.guard_cv is None else vars(bundle.guard_cv), arrays))
+                    n_features=int(bundle.featurizer.n_features_out_),
+                    router_class=type(bundle.router).__name__, meta=encode(bundle.meta, arrays),
+                    featurizer=encode(bundle.featurizer, arrays), router=encode(bundle.router, arrays),
+                    guard_cv=encode(guard_cv, arrays))
     return write_archive(path, manifest, arrays)
 
 # %% ../nbs/25c_bundle.ipynb #b5844dbb
@@ -174,17 +179,19 @@ def _guard_cv(fields) -> GuardCV | None:
     "The guard's CV predictions from their saved fields (plain data: the file names no class)."
     if fields is None: return None
     try: return GuardCV(**fields)
-    except TypeError as e: raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
+    except TypeError as e:
+        raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
 def load_bundle(path, # a file written by `save_bundle`
                ) -> RouterBundle:
     "Read and check a bundle; a BundleError if missing, damaged, unknown or of another version."
     m, arrays = read_archive(path)
+    tree = lambda key: decode(m[key], arrays)
     try:
         return RouterBundle(models=m['models'], lam=m['lam'], beta=m['beta'], mode=m['mode'],
-                            featurizer=decode(m['featurizer'], arrays), router=decode(m['router'], arrays),
-                            guard=decode(m['guard'], arrays), guard_cv=_guard_cv(decode(m['guard_cv'], arrays)),
-                            fingerprint=m['fingerprint'], version=m['library_version'], meta=decode(m['meta'], arrays))
+                            featurizer=tree('featurizer'), router=tree('router'), guard=tree('guard'),
+                            guard_cv=_guard_cv(tree('guard_cv')), fingerprint=m['fingerprint'],
+                            version=m['library_version'], meta=tree('meta'))
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
 # %% ../nbs/25c_bundle.ipynb #eb1cfc4f

@@ -28,7 +28,7 @@ FORMAT, FORMAT_VERSION = 'dars_nb.router_bundle', 1
 SAVED_CLASSES = {  # name in the manifest -> (module, class); nothing else is saved or rebuilt
     'dars_nb.routers.MeanRouter': ('dars_nb.routers.base', 'MeanRouter'),
     **{f'dars_nb.routers.{f.class_name}': (f.module, f.class_name) for f in FAMILIES},
-    **{f'dars_nb.features.{c}': ('dars_nb.features', c) for c in ('TfidfFeaturizer', 'SentenceFeaturizer')},
+    **{f'dars_nb.features.{c}': ('dars_nb.features', c) for c in ['TfidfFeaturizer', 'SentenceFeaturizer']},
     **{f'{m}.{c}': (m, c) for m, c in [
         ('sklearn.neural_network', 'MLPRegressor'), ('sklearn.preprocessing', 'StandardScaler'),
         ('sklearn.cluster', 'KMeans'), ('sklearn.feature_extraction.text', 'TfidfVectorizer'),
@@ -43,7 +43,8 @@ TRAINING_ONLY = {'sklearn.neural_network.MLPRegressor': ('_optimizer', '_random_
 def _saved_class(name: str) -> type:
     "The whitelisted class of a manifest name; a BundleError for any other name."
     if name not in SAVED_CLASSES:
-        raise BundleError(f"unknown class {name!r} in the bundle (not a class a router bundle may hold)")
+        not_allowed = 'not a class a router bundle may hold'
+        raise BundleError(f"unknown class {name!r} in the bundle ({not_allowed})")
     module, cls = SAVED_CLASSES[name]
     try: return getattr(importlib.import_module(module), cls)
     except ImportError as e:
@@ -71,8 +72,10 @@ def encode(obj, # a value to save
     if obj is None or isinstance(obj, (bool, int, float, str)): return obj
     if isinstance(obj, list): return [encode(v, arrays) for v in obj]
     if isinstance(obj, tuple): return {'$tuple': [encode(v, arrays) for v in obj]}
-    if isinstance(obj, (set, frozenset)): return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
-    if isinstance(obj, dict): return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
+    if isinstance(obj, (set, frozenset)):
+        return {'$set': [encode(v, arrays) for v in sorted(obj, key=repr)]}
+    if isinstance(obj, dict):
+        return {'$dict': [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
             if not all(isinstance(v, str) for v in obj.ravel()):
@@ -80,13 +83,14 @@ def encode(obj, # a value to save
             return {'$strings': {'shape': list(obj.shape), 'values': obj.ravel().tolist()}}
         return {'$ndarray': put(obj)}
     if isinstance(obj, np.dtype): return {'$dtype': obj.str}
-    if isinstance(obj, type) and issubclass(obj, np.generic): return {'$numpy_type': np.dtype(obj).str}
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        return {'$numpy_type': np.dtype(obj).str}
     if type(obj).__module__ == 'torch' and type(obj).__name__ == 'Tensor':
         return {'$tensor': put(obj.detach().cpu().numpy())}
     name = _class_name(obj)
     if name is None:
-        raise BundleError(f"cannot save an object of class {type(obj).__module__}.{type(obj).__qualname__} "
-                          "(not a class a router bundle may hold)")
+        cls = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        raise BundleError(f"cannot save an object of class {cls} (not a class a router bundle may hold)")
     state = {k: v for k, v in vars(obj).items() if k not in TRAINING_ONLY.get(name, ())}
     return {'$object': {'class': name, 'state': encode(state, arrays)}}
 
@@ -130,11 +134,12 @@ def write_archive(path, # file to write (conventionally `.zip` or `.router`)
                   manifest: dict, # JSON-ready fields, `library_version` among them
                   arrays: dict, # 'arrays/<n>.npy' -> ndarray, as filled by `encode`
                  ) -> Path:
-    "Write a bundle file: manifest.json (format and version first) and arrays/*.npy. Returns the path."
+    "Write a bundle file: manifest.json (format and version first) and arrays/*.npy; returns the path."
     path = Path(path)
     manifest = dict(format=FORMAT, format_version=FORMAT_VERSION, **manifest)
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
-        z.writestr('manifest.json', json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
+        z.writestr('manifest.json',
+                   json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False))
         for key, a in arrays.items():
             buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
             z.writestr(key, buf.getvalue())
@@ -144,7 +149,7 @@ def write_archive(path, # file to write (conventionally `.zip` or `.router`)
 def _minor(v: str) -> tuple: return tuple(v.split('.')[:2])
 
 def _check_manifest(m, path: Path):
-    "A BundleError unless `m` is a manifest of this format and version, from a readable library version."
+    "A BundleError unless `m` is a manifest of this format and version, from a library this one reads."
     if not isinstance(m, dict) or m.get('format') != FORMAT:
         raise BundleError(f"{path} is not a router bundle (unknown format)")
     if m.get('format_version') != FORMAT_VERSION:
@@ -158,17 +163,20 @@ def _check_manifest(m, path: Path):
 # %% ../nbs/25a_bundle_format.ipynb #41d0ba4c
 def read_archive(path, # a file written by `write_archive`
                 ) -> tuple[dict, dict]:
-    "The manifest and arrays of a bundle file; a one-line BundleError if missing, damaged or of another version."
+    "The manifest and arrays of a bundle file; a BundleError if missing, damaged or of another version."
     path = Path(path)
     if not path.is_file(): raise BundleError(f"no router bundle at {path}")
     try:
         with zipfile.ZipFile(path) as z:
             names = set(z.namelist())
-            if 'manifest.json' not in names: raise BundleError(f"{path} is not a router bundle (no manifest.json)")
+            if 'manifest.json' not in names:
+                raise BundleError(f"{path} is not a router bundle (no manifest.json)")
             manifest = json.loads(z.read('manifest.json'))
             _check_manifest(manifest, path)
-            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False) for k in names if k.startswith('arrays/')}
-    except zipfile.BadZipFile as e: raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
+            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False)
+                      for k in names if k.startswith('arrays/')}
+    except zipfile.BadZipFile as e:
+        raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
     except (ValueError, OSError, EOFError) as e:

@@ -109,7 +109,8 @@ def _backward(self: EnsembleRouter, P, X, T, rows, gen):
 @patch
 def _train(self: EnsembleRouter, X, T, seeds, shared):
     "Train len(seeds) draws together; targets `T` carry the same number of draws on axis 0."
-    inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_)) for s in seeds]
+    inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_))
+             for s in seeds]
     P = {k: torch.stack([i[k] for i in inits]).to(self.device).requires_grad_() for k in inits[0]}
     opt = torch.optim.AdamW(list(P.values()), lr=self.lr, weight_decay=self.weight_decay)
     gen = torch.Generator().manual_seed(shared)

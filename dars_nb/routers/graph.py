@@ -67,7 +67,8 @@ def _edges(self: GraphRouter, p, g, X):
     # (R, K, n): each query attends to the models
     att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)
     hq = hq + p['Wv'] @ (g @ att)                                      # model → query
-    # A h_q + B g_m + C (h_q ⊙ g_m) + b1 = (A + C diag g_m) h_q + (B g_m + b1): one product per model
+    # A h_q + B g_m + C (h_q ⊙ g_m) + b1 = (A + C diag g_m) h_q + (B g_m + b1): one product
+    # per model
     M = (p['A'][:, None] + p['C'][:, None] * g.transpose(1, 2)[:, :, None, :]).reshape(R, K * h, h)
     bias = (p['B'] @ g + p['b1']).transpose(1, 2).reshape(R, K * h, 1)
     z = torch.baddbmm(bias, M, hq).relu_().reshape(R, K, h, n)          # (R, K, h, n)
