@@ -53,24 +53,25 @@ class RouterBundle:
         self.meta.setdefault('featurizer_kind', self.featurizer.kind)
 
 # %% ../nbs/25c_bundle.ipynb #7fea11db
-def check_bundle(b: RouterBundle, # the bundle to check
+def check_bundle(bundle: RouterBundle, # the bundle to check
                 ) -> RouterBundle:
-    "`b` if its pieces fit together, else a one-line BundleError."
-    try: check_is_fitted(b.router)
+    "`bundle` if its pieces fit together, else a one-line BundleError."
+    router, featurizer = bundle.router, bundle.featurizer
+    try: check_is_fitted(router)
     except (NotFittedError, TypeError): raise BundleError("the router is not fitted") from None
-    if b.router.n_draws_ != 1:
-        raise BundleError(f"a bundle holds a router fitted on one draw, got {b.router.n_draws_}")
-    if list(b.router.models_) != list(b.models):
-        router_models, bundle_models = list(b.router.models_), list(b.models)
+    if router.n_draws_ != 1:
+        raise BundleError(f"a bundle holds a router fitted on one draw, got {router.n_draws_}")
+    if list(router.models_) != list(bundle.models):
+        router_models, bundle_models = list(router.models_), list(bundle.models)
         raise BundleError(f"the router's models {router_models} differ from the bundle's {bundle_models}")
-    try: check_is_fitted(b.featurizer, 'n_features_out_')
+    try: check_is_fitted(featurizer, 'n_features_out_')
     except (NotFittedError, TypeError): raise BundleError("the featurizer is not fitted") from None
-    if b.featurizer.n_features_out_ != b.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {b.router.n_features_in_} features but the "
-                          f"featurizer ({b.featurizer.kind}) gives {b.featurizer.n_features_out_}")
-    if b.guard is not None and b.guard_cv is None:
+    if featurizer.n_features_out_ != router.n_features_in_:
+        gives = f"the featurizer ({featurizer.kind}) gives {featurizer.n_features_out_}"
+        raise BundleError(f"the router was fitted on {router.n_features_in_} features but {gives}")
+    if bundle.guard is not None and bundle.guard_cv is None:
         raise BundleError("a guarded bundle needs the guard's cross-validation data (guard_cv)")
-    return b
+    return bundle
 
 # %% ../nbs/25c_bundle.ipynb #fb91deda
 def observations_fingerprint(obs: pd.DataFrame, # observations (the training grid is fingerprinted)
@@ -88,9 +89,8 @@ def features(self: RouterBundle, texts, # question texts
     "Feature rows of `texts`, checked against the width the router was fitted on."
     X = np.asarray(self.featurizer.transform(check_texts(texts)), dtype=float)
     if X.shape[1] != self.router.n_features_in_:
-        raise BundleError(f"the router was fitted on {self.router.n_features_in_} features "
-                          f"({self.meta.get('featurizer_kind', '?')}), "
-                          f"got {X.shape[1]} ({self.featurizer.kind})")
+        fitted_on = f"{self.router.n_features_in_} features ({self.meta.get('featurizer_kind', '?')})"
+        raise BundleError(f"the router was fitted on {fitted_on}, got {X.shape[1]} ({self.featurizer.kind})")
     return X
 
 # %% ../nbs/25c_bundle.ipynb #45bb2428

@@ -48,8 +48,8 @@ def _saved_class(name: str) -> type:
     module, cls = SAVED_CLASSES[name]
     try: return getattr(importlib.import_module(module), cls)
     except ImportError as e:
-        raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: "
-                          f"{install_hint('torch')})") from None
+        hint = install_hint('torch')
+        raise BundleError(f"{cls} needs {e.name}, which is not installed (torch routers: {hint})") from None
 
 def _class_name(obj) -> str | None:
     "Manifest name of `obj`'s class if whitelisted exactly (no subclass); imports only its modules."
@@ -116,8 +116,8 @@ def decode(node, # a tree written by `encode`
     if tag == '$tensor':
         try: import torch
         except ImportError:
-            raise BundleError("this bundle holds torch tensors and torch is not installed "
-                              f"({install_hint('torch')})") from None
+            hint = install_hint('torch')
+            raise BundleError(f"this bundle holds torch tensors and torch is not installed ({hint})") from None
         return torch.from_numpy(np.array(get(v)))
     if tag == '$scalar': return np.dtype(v['dtype']).type(v['value'])
     if tag == '$dtype': return np.dtype(v)

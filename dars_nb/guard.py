@@ -33,8 +33,7 @@ def fold_ids(n: int, # number of queries
             ) -> np.ndarray:
     "Fold index per query: a seeded shuffle of 0..K−1 repeated; fold sizes differ by at most one."
     if not 2 <= folds <= n:
-        raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got "
-                         f"{folds}")
+        raise ValueError(f"folds must be between 2 and the number of training queries ({n}), got {folds}")
     return np.random.default_rng(seed).permutation(np.arange(n) % folds)
 
 # %% ../nbs/25b_guard.ipynb #9d8fd3db
@@ -56,8 +55,8 @@ def utility(self: GuardCV, lam: float) -> np.ndarray:
     if 'policy' in self.parts:
         hit = np.flatnonzero(np.isclose(self.parts['lams'], lam, rtol=0, atol=1e-12))
         if not len(hit):
-            raise ValueError("the guard of this router is known at λ in "
-                             f"{self.parts['lams'].tolist()} only, got {lam}")
+            known = self.parts['lams'].tolist()
+            raise ValueError(f"the guard of this router is known at λ in {known} only, got {lam}")
         return self.parts['policy'][hit[0]]
     return self.parts['quality'] - lam * self.parts['mu_c']
 
@@ -153,8 +152,8 @@ def observed_means(obs: pd.DataFrame, # observations (costs normalised over the 
     idx = pd.MultiIndex.from_product([[str(q) for q in query_ids], [str(x) for x in models]])
     m = m.reindex(idx)
     if m['score'].isna().any():
-        raise ValueError(f"no {split} observation for query and model "
-                         f"{m.index[m['score'].isna().argmax()]}")
+        first = m.index[m['score'].isna().argmax()]
+        raise ValueError(f"no {split} observation for query and model {first}")
     shape = (len(query_ids), len(models))
     return m['score'].to_numpy().reshape(shape), m['cost_norm'].to_numpy().reshape(shape)
 

@@ -102,8 +102,7 @@ def query_texts(obs: pd.DataFrame, # observations with a query_text column
                ) -> list[str]:
     "Each query's original wording (`query_text` of its lowest rewrite_id), in `queries` order."
     if 'query_text' not in obs.columns:
-        raise ValueError("the observations have no query_text column: a router bundle featurizes "
-                         "the query text")
+        raise ValueError("the observations have no query_text column: a router bundle featurizes the query text")
     o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
     first = (o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
              ['query_text'])

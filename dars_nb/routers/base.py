@@ -42,8 +42,8 @@ def features_by_id(X: pd.DataFrame, # features indexed by query id
     "Rows of `X` for `query_ids`, in that order (ids as strings); missing or repeated ids fail."
     index = X.index.astype(str)
     if index.has_duplicates:
-        raise ValueError("features have more than one row for query "
-                         f"{index[index.duplicated()][0]!r}")
+        repeated = index[index.duplicated()][0]
+        raise ValueError(f"features have more than one row for query {repeated!r}")
     ids = pd.Index(list(query_ids)).astype(str)
     pos = index.get_indexer(ids)
     if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")

@@ -9,7 +9,7 @@ import numpy as np
 from ..extras import require
 require('torch', 'torch', 'RMSoftmaxRouter')   # a missing torch: one line naming the extra
 import torch
-from ..stats import utility, soft_targets
+from ..stats import PAPER, utility, soft_targets
 from .base import with_training_settings
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
@@ -36,7 +36,7 @@ class RMSoftmaxRouter(EnsembleRouter):
 
     def __init__(self,
                  lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
-                 tau: float = 0.05, # temperature of the target softmax(U/τ)
+                 tau: float = PAPER.tau, # temperature of the target softmax(U/τ)
                  lam_sampling: bool = True, # one random λ per query and step (False: all)
                  hidden: int = 16, # width of the hidden layer
                 ):
