@@ -44,7 +44,7 @@ def cpu_seconds() -> float:
 
 def throughput(texts, reps):
     "Questions per wall and per CPU second of each path, alternating; each path's rows in the texts' order."
-    from dars_nb.features import sentence_encoder
+    from dars_nb.encoder import sentence_encoder
     ref_model = sentence_encoder('torch')._model
     ref = lambda: ref_model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
     paths = {'reference': ref, 'library': lambda: sentence_encoder().encode(texts),
@@ -62,7 +62,8 @@ def throughput(texts, reps):
 
 def cache_runs(texts):
     "Seconds of `sentence_embeddings` with an empty cache and again; texts encoded the second time."
-    from dars_nb.features import sentence_embeddings, sentence_encoder
+    from dars_nb.encoder import sentence_encoder
+    from dars_nb.embedding_store import sentence_embeddings
     enc = sentence_encoder()
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); sentence_embeddings(texts, tmp); first = time.perf_counter() - t
@@ -73,7 +74,7 @@ def cache_runs(texts):
 
 def store_runs(n):
     "Seconds to write and to read back `n` vectors of 384 floats through the embedding store."
-    from dars_nb.features import EmbeddingStore
+    from dars_nb.embedding_store import EmbeddingStore
     rng = np.random.default_rng(0)
     V = rng.standard_normal((n, 384)).astype(np.float32)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
@@ -89,7 +90,7 @@ def store_runs(n):
 
 def export_seconds():
     "Seconds of the one-time ONNX export (to a temporary folder)."
-    from dars_nb.features import export_onnx
+    from dars_nb.encoder import export_onnx
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); export_onnx(Path(tmp) / 'model.onnx'); return time.perf_counter() - t
 
@@ -101,7 +102,7 @@ def main(argv=None):
     ap.add_argument('--store-size', type=int, default=20000, help='texts in the store timing')
     a = ap.parse_args(argv)
     if a.quick: a.reps, a.store_size = 1, 5000
-    from dars_nb.features import sentence_encoder
+    from dars_nb.encoder import sentence_encoder
     texts = gsm8k_questions()
     tokens = np.array([len(e.ids) for e in sentence_encoder()._tokenizer.encode_batch(texts)])
     print(f"{len(texts)} GSM8K questions, {tokens.mean():.0f} tokens on average (max {tokens.max()}); {load()}")

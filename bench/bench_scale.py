@@ -132,7 +132,8 @@ def protocol(ds, names, a, n_jobs=None):
 def run_size(n_train, n_test, a, memory) -> tuple[dict, pd.DataFrame, object]:
     "Every stage at one size: per stage seconds and peak bytes, the protocol's table, the dataset."
     from dars_nb.diagnostics import diagnose
-    from dars_nb.experiments.protocol import protocol_baselines, table1, table_vs_fixed
+    from dars_nb.experiments.protocol import protocol_baselines
+    from dars_nb.experiments.tables import table1, table_vs_fixed
     watch, boot = Stopwatch(memory), [0.0]
     with watch.stage('simulate'): ds = build(n_train, n_test, a.models)
     with watch.stage('diagnostics'): diagnose(ds.obs)     # one call, timed below as the median of three

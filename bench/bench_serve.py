@@ -63,7 +63,7 @@ def decision_times(path, texts, warm):
 
 def encoder_times(texts):
     "Milliseconds per question for the library's sentence encoder alone, loaded once (no disk cache)."
-    from dars_nb.features import sentence_encoder
+    from dars_nb.encoder import sentence_encoder
     enc = sentence_encoder()
     for t in texts[:5]: enc.encode([t])
     out = []

@@ -14,7 +14,8 @@ import argparse, gc, statistics, time, tracemalloc
 import numpy as np
 import pandas as pd
 
-from dars_nb.stats import capability_stats, pair_blocks
+from dars_nb.stats import capability_stats
+from dars_nb.grid_sums import pair_blocks
 
 from summary import emit
 

@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pandas as pd
 import altair as alt
-from .stats import normalize_cost, grid_stats, utility, training_grid
+from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid
 
 # %% auto #0
 __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allocation', 'allocation_summary',
@@ -19,19 +19,19 @@ __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allo
 def _side_stats(q, c, sides, lam, beta) -> dict:
     "U, pair risk σ_in+σ_out, σ_q and count n on the leading side×side sub-grid: (S, Q, K) each."
     N, M = q.shape[-2:]
-    bad = [s for s in sides if not 1 <= s <= min(N, M)]
+    bad = [side for side in sides if not 1 <= side <= min(N, M)]
     if bad: raise ValueError(f"stage side {bad[0]} does not fit the collected {N}×{M} grid")
-    st = [grid_stats(q[..., :s, :s], c[..., :s, :s]) for s in sides]
-    return dict(U=np.stack([utility(s['mu_q'], s['mu_c'], s['sigma_q'], lam, beta) for s in st]),
-                risk=np.stack([s['sigma_in'] + s['sigma_out'] for s in st]),
-                sigma=np.stack([s['sigma_q'] for s in st]), n=np.stack([s['n'] for s in st]))
+    per_side = [grid_stats(q[..., :side, :side], c[..., :side, :side]) for side in sides]
+    utilities = [utility(s['mu_q'], s['mu_c'], s['sigma_q'], lam, beta) for s in per_side]
+    return dict(U=np.stack(utilities),
+                risk=np.stack([s['sigma_in'] + s['sigma_out'] for s in per_side]),
+                sigma=np.stack([s['sigma_q'] for s in per_side]),
+                n=np.stack([s['n'] for s in per_side]))
 
-# %% ../nbs/23_adaptive.ipynb #3314bd70
-def _masked(a):
+def _masked(values):
     "NaN → −inf, so that maxima and argmaxima skip missing models."
-    return np.where(np.isnan(a), -np.inf, a)
+    return np.where(np.isnan(values), -np.inf, values)
 
-# %% ../nbs/23_adaptive.ipynb #a780e538
 def _margin(U):
     "Gap between the two best utilities over the last axis (inf with a single valid model)."
     top = np.sort(_masked(U), axis=-1)
@@ -41,41 +41,34 @@ def _margin(U):
 # %% ../nbs/23_adaptive.ipynb #f7c97e3b
 def stage_statistics(obs_grid: pd.DataFrame, # observations with the training grid
                      side: int = 2, # use the first `side` rewrites × first `side` decodes
-                     lam: float = 0.05, # cost weight λ
-                     beta: float = 0.2, # risk weight β
+                     lam: float = PAPER.lam, # cost weight λ
+                     beta: float = PAPER.beta, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
                     ) -> pd.DataFrame:
     "Per query on a side×side sub-grid: risk R, margin Δ, the DARS label and observations per pair."
-    d = training_grid(obs_grid, models)
-    s = _side_stats(d['score'], d['cost_norm'], [side], lam, beta)
-    models_ = np.asarray(d.models, dtype=object)
-    return pd.DataFrame(dict(risk=_masked(s['risk'][0]).max(-1), margin=_margin(s['U'][0]),
-                             label=models_[np.argmax(_masked(s['U'][0]), -1)],
-                             n_obs=s['n'][0].mean(-1)), index=d.queries)
+    grid = training_grid(obs_grid, models)
+    stats = _side_stats(grid['score'], grid['cost_norm'], [side], lam, beta)
+    names = np.asarray(grid.models, dtype=object)
+    return pd.DataFrame(dict(risk=_masked(stats['risk'][0]).max(-1), margin=_margin(stats['U'][0]),
+                             label=names[np.argmax(_masked(stats['U'][0]), -1)],
+                             n_obs=stats['n'][0].mean(-1)), index=grid.queries)
 
 # %% ../nbs/23_adaptive.ipynb #38cd1ce7
-PAPER_STAGES = (2, 3, 5)
-PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
-
 def _group_quantile(values, groups, mask, p):
     "p-quantile of `values[mask]` per group, broadcast to every position (NaN for an empty group)."
-    q = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
-    return q.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
+    per_group = pd.Series(values[mask]).groupby(groups[mask]).quantile(p)
+    return per_group.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
-# %% ../nbs/23_adaptive.ipynb #9fb988c3
 def _check_rule(stages, quantiles):
     stages = tuple(int(s) for s in stages)
     if len(stages) < 1 or any(b <= a for a, b in zip(stages, stages[1:])):
         raise ValueError(f"stages must be increasing grid sides, got {stages}")
     if len(quantiles) != len(stages) - 1:
-        raise ValueError("need one (risk, margin) quantile pair per decision point: "
-                         f"{len(stages) - 1} for stages {stages}")
+        raise ValueError(f"need one (risk, margin) quantile pair per decision point: {len(stages) - 1} for stages {stages}")
     for pr, pm in quantiles:
-        if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError("quantiles must lie in [0, 1], "
-                                                                 f"got {(pr, pm)}")
+        if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError(f"quantiles must lie in [0, 1], got {(pr, pm)}")
     return stages
 
-# %% ../nbs/23_adaptive.ipynb #f3bffe2a
 def _stop_levels(risk_q, margin, groups, quantiles):
     "Stage at which each query stops: the first stage whose risk and margin thresholds it meets."
     S, Q = risk_q.shape
@@ -92,72 +85,72 @@ def _full_utility(q, c, lam, beta):
     full = grid_stats(q, c)
     return _masked(utility(full['mu_q'], full['mu_c'], full['sigma_q'], lam, beta))
 
-# %% ../nbs/23_adaptive.ipynb #a8f1cedc
 def _regret(U_full, label):
     "Full-grid utility lost by choosing `label` (index per query) instead of the full-grid best."
     with np.errstate(invalid='ignore'):
-        r = U_full.max(-1) - U_full[np.arange(len(label)), label]
-    return np.where(np.isfinite(r), r, np.nan)
+        lost = U_full.max(-1) - U_full[np.arange(len(label)), label]
+    return np.where(np.isfinite(lost), lost, np.nan)
 
 # %% ../nbs/23_adaptive.ipynb #3cae0501
+PAPER_STAGES = (2, 3, 5)
+PAPER_QUANTILES = ((0.25, 0.75), (1.0, 0.0))
+
 def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full training grid (5×5)
-                        lam: float = 0.05, # cost weight λ
-                        beta: float = 0.2, # risk weight β
+                        lam: float = PAPER.lam, # cost weight λ
+                        beta: float = PAPER.beta, # risk weight β
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                         quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
                        ) -> pd.DataFrame:
     "Staged acquisition per query: the side it stops at, observations per pair, label vs full grid."
     stages = _check_rule(stages, quantiles)
-    d = training_grid(obs_grid, models)
-    q, c = d['score'], d['cost_norm']
-    s = _side_stats(q, c, stages, lam, beta)
-    risk_q, margin = _masked(s['risk']).max(-1), _margin(s['U'])
-    groups = pd.factorize(d.queries.get_level_values(0))[0]
+    grid = training_grid(obs_grid, models)
+    scores, costs = grid['score'], grid['cost_norm']
+    stats = _side_stats(scores, costs, stages, lam, beta)
+    risk_q, margin = _masked(stats['risk']).max(-1), _margin(stats['U'])
+    groups = pd.factorize(grid.queries.get_level_values(0))[0]
     level = _stop_levels(risk_q, margin, groups, quantiles)
     at = (level, np.arange(len(level)))
-    U_full = _full_utility(q, c, lam, beta)
-    label, full_label = np.argmax(_masked(s['U'][at]), -1), np.argmax(U_full, -1)
-    names = np.asarray(d.models, dtype=object)
-    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=s['n'][at].mean(-1),
+    U_full = _full_utility(scores, costs, lam, beta)
+    label, full_label = np.argmax(_masked(stats['U'][at]), -1), np.argmax(U_full, -1)
+    names = np.asarray(grid.models, dtype=object)
+    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=stats['n'][at].mean(-1),
                             risk=risk_q[at],
                             margin=margin[at], label=names[label], full_label=names[full_label]),
-                            index=d.queries)
+                       index=grid.queries)
     out['agrees'] = out['label'] == out['full_label']
     out['regret'] = _regret(U_full, label)
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #7b6ff40b
+# %% ../nbs/23_adaptive.ipynb #b9449a92
 def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     "A per-pair allocation (index with a `model` level) folded into one row per query."
     if 'model' not in alloc.index.names: return alloc
     keys = [n for n in alloc.index.names if n != 'model']
     models = alloc.index.get_level_values('model')
-    g = alloc.assign(_label=np.where(alloc['is_label'], models, None),
-                     _full=np.where(alloc['is_full_label'], models, None),
-                     _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)
-                    ).groupby(level=keys, sort=False)
-    out = pd.DataFrame(dict(stage=g['stage'].max(), n_obs=g['n_obs'].mean(),
-                            label=g['_label'].first(),
-                            full_label=g['_full'].first()))
+    groups = alloc.assign(_label=np.where(alloc['is_label'], models, None),
+                          _full=np.where(alloc['is_full_label'], models, None),
+                          _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)
+                         ).groupby(level=keys, sort=False)
+    out = pd.DataFrame(dict(stage=groups['stage'].max(), n_obs=groups['n_obs'].mean(),
+                            label=groups['_label'].first(), full_label=groups['_full'].first()))
     out['agrees'] = out['label'] == out['full_label']
-    out['regret'] = g['full_utility'].max() - g['_chosen'].max()
+    out['regret'] = groups['full_utility'].max() - groups['_chosen'].max()
     return out
 
-# %% ../nbs/23_adaptive.ipynb #b9449a92
 def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`) output
                        fixed=(3, 5), # fixed grid sides to compare against
                       ) -> pd.Series:
     "Observations per pair, calls saved vs fixed grids, queries per stage, label agreement, regret."
-    a = _per_query(alloc)
-    mean = float(a['n_obs'].mean())
-    out = {'queries': len(a), 'obs_per_pair': mean}
-    stages = sorted(set(alloc.attrs.get('stages', ())) | set(a['stage'].unique()))
-    out.update({f'queries_at_{s}x{s}': int((a['stage'] == s).sum()) for s in stages})
+    per_query = _per_query(alloc)
+    mean = float(per_query['n_obs'].mean())
+    out = {'queries': len(per_query), 'obs_per_pair': mean}
+    stages = sorted(set(alloc.attrs.get('stages', ())) | set(per_query['stage'].unique()))
+    out.update({f'queries_at_{s}x{s}': int((per_query['stage'] == s).sum()) for s in stages})
     out.update({f'calls_saved_vs_{f}x{f}': 1 - mean / (f * f) for f in fixed})
-    out['label_agreement'] = float(a['agrees'].mean())
-    out['regret'] = float(a['regret'].mean())
+    out['label_agreement'] = float(per_query['agrees'].mean())
+    out['regret'] = float(per_query['regret'].mean())
     return pd.Series(out, dtype=object)
 
 # %% ../nbs/23_adaptive.ipynb #403b0ab9
@@ -166,8 +159,8 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
                       risk_levels=tuple(np.round(np.linspace(0, 1, 21), 2)),
                       margin_levels=(0.5, 0.75, 0.9), # p_Δ: stop only if Δ ≥ Q_{p_Δ}(Δ)
                       side: int = 2, # grid side of the first stage
-                      lam: float = 0.05, # cost weight λ
-                      beta: float = 0.2, # risk weight β
+                      lam: float = PAPER.lam, # cost weight λ
+                      beta: float = PAPER.beta, # risk weight β
                       models: list | None = None, # model order (default: sorted names)
                      ) -> pd.DataFrame:
     "Per dataset and (p_R, p_Δ): thresholds, queries passing each test and stopped at stage one."
@@ -175,10 +168,10 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
               np.atleast_1d(np.asarray(margin_levels, float)))
     if len(rl) == 0 or len(ml) == 0 or ((rl < 0) | (rl > 1)).any() or ((ml < 0) | (ml > 1)).any():
         raise ValueError("risk_levels and margin_levels must be non-empty quantiles in [0, 1]")
-    d = training_grid(obs_grid, models)
-    s = _side_stats(d['score'], d['cost_norm'], [side], lam, beta)
-    risk, margin = _masked(s['risk'][0]).max(-1), _margin(s['U'][0])
-    codes, names = pd.factorize(d.queries.get_level_values(0))
+    grid = training_grid(obs_grid, models)
+    stats = _side_stats(grid['score'], grid['cost_norm'], [side], lam, beta)
+    risk, margin = _masked(stats['risk'][0]).max(-1), _margin(stats['U'][0])
+    codes, names = pd.factorize(grid.queries.get_level_values(0))
     everyone, G = np.ones(len(codes), bool), len(names)
     # (Q, Lr), as `adaptive_allocation`
     r_thr = np.stack([_group_quantile(risk, codes, everyone, p) for p in rl], 1)
@@ -188,16 +181,16 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
     # one query per dataset
     first = np.unique(codes, return_index=True)[1]
     Lr, Lm = len(rl), len(ml)
-    grid = lambda a: a.reshape(G, Lr, Lm).ravel()
+    flat = lambda a: a.reshape(G, Lr, Lm).ravel()
     ones_ = np.ones((G, Lr, Lm))
     return pd.DataFrame(dict(
         dataset=np.repeat(np.asarray(names, dtype=object), Lr * Lm),
         risk_p=np.tile(np.repeat(rl, Lm), G),
-        margin_p=np.tile(ml, G * Lr), risk_threshold=grid(r_thr[first][:, :, None] * ones_),
-        margin_threshold=grid(m_thr[first][:, None, :] * ones_),
+        margin_p=np.tile(ml, G * Lr), risk_threshold=flat(r_thr[first][:, :, None] * ones_),
+        margin_threshold=flat(m_thr[first][:, None, :] * ones_),
         queries=np.repeat(member.sum(1).astype(int), Lr * Lm),
-        pass_risk=grid((member @ r_ok)[:, :, None] * ones_).astype(int),
-        pass_margin=grid((member @ m_ok)[:, None, :] * ones_).astype(int),
+        pass_risk=flat((member @ r_ok)[:, :, None] * ones_).astype(int),
+        pass_margin=flat((member @ m_ok)[:, None, :] * ones_).astype(int),
         stopped=np.einsum('gq,qi,qj->gij', member, r_ok, m_ok).ravel().round().astype(int))).assign(
         share_stopped=lambda f: f['stopped'] / f['queries'])
 
@@ -207,10 +200,10 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                            title: str = 'Queries stopped at 2×2 as the risk test loosens', # title
                           ) -> alt.Chart:
     "Share of queries stopped at the first stage against the risk quantile p_R, per dataset."
-    s = stops[np.isclose(stops['margin_p'], margin_p)]
+    shown = stops[np.isclose(stops['margin_p'], margin_p)]
     x = alt.X('risk_p:Q', title='Risk quantile p_R (stop only if R ≤ Q_p_R(R))',
               scale=alt.Scale(domain=[0, 1]))
-    line = alt.Chart(s).mark_line(point=True).encode(
+    line = alt.Chart(shown).mark_line(point=True).encode(
         x=x, y=alt.Y('share_stopped:Q', title='Share of queries stopped at 2×2',
                      axis=alt.Axis(format='%')),
         color=alt.Color('dataset:N', title='Dataset'),
@@ -235,19 +228,19 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
     qi, ki = np.indices((Q, K))
     level = np.zeros((Q, K), int)
     for k in range(S - 1):
-        u, e = _masked(U[level, qi, ki]), se[level, qi, ki]
-        lead = np.argmax(u, -1)
-        lcb = u[np.arange(Q), lead] - z * e[np.arange(Q), lead]
+        now, error = _masked(U[level, qi, ki]), se[level, qi, ki]
+        lead = np.argmax(now, -1)
+        lcb = now[np.arange(Q), lead] - z * error[np.arange(Q), lead]
         here, is_lead = level == k, ki == lead[:, None]
-        contender = here & ~is_lead & (u + z * e >= lcb[:, None])
+        contender = here & ~is_lead & (now + z * error >= lcb[:, None])
         grow = contender | (here & is_lead & contender.any(-1, keepdims=True))
         level = np.where(grow, k + 1, level)
     return level
 
 # %% ../nbs/23_adaptive.ipynb #69fea3bd
 def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the full 5×5 training grid
-                              lam: float = 0.05, # cost weight λ
-                              beta: float = 0.2, # risk weight β
+                              lam: float = PAPER.lam, # cost weight λ
+                              beta: float = PAPER.beta, # risk weight β
                               stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                               z: float = 1.0, # width of the intervals, in standard errors
                               prior_weight: float = 2.0, # pseudo-observations pulling σ² to ¼
@@ -256,20 +249,19 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
     "Staged acquisition per (query, model): grow the leader and pairs whose interval reaches it."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
     if z < 0 or prior_weight < 0: raise ValueError("z and prior_weight must be non-negative")
-    d = training_grid(obs_grid, models)
-    q, c = d['score'], d['cost_norm']
-    s = _side_stats(q, c, stages, lam, beta)
-    level = _stopped_pairs(s['U'], s['sigma'], s['n'], z, prior_weight)
+    grid = training_grid(obs_grid, models)
+    scores, costs = grid['score'], grid['cost_norm']
+    stats = _side_stats(scores, costs, stages, lam, beta)
+    level = _stopped_pairs(stats['U'], stats['sigma'], stats['n'], z, prior_weight)
     Q, K = level.shape
     qi, ki = np.indices((Q, K))
-    U_stop = s['U'][level, qi, ki]
-    U_full = _full_utility(q, c, lam, beta)
-    idx = pd.MultiIndex.from_arrays([np.repeat(d.queries.get_level_values(0), K),
-                                     np.repeat(d.queries.get_level_values(1), K),
-                                     np.tile(np.asarray(d.models, dtype=object), Q)],
-                                     names=['dataset', 'query_id', 'model'])
+    U_stop, U_full = stats['U'][level, qi, ki], _full_utility(scores, costs, lam, beta)
+    idx = pd.MultiIndex.from_arrays([np.repeat(grid.queries.get_level_values(0), K),
+                                     np.repeat(grid.queries.get_level_values(1), K),
+                                     np.tile(np.asarray(grid.models, dtype=object), Q)],
+                                    names=['dataset', 'query_id', 'model'])
     out = pd.DataFrame(dict(stage=np.asarray(stages)[level].ravel(),
-                            n_obs=s['n'][level, qi, ki].ravel(),
+                            n_obs=stats['n'][level, qi, ki].ravel(),
                             utility=U_stop.ravel(),
                             full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
                             is_label=(ki == np.argmax(_masked(U_stop), -1)[:, None]).ravel(),
@@ -278,88 +270,83 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
     out.attrs['stages'] = stages
     return out
 
-# %% ../nbs/23_adaptive.ipynb #b23547dc
-def _true_labels(truth: pd.DataFrame, d) -> np.ndarray:
-    "Position of the true best model of each query of the grid `d` (-1 where the truth has none)."
+# %% ../nbs/23_adaptive.ipynb #84e107a3
+def _true_labels(truth: pd.DataFrame, grid) -> np.ndarray:
+    "Position of the true best model of each query of `grid` (-1 where the truth has none)."
     best = truth.reset_index()
     best = best[best['is_best']].set_index('query_id')['model'].astype(str)
-    ids = d.queries.get_level_values(1).astype(str)
-    return pd.Index(d.models).get_indexer(best.reindex(ids).to_numpy())
+    ids = grid.queries.get_level_values(1).astype(str)
+    return pd.Index(grid.models).get_indexer(best.reindex(ids).to_numpy())
 
-# %% ../nbs/23_adaptive.ipynb #ef92de39
-def _pareto(out: pd.DataFrame) -> np.ndarray:
-    "True where no setting of the same rule is cheaper and at least as good."
-    o, g, r = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
-    dominated = ((r[:, None] == r[None, :]) & (o[None, :] <= o[:, None])
-                 & (g[None, :] >= g[:, None])
-                 & ((o[None, :] < o[:, None]) | (g[None, :] > g[:, None])))
-    return ~dominated.any(1)
-
-# %% ../nbs/23_adaptive.ipynb #84e107a3
 def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
     "What every rule of the frontier reads: statistics at every side and stage, full-grid labels."
-    d = training_grid(obs_grid)
-    q, c = d['score'], d['cost_norm']
-    N, M = q.shape[-2:]
+    grid = training_grid(obs_grid)
+    scores, costs = grid['score'], grid['cost_norm']
+    N, M = scores.shape[-2:]
     sides = sorted(set(range(min(stages), min(N, M) + 1)) | set(stages))
-    s = _side_stats(q, c, sides, lam, beta)
+    stats = _side_stats(scores, costs, sides, lam, beta)
     pos = [sides.index(x) for x in stages]
-    U, n = s['U'][pos], s['n'][pos]
-    U_full = _full_utility(q, c, lam, beta)
-    return dict(sides=sides, s=s, U=U, n=n, sig=s['sigma'][pos], U_full=U_full,
-                risk_q=_masked(s['risk'][pos]).max(-1), margin=_margin(U),
-                groups=pd.factorize(d.queries.get_level_values(0))[0],
+    U, n = stats['U'][pos], stats['n'][pos]
+    U_full = _full_utility(scores, costs, lam, beta)
+    return dict(sides=sides, stats=stats, U=U, n=n, sigma=stats['sigma'][pos], U_full=U_full,
+                risk_q=_masked(stats['risk'][pos]).max(-1), margin=_margin(U),
+                groups=pd.factorize(grid.queries.get_level_values(0))[0],
                 full_label=np.argmax(U_full, -1),
-                true_label=None if truth is None else _true_labels(truth, d))
+                true_label=None if truth is None else _true_labels(truth, grid))
 
 # %% ../nbs/23_adaptive.ipynb #f992d5a8
-def _frontier_row(g: dict, rule: str, setting: str, n_pair, label) -> dict:
+def _frontier_row(shared: dict, rule: str, setting: str, n_pair, label) -> dict:
     "One setting of one rule: observations per pair, agreement with the full grid's label, regret."
     row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
-               label_agreement=float((label == g['full_label']).mean()),
-               regret=float(np.nanmean(_regret(g['U_full'], label))))
-    if g['true_label'] is not None:
-        row['true_best_agreement'] = float((label == g['true_label']).mean())
+               label_agreement=float((label == shared['full_label']).mean()),
+               regret=float(np.nanmean(_regret(shared['U_full'], label))))
+    if shared['true_label'] is not None:
+        row['true_best_agreement'] = float((label == shared['true_label']).mean())
     return row
 
-# %% ../nbs/23_adaptive.ipynb #b7385477
-def _fixed_rows(g: dict) -> list:
+def _fixed_rows(shared: dict) -> list:
     "The fixed grids, one row per side."
-    s = g['s']
-    return [_frontier_row(g, 'fixed grid', f'{side}x{side}', s['n'][k],
-                          np.argmax(_masked(s['U'][k]), -1))
-            for k, side in enumerate(g['sides'])]
+    stats = shared['stats']
+    return [_frontier_row(shared, 'fixed grid', f'{side}x{side}', stats['n'][k],
+                          np.argmax(_masked(stats['U'][k]), -1))
+            for k, side in enumerate(shared['sides'])]
 
-# %% ../nbs/23_adaptive.ipynb #0cd44b30
-def _per_query_rows(g: dict, stages, query_levels, second_levels) -> list:
+def _per_query_rows(shared: dict, stages, query_levels, second_levels) -> list:
     "The per-query rule, one row per (a, b)."
-    U, n, Q = g['U'], g['n'], len(g['full_label'])
+    U, n, Q = shared['U'], shared['n'], len(shared['full_label'])
     later = second_levels if len(stages) > 2 else (None,)
     rows = []
     for a, b in (product(query_levels, later) if len(stages) > 1 else ()):
         levels = [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else [])
-        lvl = _stop_levels(g['risk_q'], g['margin'], g['groups'], levels)
+        level = _stop_levels(shared['risk_q'], shared['margin'], shared['groups'], levels)
         name = f'a={a:g}' if b is None else f'a={a:g}, b={b:g}'
-        label = np.argmax(_masked(U[lvl, np.arange(Q)]), -1)
-        rows.append(_frontier_row(g, 'per query', name, n[lvl, np.arange(Q)], label))
+        label = np.argmax(_masked(U[level, np.arange(Q)]), -1)
+        rows.append(_frontier_row(shared, 'per query', name, n[level, np.arange(Q)], label))
     return rows
 
-# %% ../nbs/23_adaptive.ipynb #0429dd15
-def _per_pair_rows(g: dict, pair_z, prior_weight: float) -> list:
+def _per_pair_rows(shared: dict, pair_z, prior_weight: float) -> list:
     "The per-pair rule, one row per z."
-    U, n = g['U'], g['n']
-    qi, ki = np.indices((len(g['full_label']), U.shape[-1]))
+    U, n = shared['U'], shared['n']
+    qi, ki = np.indices((len(shared['full_label']), U.shape[-1]))
     rows = []
     for z in pair_z:
-        lvl = _stopped_pairs(U, g['sig'], n, z, prior_weight)
-        label = np.argmax(_masked(U[lvl, qi, ki]), -1)
-        rows.append(_frontier_row(g, 'per pair', f'z={z:g}', n[lvl, qi, ki], label))
+        level = _stopped_pairs(U, shared['sigma'], n, z, prior_weight)
+        label = np.argmax(_masked(U[level, qi, ki]), -1)
+        rows.append(_frontier_row(shared, 'per pair', f'z={z:g}', n[level, qi, ki], label))
     return rows
 
 # %% ../nbs/23_adaptive.ipynb #6cd5cdba
+def _pareto(out: pd.DataFrame) -> np.ndarray:
+    "True where no setting of the same rule is cheaper and at least as good."
+    cost, agree, rule = (out[k].to_numpy() for k in ('obs_per_pair', 'label_agreement', 'rule'))
+    dominated = ((rule[:, None] == rule[None, :]) & (cost[None, :] <= cost[:, None])
+                 & (agree[None, :] >= agree[:, None])
+                 & ((cost[None, :] < cost[:, None]) | (agree[None, :] > agree[:, None])))
+    return ~dominated.any(1)
+
 def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full training grid
-                        lam: float = 0.05, # cost weight λ
-                        beta: float = 0.2, # risk weight β
+                        lam: float = PAPER.lam, # cost weight λ
+                        beta: float = PAPER.beta, # risk weight β
                         stages=PAPER_STAGES, # grid sides of both adaptive rules
                         query_levels=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0), # a: first check at (a, 1−a)
                         second_levels=(0.0, 0.25, 0.5, 1.0), # b: later decisions at (b, 1 − b)
@@ -370,10 +357,11 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                        ) -> pd.DataFrame:
     "Observations per pair, label agreement, regret over settings of the per-query, per-pair rules."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
-    g = _frontier_grid(obs_grid, stages, lam, beta, truth)
-    out = pd.DataFrame(_fixed_rows(g) + _per_query_rows(g, stages, query_levels, second_levels)
-                       + _per_pair_rows(g, pair_z, prior_weight))
-    for f in fixed: out[f'calls_saved_vs_{f}x{f}'] = 1 - out['obs_per_pair'] / (f * f)
+    shared = _frontier_grid(obs_grid, stages, lam, beta, truth)
+    out = pd.DataFrame(_fixed_rows(shared) + _per_query_rows(shared, stages, query_levels,
+                                                             second_levels)
+                       + _per_pair_rows(shared, pair_z, prior_weight))
+    for side in fixed: out[f'calls_saved_vs_{side}x{side}'] = 1 - out['obs_per_pair'] / side ** 2
     out['pareto'] = _pareto(out)
     return out
 
@@ -382,20 +370,20 @@ def compare_at_agreement(frontier: pd.DataFrame, # output of `allocation_frontie
                          targets=(0.7, 0.8, 0.9, 0.95), # label agreement levels to reach
                         ) -> pd.DataFrame:
     "Per agreement target: each rule's cheapest setting reaching it, and the calls per-pair saves."
-    f = frontier.reset_index(drop=True)
-    t = np.asarray(targets, float)
-    out = pd.DataFrame({'target': t})
-    for rule, key in (('per query', 'per_query'), ('per pair', 'per_pair'), ('fixed grid',
-                                                                             'fixed_grid')):
-        g = f[f['rule'] == rule]
+    frontier = frontier.reset_index(drop=True)
+    levels = np.asarray(targets, float)
+    out = pd.DataFrame({'target': levels})
+    for rule in ('per query', 'per pair', 'fixed grid'):
+        key = rule.replace(' ', '_')
+        settings = frontier[frontier['rule'] == rule]
         # (targets, settings)
-        reach = g['label_agreement'].to_numpy()[None, :] >= t[:, None]
-        cost = np.where(reach, g['obs_per_pair'].to_numpy()[None, :], np.inf)
+        reach = settings['label_agreement'].to_numpy()[None, :] >= levels[:, None]
+        cost = np.where(reach, settings['obs_per_pair'].to_numpy()[None, :], np.inf)
         best = np.argmin(cost, 1)
-        ok = np.isfinite(cost[np.arange(len(t)), best])
-        out[f'{key}_setting'] = np.where(ok, g['setting'].to_numpy()[best] if len(g) else None,
-                                         None)
-        out[f'{key}_obs'] = np.where(ok, cost[np.arange(len(t)), best], np.nan)
+        ok = np.isfinite(cost[np.arange(len(levels)), best])
+        names = settings['setting'].to_numpy()[best] if len(settings) else None
+        out[f'{key}_setting'] = np.where(ok, names, None)
+        out[f'{key}_obs'] = np.where(ok, cost[np.arange(len(levels)), best], np.nan)
     out['pairs_save_vs_query'] = 1 - out['per_pair_obs'] / out['per_query_obs']
     return out
 

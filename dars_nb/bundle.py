@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 from . import __version__
-from .features import check_texts
+from .encoder import check_texts
 from .guard import GuardCV, guarded_choice
 from .bundle_format import BundleError, encode, decode, write_archive, read_archive
 

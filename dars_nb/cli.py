@@ -35,10 +35,10 @@ class Command:
 # %% ../nbs/90_cli.ipynb #7227f040
 COMMANDS = {
     'reproduce': Command('dars_nb.experiments.reproduce:reproduce_main', 'torch', options=('out',)),
-    'collect': Command('dars_nb.collect.run:collect_main', 'collect'),
+    'collect': Command('dars_nb.collect.command:collect_main', 'collect'),
     'status': Command('dars_nb.collect.store:status_main'),
     'store': Command('dars_nb.collect.store:store_main'),
-    'cache': Command('dars_nb.features:cache_main'),
+    'cache': Command('dars_nb.cache:cache_main'),
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
     'train': Command('dars_nb.training:train_main', options=('out',)),
     'route': Command('dars_nb.bundle:route_main', positional=('question',)),

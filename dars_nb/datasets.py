@@ -15,7 +15,7 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['TASK_COLUMNS', 'MMLU_SCIENCE', 'data_dir', 'load_math500', 'load_math_train', 'split_drop_prompt', 'load_drop',
-           'load_mmlu', 'load_gpqa', 'gpqa_fixture', 'sample_tasks']
+           'load_mmlu', 'load_gpqa', 'sample_tasks']
 
 # %% ../nbs/05_datasets.ipynb #2403b444
 def data_dir(path=None, # the data folder; default: the DARS_DATA environment variable
@@ -23,8 +23,8 @@ def data_dir(path=None, # the data folder; default: the DARS_DATA environment va
     "The benchmark data folder: `path`, else `$DARS_DATA`; a ValueError if unset or missing."
     path = path if path is not None else os.environ.get('DARS_DATA') or None
     if path is None:
-        raise ValueError("no data folder: pass one or set DARS_DATA (a clone of the repository has "
-                         "small samples in data/)")
+        raise ValueError("no data folder: pass one or set DARS_DATA "
+                         "(a clone of the repository has small samples in data/)")
     p = Path(path).expanduser()
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p
@@ -150,7 +150,6 @@ def _option_order(ids, seed: int) -> np.ndarray:
                      for i in ids]).reshape(len(ids), 4)
     return np.argsort(keys, axis=1, kind='stable')
 
-# %% ../nbs/05_datasets.ipynb #8dcafd84
 def load_gpqa(path, # your GPQA file: a CSV, or the official zip
               password: str | None = None, # the zip's password (not needed for a CSV)
               subset: str = 'main', # which CSV of the zip: 'main', 'diamond', 'extended', 'experts'
@@ -177,17 +176,6 @@ def load_gpqa(path, # your GPQA file: a CSV, or the official zip
                              question=df['Question'].str.strip().to_numpy(),
                              context='', choices=choices.tolist(), gold=gold, subject=subject))[TASK_COLUMNS]
 
-# %% ../nbs/05_datasets.ipynb #dbc66092
-def gpqa_fixture(n: int = 6, # number of made-up questions
-                ) -> pd.DataFrame:
-    "Made-up questions in the column layout of the official GPQA CSV (for tests and examples)."
-    rows = [{'Record ID': f'rec{i:03d}', 'Question': f'Made-up question {i}: which value is right?',
-             'Correct Answer': f'right {i}', 'Incorrect Answer 1': f'wrong {i}a',
-             'Incorrect Answer 2': f'wrong {i}b', 'Incorrect Answer 3': f'wrong {i}c',
-             'High-level domain': ['Physics', 'Chemistry', 'Biology'][i % 3]}
-            for i in range(n)]
-    return pd.DataFrame(rows)
-
 # %% ../nbs/05_datasets.ipynb #97b4c692
 def sample_tasks(tasks: pd.DataFrame, # a task table (one or more datasets)
                  n: int, # training queries per dataset
@@ -196,9 +184,8 @@ def sample_tasks(tasks: pd.DataFrame, # a task table (one or more datasets)
                 ) -> tuple[pd.DataFrame, pd.DataFrame]: # (train, test)
     "Draw `n` training queries per dataset (and up to `n_test` test queries from the rest)."
     sizes = tasks.groupby('dataset', sort=False).size()
-    if (sizes < n).any():
-        raise ValueError(f"dataset {sizes[sizes < n].index[0]!r} has {sizes.min()} queries, fewer "
-                         f"than n={n}")
+    small = sizes[sizes < n]
+    if len(small): raise ValueError(f"dataset {small.index[0]!r} has {small.iloc[0]} queries, fewer than n={n}")
     rng = np.random.default_rng(seed)
     rank = pd.Series(rng.random(len(tasks)), index=tasks.index).groupby(tasks['dataset'].to_numpy()).rank(method='first')
     test = (rank > n) if n_test is None else (rank > n) & (rank <= n + n_test)

@@ -8,30 +8,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .observations import validate, ensure_valid, select, Dense
-from .stats import grid_stats, training_grid, best_models, TIE_TOL
+from .markdown import markdown_table
+from .observations import as_validated, select, Dense
+from .stats import PAPER, grid_stats, training_grid, best_models, TIE_TOL
 
 # %% auto #0
 __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement',
            'uncertainty_decomposition', 'diagnose', 'routing_headroom', 'plot_instability', 'plot_uncertainty',
-           'plot_diagnostics', 'markdown_table', 'diagnose_main']
+           'plot_diagnostics', 'diagnose_main']
 
 # %% ../nbs/02_diagnostics.ipynb #8643c2c6
 # observed cells every (query, model) pair needs before the diagnostics can read a grid
 MIN_CELLS = 2
 
-def _grid(obs, models=None):
-    "Checked dense score and normalised-cost arrays of `obs` (a `Dense`, or a table's grid)."
+def _scores_and_costs(obs, models=None):
+    "(scores, normalised costs): the checked dense arrays of `obs` (a `Dense`, or a table's grid)."
     d = obs if isinstance(obs, Dense) else training_grid(obs, models)
     q = d['score']
     cells = (~np.isnan(q)).reshape(*q.shape[:2], -1).sum(-1)
     if cells.size == 0: raise ValueError("cannot diagnose an empty training grid")
     if (cells < MIN_CELLS).any():
         qi, ki = np.argwhere(cells < MIN_CELLS)[0]
-        raise ValueError(f"cannot diagnose: query {d.queries[qi][-1]!r} and model {d.models[ki]!r} "
-                         f"have {cells[qi, ki]} "
-                         "observed cell(s) in the training grid; every (query, model) pair needs "
-                         f"at least {MIN_CELLS}")
+        pair = f"query {d.queries[qi][-1]!r} and model {d.models[ki]!r}"
+        raise ValueError(f"cannot diagnose: {pair} have {cells[qi, ki]} observed cell(s) in the training grid; "
+                         f"every (query, model) pair needs at least {MIN_CELLS}")
     return q, d['cost_norm']
 
 # %% ../nbs/02_diagnostics.ipynb #a891c0cb
@@ -57,14 +57,6 @@ def _cell_winners(q, c, lam, tol=TIE_TOL):
     winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
     return winners, ~np.isnan(u).all(1)
 
-# %% ../nbs/02_diagnostics.ipynb #faeb1ce0
-def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
-                        eps: float = 1e-6, # tolerance ε on max q − min q
-                       ) -> float:
-    "Share of (query, model) pairs whose grid scores are not all equal."
-    q, _ = _grid(obs)
-    return float(_share(_unstable_pairs(b, eps) for b, in _query_blocks(q)))
-
 # %% ../nbs/02_diagnostics.ipynb #0897140f
 def _unstable_pairs(q, eps):
     "(pairs whose scores spread more than ε, observed pairs) in one block."
@@ -74,19 +66,13 @@ def _unstable_pairs(q, eps):
     spread = np.nanmax(filled, -1) - np.nanmin(filled, -1)
     return (spread[has] > eps).sum(), has.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #9a8cbc53
-def winner_flip_rate(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
-                     lam: float = 0.05, # cost weight λ in u = q − λc
-                     tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
-                    ) -> float:
-    "Share of queries whose grid cells do not all have the same set of winners."
-    q, c = _grid(obs)
-    return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
-
-# %% ../nbs/02_diagnostics.ipynb #2a2a97d6
-def _flipping_queries(q, c, lam, tol=TIE_TOL):
-    "(queries whose observed cells' winner sets are not all equal, queries) in one block."
-    return _flips(*_cell_winners(q, c, lam, tol))
+# %% ../nbs/02_diagnostics.ipynb #faeb1ce0
+def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
+                        eps: float = PAPER.eps, # tolerance ε on max q − min q
+                       ) -> float:
+    "Share of (query, model) pairs whose grid scores are not all equal."
+    q, _ = _scores_and_costs(obs)
+    return float(_share(_unstable_pairs(b, eps) for b, in _query_blocks(q)))
 
 # %% ../nbs/02_diagnostics.ipynb #6288ed4f
 def _flips(winners, seen):
@@ -97,19 +83,18 @@ def _flips(winners, seen):
     flips = (wins_some != wins_all).any(-1) & seen.any((1, 2))
     return flips.sum(), len(winners)
 
-# %% ../nbs/02_diagnostics.ipynb #2c4eb03e
-def single_vs_da_disagreement(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
-                              lam: float = 0.05, # cost weight λ
-                              tol: float = TIE_TOL, # models within `tol` of the best utility win
-                             ) -> float:
-    "Share of (query, cell) whose winner set differs from the models with the best μ_q − λμ_c."
-    q, c = _grid(obs)
-    return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
+# %% ../nbs/02_diagnostics.ipynb #2a2a97d6
+def _flipping_queries(q, c, lam, tol=TIE_TOL):
+    "(queries whose observed cells' winner sets are not all equal, queries) in one block."
+    return _flips(*_cell_winners(q, c, lam, tol))
 
-# %% ../nbs/02_diagnostics.ipynb #ed422328
-def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
-    "(cells whose winner set is not the distribution-aware set, observed cells) in one block."
-    return _disagreements(*_cell_winners(q, c, lam, tol), grid_stats(q, c), lam, tol)
+def winner_flip_rate(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
+                     lam: float = PAPER.lam, # cost weight λ in u = q − λc
+                     tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
+                    ) -> float:
+    "Share of queries whose grid cells do not all have the same set of winners."
+    q, c = _scores_and_costs(obs)
+    return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
 
 # %% ../nbs/02_diagnostics.ipynb #c1115415
 def _disagreements(winners, seen, s, lam, tol=TIE_TOL):
@@ -118,24 +103,36 @@ def _disagreements(winners, seen, s, lam, tol=TIE_TOL):
     differ = (winners != da[..., None]).any(1)
     return differ[seen].sum(), seen.sum()
 
-# %% ../nbs/02_diagnostics.ipynb #b38aac3e
-def uncertainty_decomposition(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
-                             ) -> dict:
-    "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
-    q, c = _grid(obs)
-    inp, out = _share(_variance_sums(*b) for b in _query_blocks(q, c))
-    return {'input': float(inp), 'output': float(out)}
+# %% ../nbs/02_diagnostics.ipynb #ed422328
+def _disagreeing_cells(q, c, lam, tol=TIE_TOL):
+    "(cells whose winner set is not the distribution-aware set, observed cells) in one block."
+    return _disagreements(*_cell_winners(q, c, lam, tol), grid_stats(q, c), lam, tol)
 
-# %% ../nbs/02_diagnostics.ipynb #9a24aea0
-def _variance_sums(q, c):
-    "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, in one block."
-    return _variances(grid_stats(q, c))
+def single_vs_da_disagreement(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
+                              lam: float = PAPER.lam, # cost weight λ
+                              tol: float = TIE_TOL, # models within `tol` of the best utility win
+                             ) -> float:
+    "Share of (query, cell) whose winner set differs from the models with the best μ_q − λμ_c."
+    q, c = _scores_and_costs(obs)
+    return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
 
 # %% ../nbs/02_diagnostics.ipynb #97c778d6
 def _variances(s):
     "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, from a block's `grid_stats`."
     v = np.stack([s['sigma_in'] ** 2, s['sigma_out'] ** 2])
     return np.nansum(v, (1, 2)), (~np.isnan(v)).sum((1, 2))
+
+# %% ../nbs/02_diagnostics.ipynb #9a24aea0
+def _variance_sums(q, c):
+    "(Σ σ_in², Σ σ_out²) and the number of observed pairs of each, in one block."
+    return _variances(grid_stats(q, c))
+
+def uncertainty_decomposition(obs: pd.DataFrame, # observations (the training grid) or a `Dense`
+                             ) -> dict:
+    "Mean over (query, model) pairs of σ_in² ('input') and σ_out² ('output')."
+    q, c = _scores_and_costs(obs)
+    inp, out = _share(_variance_sums(*b) for b in _query_blocks(q, c))
+    return {'input': float(inp), 'output': float(out)}
 
 # %% ../nbs/02_diagnostics.ipynb #025f6f4d
 def _block_counts(q, c, lam, eps, tol):
@@ -144,8 +141,7 @@ def _block_counts(q, c, lam, eps, tol):
     return (_unstable_pairs(q, eps), _flips(winners, seen),
             _disagreements(winners, seen, s, lam, tol), _variances(s))
 
-# %% ../nbs/02_diagnostics.ipynb #8fd7eb9d
-def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
+def _diagnose_grid(q, c, lam=PAPER.lam, eps=PAPER.eps, tol=TIE_TOL) -> dict:
     "The four diagnostics of one checked grid, in one pass over its blocks of queries."
     parts = [_block_counts(*b, lam, eps, tol) for b in _query_blocks(q, c)]
     inst, flips, dis, (inp, out) = (_share(p[k] for p in parts) for k in range(4))
@@ -153,29 +149,28 @@ def _diagnose_grid(q, c, lam=0.05, eps=1e-6, tol=TIE_TOL) -> dict:
                 single_vs_da_disagreement=float(dis), input_variance=float(inp),
                 output_variance=float(out))
 
-# %% ../nbs/02_diagnostics.ipynb #7fb2dc9e
 def diagnose(obs: pd.DataFrame, # observations of one or more datasets
-             lam: float = 0.05, # cost weight λ
-             eps: float = 1e-6, # tolerance for outcome instability
+             lam: float = PAPER.lam, # cost weight λ
+             eps: float = PAPER.eps, # tolerance for outcome instability
              tol: float = TIE_TOL, # tolerance for ties between winners
             ) -> pd.DataFrame:
     "The four diagnostics for each dataset in `obs`, a row each; an undiagnosable one is an error."
-    obs = ensure_valid(obs)
+    obs = as_validated(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
-        try: q, c = _grid(training_grid(select(obs, dataset=ds)))
+        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 
 # %% ../nbs/02_diagnostics.ipynb #fd6e9cc6
 def routing_headroom(obs: pd.DataFrame, # observations of one or more datasets (the training grid is read)
-                     lam: float = 0.05, # cost weight λ
+                     lam: float = PAPER.lam, # cost weight λ
                     ) -> pd.Series:
     "Per dataset: mean over queries of the best μ_q − λμ_c, minus the best single model's mean."
-    obs, out = ensure_valid(obs), {}
+    obs, out = as_validated(obs), {}
     for ds in obs['dataset'].cat.categories:
-        try: q, c = _grid(training_grid(select(obs, dataset=ds)))
+        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         s = grid_stats(q, c)
         u = s['mu_q'] - lam * s['mu_c']                                   # (queries, models)
@@ -229,21 +224,6 @@ def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
             | plot_uncertainty(table, '(b) Where the uncertainty comes from')
            ).resolve_scale(color='independent', xOffset='independent')
 
-# %% ../nbs/02_diagnostics.ipynb #b8e4d8fc
-def markdown_table(df, # a DataFrame (its named index becomes the first columns)
-                   floatfmt: str = '.4f', # format of float cells
-                  ) -> str:
-    "`df` as a GitHub Markdown table (missing floats left blank)."
-    df = df.reset_index() if df.index.name is not None or df.index.nlevels > 1 else df
-    def cell(v):
-        if isinstance(v, (float, np.floating)):
-            return format(float(v), floatfmt) if np.isfinite(v) else ''
-        return str(v)
-    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
-             '|' + '|'.join('---' for _ in df.columns) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |'
-                              for row in df.itertuples(index=False)])
-
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
 def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
                   out: str | None = None, # folder for tables (CSV, Markdown), charts (PNG, SVG)
@@ -256,12 +236,11 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
     if out is None: return 0
     d = Path(out); d.mkdir(parents=True, exist_ok=True)
     table.to_csv(d / 'diagnostics.csv')
-    (d / 'diagnostics.md').write_text("# Diagnostics of "
-                                      f"{Path(obs).name}\n\n{markdown_table(table)}\n")
+    (d / 'diagnostics.md').write_text(f"# Diagnostics of {Path(obs).name}\n\n{markdown_table(table)}\n")
     for name, chart in (('instability', plot_instability(table)),
                         ('uncertainty', plot_uncertainty(table))):
         chart.save(str(d / f'{name}.png'), scale_factor=2); chart.save(str(d / f'{name}.svg'))
     if not quiet:
-        print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, instability.png/.svg, "
-              "uncertainty.png/.svg")
+        charts = 'instability.png/.svg, uncertainty.png/.svg'
+        print(f"\nwritten: {d / 'diagnostics.csv'}, diagnostics.md, {charts}")
     return 0

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
+from fastcore.meta import delegates
 from .observations import validate, ObservationError
-from .stats import normalize_cost
+from .stats import PAPER, normalize_cost
 from .datasets import data_dir
 
 # %% auto #0
@@ -22,7 +23,6 @@ __all__ = ['read_prices', 'estimate_prompt_tokens', 'from_llmrouter', 'read_llmr
 # %% ../nbs/06_importers.ipynb #535984cd
 def _fail(msg): raise ValueError(msg)
 
-# %% ../nbs/06_importers.ipynb #9984712b
 def _records(source) -> pd.DataFrame:
     "A DataFrame of records from a path (.json/.jsonl), a list of dicts or a DataFrame."
     if isinstance(source, pd.DataFrame): return source.reset_index(drop=True)
@@ -71,17 +71,6 @@ def estimate_prompt_tokens(texts, # query texts
     return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy()
                    / 4).astype(int)
 
-# %% ../nbs/06_importers.ipynb #5dc0a53f
-def _token_cost(models, n_in, n_out, prices):
-    p = prices.reindex(np.asarray(models, dtype=object))
-    return (p['input_price'].to_numpy() * n_in + p['output_price'].to_numpy() * n_out) / 1e6
-
-# %% ../nbs/06_importers.ipynb #19090f81
-def _query_ids(tasks, texts) -> np.ndarray:
-    return np.array(
-        [hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)],
-        dtype=object)
-
 # %% ../nbs/06_importers.ipynb #cb940e80
 def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarray:
     num = pd.to_numeric(score, errors='coerce')
@@ -91,7 +80,11 @@ def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarr
         _fail(f"non-numeric score {score.iloc[i]!r} for model {models.iloc[i]!r} in {where}")
     return num.to_numpy(float)
 
-# %% ../nbs/06_importers.ipynb #19f318e7
+# %% ../nbs/06_importers.ipynb #5dc0a53f
+def _token_cost(models, n_in, n_out, prices):
+    p = prices.reindex(np.asarray(models, dtype=object))
+    return (p['input_price'].to_numpy() * n_in + p['output_price'].to_numpy() * n_out) / 1e6
+
 def _costs(long: pd.DataFrame, prices, completion_tokens: int) -> np.ndarray:
     "Raw cost per row: the given cost, else priced tokens (estimated when a row has none), else 0."
     missing = pd.Series(np.nan, index=long.index)
@@ -108,7 +101,12 @@ def _costs(long: pd.DataFrame, prices, completion_tokens: int) -> np.ndarray:
         cost = cost.fillna(pd.Series(priced))
     return cost.fillna(0.0).to_numpy(float)
 
-# %% ../nbs/06_importers.ipynb #5fead816
+# %% ../nbs/06_importers.ipynb #19090f81
+def _query_ids(tasks, texts) -> np.ndarray:
+    return np.array(
+        [hashlib.sha1(f'{t}\x00{q}'.encode()).hexdigest()[:12] for t, q in zip(tasks, texts)],
+        dtype=object)
+
 def _key_columns(long: pd.DataFrame, dataset, default: str, where: str) -> pd.DataFrame:
     "Task, dataset and query id of every row (missing ids hashed from the text); one row per key."
     task = long['task'] if 'task' in long else pd.Series(np.nan, index=long.index)
@@ -154,8 +152,7 @@ def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score
     if known is None and prices is not None: known = set(prices.index)
     unknown = sorted(set(long['model']) - known) if known is not None else []
     if unknown:
-        _fail(f"unknown model {unknown[0]!r} in the scores of {where} "
-              f"(not among the {len(known)} known models)")
+        _fail(f"unknown model {unknown[0]!r} in the scores of {where} (not among the {len(known)} known models)")
     long['cost'] = _costs(long, prices, completion_tokens)
     long = _key_columns(long, dataset, default, where)
     long = long.rename(columns={'n_in': 'prompt_tokens', 'n_out': 'completion_tokens'})
@@ -185,8 +182,7 @@ def _llmrouter_long(df: pd.DataFrame, where: str) -> pd.DataFrame:
         if f not in df.columns: _fail(f"{where} lacks the field {f!r}")
     bad = ~df['scores'].map(lambda d: isinstance(d, dict) and len(d) > 0)
     if bad.any():
-        _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty "
-              f"{{model: score}} object")
+        _fail(f"{where}: 'scores' of record {int(np.flatnonzero(bad)[0])} is not a non-empty {{model: score}} object")
     # (model, score) per record and model
     pairs = df['scores'].map(lambda d: list(d.items())).explode()
     rec = pairs.index.to_numpy()
@@ -220,9 +216,9 @@ def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
                    default='llmrouter')
 
 # %% ../nbs/06_importers.ipynb #117fd6bb
+@delegates(from_llmrouter, but=['split', 'prices', 'models'])
 def read_llmrouter(folder=None, # the LLMRouter files (default: DARS_DATA/routing/llmrouter)
-                   dataset: str | None = None, # one dataset name (default: each record's task)
-                   completion_tokens: int = 256, # output tokens assumed without token counts
+                   **kwargs
                   ) -> pd.DataFrame:
     "Both splits of an LLMRouter routing folder as one validated observation table."
     if folder is None:
@@ -230,15 +226,14 @@ def read_llmrouter(folder=None, # the LLMRouter files (default: DARS_DATA/routin
     folder = Path(folder)
     cand = folder / 'llm_candidates.json'
     prices = read_prices(cand) if cand.is_file() else None
-    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, dataset,
-                            completion_tokens=completion_tokens)
+    parts = [from_llmrouter(folder / f'{s}.jsonl', s, prices, **kwargs)
              for s in ('train', 'test') if (folder / f'{s}.jsonl').is_file()]
     if not parts: _fail(f"no train.jsonl or test.jsonl in {folder}")
     return validate(pd.concat(parts, ignore_index=True))
 
 # %% ../nbs/06_importers.ipynb #4e700fda
 def model_means(obs: pd.DataFrame, # observation table
-                lam: float = 0.05, # cost weight λ
+                lam: float = PAPER.lam, # cost weight λ
                ) -> pd.DataFrame: # index (split, model); columns score, cost, utility, rows
     "Mean score, raw cost and utility q − λ·c_norm per split and model."
     o = normalize_cost(obs)
@@ -299,8 +294,7 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
     found = [c for c in table.columns if f'{c}|total_cost' in table.columns]
     if models is None: models = found
     missing = [m for m in models if m not in found]
-    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' "
-                      "columns for it")
+    if missing: _fail(f"unknown model {missing[0]!r}: {where} has no score and '|total_cost' columns for it")
     if not models: _fail(f"{where} has no model columns (a score column plus '<model>|total_cost')")
     t = table.reset_index(drop=True)
     n = len(t)

@@ -4,7 +4,6 @@
 
 # %% ../nbs/00_observations.ipynb #9e15d5cf
 from __future__ import annotations
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -12,8 +11,8 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'SPLITS', 'VIEWS', 'ObservationError',
-           'validate', 'example_observations', 'model_order', 'Dense', 'dense_index', 'canonical_layout', 'to_dense',
-           'from_dense', 'ensure_valid', 'select', 'write_observations', 'read_observations']
+           'example_observations', 'validate', 'as_validated', 'model_order', 'Dense', 'dense_index',
+           'canonical_layout', 'to_dense', 'from_dense', 'select', 'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -26,85 +25,6 @@ VIEWS = ('grid', 'rewrite', 'decode')
 
 class ObservationError(ValueError):
     "A problem with an observation table, stated in one line."
-
-# %% ../nbs/00_observations.ipynb #2b5a6830
-def _fail(msg): raise ObservationError(msg)
-
-# %% ../nbs/00_observations.ipynb #1d11c922
-def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
-    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
-    score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
-    cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
-    if np.isnan(score).any(): _fail("score is missing or not a number in "
-                                    f"{int(np.isnan(score).sum())} row(s)")
-    bad = (score < 0) | (score > 1)
-    if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {score[bad][0]!r}")
-    if np.isnan(cost).any(): _fail("cost is missing or not a number in "
-                                   f"{int(np.isnan(cost).sum())} row(s)")
-    if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. "
-                               f"{cost[cost < 0][0]!r}")
-    return score, cost
-
-# %% ../nbs/00_observations.ipynb #9505f6b9
-def _used(c) -> np.ndarray:
-    "Which categories of a categorical (Series or `pd.Categorical`) occur: a bincount, no sort."
-    cat = c.cat if isinstance(c, pd.Series) else c
-    codes = np.asarray(cat.codes)
-    return np.bincount(codes[codes >= 0], minlength=len(cat.categories)) > 0
-
-def _without_unused(c):
-    "A categorical (Series or `pd.Categorical`) without its unused categories, order kept."
-    cat = c.cat if isinstance(c, pd.Series) else c
-    used = _used(c)
-    return c if used.all() else cat.set_categories(cat.categories[used])
-
-# %% ../nbs/00_observations.ipynb #836215ea
-def _present(s: pd.Series) -> list[str]:
-    "The distinct values of `s` as strings ('nan' for a missing one), read from a categorical's codes."
-    if not isinstance(s.dtype, pd.CategoricalDtype): return list(pd.unique(s.astype(str)))
-    missing = ['nan'] if (s.cat.codes.to_numpy() < 0).any() else []
-    return list(s.cat.categories[_used(s)].astype(str)) + missing
-
-# %% ../nbs/00_observations.ipynb #5acb33ba
-def _check_values(df):
-    "Raise on the first value-level problem in `df`."
-    score, cost = _check_measures(df['score'], df['cost'])
-    for col, allowed in (('split', SPLITS), ('view', VIEWS)):
-        unknown = sorted(set(_present(df[col])) - set(allowed))
-        if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
-    for col in ('rewrite_id', 'sample_id'):
-        ids = pd.to_numeric(df[col], errors='coerce')
-        if ids.isna().any() or (ids < 0).any() or (ids % 1 != 0).any():
-            _fail(f"{col} must be a non-negative integer in every row")
-    return score, cost
-
-# %% ../nbs/00_observations.ipynb #a9796168
-def _as_category(s: pd.Series) -> pd.Series:
-    "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
-    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
-        return _without_unused(s)
-    return s.astype(str).astype('category')
-
-# %% ../nbs/00_observations.ipynb #d631f01b
-def validate(obs: pd.DataFrame, # the long observation table
-            ) -> pd.DataFrame: # a validated copy with categorical key columns
-    "Check `obs` against the schema; raise one `ObservationError` naming the first problem."
-    if not isinstance(obs, pd.DataFrame): _fail("observations must be a pandas DataFrame, got "
-                                                f"{type(obs).__name__}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in obs.columns]
-    if missing: _fail(f"missing column(s): {', '.join(missing)}")
-    if len(obs) == 0: _fail("the observation table is empty")
-    score, cost = _check_values(obs)
-    df = obs.copy()
-    for c in CATEGORICAL_COLUMNS: df[c] = _as_category(df[c])
-    df['rewrite_id'] = df['rewrite_id'].astype(np.int32)
-    df['sample_id'] = df['sample_id'].astype(np.int32)
-    df['score'], df['cost'] = score, cost
-    dup = df.duplicated(KEY_COLUMNS, keep='first')
-    if dup.any():
-        first = df.loc[dup, KEY_COLUMNS].iloc[0].to_dict()
-        _fail(f"{int(dup.sum())} duplicate natural key(s), e.g. {first}")
-    return df.reset_index(drop=True)
 
 # %% ../nbs/00_observations.ipynb #c986d2f0
 def example_observations() -> pd.DataFrame:
@@ -127,6 +47,84 @@ def example_observations() -> pd.DataFrame:
                              rewrite_id=0, sample_id=k, score=float(s[::-1][k]), cost=price[m]))
     return pd.DataFrame(rows)
 
+# %% ../nbs/00_observations.ipynb #2b5a6830
+def _fail(msg): raise ObservationError(msg)
+
+def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
+    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
+    score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
+    cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
+    if np.isnan(score).any(): _fail(f"score is missing or not a number in {int(np.isnan(score).sum())} row(s)")
+    bad = (score < 0) | (score > 1)
+    if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {float(score[bad][0])!r}")
+    if np.isnan(cost).any(): _fail(f"cost is missing or not a number in {int(np.isnan(cost).sum())} row(s)")
+    if (cost < 0).any(): _fail(f"negative cost in {int((cost < 0).sum())} row(s), e.g. {float(cost[cost < 0][0])!r}")
+    return score, cost
+
+# %% ../nbs/00_observations.ipynb #9505f6b9
+def _used(c) -> np.ndarray:
+    "Which categories of a categorical (Series or `pd.Categorical`) occur: a bincount, no sort."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    codes = np.asarray(cat.codes)
+    return np.bincount(codes[codes >= 0], minlength=len(cat.categories)) > 0
+
+def _without_unused(c):
+    "A categorical (Series or `pd.Categorical`) without its unused categories, order kept."
+    cat = c.cat if isinstance(c, pd.Series) else c
+    used = _used(c)
+    return c if used.all() else cat.set_categories(cat.categories[used])
+
+def _present(s: pd.Series) -> list[str]:
+    "The distinct values of `s` as strings ('nan' for a missing one), read from a categorical's codes."
+    if not isinstance(s.dtype, pd.CategoricalDtype): return list(pd.unique(s.astype(str)))
+    missing = ['nan'] if (s.cat.codes.to_numpy() < 0).any() else []
+    return list(s.cat.categories[_used(s)].astype(str)) + missing
+
+# %% ../nbs/00_observations.ipynb #5acb33ba
+def _check_values(df):
+    "Raise on the first value-level problem in `df`."
+    score, cost = _check_measures(df['score'], df['cost'])
+    for col, allowed in (('split', SPLITS), ('view', VIEWS)):
+        unknown = sorted(set(_present(df[col])) - set(allowed))
+        if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
+    for col in ('rewrite_id', 'sample_id'):
+        ids = pd.to_numeric(df[col], errors='coerce')
+        if ids.isna().any() or (ids < 0).any() or (ids % 1 != 0).any():
+            _fail(f"{col} must be a non-negative integer in every row")
+    return score, cost
+
+def _as_category(s: pd.Series) -> pd.Series:
+    "`s` as a categorical of strings (kept, minus unused categories, if it already is one)."
+    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories):
+        return _without_unused(s)
+    return s.astype(str).astype('category')
+
+def validate(obs: pd.DataFrame, # the long observation table
+            ) -> pd.DataFrame: # a validated copy with categorical key columns
+    "Check `obs` against the schema; raise one `ObservationError` naming the first problem."
+    if not isinstance(obs, pd.DataFrame): _fail(f"observations must be a pandas DataFrame, got {type(obs).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in obs.columns]
+    if missing: _fail(f"missing column(s): {', '.join(missing)}")
+    if len(obs) == 0: _fail("the observation table is empty")
+    score, cost = _check_values(obs)
+    df = obs.copy()
+    for c in CATEGORICAL_COLUMNS: df[c] = _as_category(df[c])
+    df['rewrite_id'] = df['rewrite_id'].astype(np.int32)
+    df['sample_id'] = df['sample_id'].astype(np.int32)
+    df['score'], df['cost'] = score, cost
+    dup = df.duplicated(KEY_COLUMNS, keep='first')
+    if dup.any():
+        first = df.loc[dup, KEY_COLUMNS].iloc[0].to_dict()
+        _fail(f"{int(dup.sum())} duplicate natural key(s), e.g. {first}")
+    return df.reset_index(drop=True)
+
+# %% ../nbs/00_observations.ipynb #d9267476
+def as_validated(obs: pd.DataFrame, # an observation table, validated or not
+                ) -> pd.DataFrame:
+    "`obs` itself when already validated (categorical keys), else its validated copy."
+    validated = all(isinstance(obs[c].dtype, pd.CategoricalDtype) for c in CATEGORICAL_COLUMNS if c in obs)
+    return obs if validated else validate(obs)
+
 # %% ../nbs/00_observations.ipynb #8dbfb7ef
 def model_order(obs: pd.DataFrame, # observation table
                 models: list | None = None, # explicit order, or None for sorted names
@@ -143,8 +141,7 @@ def model_order(obs: pd.DataFrame, # observation table
     if models is None: return present
     models = [str(m) for m in models]
     unknown = sorted(set(present) - set(models))
-    if unknown: _fail(f"model {unknown[0]!r} is in the observations but not in the given model "
-                      "order")
+    if unknown: _fail(f"model {unknown[0]!r} is in the observations but not in the given model order")
     return models
 
 # %% ../nbs/00_observations.ipynb #816c0f1f
@@ -177,7 +174,6 @@ def _compact(codes: np.ndarray, size: int):
     pos = (np.cumsum(present) - 1).astype(np.min_scalar_type(max(int(present.sum()), 1)))
     return pos[codes], np.flatnonzero(present) + lo
 
-# %% ../nbs/00_observations.ipynb #83534dba
 def dense_index(obs: pd.DataFrame, # validated observation table
                 models: list | None = None, # model order (default: sorted names)
                 level: str = 'cell', # 'cell': index into (Q, K, N, M); 'row': into (Q, K, N), ignoring the decode
@@ -260,14 +256,13 @@ def _check_dense(d: Dense, split: str, view: str):
         if v not in allowed: _fail(f"unknown {col} {v!r} (expected one of {', '.join(allowed)})")
     for col, ids in (('rewrite_id', d.rewrite_ids), ('sample_id', d.sample_ids)):
         ids = np.asarray(ids, float)
-        if (np.isnan(ids) | (ids < 0) | (ids % 1 != 0)).any(): _fail(f"{col} must be a "
-                                                                     "non-negative integer in "
-                                                                     "every row")
+        if (np.isnan(ids) | (ids < 0) | (ids % 1 != 0)).any():
+            _fail(f"{col} must be a non-negative integer in every row")
     keys = (pd.MultiIndex.from_arrays([d.queries.get_level_values(i).astype(str) for i in (0, 1)]),
             pd.Index(d.models).astype(str), pd.Index(d.rewrite_ids), pd.Index(d.sample_ids))
     for name, k in zip(('query', 'model', 'rewrite_id', 'sample_id'), keys):
-        if k.has_duplicates: _fail(f"duplicate natural keys: {name} {k[k.duplicated()][0]!r} "
-                                   "occurs twice in the grid")
+        if k.has_duplicates:
+            _fail(f"duplicate natural keys: {name} {k[k.duplicated()][0]!r} occurs twice in the grid")
 
 # %% ../nbs/00_observations.ipynb #40386cff
 def _categorical(names, codes) -> pd.Categorical:
@@ -275,7 +270,6 @@ def _categorical(names, codes) -> pd.Categorical:
     cats, inverse = np.unique(np.asarray(names).astype(str), return_inverse=True)
     return _without_unused(pd.Categorical.from_codes(inverse[codes], pd.Index(cats, dtype=str)))
 
-# %% ../nbs/00_observations.ipynb #280f838e
 def from_dense(d: Dense, # dense observations
                split: str = 'train', # split of every row
                view: str = 'grid', # view of every row
@@ -297,13 +291,6 @@ def from_dense(d: Dense, # dense observations
     for c, a in d.values.items(): out[c] = a.ravel()[keep]
     out['score'], out['cost'] = score, cost
     return out
-
-# %% ../nbs/00_observations.ipynb #d9267476
-def ensure_valid(obs: pd.DataFrame, # an observation table, validated or not
-                ) -> pd.DataFrame:
-    "`obs` itself when already validated (categorical keys), else its validated copy."
-    if all(isinstance(obs[c].dtype, pd.CategoricalDtype) for c in CATEGORICAL_COLUMNS if c in obs): return obs
-    return validate(obs)
 
 # %% ../nbs/00_observations.ipynb #c64f6740
 def select(obs: pd.DataFrame, # validated observation table
@@ -345,8 +332,7 @@ def read_observations(path, # a .parquet, .jsonl or .csv file
         elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl',
                                                            dtype={'query_id': str})
         elif ext == '.csv': df = pd.read_csv(path, dtype={'query_id': str})
-        else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or "
-                    ".csv)")
+        else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
     except ObservationError: raise
     except Exception as e: _fail(f"cannot read {path.name}: "
                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")

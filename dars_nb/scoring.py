@@ -55,7 +55,6 @@ def _strip_wrappers(s: str) -> str:
         s = re.sub(r'(?<!\\)\$', '', s)
     return s.strip()
 
-# %% ../nbs/04_scoring.ipynb #8ccdc3a3
 def clean_answer(s: str, # raw answer text (one line or a short block)
                 ) -> str | None:
     "`s` without `\\boxed{}`, markdown, math delimiters or trailing punctuation; None if empty."
@@ -121,7 +120,6 @@ def _check_letter(gold_letter):
         raise ValueError(f"gold letter must be a single letter A-Z, got {gold_letter!r}")
     return gold_letter.strip().upper()
 
-# %% ../nbs/04_scoring.ipynb #43a46f7c
 def _score_choice(answer, gold_letter):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     gold = _check_letter(gold_letter)
@@ -140,14 +138,12 @@ class _NoTimeoutNotice(logging.Filter):
     "Hide math-verify's notice that timeouts are off: off the main thread that is deliberate."
     def filter(self, record): return not record.getMessage().startswith('Timeout is disabled')
 
-# %% ../nbs/04_scoring.ipynb #dd1b0b47
 def _quiet_math_verify():
     for name in ('math_verify.parser', 'math_verify.grader'):
         lg = logging.getLogger(name)
         if not any(isinstance(f, _NoTimeoutNotice) for f in lg.filters):
             lg.addFilter(_NoTimeoutNotice())
 
-# %% ../nbs/04_scoring.ipynb #80721213
 def _math_parse(s: str, threaded: bool):
     from math_verify import parse
     if threaded: _quiet_math_verify()
@@ -155,12 +151,10 @@ def _math_parse(s: str, threaded: bool):
     out = parse('\\boxed{' + s + '}', **kw)
     return out if out else parse(s, **kw)
 
-# %% ../nbs/04_scoring.ipynb #2164d8cd
 @lru_cache(maxsize=4096)
 def _math_gold(gold: str, threaded: bool):
     return tuple(_math_parse(gold, threaded)) or (gold,)
 
-# %% ../nbs/04_scoring.ipynb #cf5fb104
 def _score_math(ans, gold):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     if not isinstance(gold, str) or not gold.strip():
@@ -199,7 +193,6 @@ def _normalize_token(tok: str) -> str:
     if _is_number(tok): tok = str(float(tok))
     return ' '.join(_ARTICLES.sub(' ', tok).split())
 
-# %% ../nbs/04_scoring.ipynb #3719b95c
 def drop_normalize(text: str, # one answer span
                   ) -> str:
     "Official DROP normalisation of a span: lower case, no punctuation or articles, float numbers."
@@ -211,19 +204,16 @@ def _bags(answer):
     spans = list(answer) if isinstance(answer, (list, tuple)) else [answer]
     return [set(drop_normalize(s).split()) for s in spans]
 
-# %% ../nbs/04_scoring.ipynb #3922b2f6
 def _bag_f1(pred: set, gold: set) -> float:
     inter = len(gold & pred)
     p = inter / len(pred) if pred else 1.0
     r = inter / len(gold) if gold else 1.0
     return 0.0 if p == 0.0 and r == 0.0 else 2 * p * r / (p + r)
 
-# %% ../nbs/04_scoring.ipynb #9ce4c525
 def _numbers_match(gold: set, pred: set) -> bool:
     g = {w for w in gold if _is_number(w)}
     return not g or bool(g & {w for w in pred if _is_number(w)})
 
-# %% ../nbs/04_scoring.ipynb #8ccf5c1b
 def drop_f1(predicted: str | list, # predicted answer: one string or a list of spans
             gold: str | list, # one gold answer: one string or a list of spans
            ) -> float:
@@ -247,7 +237,6 @@ def _as_golds(golds):
     if not golds: raise ValueError("DROP golds hold no non-empty answer")
     return golds
 
-# %% ../nbs/04_scoring.ipynb #a8a5b0ad
 def _score_drop(ans, golds):
     "(score, parsed) of an answer found by `find_answer` (None when there is none)."
     golds = _as_golds(golds)
@@ -313,7 +302,17 @@ def score_responses(responses: pd.DataFrame, # rows with dataset, query_id, resp
 def _frac(mask, groups):
     return pd.Series(mask, dtype=float).groupby(groups, observed=True, sort=True).mean()
 
-# %% ../nbs/04_scoring.ipynb #f0dcb36b
+def _task_kinds(obs: pd.DataFrame, rescore, kinds: dict | None) -> pd.Series:
+    "The task kind of every row: from `kinds`, else a `kind` column, else the task table `rescore`."
+    kind = pd.Series(None, index=obs.index, dtype=object)
+    if isinstance(rescore, pd.DataFrame) and 'kind' in rescore:
+        per_dataset = rescore.assign(dataset=rescore['dataset'].astype(str)).drop_duplicates('dataset')
+        kind = obs['dataset'].astype(str).map(per_dataset.set_index('dataset')['kind'])
+    if 'kind' in obs.columns: kind = obs['kind'].astype(object).where(obs['kind'].notna(), kind)
+    if kinds: kind = obs['dataset'].astype(str).map(kinds).where(lambda s: s.notna(), kind)
+    return kind
+
+# %% ../nbs/04_scoring.ipynb #90892472
 def scoring_validity(obs: pd.DataFrame, # scored generations (need not pass `validate`)
                      rescore=None, # None, a task table, or a function obs -> array of scores
                      kinds: dict | None = None, # dataset -> 'choice' | 'math' | 'reading'
@@ -327,12 +326,7 @@ def scoring_validity(obs: pd.DataFrame, # scored generations (need not pass `val
     score = pd.to_numeric(obs['score'], errors='coerce').to_numpy(float)
     finite = np.isfinite(score)
     in_range = finite & (score >= 0) & (score <= 1)
-    kind = pd.Series(None, index=obs.index, dtype=object)
-    if isinstance(rescore, pd.DataFrame) and 'kind' in rescore:
-        k = rescore.assign(dataset=rescore['dataset'].astype(str)).drop_duplicates('dataset').set_index('dataset')['kind']
-        kind = obs['dataset'].astype(str).map(k)
-    if 'kind' in obs.columns: kind = obs['kind'].astype(object).where(obs['kind'].notna(), kind)
-    if kinds: kind = obs['dataset'].astype(str).map(kinds).where(lambda s: s.notna(), kind)
+    kind = _task_kinds(obs, rescore, kinds)
     binary = kind.isin(['choice', 'math']).to_numpy()
     typed = np.where(binary, np.isin(score, [0.0, 1.0]), in_range)
     out = pd.DataFrame({'rows': pd.Series(1, index=obs.index).groupby(groups, observed=True).sum()})

@@ -4,12 +4,13 @@
 
 # %% ../nbs/03_simulate.ipynb #26108882
 from __future__ import annotations
-from fastcore.basics import patch
+from fastcore.meta import delegates
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 import altair as alt
 from .observations import validate, Dense, from_dense
+from .stats import PAPER
 from .diagnostics import diagnose
 
 # %% auto #0
@@ -81,9 +82,6 @@ PROFILES = {
                          length_cv=0.154, verbosity_sd=0.412),
 }
 
-# %% ../nbs/03_simulate.ipynb #6c527c7a
-def _sigmoid(x): return 1 / (1 + np.exp(-x))
-
 # %% ../nbs/03_simulate.ipynb #c732e1bc
 @dataclass
 class World:
@@ -131,8 +129,8 @@ def _profile(profile) -> Profile:
     per_model = (profile.ability, profile.price_in, profile.price_out, profile.completion_tokens,
                  profile.models)
     if len({len(v) for v in per_model}) > 1:
-        raise ValueError(f"profile {profile.name!r}: ability, prices, completion tokens and model "
-                         f"names need one entry per model, got {[len(v) for v in per_model]}")
+        fields = "ability, prices, completion tokens and model names"
+        raise ValueError(f"profile {profile.name!r}: {fields} need one entry per model, got {[len(v) for v in per_model]}")
     return profile
 
 # %% ../nbs/03_simulate.ipynb #733639f1
@@ -149,12 +147,11 @@ def _query_draws(rng, p: Profile, n: int, mixing=None):
     features = latent @ mixing + p.feature_noise * rng.standard_normal((n, p.n_features))
     return dict(topic=topic, difficulty=difficulty, settled=settled, features=features), mixing
 
-# %% ../nbs/03_simulate.ipynb #46d2e9d4
+# %% ../nbs/03_simulate.ipynb #d312654e
 def _prompt_lengths(rng, p: Profile, n: int) -> np.ndarray:
     "Prompt length of `n` queries from `rng`: lognormal around the profile's typical length."
     return p.prompt_tokens * rng.lognormal(-p.prompt_cv ** 2 / 2, p.prompt_cv, n)
 
-# %% ../nbs/03_simulate.ipynb #b2c77f80
 def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
                n_train: int = 200, # training queries
                n_test: int = 250, # test queries
@@ -178,8 +175,7 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
     return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings,
-                 verbosity,
-                 q['prompt'], seed)
+                 verbosity, q['prompt'], seed)
 
 # %% ../nbs/03_simulate.ipynb #6d0e9d47
 def _blend(values, a, b, w, log=False) -> tuple:
@@ -188,7 +184,6 @@ def _blend(values, a, b, w, log=False) -> tuple:
     new = (1 - w) * v[a] + w * v[b]
     return tuple(values) + tuple((np.exp(new) if log else new).round(4).tolist())
 
-# %% ../nbs/03_simulate.ipynb #d944c582
 def widen(profile: str | Profile, # a name in `PROFILES` or a `Profile`
           n_models: int, # models in the pool: the profile's own first, then new blends
           seed: int = 0, # seed of the blends
@@ -207,7 +202,9 @@ def widen(profile: str | Profile, # a name in `PROFILES` or a `Profile`
                    model_names=tuple(p.models) + tuple(f'model-{k + 1:02d}'
                                                        for k in range(K, n_models)))
 
-# %% ../nbs/03_simulate.ipynb #5539ba85
+# %% ../nbs/03_simulate.ipynb #6c527c7a
+def _sigmoid(x): return 1 / (1 + np.exp(-x))
+
 _PARTIAL_F1 = np.array([0.4, 0.5, 2 / 3, 0.8])  # partial F1 values a wrong span can earn
 _VIEW_CODE = {'grid': 0, 'rewrite': 1, 'decode': 2}
 
@@ -231,12 +228,11 @@ def _wordings(p: Profile, rng, Q: int, K: int, N: int) -> tuple:
                        _PARTIAL_F1[rng.integers(0, len(_PARTIAL_F1), (Q, K, N))], 0.0)
     return shared, own, partial
 
-# %% ../nbs/03_simulate.ipynb #1bb45a34
 def sample_grid(world: World, # the latent world
                 split: str = 'train', # which queries
                 view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-                n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode': the original, id 0)
-                n_decodes: int = 5, # decodes per wording
+                n_rewrites: int = PAPER.grid[0], # rewrites per query (ids 1..n; 'decode': the original, id 0)
+                n_decodes: int = PAPER.grid[1], # decodes per wording
                 temperature: float = 0.7, # decoding temperature
                 seed: int = 0, # seed of this sampling run
                ) -> dict:
@@ -266,8 +262,8 @@ def sample_grid(world: World, # the latent world
 def observe(world: World, # the latent world
             split: str = 'train', # which queries
             view: str = 'grid', # 'grid', 'rewrite' or 'decode'
-            n_rewrites: int = 5, # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
-            n_decodes: int = 5, # decodes per wording
+            n_rewrites: int = PAPER.grid[0], # rewrites per query (ids 1..n; 'decode' uses the original, id 0)
+            n_decodes: int = PAPER.grid[1], # decodes per wording
             temperature: float = 0.7, # decoding temperature
             seed: int = 0, # seed of this sampling run
            ) -> pd.DataFrame:
@@ -286,7 +282,7 @@ def observe(world: World, # the latent world
 
 # %% ../nbs/03_simulate.ipynb #879a15ad
 def truth(world: World, # the latent world
-          lam: float = 0.05, # cost weight λ for the true best model
+          lam: float = PAPER.lam, # cost weight λ for the true best model
           cost_scale: float | None = None, # Z_d for cost (default: the largest expected cost)
           temperature: float = 0.7, # decoding temperature
          ) -> pd.DataFrame:
@@ -326,14 +322,15 @@ def _concat(parts: list) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 # %% ../nbs/03_simulate.ipynb #56973135
+@delegates(truth, but=['cost_scale'])
 def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `Profile`
              n_train: int = 200, # training queries (the paper uses 200)
              n_test: int = 250, # test queries
              seed: int = 0, # random seed for the world and every observation
-             n_rewrites: int = 5, # N of the training grid
-             n_decodes: int = 5, # M of the training grid
+             n_rewrites: int = PAPER.grid[0], # N of the training grid
+             n_decodes: int = PAPER.grid[1], # M of the training grid
              temperature: float = 0.7, # decoding temperature
-             lam: float = 0.05, # cost weight λ of the true best model
+             **kwargs
             ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     "Simulated observations, query features and ground truth for one dataset profile."
     w = make_world(profile, n_train, n_test, seed)
@@ -344,8 +341,7 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
     obs = validate(_concat(parts))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])
-    return obs, features, truth(w, lam, cost_scale=float(obs['cost'].max()),
-                                temperature=temperature)
+    return obs, features, truth(w, cost_scale=float(obs['cost'].max()), temperature=temperature, **kwargs)
 
 # %% ../nbs/03_simulate.ipynb #d9fa5bfc
 PAPER_DIAGNOSTICS = {

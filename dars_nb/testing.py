@@ -9,10 +9,78 @@ import json
 import random
 import time
 from fastcore.basics import patch
-from .collect.local import LoopbackServer, Request, http_response, forward, error_body
+from .pool.http import endpoint_client
+from .pool.server import BackgroundServer, relay
 
 # %% auto #0
-__all__ = ['chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy', 'KeyEchoEndpoint', 'simulated_texts']
+__all__ = ['error_body', 'LoopbackEndpoint', 'chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy',
+           'KeyEchoEndpoint', 'simulated_texts']
+
+# %% ../nbs/39_testing.ipynb #f7de1743
+def error_body(status: int, # the HTTP status
+               message: str, # what went wrong
+               kind: str = 'error', # OpenAI's error type
+              ) -> bytes:
+    "An error in OpenAI's JSON shape."
+    return json.dumps({'error': {'message': message, 'type': kind, 'code': status}}).encode()
+
+# %% ../nbs/39_testing.ipynb #a3ab5d6a
+class LoopbackEndpoint:
+    "An OpenAI-style endpoint on 127.0.0.1, served in a background thread; subclasses answer `handle`."
+    def __init__(self, port: int | None = None): # port to listen on (None: a free one)
+        self.port, self.server = port or 0, None
+
+    @property
+    def base_url(self) -> str:
+        "The OpenAI-style base URL, `http://127.0.0.1:PORT/v1`."
+        return f'http://127.0.0.1:{self.port}/v1'
+
+    async def __call__(self, scope, receive, send):
+        "The ASGI entry point: one HTTP request, read whole, to `handle` (no start-up or shut-down)."
+        if scope['type'] != 'http': return
+        from starlette.requests import Request
+        request = Request(scope, receive)
+        await request.body()   # kept by the request for `handle`
+        response = await self.handle(request)
+        if response is None: await self._drop(scope)
+        else: await response(scope, receive, send)
+
+    async def handle(self, request): # the request, a Starlette `Request`
+        "The response to `request`, or None to drop the connection without answering: here a 404."
+        from starlette.responses import Response
+        message = f'no route for {request.method} {request.url.path}'
+        return Response(error_body(404, message), 404, media_type='application/json')
+
+    def __enter__(self): return self.start()
+    def __exit__(self, *exc): self.stop()
+
+# %% ../nbs/39_testing.ipynb #753993ad
+@patch
+def start(self: LoopbackEndpoint):
+    "Start serving in a background thread; returns self."
+    if self.server is None:
+        self.server = BackgroundServer(self, port=self.port, grace_s=1).start()
+        self.port = self.server.port
+    return self
+
+@patch
+def stop(self: LoopbackEndpoint):
+    "Stop serving and wait for the thread to end."
+    if self.server is not None: self.server.stop()
+    self.server = None
+
+@patch
+def serve_forever(self: LoopbackEndpoint):
+    "Serve until the process ends (for an endpoint in a process of its own, as the benchmarks run it)."
+    self.start().server.wait()
+
+# %% ../nbs/39_testing.ipynb #8d75d57c
+@patch
+async def _drop(self: LoopbackEndpoint, scope):
+    "Close the connection `scope` came on without an answer."
+    for connection in list(self.server.server.server_state.connections):
+        if connection.client == scope['client']: connection.transport.close()
+    for _ in range(3): await asyncio.sleep(0)   # uvicorn's connection_lost runs, then the request ends
 
 # %% ../nbs/39_testing.ipynb #39a00007
 def chat_completion_body(text: str, # the answer
@@ -39,10 +107,9 @@ def chat_completion_events(text: str, # the answer, sent word by word
                           ) -> bytes:
     "A streamed chat completion as server-sent events: words, a stop chunk, a usage chunk, [DONE]."
     base = {'id': 'chatcmpl-fixed', 'object': 'chat.completion.chunk', 'created': 0, 'model': model}
-    deltas = [{'role': 'assistant', 'content': w} if i == 0 else {'content': ' ' + w} for i,
-              w in enumerate(text.split(' '))]
-    chunks = [{**base,
-               'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]} for d in deltas]
+    words = text.split(' ')
+    deltas = [{'role': 'assistant', 'content': words[0]}] + [{'content': ' ' + w} for w in words[1:]]
+    chunks = [{**base, 'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]} for d in deltas]
     chunks.append({**base, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})
     tokens = {'prompt_tokens': prompt_tokens, 'completion_tokens': completion_tokens,
               'total_tokens': prompt_tokens + completion_tokens}
@@ -50,7 +117,7 @@ def chat_completion_events(text: str, # the answer, sent word by word
     return ''.join(f'data: {json.dumps(c)}\n\n' for c in chunks).encode() + b'data: [DONE]\n\n'
 
 # %% ../nbs/39_testing.ipynb #39a0000a
-class FixedEndpoint(LoopbackServer):
+class FixedEndpoint(LoopbackEndpoint):
     "An OpenAI-compatible endpoint giving the same answer after a fixed delay (streamed when asked)."
     def __init__(self, text: str = 'Final Answer: 42', # the answer to every request
                  delay_s: float = 0.05, # seconds before answering
@@ -63,10 +130,8 @@ class FixedEndpoint(LoopbackServer):
         self.delay_s, self._usage = delay_s, usage
         self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
         tokens = dict(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        self._reply = http_response(200, chat_completion_body(text, usage=usage, **tokens))
-        events = lambda u: chat_completion_events(text, usage=u, **tokens)
-        self._streams = {u: http_response(200, events(u),
-                                          'text/event-stream') for u in (False, True)}
+        self._reply = chat_completion_body(text, usage=usage, **tokens)
+        self._events = {u: chat_completion_events(text, usage=u, **tokens) for u in (False, True)}
 
 # %% ../nbs/39_testing.ipynb #39a0000b
 _MODELS_LIST = json.dumps({'object': 'list', 'data': [{'id': 'fixed', 'object': 'model'}]}).encode()
@@ -74,26 +139,29 @@ _MODELS_LIST = json.dumps({'object': 'list', 'data': [{'id': 'fixed', 'object': 
 def _wants_stream(raw: bytes) -> tuple:
     "(streamed?, usage chunk asked for?) of a request body, parsed once, only if it names a stream."
     if b'"stream"' not in raw: return False, False
-    body = Request('POST', '', {}, raw).json()
+    try: body = json.loads(raw)
+    except ValueError: return False, False
     if not isinstance(body, dict) or body.get('stream') is not True: return False, False
     opts = body.get('stream_options') if isinstance(body.get('stream_options'), dict) else {}
     return True, opts.get('include_usage') is True
 
-# %% ../nbs/39_testing.ipynb #cb1e5bc2
 @patch
-async def handle(self: FixedEndpoint, req, reader):
+async def handle(self: FixedEndpoint, request):
     "The fixed answer (or the model list), after the delay."
-    if req.method == 'GET' and req.path.rstrip('/').endswith('/models'):
-        return http_response(200, _MODELS_LIST)
-    if req.method != 'POST' or not req.path.endswith('/chat/completions'):
-        return await super(FixedEndpoint, self).handle(req, reader)
+    from starlette.responses import Response
+    path = request.url.path.rstrip('/')
+    if request.method == 'GET' and path.endswith('/models'):
+        return Response(_MODELS_LIST, media_type='application/json')
+    if request.method != 'POST' or not path.endswith('/chat/completions'):
+        return await LoopbackEndpoint.handle(self, request)
     self.requests += 1
     self.in_flight += 1
     self.max_in_flight = max(self.max_in_flight, self.in_flight)
     try: await asyncio.sleep(self.delay_s)
     finally: self.in_flight -= 1
-    stream, usage = _wants_stream(req.body)
-    return self._streams[self._usage and usage] if stream else self._reply
+    stream, usage = _wants_stream(await request.body())
+    if stream: return Response(self._events[self._usage and usage], media_type='text/event-stream')
+    return Response(self._reply, media_type='application/json')
 
 # %% ../nbs/39_testing.ipynb #39a00012
 _ACTIONS = ('pass', 'drop', 'malformed', 'no_answer', 'slow')
@@ -101,24 +169,10 @@ _ACTIONS = ('pass', 'drop', 'malformed', 'no_answer', 'slow')
 def _check_action(a):
     "Raise `ValueError` unless `a` is a fault `FaultProxy` knows."
     if a in _ACTIONS or (isinstance(a, str) and a.isdigit() and 400 <= int(a) <= 599): return
-    raise ValueError(f"unknown fault {a!r} (expected one of {', '.join(_ACTIONS)} or an HTTP "
-                     "status 400-599)")
+    known = ', '.join(_ACTIONS)
+    raise ValueError(f"unknown fault {a!r} (expected one of {known} or an HTTP status 400-599)")
 
-# %% ../nbs/39_testing.ipynb #5ac2fb88
-def _strip_final_answer(raw: bytes) -> bytes:
-    "A response with every 'Final Answer:' line removed from its message contents."
-    head, _, body = raw.partition(b'\r\n\r\n')
-    try: d = json.loads(body)
-    except ValueError: return raw
-    for c in d.get('choices') or []:
-        m = c.get('message') or {}
-        if isinstance(m.get('content'), str):
-            lines = m['content'].splitlines()
-            m['content'] = '\n'.join(l for l in lines if 'final answer' not in l.lower())
-    return http_response(int(head.split(b' ')[1]), json.dumps(d).encode())
-
-# %% ../nbs/39_testing.ipynb #39a00013
-class FaultProxy(LoopbackServer):
+class FaultProxy(LoopbackEndpoint):
     "A loopback proxy in front of an OpenAI-compatible endpoint, injecting faults by plan or chance."
     def __init__(self, upstream: str, # base URL of the real endpoint, e.g. a LocalServer's
                  plan: list | None = None, # actions for the first chat requests, in order
@@ -138,45 +192,69 @@ class FaultProxy(LoopbackServer):
         self.log: list = []    # (monotonic arrival time, action) per chat request
         self.auth: list = []   # Authorization header per chat request (None if absent)
 
-    def _next_action(self) -> str:
-        if self.plan: return self.plan.pop(0)
-        u, acc = self._rng.random(), 0.0
-        for a, p in self.probabilities.items():
-            acc += p
-            if u < acc: return a
-        return 'pass'
+# %% ../nbs/39_testing.ipynb #58fbcfac
+@patch
+def _next_action(self: FaultProxy) -> str:
+    "The plan's next action, or one drawn from `probabilities` ('pass' if none is drawn)."
+    if self.plan: return self.plan.pop(0)
+    u, acc = self._rng.random(), 0.0
+    for a, p in self.probabilities.items():
+        acc += p
+        if u < acc: return a
+    return 'pass'
+
+# %% ../nbs/39_testing.ipynb #5ac2fb88
+def _strip_final_answer(response):
+    "A copy of a chat-completion response with every 'Final Answer:' line removed from its messages."
+    from starlette.responses import Response
+    try: d = json.loads(response.body)
+    except ValueError: return response
+    for c in d.get('choices') or []:
+        m = c.get('message') or {}
+        if isinstance(m.get('content'), str):
+            lines = m['content'].splitlines()
+            m['content'] = '\n'.join(l for l in lines if 'final answer' not in l.lower())
+    return Response(json.dumps(d), response.status_code, media_type='application/json')
+
+@patch
+async def _pass(self: FaultProxy, request):
+    "The upstream's answer to `request`, over a connection of its own."
+    async with endpoint_client(timeout_s=None, connections=1) as client:
+        return await relay(request, self.upstream, client)
 
 # %% ../nbs/39_testing.ipynb #39a00014
 @patch
-async def handle(self: FaultProxy, req, reader):
-    "Forward `req`, or misbehave as the plan or the dice say."
-    if req.method != 'POST': return await forward(self.upstream, req)
+async def handle(self: FaultProxy, request):
+    "Forward `request`, or misbehave as the plan or the dice say."
+    from starlette.responses import Response
+    if request.method != 'POST': return await self._pass(request)
     action = self._next_action()
     self.log.append((time.monotonic(), action))
-    self.auth.append(req.headers.get('authorization'))
-    if action == 'pass': return await forward(self.upstream, req)
+    self.auth.append(request.headers.get('authorization'))
+    if action == 'pass': return await self._pass(request)
     if action == 'drop': return None
     if action == 'malformed':
-        return http_response(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
-    if action == 'no_answer': return _strip_final_answer(await forward(self.upstream, req))
+        cut = b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess'
+        return Response(cut, 200, media_type='application/json')
+    if action == 'no_answer': return _strip_final_answer(await self._pass(request))
     if action == 'slow':
         await asyncio.sleep(self.slow_s)
-        if reader.at_eof():
-            return None   # the client gave up; do not make the model work for nobody
-        return await forward(self.upstream, req)
+        if await request.is_disconnected(): return None   # the client gave up: no work for nobody
+        return await self._pass(request)
     status = int(action)
     headers = {'retry-after': f'{self.retry_after:g}'} if status == 429 else {}
-    return http_response(status, error_body(status, f'injected {status}', 'injected'),
-                         headers=headers)
+    body = error_body(status, f'injected {status}', 'injected')
+    return Response(body, status, headers, media_type='application/json')
 
 # %% ../nbs/39_testing.ipynb #39a0001a
-class KeyEchoEndpoint(LoopbackServer):
+class KeyEchoEndpoint(LoopbackEndpoint):
     "An endpoint whose every chat completion is a 401 quoting the request's Authorization header."
-    async def handle(self, req, reader):
+    async def handle(self, request):
         "A 401 that echoes the key."
-        if req.method != 'POST': return await super().handle(req, reader)
-        msg = f"invalid key: {req.headers.get('authorization')}"
-        return http_response(401, error_body(401, msg, 'invalid_request_error'))
+        from starlette.responses import Response
+        if request.method != 'POST': return await super().handle(request)
+        body = error_body(401, f"invalid key: {request.headers.get('authorization')}", 'invalid_request_error')
+        return Response(body, 401, media_type='application/json')
 
 # %% ../nbs/39_testing.ipynb #72520017
 import numpy as np

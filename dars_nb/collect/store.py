@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 from fastcore.basics import patch
-from ..diagnostics import markdown_table
+from ..markdown import markdown_table
 from ..pool.usage import fmt_usd
 import numpy as np
 import pandas as pd
@@ -41,7 +41,6 @@ LEDGER_STATUSES = ('ok', 'failed', 'lost')
 # %% ../../nbs/31_store.ipynb #3cbabe6f
 def _sql_list(values) -> str: return ', '.join(repr(v) for v in values)
 
-# %% ../../nbs/31_store.ipynb #fcf7365d
 def _observations_sql() -> str:
     req = KEY_COLUMNS + ['score', 'cost']
     cols = [f"{c} {_TYPES[c]}{' NOT NULL' if c in req else ''}" for c in STORE_COLUMNS]
@@ -51,7 +50,6 @@ def _observations_sql() -> str:
     body = (',' + chr(10) + '  ').join(cols + ['created_at REAL NOT NULL'] + checks)
     return f"CREATE TABLE IF NOT EXISTS observations (\n  {body},\n  UNIQUE ({', '.join(KEY_COLUMNS)})\n);\n"
 
-# %% ../../nbs/31_store.ipynb #ac0c3310
 _TABLES_SQL = f"""
 CREATE TABLE IF NOT EXISTS rewrites (
   dataset TEXT NOT NULL, query_id TEXT NOT NULL, rewrite_id INTEGER NOT NULL CHECK (rewrite_id >= 0),
@@ -77,6 +75,19 @@ def _schema_sql() -> str: return _observations_sql() + _TABLES_SQL
 class StoreError(ValueError):
     "A row or a file the store cannot accept, stated in one line."
 
+def _salvage_hint(path) -> str:
+    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
+
+def _damaged(path, detail) -> StoreError:
+    detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
+    return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
+
+def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
+    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
+    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
+        return StoreError(f"store {path}: {e}")
+    return _damaged(path, e)
+
 # %% ../../nbs/31_store.ipynb #0276d995
 def _plain(v):
     "A value sqlite3 accepts: numpy scalars to Python, NaN to NULL, bools to 0/1."
@@ -84,22 +95,6 @@ def _plain(v):
     if isinstance(v, float) and math.isnan(v): return None
     if isinstance(v, bool): return int(v)
     return v
-
-# %% ../../nbs/31_store.ipynb #fd74a657
-def _salvage_hint(path) -> str:
-    return f"copy its readable rows to a new store: dars store salvage {path} --out NEW.sqlite"
-
-# %% ../../nbs/31_store.ipynb #b13ed6cc
-def _damaged(path, detail) -> StoreError:
-    detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
-    return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
-
-# %% ../../nbs/31_store.ipynb #15da2e74
-def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
-    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
-    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
-        return StoreError(f"store {path}: {e}")
-    return _damaged(path, e)
 
 # %% ../../nbs/31_store.ipynb #691055e3
 def _check_file(path: Path, readonly: bool) -> bool:
@@ -116,8 +111,7 @@ def _check_file(path: Path, readonly: bool) -> bool:
                          "restore it from a copy, or delete it to start a new store")
     with open(path, 'rb') as f: head = f.read(16)
     if head != b'SQLite format 3\x00':
-        raise StoreError(f"{path} is not a store, or its first page is "
-                         f"damaged; {_salvage_hint(path)}")
+        raise StoreError(f"{path} is not a store, or its first page is damaged; {_salvage_hint(path)}")
     return True
 
 # %% ../../nbs/31_store.ipynb #695e8529
@@ -128,13 +122,11 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
     conn.execute(f'PRAGMA busy_timeout = {int(timeout_s * 1000)}')
     return conn
 
-# %% ../../nbs/31_store.ipynb #5f9200dc
 def _check_pages(conn, path):
     "Refuse a store whose pages do not hold together (`PRAGMA quick_check`, reads every page)."
     got = conn.execute('PRAGMA quick_check').fetchall()
     if got != [('ok',)]: raise _damaged(path, got[0][0] if got else 'quick_check gave nothing')
 
-# %% ../../nbs/31_store.ipynb #eb2c5134
 def _create_schema(conn, path):
     "WAL, durable commits and the tables (created if missing, nothing written when they exist)."
     mode = conn.execute('PRAGMA journal_mode = WAL').fetchone()[0]
@@ -145,14 +137,12 @@ def _create_schema(conn, path):
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (v,))
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version' AND value != ?", (v, v))
 
-# %% ../../nbs/31_store.ipynb #523b33c6
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
-    if missing: raise StoreError(f"{path} has an observations table without "
-                                 f"column(s) {', '.join(missing)}")
+    if missing:
+        raise StoreError(f"{path} has an observations table without column(s) {', '.join(missing)}")
 
-# %% ../../nbs/31_store.ipynb #039e344e
 def _empty_tables(conn):
     "Read-only, a store written before a table existed gets an empty temporary one in its place."
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -226,16 +216,12 @@ def _check_row(row: dict) -> dict:
     if isinstance(r.get('extra'), (dict, list)): r['extra'] = json.dumps(r['extra'])
     return r
 
-# %% ../../nbs/31_store.ipynb #9a03f318
-def _key_of(r) -> tuple: return tuple(r[k] for k in KEY_COLUMNS)
-
-# %% ../../nbs/31_store.ipynb #22e46f99
+# %% ../../nbs/31_store.ipynb #3006e2c5
 def _insert_sql(cols):
     return (f"INSERT INTO observations ({', '.join(cols)}, created_at) VALUES "
             f"({', '.join('?' * len(cols))}, ?) "
             f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO NOTHING")
 
-# %% ../../nbs/31_store.ipynb #3006e2c5
 @patch
 def insert(self: Store, row: dict, # one observation: key fields, score, cost, any of STORE_COLUMNS
           ) -> bool: # True if the row was new, False if its key was stored (nothing changed)
@@ -245,7 +231,8 @@ def insert(self: Store, row: dict, # one observation: key fields, score, cost, a
     try:
         with self._lock:
             cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
-    except sqlite3.IntegrityError as e: raise StoreError(f"observation rejected by the store: {e}") from None
+    except sqlite3.IntegrityError as e:
+        raise StoreError(f"observation rejected by the store: {e}") from None
     except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
     return cur.rowcount == 1
 
@@ -275,8 +262,8 @@ def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('re
 def has(self: Store, key: tuple) -> bool:
     "Whether the observation with this natural key is stored."
     if len(key) != len(KEY_COLUMNS):
-        raise StoreError(f"a key has {len(KEY_COLUMNS)} fields "
-                         f"({', '.join(KEY_COLUMNS)}), got {len(key)}")
+        fields = f"{len(KEY_COLUMNS)} fields ({', '.join(KEY_COLUMNS)})"
+        raise StoreError(f"a key has {fields}, got {len(key)}")
     k = [str(v) if i < 5 else int(_plain(v)) for i, v in enumerate(key)]
     where = ' AND '.join(f'{c} = ?' for c in KEY_COLUMNS)
     return bool(self._q(f'SELECT 1 FROM observations WHERE {where} LIMIT 1', k))
@@ -312,7 +299,8 @@ def to_frame(self: Store) -> pd.DataFrame:
     p = df['parsed']
     df['parsed'] = p.astype(bool) if p.notna().all() else p.map({1: True, 0: False}).astype('boolean')
     try: return validate(df)
-    except Exception as e: raise _damaged(self.path, f"rows that are not observations: {e}") from None
+    except Exception as e:
+        raise _damaged(self.path, f"rows that are not observations: {e}") from None
 
 # %% ../../nbs/31_store.ipynb #edc21a77
 @patch
@@ -369,7 +357,6 @@ def set_meta(self: Store, key: str, value) -> None:
             'SET value = excluded.value',
             (str(key), json.dumps(value)))
 
-# %% ../../nbs/31_store.ipynb #4de38ba5
 @patch
 def get_meta(self: Store, key: str, default=None):
     "The value stored under `key`, or `default`."
@@ -428,14 +415,19 @@ class StoreLedger:
         "(requests, dollars) over all runs: settled costs plus open reservations at their maximum."
         return self._n, self._usd
 
-# %% ../../nbs/31_store.ipynb #d2fd5b98
+@patch
+def ledger(self: Store) -> StoreLedger:
+    "The store's spend ledger (one object per open store)."
+    if self._ledger is None: self._ledger = StoreLedger(self)
+    return self._ledger
+
+# %% ../../nbs/31_store.ipynb #b04e4250
 def _money(v, what) -> float:
     v = _plain(v)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
         raise StoreError(f"{what} must be a finite non-negative number of dollars, got {v!r}")
     return float(v)
 
-# %% ../../nbs/31_store.ipynb #b04e4250
 @patch
 def reserve(self: StoreLedger, model: str, # the pool's name of the model called
             kind: str, # 'generation' or 'rewrite'
@@ -461,8 +453,8 @@ def settle(self: StoreLedger, entry: int, # an id from `reserve`
           ) -> None:
     "Record the final cost and outcome of a reserved request."
     if status not in LEDGER_STATUSES:
-        raise StoreError(f"unknown ledger status {status!r} (expected one of "
-                         f"{', '.join(LEDGER_STATUSES)})")
+        expected = ', '.join(LEDGER_STATUSES)
+        raise StoreError(f"unknown ledger status {status!r} (expected one of {expected})")
     c = _money(cost_usd, 'cost_usd')
     held = self._open.pop(entry, None)
     if held is None: raise StoreError(f"ledger entry {entry} is not open in this run")
@@ -491,16 +483,10 @@ def totals(self: StoreLedger) -> pd.DataFrame:
     cols = [s for s in ('ok', 'failed', 'lost', 'open')]
     return out.join(counts.reindex(columns=cols, fill_value=0))[['requests', *cols, 'usd']]
 
-# %% ../../nbs/31_store.ipynb #7d438b12
-@patch
-def ledger(self: Store) -> StoreLedger:
-    "The store's spend ledger (one object per open store)."
-    if self._ledger is None: self._ledger = StoreLedger(self)
-    return self._ledger
-
 # %% ../../nbs/31_store.ipynb #d85851c8
 @patch
-def lock_writer(self: Store, command: str = 'dars collect', # the holder, as named to a refused writer
+def lock_writer(self: Store,
+                command: str = 'dars collect', # the holder, as named to a refused writer
                ) -> None:
     "Become the only writer of this store, or a one-line `StoreError` naming the one that is."
     import fcntl
@@ -512,8 +498,7 @@ def lock_writer(self: Store, command: str = 'dars collect', # the holder, as nam
         raise StoreError(f"store {self.path} is being written by {holder}; "
                          "wait for it to end or stop it") from None
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
-    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on "
-                                     f"{socket.gethostname()}, started {started})\n")
+    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on {socket.gethostname()}, started {started})\n")
     f.flush()
     self._writer = f
 
@@ -527,9 +512,8 @@ def check_store(path, # the store file
         n = len(s.to_frame())
         counts = [s._q(f'SELECT COUNT(*) FROM {t}')[0][0] for t in ('rewrites', 'rewriter_answers',
                                                                     'ledger')]
-    return (f"store {path}: sound; {n} observations, {counts[0]} rewrites, "
-            f"{counts[1]} rewriter answers, "
-            f"{counts[2]} ledger entries")
+    rows = f"{n} observations, {counts[0]} rewrites, {counts[1]} rewriter answers, {counts[2]} ledger entries"
+    return f"store {path}: sound; {rows}"
 
 # %% ../../nbs/31_store.ipynb #8b206178
 def _readable_rows(conn, table: str, cols: list) -> list:
@@ -586,7 +570,8 @@ def salvage_store(path, # the damaged store
     report = {}
     try:
         with Store(out) as new:
-            for table, cols in [('observations', STORE_COLUMNS + ['created_at']), *_COPY_COLS.items()]:
+            for table, cols in [('observations', STORE_COLUMNS + ['created_at']),
+                                *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
                 # one commit per table, not one per row
@@ -606,8 +591,8 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (re
         if action == 'check': print(check_store(store)); return 0
         if action != 'salvage':
             raise StoreError(f"unknown action {action!r} (expected check or salvage)")
-        if out is None: raise StoreError("salvage needs --out NEW.sqlite (the "
-                                         "damaged file is left as it is)")
+        if out is None:
+            raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
         got = salvage_store(store, out)
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1
@@ -626,7 +611,6 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
 
-# %% ../../nbs/31_store.ipynb #2c50fd32
 def store_status(path, # the store file
                 ) -> str:
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
@@ -635,7 +619,8 @@ def store_status(path, # the store file
         lines = [f"store {path}: {s.count()} observations, "
                  f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
-                 markdown_table(_plan_table(s, plan)), '', 'spend ledger (all runs)', markdown_table(ledger.totals(), '.6f')]
+                 markdown_table(_plan_table(s, plan)), '', 'spend ledger (all runs)',
+                 markdown_table(ledger.totals(), '.6f')]
         n, usd = ledger.spent()
     lim = plan.get('limits', {})
     lines.append(f"total: {n} requests, {fmt_usd(usd)}; call_budget {lim.get('call_budget')}, "

@@ -7,10 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import altair as alt
-from ..observations import validate, ensure_valid, select
+from fastcore.meta import delegates
+from ..observations import validate, as_validated, select
+from ..stats import PAPER
 from ..diagnostics import diagnose
 from ..simulate import make_world, observe, plot_temperature
-from .protocol import Spec, Table, run_experiments, VIEW_LABELS
+from .protocol import Spec, run_experiments
+from .tables import Table, VIEW_LABELS
 
 # %% auto #0
 __all__ = ['ABLATIONS', 'GRIDS', 'BETAS', 'TEMPERATURES', 'run_ablations', 'ablation_table', 'plot_ablations',
@@ -22,63 +25,56 @@ ABLATIONS = {'single': 'Single-shot', 'input_only': 'Input-only DA',
              'output_only': 'Output-only DA',
              'no_risk': 'DARS w/o risk', 'decomp_risk': 'DARS w/ decomp. risk', 'dars': 'Full DARS'}
 
-def run_ablations(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
+@delegates(run_experiments, but=['specs', 'desc'])
+def run_ablations(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
                   routers=None, # mapping name -> router, a list, or None for every family
-                  n_draws: int = 100, # R, single-shot draws
-                  lam: float = 0.05, # cost weight λ
-                  beta: float = 0.2, # risk weight β
-                  seed: int = 0, # the run's seed
-                  n_boot: int = 1000, # bootstrap resamples
-                  n_jobs: int | None = None, # joblib workers
-                  progress: bool = True, # show a progress bar
-                  reuse: pd.DataFrame | None = None, # earlier results of the same run (e.g. `run_protocol`'s): matching units are not rerun
+                  beta: float = PAPER.beta, # risk weight β
+                  **kwargs,
                  ) -> pd.DataFrame:
-    "Every router under the six supervisions of the paper's ablation (Table 3), in the protocol's tidy format."
-    return run_experiments(datasets, routers, [Spec(m, beta) for m in ABLATIONS], n_draws, lam,
-                           seed, n_boot,
-                           n_jobs=n_jobs, progress=progress, desc='ablations', reuse=reuse)
+    "Every router under the six supervisions of the paper's ablation (Table 3), as the protocol."
+    return run_experiments(datasets, routers, [Spec(mode, beta) for mode in ABLATIONS],
+                           desc='ablations', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #b912c568
 def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     "Mean utility per `row` value (rows) and (dataset, view) (columns), plus the average column."
-    r = results.assign(_view=results['view'].map(lambda v: VIEW_LABELS.get(v, v)))
-    w = r.pivot_table(index=row, columns=['dataset', '_view'], values='utility', aggfunc='mean',
-                      sort=False)
-    cols = [(d, VIEW_LABELS.get(v, v)) for d in dict.fromkeys(r['dataset']) for v in dict.fromkeys(results['view'])]
-    w = w.reindex(columns=pd.MultiIndex.from_tuples(cols))
-    w[('Avg.', '')] = w.mean(axis=1)
-    return w
+    labelled = results.assign(_view=results['view'].map(lambda v: VIEW_LABELS.get(v, v)))
+    wide = labelled.pivot_table(index=row, columns=['dataset', '_view'], values='utility',
+                                aggfunc='mean',
+                                sort=False)
+    cols = [(d, VIEW_LABELS.get(v, v)) for d in dict.fromkeys(labelled['dataset'])
+            for v in dict.fromkeys(results['view'])]
+    wide = wide.reindex(columns=pd.MultiIndex.from_tuples(cols))
+    wide[('Avg.', '')] = wide.mean(axis=1)
+    return wide
 
-# %% ../../nbs/22_ablations.ipynb #9ae44ae6
 def _best_bold(values: pd.DataFrame, block: str | None) -> pd.DataFrame:
     "True at the largest value of each column (within each `block` of the row index)."
-    g = values.groupby(level=block, sort=False) if block else values
-    best = g.transform('max') if block else values.max()
+    best = values.groupby(level=block, sort=False).transform('max') if block else values.max()
     return values.eq(best) & values.notna()
 
 # %% ../../nbs/22_ablations.ipynb #a9724187
 def ablation_table(results: pd.DataFrame, # output of `run_ablations`
                    overall: bool = True, # add a block with the mean over routers
                   ) -> Table:
-    "Paper Table 3: rows (router, variant), columns dataset × view and their average; the best per column in bold."
-    labels = [m for m in ABLATIONS if m in set(results['supervision'])]
-    blocks = {}
-    for router, part in results.groupby('router', sort=False):
-        blocks[router] = _wide(part, 'supervision').reindex(labels)
+    "Paper Table 3: rows (router, variant), columns dataset × view and their average; best in bold."
+    labels = [mode for mode in ABLATIONS if mode in set(results['supervision'])]
+    blocks = {router: _wide(part, 'supervision').reindex(labels)
+              for router, part in results.groupby('router', sort=False)}
     if overall and len(blocks) > 1:
         blocks['mean of routers'] = _wide(results, 'supervision').reindex(labels)
-    vals = pd.concat(blocks, names=['router', 'variant']).rename(index=ABLATIONS, level='variant')
-    return Table(vals, _best_bold(vals, 'router'))
+    values = pd.concat(blocks, names=['router', 'variant']).rename(index=ABLATIONS, level='variant')
+    return Table(values, _best_bold(values, 'router'))
 
 # %% ../../nbs/22_ablations.ipynb #666d5da5
 def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
                    title: str = 'Which part of DARS does the work', # chart title
                   ) -> alt.Chart:
     "Mean utility (over routers and views) of each ablation variant, per dataset."
-    r = results.groupby(['dataset', 'supervision'], sort=False)['utility'].mean().reset_index()
-    r['variant'] = r['supervision'].map(ABLATIONS)
-    order = [ABLATIONS[m] for m in ABLATIONS if m in set(r['supervision'])]
-    return alt.Chart(r).mark_point(filled=True, size=80).encode(
+    means = results.groupby(['dataset', 'supervision'], sort=False)['utility'].mean().reset_index()
+    means['variant'] = means['supervision'].map(ABLATIONS)
+    order = [ABLATIONS[mode] for mode in ABLATIONS if mode in set(means['supervision'])]
+    return alt.Chart(means).mark_point(filled=True, size=80).encode(
         y=alt.Y('variant:N', title=None, sort=order),
         x=alt.X('utility:Q', title='Mean test utility (routers and views)',
                 scale=alt.Scale(zero=False)),
@@ -89,67 +85,63 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
 
 # %% ../../nbs/22_ablations.ipynb #4b7678cf
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
-BETAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
-def run_sample_efficiency(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
+@delegates(run_experiments, but=['specs', 'desc', 'n_draws'])
+def run_sample_efficiency(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features, …)
                           routers=None, # mapping name -> router, a list, or None for every family
                           grids=GRIDS, # (rewrites, decodes) sub-grids of the training grid
-                          lam: float = 0.05, # cost weight λ
-                          beta: float = 0.2, # risk weight β
-                          seed: int = 0, # the run's seed
-                          n_boot: int = 1000, # bootstrap resamples
-                          n_jobs: int | None = None, # joblib workers
-                          progress: bool = True, # show a progress bar
-                          reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
+                          beta: float = PAPER.beta, # risk weight β
+                          **kwargs,
                          ) -> pd.DataFrame:
     "DARS trained on the leading n×m corner of every training grid, for each sub-grid in `grids`."
-    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(g)) for g in grids], 1, lam,
-                           seed, n_boot,
-                           n_jobs=n_jobs, progress=progress, desc='sample efficiency', reuse=reuse)
+    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(grid)) for grid in grids],
+                           n_draws=1,
+                           desc='sample efficiency', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #fb4038c4
-def run_beta_sweep(datasets, # `Dataset`(s), or a mapping name -> (obs, features[, truth])
+BETAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+@delegates(run_experiments, but=['specs', 'desc', 'n_draws'])
+def run_beta_sweep(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
                    routers=None, # mapping name -> router, a list, or None for every family
                    betas=BETAS, # risk weights to try
-                   lam: float = 0.05, # cost weight λ
-                   seed: int = 0, # the run's seed
-                   n_boot: int = 1000, # bootstrap resamples
-                   n_jobs: int | None = None, # joblib workers
-                   progress: bool = True, # show a progress bar
-                   reuse: pd.DataFrame | None = None, # earlier results of the same run: matching units are not rerun
+                   **kwargs,
                   ) -> pd.DataFrame:
     "Full DARS at every β in `betas`."
-    return run_experiments(datasets, routers, [Spec('dars', float(b)) for b in betas], 1, lam, seed,
-                           n_boot,
-                           n_jobs=n_jobs, progress=progress, desc='beta sweep', reuse=reuse)
+    return run_experiments(datasets, routers, [Spec('dars', float(beta)) for beta in betas],
+                           n_draws=1,
+                           desc='beta sweep', **kwargs)
 
 # %% ../../nbs/22_ablations.ipynb #3f5d79d7
 def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency` or `run_beta_sweep`
                       by: str = 'beta', # the knob: 'beta' or 'grid'
                      ) -> Table:
-    "Mean utility over routers per knob value (rows) and dataset × view (columns), with the average; best in bold."
-    vals = _wide(results, by)
+    "Mean utility over routers per knob value (rows), dataset × view and the average; best in bold."
+    values = _wide(results, by)
     if by == 'grid':
-        vals = vals.loc[sorted(vals.index, key=lambda g: np.prod([int(x) for x in g.split('x')]))]
-    else: vals = vals.sort_index()
-    return Table(vals, _best_bold(vals, None))
+        values = values.loc[sorted(values.index,
+                                   key=lambda grid: np.prod([int(x) for x in grid.split('x')]))]
+    else: values = values.sort_index()
+    return Table(values, _best_bold(values, None))
 
 # %% ../../nbs/22_ablations.ipynb #8fd7778a
 def _knob_chart(results: pd.DataFrame, by: str, title: str, x_title: str, sort=None) -> alt.Chart:
-    r = results.groupby(['dataset', by], sort=False)['utility'].mean().reset_index()
-    return alt.Chart(r, title=title).mark_line(point=True).encode(
+    means = results.groupby(['dataset', by], sort=False)['utility'].mean().reset_index()
+    return alt.Chart(means, title=title).mark_line(point=True).encode(
         x=alt.X(f'{by}:O', title=x_title, sort=sort),
         y=alt.Y('utility:Q', title='Mean test utility (routers and views)',
                 scale=alt.Scale(zero=False)),
         color=alt.Color('dataset:N', title='Dataset'),
-        tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]).properties(width=220, height=180)
+        tooltip=['dataset', by, alt.Tooltip('utility:Q', format='.4f')]
+    ).properties(width=220, height=180)
 
 # %% ../../nbs/22_ablations.ipynb #64e62c1b
 def plot_sample_efficiency(results: pd.DataFrame, # output of `run_sample_efficiency`
                            title: str = 'Sample efficiency of DARS', # chart title
                           ) -> alt.Chart:
     "Paper Fig. 3a: utility of DARS against the size of the training grid, per dataset."
-    grids = sorted(set(results['grid']), key=lambda g: np.prod([int(x) for x in g.split('x')]))
+    grids = sorted(set(results['grid']),
+                   key=lambda grid: np.prod([int(x) for x in grid.split('x')]))
     return _knob_chart(results, 'grid', title, 'Observation grid (rewrites × decodes)', grids)
 
 # %% ../../nbs/22_ablations.ipynb #a2b7dd95
@@ -169,28 +161,29 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
                              n_decodes: int = 5, # M
                              seed: int = 0, # seed of the world and of every sampling run
                             ) -> pd.DataFrame:
-    "Training grids of one simulated world observed at each temperature, in one table (sample ids offset per temperature)."
-    w = make_world(profile, n_train, 0, seed)
-    parts = [observe(w, 'train', 'grid', n_rewrites, n_decodes, float(t), seed).assign(
-        sample_id=lambda d, k=k: d['sample_id'] + k * n_decodes) for k, t in enumerate(temperatures)]
+    "One simulated world's training grids at each temperature (sample ids offset per temperature)."
+    world = make_world(profile, n_train, 0, seed)
+    parts = [observe(world, 'train', 'grid', n_rewrites, n_decodes, float(t), seed)
+             for t in temperatures]
+    parts = [part.assign(sample_id=part['sample_id'] + k * n_decodes)
+             for k, part in enumerate(parts)]
     return validate(pd.concat(parts, ignore_index=True))
 
 # %% ../../nbs/22_ablations.ipynb #b9b11f95
 def temperature_study(obs: pd.DataFrame, # observations with a `temperature` column
-                      lam: float = 0.05, # cost weight λ
+                      lam: float = PAPER.lam, # cost weight λ
                      ) -> pd.DataFrame:
-    "Diagnostics of the training grid per (dataset, temperature): output-side variance, winner flip rate, …"
-    if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' "
-                                                          "column")
-    obs = ensure_valid(obs)
-    temp = pd.to_numeric(obs['temperature'], errors='coerce')
-    if temp.isna().any(): raise ValueError(f"{int(temp.isna().sum())} observation(s) have no "
-                                           "numeric temperature")
+    "Diagnostics of the training grid per (dataset, temperature): output-side variance, flips, …"
+    if 'temperature' not in obs.columns: raise ValueError("the observations have no 'temperature' column")
+    obs = as_validated(obs)
+    temperature = pd.to_numeric(obs['temperature'], errors='coerce')
+    if temperature.isna().any():
+        raise ValueError(f"{int(temperature.isna().sum())} observation(s) have no numeric temperature")
     rows = []
-    for t in np.unique(temp.round(6)):
-        part = select(obs[(temp.round(6) == t).to_numpy()])          # unused categories dropped
+    for value in np.unique(temperature.round(6)):
+        part = select(obs[(temperature.round(6) == value).to_numpy()])   # unused categories dropped
         if not ((part['split'] == 'train') & (part['view'] == 'grid')).any(): continue
-        rows.append(diagnose(part, lam).assign(temperature=float(t)))
+        rows.append(diagnose(part, lam).assign(temperature=float(value)))
     if not rows: raise ValueError("no training grid at any temperature")
     return pd.concat(rows).reset_index().set_index(['dataset', 'temperature']).sort_index()
 
