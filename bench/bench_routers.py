@@ -21,7 +21,7 @@ A measurement, not a test: the machine may be shared, so the two ways of one fam
 side by side, alternating, in one process. A family whose first repetition exceeds `--budget`
 seconds is measured once (the `reps` column says how often each was).
 """
-import argparse, contextlib, importlib, statistics, time
+import argparse, contextlib, statistics, time
 
 import numpy as np
 import pandas as pd
@@ -33,20 +33,11 @@ from dars_nb.stats import supervision, normalize_cost
 from dars_nb.observations import select
 from dars_nb.evaluate import per_query_view_utility
 from dars_nb.draws import draw_view_utilities
-from dars_nb.routers.base import align
+from dars_nb.routers import FAMILIES, align
 
 from summary import emit
 
-FAMILIES = [  # (paper name, module, class)
-    ('MLP', 'dars_nb.routers.mlp', 'MLPRouter'),
-    ('kNN', 'dars_nb.routers.knn', 'KNNRouter'),
-    ('MIRT', 'dars_nb.routers.mirt', 'MIRTRouter'),
-    ('EmbedLLM', 'dars_nb.routers.embedllm', 'EmbedLLMRouter'),
-    ('RM-Softmax', 'dars_nb.routers.rmsoftmax', 'RMSoftmaxRouter'),
-    ('GraphRouter', 'dars_nb.routers.graph', 'GraphRouter'),
-    ('AvengersPro', 'dars_nb.routers.avengers', 'AvengersProRouter'),
-]
-TORCH = {'MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter'}
+TORCH = {f.name for f in FAMILIES if f.extra == 'torch'}
 
 
 def world(profile='gpqa_like', n_draws=100, seed=0, lam=0.05):
@@ -116,11 +107,12 @@ def main(argv=None):
     print(f"gpqa_like, 200 train / 250 test queries, {len(single.models)} models, R = {a.draws} single-shot draws\n", flush=True)
     settings = [None if t == 'all' else int(t) for t in a.threads]
     rows = []
-    for name, module, cls_name in FAMILIES:
+    for family in FAMILIES:
+        name = family.name
         if a.only and name not in a.only: continue
-        try: cls = getattr(importlib.import_module(module), cls_name)
+        try: cls = family.load()
         except (ImportError, AttributeError) as e:
-            print(f"{name}: skipped ({module}.{cls_name} not importable: {e})", flush=True); continue
+            print(f"{name}: skipped ({family.module}.{family.class_name} not importable: {e})", flush=True); continue
         make(cls, True).fit(X, single.draw(0))                           # warm-up (imports, first-call costs)
         for n in settings:
             with threads(n): rows.append(measure(name, cls, X, single, X_test, tables, a.reps, a.budget))

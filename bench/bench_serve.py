@@ -42,9 +42,8 @@ def build_bundle(kind, texts, path):
     sup = supervision(obs, 'dars')
     feat = make_featurizer(kind).fit(texts)
     router = ROUTERS['MLP'](random_state=0).fit(feat.transform(texts), sup)
-    prices = {m: (0.1 * (i + 1), 0.2 * (i + 1)) for i, m in enumerate(sup.models)}
-    save_bundle(RouterBundle(models=list(sup.models), prices=prices, lam=0.05, beta=0.2, mode='dars', featurizer=feat,
-                             router=router), path)
+    save_bundle(RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=feat, router=router),
+                path)
     return path
 
 
@@ -87,7 +86,8 @@ def serve_router(port, upstream, bundle_path):
     from dars_nb.serve.app import create_app
     from dars_nb.serve.requests import ServeSettings
     b = load_bundle(bundle_path)
-    pool = Pool({m: ModelSpec(m, upstream, price_in=p[0], price_out=p[1], concurrency=8) for m, p in b.prices.items()})
+    pool = Pool({m: ModelSpec(m, upstream, price_in=0.1 * (i + 1), price_out=0.2 * (i + 1), concurrency=8)
+                 for i, m in enumerate(b.models)})
     srv = BackgroundServer(create_app(b.rank, pool, ServeSettings(port=port), lam=b.lam), port=port).start()
     threading.Event().wait()
 

@@ -40,7 +40,7 @@ COMMANDS = {
     'store': Command('dars_nb.collect.store:store_main'),
     'cache': Command('dars_nb.cache:cache_main'),
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
-    'train': Command('dars_nb.bundle:train_main', options=('out',)),
+    'train': Command('dars_nb.training:train_main', options=('out',)),
     'route': Command('dars_nb.bundle:route_main', positional=('question',)),
     'serve': Command('dars_nb.serve:serve_main', 'serve', options=('router', 'pool')),
     'local': Command('dars_nb.collect.local:serve_main', 'local'),

@@ -14,7 +14,7 @@ from .pool.server import BackgroundServer, relay
 
 # %% auto #0
 __all__ = ['error_body', 'LoopbackEndpoint', 'chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy',
-           'KeyEchoEndpoint']
+           'KeyEchoEndpoint', 'simulated_texts']
 
 # %% ../nbs/39_testing.ipynb #f7de1743
 def error_body(status: int, # the HTTP status
@@ -257,3 +257,20 @@ class KeyEchoEndpoint(LoopbackEndpoint):
         quoted = f"invalid key: {request.headers.get('authorization')}"
         body = error_body(401, quoted, 'invalid_request_error')
         return Response(body, 401, media_type='application/json')
+
+# %% ../nbs/39_testing.ipynb #72520017
+import numpy as np
+import pandas as pd
+
+def simulated_texts(obs: pd.DataFrame, # simulated observations
+                    features: pd.DataFrame, # the simulator's features, indexed by query_id
+                    seed: int = 0, # seed of the filler words
+                   ) -> pd.DataFrame:
+    "`obs` with a `query_text` naming the signs of each query's first features."
+    rng = np.random.default_rng(seed)
+    F = features.to_numpy()[:, :6]
+    words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
+                     np.array([f'down{i}' for i in range(F.shape[1])]))
+    filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
+    text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
+    return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())

@@ -9,18 +9,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dars_nb.bundle import (BundleError, RouterBundle, cross_validate, decode, encode, load_bundle, load_train_config,
-                            predicted_utility, route_main, save_bundle, simulated_texts, train, train_main)
+from dars_nb.bundle import RouterBundle, load_bundle, route_main, save_bundle
+from dars_nb.bundle_format import BundleError, decode, encode
 from dars_nb.features import TfidfFeaturizer
-from dars_nb.routers import ROUTERS, align
+from dars_nb.guard import cross_validate
+from dars_nb.routers import FAMILIES, ROUTERS, align
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
+from dars_nb.testing import simulated_texts
+from dars_nb.training import load_train_config, train, train_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / 'examples'
 SMALL = {'MLP': dict(hidden_layer_sizes=(8,), max_iter=30, random_state=0), 'kNN': dict(n_neighbors=5),
          'MIRT': dict(epochs=5, random_state=0), 'EmbedLLM': dict(epochs=5, random_state=0),
          'RM-Softmax': dict(epochs=5, random_state=0), 'GraphRouter': dict(epochs=5, random_state=0),
          'AvengersPro': dict(n_clusters=4, n_init=2, random_state=0)}
+assert set(SMALL) == {f.name for f in FAMILIES}
 
 
 def small_router(family):
@@ -46,11 +50,11 @@ def test_family_round_trip(family, small, tmp_path):
     arrays = {}
     copy = decode(json.loads(json.dumps(encode(router, arrays))), arrays)
     # the same arrays through the same code on the same machine: bit-identical
-    np.testing.assert_array_equal(predicted_utility(copy, X, 0.05)[0], predicted_utility(router, X, 0.05)[0])
+    np.testing.assert_array_equal(copy.utility(X, 0.05), router.utility(X, 0.05))
     assert list(copy.predict(X)) == list(router.predict(X))
     tf = TfidfFeaturizer().fit(texts)
     fitted = small_router(family).fit(tf.transform(texts), sup)
-    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=fitted)
+    bundle = RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=fitted)
     back = load_bundle(save_bundle(bundle, tmp_path / 'r.zip'))
     assert back.route(texts) == bundle.route(texts)
     assert back.rank(texts[:3], lam=0.0) == bundle.rank(texts[:3], lam=0.0)
@@ -72,7 +76,7 @@ def _rewritten(src: Path, dst: Path, **change) -> Path:
 def test_bad_files_are_one_line_errors(small, tmp_path):
     obs, feats, sup, texts = small
     tf = TfidfFeaturizer().fit(texts)
-    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
+    bundle = RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
                           router=small_router('kNN').fit(tf.transform(texts), sup))
     p = save_bundle(bundle, tmp_path / 'r.zip')
     raw = p.read_bytes()
@@ -97,7 +101,7 @@ def test_width_mismatch_names_the_kind(small):
     tf = TfidfFeaturizer().fit(texts)
     router = small_router('kNN').fit(tf.transform(texts), sup)
     narrow = TfidfFeaturizer(n_components=4).fit(texts)
-    msg = _one_line_bundle_error(lambda: RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars',
+    msg = _one_line_bundle_error(lambda: RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars',
                                                       featurizer=narrow, router=router))
     assert f'fitted on {tf.n_features_out_} features but the featurizer (tfidf) gives 4' in msg
 
@@ -145,14 +149,26 @@ def test_example_config_layout(small):
     obs, feats, sup, _ = small
     raw = tomllib.loads((EXAMPLES / 'train_router.toml').read_text())
     c = load_train_config(EXAMPLES / 'train_router.toml')
-    assert c['family'] == 'kNN' and set(c['pool']) == {'smollm2', 'gemma3'}
+    assert c.family == 'kNN' and set(c.pool.models) == {'smollm2', 'gemma3'}
     raw = {k: v for k, v in raw.items() if k != 'pool'}
-    raw.update(observations=obs, models={m: dict(price_in=1.0, price_out=2.0) for m in sup.models})
+    raw.update(observations=obs, models={m: dict(base_url='http://127.0.0.1:8080/v1') for m in sup.models})
     raw['features'] = dict(kind='tfidf', n_components=8); raw['guard'] = dict(folds=3)
     b = train(raw, quiet=True)
-    assert b.prices == {m: (1.0, 2.0) for m in sup.models} and b.featurizer.n_features_out_ == 8
-    raw['models'] = {'not-a-model': dict(price_in=1, price_out=1)}
+    assert b.models == list(sup.models) and b.featurizer.n_features_out_ == 8
+    raw['models'] = {'not-a-model': dict(base_url='http://127.0.0.1:8080/v1')}
     with pytest.raises(ValueError, match="pool model 'not-a-model' has no observations"): train(raw, quiet=True)
+
+
+def test_bundle_with_prices_loads(small, tmp_path):
+    "A bundle file whose manifest holds a price table (as files of earlier releases do) loads and routes the same."
+    obs, feats, sup, texts = small
+    tf = TfidfFeaturizer().fit(texts)
+    bundle = RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
+                          router=small_router('kNN').fit(tf.transform(texts), sup))
+    p = save_bundle(bundle, tmp_path / 'r.zip')
+    with zipfile.ZipFile(p) as z: man = json.loads(z.read('manifest.json'))
+    priced = _rewritten(p, tmp_path / 'priced.zip', prices={m: [1.0, 2.0] for m in man['models']})
+    assert load_bundle(priced).route(texts) == bundle.route(texts)
 
 
 def test_sentence_bundle_round_trip(small, tmp_path):
@@ -163,7 +179,7 @@ def test_sentence_bundle_round_trip(small, tmp_path):
     obs, feats, sup, texts = small
     sf = SentenceFeaturizer(cache_dir=str(tmp_path / 'cache')).fit()
     router = small_router('kNN').fit(sf.transform(texts), sup)
-    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=sf, router=router)
+    bundle = RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars', featurizer=sf, router=router)
     p = save_bundle(bundle, tmp_path / 's.zip')
     assert p.stat().st_size < 1_000_000                       # features of 40 queries and the router, no encoder weights
     back = load_bundle(p)
@@ -178,7 +194,7 @@ def test_sentence_bundle_round_trip(small, tmp_path):
 def test_torch_bundle_without_torch_is_one_line(small, tmp_path, monkeypatch):
     obs, feats, sup, texts = small
     tf = TfidfFeaturizer().fit(texts)
-    bundle = RouterBundle(models=sup.models, prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
+    bundle = RouterBundle(models=sup.models, lam=0.05, beta=0.2, mode='dars', featurizer=tf,
                           router=small_router('MIRT').fit(tf.transform(texts), sup))
     p = save_bundle(bundle, tmp_path / 'mirt.zip')
     monkeypatch.setitem(sys.modules, 'torch', None)         # `import torch` now raises ImportError

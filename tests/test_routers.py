@@ -3,24 +3,29 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dars_nb.routers import (ROUTERS, MLPRouter, KNNRouter, MIRTRouter, EmbedLLMRouter, RMSoftmaxRouter,
-                             GraphRouter, AvengersProRouter)
-from dars_nb.routers.base import align, check_router
+from dars_nb.routers import FAMILIES, ROUTERS
+from dars_nb.routers.base import align
+from dars_nb.routers.check import check_router
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision, normalize_cost
 from dars_nb.evaluate import per_query_view_utility, view_utility, random_utility
 
+NAMES = [f.name for f in FAMILIES]
 # Small, quick settings: few epochs for the torch routers, a short budget for the MLP.
 FAST = {
-    'MLP': lambda: MLPRouter(hidden_layer_sizes=(32,), max_iter=150, random_state=0),
-    'kNN': lambda: KNNRouter(n_neighbors=10, random_state=0),   # unused by kNN, accepted like every router's
-    'MIRT': lambda: MIRTRouter(epochs=60, random_state=0),
-    'EmbedLLM': lambda: EmbedLLMRouter(epochs=60, random_state=0),
-    'RM-Softmax': lambda: RMSoftmaxRouter(epochs=60, random_state=0),
-    'GraphRouter': lambda: GraphRouter(epochs=60, random_state=0),
-    'AvengersPro': lambda: AvengersProRouter(n_clusters=12, random_state=0),
+    'MLP': dict(hidden_layer_sizes=(32,), max_iter=150, random_state=0),
+    'kNN': dict(n_neighbors=10, random_state=0),   # unused by kNN, accepted like every router's
+    'MIRT': dict(epochs=60, random_state=0),
+    'EmbedLLM': dict(epochs=60, random_state=0),
+    'RM-Softmax': dict(epochs=60, random_state=0),
+    'GraphRouter': dict(epochs=60, random_state=0),
+    'AvengersPro': dict(n_clusters=12, random_state=0),
 }
-NAMES = list(FAST)
+
+
+def fast(name):
+    "A quick-to-fit router of the family `name`."
+    return ROUTERS[name](**FAST[name])
 
 
 @pytest.fixture(scope='module')
@@ -36,8 +41,9 @@ def world():
 
 
 def test_registry_names_every_family():
-    assert list(ROUTERS) == NAMES
-    assert {type(FAST[n]()) for n in NAMES} == set(ROUTERS.values())
+    assert list(ROUTERS) == NAMES and set(FAST) == set(NAMES)
+    assert [c.__name__ for c in ROUTERS.values()] == [f.class_name for f in FAMILIES]
+    assert [c.__module__ for c in ROUTERS.values()] == [f.module for f in FAMILIES]
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -49,13 +55,13 @@ def test_every_router_accepts_random_state(name):
 @pytest.mark.parametrize('name', NAMES)
 def test_keeps_the_router_contract(world, name):
     "Parameters by name, clone, shapes for one and three draws, determinism and one-line errors."
-    check_router(FAST[name](), world['X'], world['single'], world['X_test'][:17])
+    check_router(fast(name), world['X'], world['single'], world['X_test'][:17])
 
 
 @pytest.mark.parametrize('name', NAMES)
 def test_dars_router_beats_random(world, name):
     obs, test_ids = world['obs'], world['test_ids']
-    choice = pd.Series(FAST[name]().fit(world['X'], world['dars']).predict(world['X_test']), index=test_ids)
+    choice = pd.Series(fast(name).fit(world['X'], world['dars']).predict(world['X_test']), index=test_ids)
     for view in ('rewrite', 'decode'):
         table = per_query_view_utility(obs, view)
         assert view_utility(choice, table) > random_utility(table) + 0.02, view

@@ -308,7 +308,7 @@ def bundle_file(tmp_path_factory):
     sup = supervision(obs, 'dars')
     tf = TfidfFeaturizer().fit(TEXTS)
     router = ROUTERS['kNN'](n_neighbors=5).fit(tf.transform(TEXTS), sup)
-    b = RouterBundle(models=list(sup.models), prices={}, lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
+    b = RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
     return save_bundle(b, tmp_path_factory.mktemp('bundle') / 'router.zip')
 
 

@@ -42,7 +42,7 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
                        method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
                       ) -> pd.DataFrame:
     "Query features from the text of each query's original wording (its lowest rewrite_id)."
-    from dars_nb.routers.base import query_features
+    from dars_nb.features import query_features
     if 'query_text' not in obs.columns:
         raise ValueError("no query features: give a features file or a 'query_text' column in the observations")
     rows = obs[['query_id', 'rewrite_id', 'query_text']].dropna(subset=['query_text'])

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from ..extras import install_hint
+from ..routers import FAMILIES
 from .inputs import Settings, FULL, QUICK
 from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
                                         ablation_stage,
@@ -20,7 +21,7 @@ __all__ = ['TORCH_ROUTERS', 'reproduce', 'reproduce_main']
 
 # %% ../../nbs/24d_reproduce.ipynb #4eaf5179
 # default families that need `torch`
-TORCH_ROUTERS = ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')
+TORCH_ROUTERS = tuple(f.name for f in FAMILIES if f.extra == 'torch')
 
 def reproduce(out, # folder for the report (created if needed)
               data=None, # None for the embedded simulator default, or an observation file

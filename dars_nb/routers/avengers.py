@@ -62,13 +62,16 @@ class AvengersProRouter(Router):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
 
-# %% ../../nbs/17_router_avengers.ipynb #da9d6fb4
-@patch
-def _cluster(self: AvengersProRouter, Z):
-    # duplicated queries: fewer distinct clusters is reported below as empty ones
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', ConvergenceWarning)
-        return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
+    def _cluster(self, Z):
+        # duplicated queries: fewer distinct clusters is reported below as empty ones
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', ConvergenceWarning)
+            return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
+
+    def _distances(self, X, centroids, sizes):
+        "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
+        d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
+        return np.where(sizes > 0, d, np.inf)
 
 # %% ../../nbs/17_router_avengers.ipynb #6280d969
 @patch
@@ -95,13 +98,6 @@ def _fit(self: AvengersProRouter, X, sup):
         stats = np.stack(
             [cluster_means(km.labels_, targets[:, :, r], C) for r, km in enumerate(fits)], 2)
     self.cluster_stats_ = stats.transpose(1, 2, 0, 3)  # (3, R, C, K)
-
-# %% ../../nbs/17_router_avengers.ipynb #8ee448a3
-@patch
-def _distances(self: AvengersProRouter, X, centroids, sizes):
-    "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
-    d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
-    return np.where(sizes > 0, d, np.inf)
 
 # %% ../../nbs/17_router_avengers.ipynb #99a441a0
 @patch

@@ -10,7 +10,7 @@ from ..extras import require
 require('torch', 'torch', 'EmbedLLMRouter')   # a missing torch: one line naming the extra
 import torch
 import torch.nn.functional as F
-from .base import with_training_settings, family_targets, check_features
+from .base import with_training_settings, family_targets
 from .ensemble import EnsembleRouter, init_linear, shared_linear, clipped_heads
 
 # %% auto #0
@@ -24,15 +24,13 @@ class EmbedLLMRouter(EnsembleRouter):
                  dim: int = 16, # size of the model embeddings and of the query projection
                 ): self.dim = dim
 
+    def _check_params(self):
+        if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
+
     @property
     def model_embeddings_(self) -> np.ndarray:
         "The learned model embeddings E: (R, K, dim)."
         return self.params_['E'].cpu().numpy()
-
-# %% ../../nbs/14_router_embedllm.ipynb #6e11272d
-@patch
-def _check_params(self: EmbedLLMRouter):
-    if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
 
 # %% ../../nbs/14_router_embedllm.ipynb #18e3486f
 @patch
@@ -71,17 +69,15 @@ def _heads(self: EmbedLLMRouter, p, X):
     P = torch.sigmoid(self._logits(p, X)).transpose(-1, -2)     # (R, 2, n, K)
     return P[:, 0], P[:, 1]
 
-# %% ../../nbs/14_router_embedllm.ipynb #b7f7c677
 @patch
 def _scores(self: EmbedLLMRouter, p, X):
     quality, cost = self._heads(p, X)
     return quality - self.lam_ * cost  # the risk is inside `quality` already
 
-# %% ../../nbs/14_router_embedllm.ipynb #5faf34e4
+# %% ../../nbs/14_router_embedllm.ipynb #b5fee9f9
 @patch
-def predict_heads(self: EmbedLLMRouter, X, # query features (n, d)
-                 ) -> dict:
-    "Predicted risk-adjusted quality and cost per model: (n, K) arrays, or (R, n, K) for R draws."
-    self._check_fitted()
-    heads = self._evaluate(check_features(X, self.n_features_in_), self._heads)
-    return {k: (v[0] if self.n_draws_ == 1 else v).double().cpu().numpy() for k, v in zip(('quality', 'mu_c'), heads)}
+def _predict_terms(self: EmbedLLMRouter, X) -> dict:
+    "The risk-adjusted quality and μ_c of the two heads (R, n, K); μ_q and σ unknown (NaN)."
+    quality, mu_c = (v.double().cpu().numpy() for v in self._evaluate(X, self._heads))
+    unknown = np.full_like(quality, np.nan)
+    return dict(mu_q=unknown, mu_c=mu_c, sigma=unknown, quality=quality)

@@ -63,49 +63,19 @@ class EnsembleRouter(Router):
     def _loss(self, p, X, T, rows, gen): raise NotImplementedError
     def _scores(self, p, X): raise NotImplementedError
     def _check_params(self): pass
+    def _keep(self, X, T): "Hook: keep training tensors a family needs at prediction time (none by default)."
 
     def _predict_utility(self, X): return self._evaluate(X, self._scores).double().cpu().numpy()
+    def _tensor(self, a) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=self.device)
 
-# %% ../../nbs/12a_router_ensemble.ipynb #b4a2a14d
-@patch
-def _tensor(self: EnsembleRouter, a) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(a, dtype=np.float32), device=self.device)
-
-# %% ../../nbs/12a_router_ensemble.ipynb #eaaa8f87
-@patch
-def _check_training(self: EnsembleRouter):
-    if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
-    if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
-    if self.weight_decay < 0:
-        raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
-    if self.batch_size is not None and int(self.batch_size) < 1:
-        raise ValueError(f"batch_size must be at least 1 or None, got {self.batch_size}")
-    self._check_params()
-
-# %% ../../nbs/12a_router_ensemble.ipynb #ea500585
-@patch
-def _fit(self: EnsembleRouter, X, sup):
-    self._check_training()
-    seeds, shared = draw_seeds(self.random_state, sup.n_draws)
-    mean, scale = X.mean(0), X.std(0)
-    scale[scale < 1e-12] = 1.0
-    self.x_mean_, self.x_scale_ = mean, scale
-    with torch_threads(self.n_threads):
-        Xt = self._tensor((X - mean) / scale)
-        T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
-        if self.batched: P = self._train(Xt, T, seeds, shared)
-        else:
-            one = lambda r: {k: v[r:r + 1] for k, v in T.items()}
-            parts = [self._train(Xt, one(r), seeds[r:r + 1], shared)
-                     for r in range(sup.n_draws)]
-            P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        self._keep(Xt, T)
-    self.params_ = P
-
-# %% ../../nbs/12a_router_ensemble.ipynb #aacce588
-@patch
-def _keep(self: EnsembleRouter, X, T):
-    "Hook: keep training tensors a family needs at prediction time (none by default)."
+    def _check_training(self):
+        if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+        if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.weight_decay < 0: raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1 or None, got {self.batch_size}")
+        self._check_params()
 
 # %% ../../nbs/12a_router_ensemble.ipynb #a09ca412
 PASS_BYTES = 8 * 2**20  # the widest activation of one pass stays near this: about a CPU's cache
@@ -139,7 +109,8 @@ def _backward(self: EnsembleRouter, P, X, T, rows, gen):
 @patch
 def _train(self: EnsembleRouter, X, T, seeds, shared):
     "Train len(seeds) draws together; targets `T` carry the same number of draws on axis 0."
-    inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_)) for s in seeds]
+    inits = [self._init_draw(torch.Generator().manual_seed(s), X.shape[1], len(self.models_))
+             for s in seeds]
     P = {k: torch.stack([i[k] for i in inits]).to(self.device).requires_grad_() for k in inits[0]}
     opt = torch.optim.AdamW(list(P.values()), lr=self.lr, weight_decay=self.weight_decay)
     gen = torch.Generator().manual_seed(shared)
@@ -153,6 +124,26 @@ def _train(self: EnsembleRouter, X, T, seeds, shared):
             self._backward(P, X, T, rows, gen)
             opt.step()
     return {k: v.detach() for k, v in P.items()}
+
+# %% ../../nbs/12a_router_ensemble.ipynb #ea500585
+@patch
+def _fit(self: EnsembleRouter, X, sup):
+    self._check_training()
+    seeds, shared = draw_seeds(self.random_state, sup.n_draws)
+    mean, scale = X.mean(0), X.std(0)
+    scale[scale < 1e-12] = 1.0
+    self.x_mean_, self.x_scale_ = mean, scale
+    with torch_threads(self.n_threads):
+        Xt = self._tensor((X - mean) / scale)
+        T = {k: self._tensor(v) for k, v in self._targets(sup).items()}
+        if self.batched: P = self._train(Xt, T, seeds, shared)
+        else:
+            one = lambda r: {k: v[r:r + 1] for k, v in T.items()}
+            parts = [self._train(Xt, one(r), seeds[r:r + 1], shared)
+                     for r in range(sup.n_draws)]
+            P = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        self._keep(Xt, T)
+    self.params_ = P
 
 # %% ../../nbs/12a_router_ensemble.ipynb #49b32c11
 @patch

@@ -26,13 +26,13 @@ class GraphRouter(StatsHeads, EnsembleRouter):
                 ): self.hidden, self.mask_rate = hidden, mask_rate
 
     def _keep(self, X, T): self.graph_X_, self.graph_edges_ = X, T['y']
-
-# %% ../../nbs/16_router_graph.ipynb #592a52e6
-@patch
-def _check_params(self: GraphRouter):
-    if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
-    if not 0 < self.mask_rate < 1:
-        raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
+    def _width(self) -> int:
+        "Floats per (draw, model, query) of the widest activation: the (R, h, K, n) edge layer."
+        return int(self.hidden)
+    def _check_params(self):
+        if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError(f"mask_rate must be strictly between 0 and 1, got {self.mask_rate}")
 
 # %% ../../nbs/16_router_graph.ipynb #b9aff7fd
 @patch
@@ -43,8 +43,7 @@ def _init_draw(self: GraphRouter, gen, n_features, n_models):
     We, _ = init_linear(gen, 3, h)
     (Wa, _), (Wv, _), (A, b1), (B, _), (C, _) = (init_linear(gen, h, h) for _ in range(5))
     Wo, bo = init_linear(gen, h, 3)
-    return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh,
-                We=We, bm=bm,
+    return dict(Wq=Wq, bq=bq, E=torch.randn(h, n_models, generator=gen) / np.sqrt(h), Wh=Wh, We=We, bm=bm,
                 Wa=Wa, Wv=Wv, A=A, B=B, C=C, b1=b1, Wo=Wo, bo=bo)
 
 # %% ../../nbs/16_router_graph.ipynb #6ed6ecee
@@ -68,7 +67,8 @@ def _edges(self: GraphRouter, p, g, X):
     # (R, K, n): each query attends to the models
     att = torch.softmax(g.transpose(1, 2) @ hq / np.sqrt(h), dim=1)
     hq = hq + p['Wv'] @ (g @ att)                                      # model → query
-    # A h_q + B g_m + C (h_q ⊙ g_m) + b1 = (A + C diag g_m) h_q + (B g_m + b1): one product per model
+    # A h_q + B g_m + C (h_q ⊙ g_m) + b1 = (A + C diag g_m) h_q + (B g_m + b1): one product
+    # per model
     M = (p['A'][:, None] + p['C'][:, None] * g.transpose(1, 2)[:, :, None, :]).reshape(R, K * h, h)
     bias = (p['B'] @ g + p['b1']).transpose(1, 2).reshape(R, K * h, 1)
     z = torch.baddbmm(bias, M, hq).relu_().reshape(R, K, h, n)          # (R, K, h, n)
@@ -100,9 +100,3 @@ def _logits(self: GraphRouter, p, X):
     return torch.cat([self._edges(part(s), self._model_nodes(part(s), self.graph_X_,
                                                              self.graph_edges_[s:s + step]), X)
                       for s in range(0, R, step)])
-
-# %% ../../nbs/16_router_graph.ipynb #f777472c
-@patch
-def _width(self: GraphRouter) -> int:
-    "Floats per (draw, model, query) of the widest activation: the (R, h, K, n) edge layer."
-    return int(self.hidden)

@@ -24,10 +24,8 @@ class MIRTRouter(StatsHeads, EnsembleRouter):
                  dim: int = 8, # latent dimension of θ and a
                 ): self.dim = dim
 
-# %% ../../nbs/13_router_mirt.ipynb #27b34643
-@patch
-def _check_params(self: MIRTRouter):
-    if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
+    def _check_params(self):
+        if int(self.dim) < 1: raise ValueError(f"dim must be at least 1, got {self.dim}")
 
 # %% ../../nbs/13_router_mirt.ipynb #b2e6e614
 @patch

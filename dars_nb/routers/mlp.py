@@ -26,7 +26,6 @@ def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
         warnings.simplefilter('ignore', ConvergenceWarning)
         return MLPRegressor(**params).fit(Z, y)
 
-# %% ../../nbs/11_router_mlp.ipynb #46f4eb28
 def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
     "(n, width) predictions of a fitted regressor or a constant."
     if isinstance(reg, float): return np.full((len(Z), width), reg)
@@ -49,14 +48,11 @@ class MLPRouter(Router):
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched
         self.n_jobs, self.random_state = n_jobs, random_state
 
-# %% ../../nbs/11_router_mlp.ipynb #2d6f1942
-@patch
-def _network_params(self: MLPRouter) -> dict:
-    return dict(
-        hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
-        alpha=self.alpha,
-                learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
-                early_stopping=self.early_stopping, random_state=self.random_state)
+    def _network_params(self) -> dict:
+        "The `MLPRegressor` parameters of every network."
+        return dict(hidden_layer_sizes=tuple(int(h) for h in np.atleast_1d(self.hidden_layer_sizes)),
+                    alpha=self.alpha, learning_rate_init=self.learning_rate_init, max_iter=self.max_iter,
+                    early_stopping=self.early_stopping, random_state=self.random_state)
 
 # %% ../../nbs/11_router_mlp.ipynb #52402bb1
 @patch

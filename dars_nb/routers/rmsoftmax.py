@@ -9,8 +9,8 @@ import numpy as np
 from ..extras import require
 require('torch', 'torch', 'RMSoftmaxRouter')   # a missing torch: one line naming the extra
 import torch
-from ..stats import utility, soft_targets
-from .base import with_training_settings, check_features
+from ..stats import PAPER, utility, soft_targets
+from .base import with_training_settings
 from .ensemble import EnsembleRouter, init_linear, shared_linear
 
 # %% auto #0
@@ -32,23 +32,22 @@ def lambda_targets(mu_q: np.ndarray, # (R, Q, K)
 @with_training_settings(epochs=40)
 class RMSoftmaxRouter(EnsembleRouter):
     "Regret-minimisation softmax classifier on [x, λ], trained toward softmax(U_λ/τ) over λ."
+    lam_affine = False  # `utility(X, lam)` is the λ-conditioned policy log π(m | x, λ)
+
     def __init__(self,
                  lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
-                 tau: float = 0.05, # temperature of the target softmax(U/τ)
+                 tau: float = PAPER.tau, # temperature of the target softmax(U/τ)
                  lam_sampling: bool = True, # one random λ per query and step (False: all)
                  hidden: int = 16, # width of the hidden layer
                 ):
         self.lam_grid, self.tau, self.lam_sampling, self.hidden = lam_grid, tau, lam_sampling, hidden
 
-# %% ../../nbs/15_router_rmsoftmax.ipynb #b3a1d72e
-@patch
-def _check_params(self: RMSoftmaxRouter):
-    grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
-    if grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
-        raise ValueError("lam_grid must hold finite non-negative cost weights, got "
-                         f"{self.lam_grid!r}")
-    if not self.tau > 0: raise ValueError(f"tau must be positive, got {self.tau}")
-    if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
+    def _check_params(self):
+        grid = np.atleast_1d(np.asarray(self.lam_grid, dtype=float))
+        if grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
+            raise ValueError(f"lam_grid must hold finite non-negative cost weights, got {self.lam_grid!r}")
+        if not self.tau > 0: raise ValueError(f"tau must be positive, got {self.tau}")
+        if int(self.hidden) < 1: raise ValueError(f"hidden must be at least 1, got {self.hidden}")
 
 # %% ../../nbs/15_router_rmsoftmax.ipynb #4e3d6e44
 @patch
@@ -105,14 +104,14 @@ def _scores(self: RMSoftmaxRouter, p, X, lam=None):
                        device=X.device)
     return self._log_policy(p, X, lam)[:, :, 0].transpose(1, 2)    # (R, n, K)
 
-# %% ../../nbs/15_router_rmsoftmax.ipynb #c85ce1cd
+# %% ../../nbs/15_router_rmsoftmax.ipynb #50112efa
 @patch
-def predict_log_policy(self: RMSoftmaxRouter, X, # query features (n, d)
-                       lam: float | None = None, # λ to route for (default: the supervision's)
-                      ) -> np.ndarray:
-    "log π(m | x, λ): (n, K), or (R, n, K); `predict_utility` is this at the training λ."
-    self._check_fitted()
-    if lam is not None and not (np.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
-    S = self._evaluate(check_features(X, self.n_features_in_), lambda p, Z: self._scores(p, Z, lam)).double().cpu().numpy()
-    return S[0] if self.n_draws_ == 1 else S
+def _utility(self: RMSoftmaxRouter, X, lam: float) -> np.ndarray:
+    "log π(m | x, λ): (R, n, K)."
+    return self._evaluate(X, lambda p, Z: self._scores(p, Z, lam)).double().cpu().numpy()
+
+@patch
+def _predict_terms(self: RMSoftmaxRouter, X) -> dict:
+    "A policy has no quality and cost terms: NaN (R, n, K)."
+    unknown = np.full((self.n_draws_, len(X), len(self.models_)), np.nan)
+    return dict(mu_q=unknown, mu_c=unknown, sigma=unknown, quality=unknown)
