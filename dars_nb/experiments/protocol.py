@@ -13,7 +13,6 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.meta import delegates
-from joblib import Parallel, delayed
 from sklearn.base import clone
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
@@ -23,6 +22,7 @@ from ..bootstrap import bootstrap_ci
 from ..evaluate import (per_query_view_utility, true_utility, best_fixed_model,
                               best_fixed_model_from_training)
 from ..routers.base import align
+from .cluster import run_calls
 
 # %% auto #0
 __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'ProtocolData', 'make_dataset',
@@ -417,16 +417,15 @@ def _reusable(reuse, units, n_draws) -> dict:
         if key in groups: found[i] = groups[key].to_dict('records')
     return found
 
-def _unit_jobs(units, todo, routers, preps, n_draws, lam, seed, alpha):
-    "One delayed `score_unit` per unit to run; each supervision built once and shared by its units."
+def _unit_calls(units, todo, routers, preps, n_draws, lam, seed, alpha) -> list[tuple]:
+    "The `score_unit` arguments of every unit to run; each supervision built once, shared by its units."
     sups = {}
     for i in todo:
         ds, _, spec = units[i]
         if (ds.name, spec) not in sups:
             sups[(ds.name, spec)] = supervise(ds, spec, n_draws, lam, seed, preps[ds.name].models)
-    return (delayed(score_unit)(preps[ds.name], name, routers[name], spec, *sups[(ds.name, spec)],
-                                seed, 0, alpha)
-            for ds, name, spec in (units[i] for i in todo))
+    return [(preps[ds.name], name, routers[name], spec, *sups[(ds.name, spec)], seed, 0, alpha)
+            for ds, name, spec in (units[i] for i in todo)]
 
 # %% ../../nbs/21a_protocol.ipynb #2dff9c85
 def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
@@ -439,11 +438,12 @@ def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fe
                     alpha: float = 0.05, # 1 − confidence level
                     views=('rewrite', 'decode'), # evaluation views
                     n_jobs: int | None = None, # joblib workers (None: parallel_config's default)
+                    scheduler=None, # a Dask scheduler's address or `distributed.Client` (None: joblib)
                     progress: bool = True, # show a progress bar (on a terminal only)
                     desc: str = 'units', # label of the progress bar
                     reuse: pd.DataFrame | None = None, # earlier results of this run: not rerun
                    ) -> pd.DataFrame:
-    "Every (dataset, router, spec) unit, in parallel through joblib: one row per unit and view."
+    "Every (dataset, router, spec) unit, through joblib or on a Dask cluster: one row per unit and view."
     dss, routers = as_datasets(datasets), resolve_routers(routers)
     specs = [s if isinstance(s, Spec) else Spec(*s) for s in specs]
     units = [(ds, name, spec) for ds in dss for name in routers for spec in specs]
@@ -453,10 +453,12 @@ def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fe
     longest_first = sorted(range(len(units)), key=lambda i: units[i][2].mode != 'single')
     todo = [i for i in longest_first if i not in done]
     preps = {ds.name: prepare_dataset(ds, lam, views) for ds in dss}
-    jobs = _unit_jobs(units, todo, routers, preps, n_draws, lam, seed, alpha)
-    results = Parallel(n_jobs=n_jobs, return_as='generator')(jobs) if todo else []
+    calls = _unit_calls(units, todo, routers, preps, n_draws, lam, seed, alpha)
+    modules = tuple(m for m in dict.fromkeys(type(r).__module__ for r in routers.values())
+                    if m != '__main__')
+    results = run_calls(score_unit, calls, n_jobs, scheduler, desc, preload=modules) if todo else []
     bar = tqdm(results, total=len(todo), desc=desc, disable=None if progress else True, leave=False)
-    for i, rows in zip(todo, bar): out[i] = rows
+    for k, rows in bar: out[todo[k]] = rows
     table = pd.DataFrame([row for rows in out for row in rows])
     baselines = {ds.name: baseline_values(ds, lam, tables=preps[ds.name].tables) for ds in dss}
     return add_intervals(table, n_boot, alpha, seed, baselines)[RESULT_COLUMNS]

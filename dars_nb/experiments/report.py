@@ -15,6 +15,7 @@ from .protocol import BASELINES
 from .tables import VIEW_LABELS, compare_supervision, count_wins, count_verdicts
 from .inputs import Settings
 from .stages import Run
+from .cluster import cluster_text
 
 # %% auto #0
 __all__ = ['peak_memory_mb', 'run_summary', 'report_text', 'summary_text']
@@ -59,7 +60,7 @@ def run_summary(run: Run, # the run
                 datasets: list, # the protocol's datasets
                 routers: dict, # routers by name
                ) -> dict:
-    "Verdicts, baselines, the best policy per dataset, and the run's time and memory."
+    "Verdicts, baselines, the best policy per dataset, the run's time and memory, where its units ran."
     wins, verdict = count_wins(results), count_verdicts(results)
     main, workers = peak_memory_mb()
     names = [d.name for d in datasets]
@@ -69,6 +70,7 @@ def run_summary(run: Run, # the run
                 verdict_text=str(verdict),
                 baselines=baselines, seconds=time.perf_counter() - run.started, peak_memory_mb=main,
                 worker_memory_mb=workers, n_jobs=run.n_jobs, cpus=os.cpu_count(),
+                cluster='' if run.scheduler is None else cluster_text(run.scheduler),
                 timings=dict(run.timings),
                 best=best, routers=list(routers), datasets=names,
                 grid_sides=dict(zip(names, (d.grid_sides for d in datasets))))
@@ -119,6 +121,11 @@ def _best_text(name: str, best, results: pd.DataFrame) -> str:
     return f"{name}: {router} ({label}) {utility:.3f}, difference {diffs}"
 
 # %% ../../nbs/24c_report.ipynb #863cdd88
+def _where_text(summary: dict) -> str:
+    "Where the units ran: this machine's CPUs and joblib's workers, or a Dask cluster."
+    if summary.get('cluster'): return f"with the units on {summary['cluster']}"
+    return f'on {summary["cpus"]} CPU(s) (n_jobs = {summary["n_jobs"]})'
+
 def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
     sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, '
@@ -133,8 +140,8 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
         'Utilities are means over test queries of q − λc under the rewrite view (U_rew) and the '
         f'decode view (U_dec), with {settings.n_boot}-resample bootstrap intervals in '
         '`protocol_results.csv`.', '',
-        f'Wall time {_fmt_seconds(summary["seconds"])} on {summary["cpus"]} CPU(s) '
-        f'(n_jobs = {summary["n_jobs"]}); {_memory_text(summary)}.', '']
+        f'Wall time {_fmt_seconds(summary["seconds"])} {_where_text(summary)}; '
+        f'{_memory_text(summary)}.', '']
     if one_cell:
         verb = 'has' if len(one_cell) == 1 else 'have'
         lines += [f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '

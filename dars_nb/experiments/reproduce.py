@@ -5,9 +5,14 @@
 # %% ../../nbs/24d_reproduce.ipynb #b6ee2148
 from __future__ import annotations
 import importlib.util
+import os
+import shutil
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from ..extras import install_hint
+from ..extras import install_hint, MissingExtra
 from ..routers import FAMILIES
 from .inputs import Settings, FULL, QUICK
 from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
@@ -15,31 +20,36 @@ from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
                                         efficiency_stage, temperature_stage, beta_stage, figure3,
                                         adaptive_stage)
 from .report import run_summary, report_text, summary_text
+from .cluster import cluster_client, cluster_text, scheduler_address
 
 # %% auto #0
-__all__ = ['TORCH_ROUTERS', 'reproduce', 'reproduce_main']
+__all__ = ['TORCH_ROUTERS', 'staged_folder', 'reproduce', 'reproduce_main']
+
+# %% ../../nbs/24d_reproduce.ipynb #2cf87fa6
+@contextmanager
+def staged_folder(out: Path, # the report folder (created at the end if needed)
+                 ) -> Iterator[Path]:
+    "A new hidden folder beside `out` for the block; its files move into `out` at the end, or it is removed."
+    out = Path(out)
+    if out.exists() and not out.is_dir(): raise ValueError(f"{out} exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = out.parent / f'.{out.name}.partial-{uuid.uuid4().hex[:8]}'
+    folder.mkdir()
+    try: yield folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not out.exists(): folder.rename(out)
+    else:
+        for path in folder.iterdir(): os.replace(path, out / path.name)
+        folder.rmdir()
 
 # %% ../../nbs/24d_reproduce.ipynb #4eaf5179
 # default families that need `torch`
 TORCH_ROUTERS = tuple(f.name for f in FAMILIES if f.extra == 'torch')
 
-def reproduce(out, # folder for the report (created if needed)
-              data=None, # None for the embedded simulator default, or an observation file
-              quick: bool = False, # small sizes for a smoke test
-              n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
-              seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
-              features=None, # features file for `data` (default: from its query_text column)
-              routers=None, # routers to run (default: the seven families of dars_nb.routers)
-              settings: Settings | None = None, # sizes (default: `QUICK` if `quick` else `FULL`)
-              verbose: bool = True, # print progress and the final summary
-             ) -> dict:
-    "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
-    if routers is None and importlib.util.find_spec('torch') is None:
-        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
-    # starting workers costs more than a quick run gains
-    if n_jobs is None: n_jobs = 1 if quick else -1
-    run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
-    run.out.mkdir(parents=True, exist_ok=True)
+def _studies(run: Run, data, features, routers, out: Path) -> tuple[dict, str]:
+    "Every study of the paper into `run.out`: the summary (naming `out`) and its text."
     with run.timed('data'): routers, datasets, obs = data_stage(run, data, features, routers)
     with run.timed('diagnostics'): diagnostics_stage(run, obs)
     with run.timed('protocol'): results, baselines = protocol_stage(run, datasets, routers)
@@ -54,9 +64,33 @@ def reproduce(out, # folder for the report (created if needed)
     summary = run_summary(run, results, baselines, datasets, routers)
     truth = bool(results['true_regret'].notna().any())
     (run.out / 'report.md').write_text(report_text(summary, run.settings, run.md, results, truth,
-                                                   data, seed))
-    summary['files'] = sorted(p.name for p in run.out.iterdir())
-    run.log(summary_text(summary, results, truth))
+                                                   data, run.seed))
+    summary['out'] = str(out)
+    return summary, summary_text(summary, results, truth)
+
+def reproduce(out, # folder for the report (created if needed)
+              data=None, # None for the embedded simulator default, or an observation file
+              quick: bool = False, # small sizes for a smoke test
+              n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
+              seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
+              features=None, # features file for `data` (default: from its query_text column)
+              routers=None, # routers to run (default: the seven families of dars_nb.routers)
+              settings: Settings | None = None, # sizes (default: `QUICK` if `quick` else `FULL`)
+              verbose: bool = True, # print progress and the final summary
+              scheduler=None, # a Dask scheduler's address or `distributed.Client` (None: joblib here)
+             ) -> dict:
+    "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
+    if routers is None and importlib.util.find_spec('torch') is None:
+        raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
+    # starting workers costs more than a quick run gains
+    if n_jobs is None: n_jobs = 1 if quick else -1
+    with cluster_client(scheduler) as client, staged_folder(Path(out)) as folder:
+        run = Run(folder, settings or (QUICK if quick else FULL), seed, n_jobs, verbose, client)
+        if client is not None:
+            run.log(f"units on {cluster_text(client)}; dashboard {client.dashboard_link}")
+        summary, text = _studies(run, data, features, routers, Path(out))
+    summary['files'] = sorted(p.name for p in Path(out).iterdir())
+    run.log(text)
     return summary
 
 # %% ../../nbs/24d_reproduce.ipynb #70e71b33
@@ -64,11 +98,14 @@ def reproduce_main(out: str, # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
+                   # a Dask scheduler's address for the units (default: $DARS_SCHEDULER; 'local': here)
+                   scheduler: str | None = None,
                    quiet: bool = False, # no progress, bars or summary (errors still on stderr)
                   ) -> int:
     "Run the whole experiment and write its report: tables, charts and report.md."
-    try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
-    except (ValueError, OSError) as e:
+    try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet,
+                   scheduler=scheduler_address(scheduler))
+    except (ValueError, OSError, MissingExtra) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f'dars reproduce: error: {message}', file=sys.stderr)
         return 1

@@ -67,6 +67,7 @@ class Run:
     seed: int = 0                 # the run's seed
     n_jobs: int = 1               # joblib workers
     verbose: bool = False         # print progress lines, bars and the summary
+    scheduler: object = None      # a connected Dask client for the units (None: joblib here)
     md: dict = field(default_factory=dict)       # Markdown of each table and chart written, by key
     timings: dict = field(default_factory=dict)  # seconds per finished stage
     started: float = field(default_factory=time.perf_counter)  # when the run began
@@ -79,7 +80,7 @@ class Run:
     def common(self) -> dict:
         "Keyword arguments shared by the protocol runners."
         return dict(seed=self.seed, n_boot=self.settings.n_boot, n_jobs=self.n_jobs,
-                    progress=self.verbose)
+                    progress=self.verbose, scheduler=self.scheduler)
 
 # %% ../../nbs/24b_stages.ipynb #cbc446be
 @patch
