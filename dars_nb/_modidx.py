@@ -608,6 +608,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                  'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster._alone': ( 'cluster.html#_alone',
                                                                                      'dars_nb/experiments/cluster.py'),
+                                             'dars_nb.experiments.cluster._answers': ( 'cluster.html#_answers',
+                                                                                       'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster._call': ('cluster.html#_call', 'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster._check_workers': ( 'cluster.html#_check_workers',
                                                                                              'dars_nb/experiments/cluster.py'),

@@ -9,6 +9,7 @@ import importlib.metadata
 import logging
 import os
 import pickle
+import socket
 import threading
 import uuid
 import asyncio
@@ -43,6 +44,23 @@ class ClusterError(ConnectionError):
 def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
+
+# what a cancelled Dask future raises (concurrent.futures'), and asyncio's own
+_CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
+
+def _answers(address: str, timeout: float = 2) -> bool:
+    "Whether something accepts a connection at the TCP `address` (True for other transports)."
+    from distributed.comm.addressing import get_address_host_port
+    try: host, port = get_address_host_port(address)
+    except ValueError: return True
+    try: socket.create_connection((host, port), timeout=timeout).close()
+    except OSError: return False
+    return True
+
+def _scheduler_gone(client, e: BaseException) -> bool:
+    "Whether `e` (a cancellation, a timeout, an OSError) means the scheduler went away."
+    if getattr(e, 'reason', '') == 'scheduler-connection-lost' or client.status != 'running': return True
+    return isinstance(e, (*_CANCELLED, TimeoutError, OSError)) and not _answers(client.scheduler.address)
 
 def _check_workers(client, address: str):
     "A one-line `ClusterError` unless every worker has this version of dars_nb."
@@ -98,6 +116,9 @@ def cluster_client(scheduler, # an address, a connected `distributed.Client`, or
     client = connect(scheduler)
     try:
         with _quiet(): yield client
+    except (*_CANCELLED, TimeoutError, OSError) as e:
+        if isinstance(e, ClusterError) or not _scheduler_gone(client, e): raise
+        raise ClusterError(f"lost the Dask scheduler at {scheduler}: {_first_line(e)}") from None
     finally:
         with _quiet(): client.close(timeout=5)
 
@@ -178,13 +199,6 @@ class _ClusterRun:
         return task
 
 # %% ../../nbs/21_cluster.ipynb #953bb4d4
-# what a cancelled Dask future raises (concurrent.futures'), and asyncio's own
-_CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
-
-def _scheduler_gone(client, e: BaseException) -> bool:
-    "Whether `e` (a cancellation, a timeout, an OSError) means the scheduler went away."
-    return getattr(e, 'reason', '') == 'scheduler-connection-lost' or client.status != 'running'
-
 @patch
 def results(self: _ClusterRun) -> Iterator[tuple[int, object]]:
     "(position, result) of every call as it completes; a call whose shared data was lost runs again."
