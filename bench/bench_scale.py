@@ -28,15 +28,16 @@ little more than 10x for reasons that are not the algorithm's: arrays that fit i
 3,000 queries no longer do at 30,000, and a shared machine's load moves timings by about a tenth between
 runs; the growth goal allows 25 % for both (ratio <= 12.5x for 10x the queries).
 
-Dask: the same `run_experiments` call on a local cluster (2 worker processes, 1 thread each) through
-`joblib.parallel_config('dask')` must give the same table: scalar columns equal exactly, array columns
-equal with `np.array_equal`. The whole protocol a second time does not fit the time budget, so by
-default a representative part runs both ways, on the full dataset: the families of `--dask-routers`
-(a non-parametric and a cluster-based one) under both supervisions, R = 100 — every step of the protocol
-(supervision, units on the workers, intervals) on the full data, with the cheapest families. Joblib's
-Dask backend scatters only arguments Dask sizes as large, which a `Supervision` is not: each unit's task
-carries its supervision (1 GB at R = 100 x 30,000 queries x 11 models) through the scheduler, which makes
-the Dask side several times slower than the default backend on one machine.
+Dask: the same `run_experiments` call on a local cluster (2 worker processes, 1 thread each), given as its
+`scheduler`, must give the same table: scalar columns equal exactly, array columns equal with `np.array_equal`.
+The whole protocol a second time does not fit the time budget, so by default a representative part runs both
+ways, on the full dataset: the families of `--dask-routers` (a non-parametric and a cluster-based one) under
+both supervisions, R = 100 — every step of the protocol (supervision, units on the workers, intervals) on the
+full data, with the cheapest families. The prepared dataset and the supervisions (1 GB at R = 100 x 30,000
+queries x 11 models) go to each worker once; each unit's task carries references to them. Printed: the bytes
+sent to the workers (shared data once per worker, and the tasks' own arguments), whether Dask warned about a
+large graph, and the cluster's time beside joblib's for the same units on the same cores (goal: within
+1.2x). `--dask-only` skips the stage table and runs just this comparison on the full size.
 """
 import argparse, contextlib, os, sys, threading, time
 from pathlib import Path
@@ -144,6 +145,7 @@ def run_size(n_train, n_test, a, memory) -> tuple[dict, pd.DataFrame, object]:
         baselines = protocol_baselines(ds, n_boot=a.n_boot)
         table1(results, baselines), table_vs_fixed(results)
     rows = watch.rows
+    rows['routers']['with intervals'] = rows['routers']['seconds']   # what the Dask side is compared with
     rows['routers']['seconds'] -= in_protocol        # the intervals step belongs to the next stage
     rows['views + intervals']['seconds'] += in_protocol
     rows['bootstrap_ci'] = dict(seconds=boot[0], peak=np.nan)
@@ -182,23 +184,60 @@ def same_tables(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return all(np.array_equal(x, y) for c in ARRAY_COLUMNS for x, y in zip(a[c], b[c]))
 
 
-def on_dask(ds, names, a) -> pd.DataFrame:
-    "`run_experiments` through joblib's Dask backend on a local cluster of 2 single-threaded processes."
-    import distributed, joblib
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
-         distributed.Client(cluster), joblib.parallel_config('dask'):
-        return protocol(ds, names, a)
+def on_dask(ds, names, a) -> tuple[pd.DataFrame, object, list, float]:
+    "`run_experiments` on a local Dask cluster of 2 single-threaded processes: table, bytes shipped, warnings, s."
+    import warnings, distributed
+    import dars_nb.experiments.protocol as protocol_module
+    from dars_nb.experiments.cluster import Shipped
+    shipped, inner = Shipped(), protocol_module.run_calls
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=':0') as cluster, \
+         distributed.Client(cluster, set_as_default=False) as client:
+        # the workers import every router first, as joblib's are by `warm_up`
+        from dars_nb.experiments.protocol import run_experiments, Spec
+        run_experiments(build(40, 10, a.models), None, (Spec('single'),), n_draws=2, n_boot=10, progress=False,
+                        scheduler=client)
+        protocol_module.run_calls = lambda *args, **kw: inner(*args, shipped=shipped, **kw)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                t = time.perf_counter()
+                from dars_nb.experiments.protocol import run_experiments
+                table = run_experiments(ds, routers(names), (Spec('single'), Spec('dars')), n_draws=a.draws,
+                                        n_boot=a.n_boot, progress=False, scheduler=client)
+                secs = time.perf_counter() - t
+        finally: protocol_module.run_calls = inner
+    return table, shipped, [str(w.message) for w in caught], secs
 
 
-def dask_check(ds, reference, a) -> tuple[bool, str, float]:
-    "Identical tables on Dask and on the default backend; what ran both ways; seconds on Dask."
+def dask_check(ds, reference, joblib_seconds, a) -> tuple[bool, str, float, float, object, list]:
+    "Identical tables on Dask and through joblib; what ran both ways; seconds each way; bytes shipped; warnings."
     whole = a.dask_routers == ['all']
     names = LONGEST_FIRST if whole else a.dask_routers
-    if not whole: reference = protocol(ds, names, a, a.n_jobs)   # a part: its default side runs here too
-    t = time.perf_counter()
-    dask = on_dask(ds, names, a)
+    if not whole:                                    # a part: its joblib side runs here too
+        t = time.perf_counter()
+        reference = protocol(ds, names, a, a.n_jobs)
+        joblib_seconds = time.perf_counter() - t
+    dask, shipped, caught, secs = on_dask(ds, names, a)
     what = 'the whole protocol' if whole else f"{', '.join(names)} under both supervisions (a part)"
-    return same_tables(reference, dask), what, time.perf_counter() - t
+    return same_tables(reference, dask), what, joblib_seconds, secs, shipped, caught
+
+
+def print_dask(same, what, joblib_seconds, secs, shipped, caught, n_train):
+    "The Dask comparison's lines and summary rows."
+    large = [m for m in caught if 'large graph' in m]
+    ratio = secs / joblib_seconds
+    print(f"\nDask (local cluster, 2 processes x 1 thread, scheduler=client), {what}, {n_train:,} queries: "
+          f"{secs:.0f} s; joblib (n_jobs = -1, same cores) {joblib_seconds:.0f} s; ratio {ratio:.2f}; "
+          f"identical: {'yes' if same else 'no'}")
+    print(f"sent to the workers: {shipped.to_workers / 1e6:,.1f} MB = shared {shipped.shared / 1e6:,.1f} MB x "
+          f"{shipped.workers} workers + {shipped.tasks} tasks {shipped.task_bytes / 1e3:,.1f} kB "
+          f"(largest {shipped.largest_task:,} B); 'large graph' warnings: {len(large)}")
+    emit("scale: Dask cluster against joblib (identical tables)", f"{what}: {'yes' if same else 'no'}",
+         'identical', same)
+    emit("scale: Dask cluster, bytes to the workers and time against joblib",
+         f"{shipped.to_workers / 1e6:,.0f} MB ({shipped.shared / 1e6:,.0f} MB shared x {shipped.workers}, tasks "
+         f"{shipped.task_bytes / 1e3:,.0f} kB); {len(large)} large-graph warnings; {secs:.0f} s vs joblib "
+         f"{joblib_seconds:.0f} s (x{ratio:.2f})", 'no large graph; <= x1.2 of joblib', not large and ratio <= 1.2)
 
 
 def report(small, full, sizes, bootstrap, capability, held=True):
@@ -246,25 +285,28 @@ def main(argv=None):
     ap.add_argument('--n-jobs', type=int, default=-1, help='joblib workers of the protocol (-1: every core)')
     ap.add_argument('--dask-routers', nargs='*', default=['kNN', 'AvengersPro'],
                     help="routers run through Dask too ('all': the whole protocol; 'none' or nothing: skip)")
+    ap.add_argument('--dask-only', action='store_true', help='only the Dask comparison, on the full size')
     ap.add_argument('--quick', action='store_true', help='smoke run: 600 -> 3,000 training queries, R = 10')
     a = ap.parse_args(argv)
     if a.quick: a.train, a.test, a.small_train, a.small_test, a.draws, a.n_boot = 3000, 600, 600, 120, 10, 200
     print(f"{os.cpu_count()} cores; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"R = {a.draws}, {a.n_boot} bootstrap resamples, n_jobs = {a.n_jobs}", flush=True)
-    with PeakMemory() as memory:
+    if a.dask_only:
         warm_up(a)
-        print(f"small: {a.small_train:,} + {a.small_test:,} queries", flush=True)
-        small, _, _ = run_size(a.small_train, a.small_test, a, memory)
-        print(f"full: {a.train:,} + {a.test:,} queries", flush=True)
-        full, results, ds = run_size(a.train, a.test, a, memory)
-    report(small, full, ((a.small_train, a.small_test), (a.train, a.test)), full['bootstrap_ci']['seconds'],
-           capability_seconds(ds), held=(a.train, a.test, a.draws) == (30000, 6000, 100))
+        ds, results, joblib_seconds = build(a.train, a.test, a.models), None, None
+        a.dask_routers = [r for r in a.dask_routers if r != 'all'] or ['kNN', 'AvengersPro']
+    else:
+        with PeakMemory() as memory:
+            warm_up(a)
+            print(f"small: {a.small_train:,} + {a.small_test:,} queries", flush=True)
+            small, _, _ = run_size(a.small_train, a.small_test, a, memory)
+            print(f"full: {a.train:,} + {a.test:,} queries", flush=True)
+            full, results, ds = run_size(a.train, a.test, a, memory)
+        report(small, full, ((a.small_train, a.small_test), (a.train, a.test)), full['bootstrap_ci']['seconds'],
+               capability_seconds(ds), held=(a.train, a.test, a.draws) == (30000, 6000, 100))
+        joblib_seconds = full['routers']['with intervals']
     if a.dask_routers and a.dask_routers != ['none']:
-        same, what, secs = dask_check(ds, results, a)
-        print(f"\nDask backend (local cluster, 2 processes x 1 thread), {what}, {a.train:,} queries: "
-              f"{secs:.0f} s; identical: {'yes' if same else 'no'}")
-        emit("scale: Dask backend against the default (identical tables)", f"{what}: {'yes' if same else 'no'}",
-             'identical', same)
+        print_dask(*dask_check(ds, results, joblib_seconds, a), a.train)
     print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -1,15 +1,21 @@
 """The protocol's units on a real Dask cluster: a `dask scheduler` and `dask worker` processes on loopback, started
 here (not a LocalCluster inside this process).
 
-- a sweep on the cluster gives the table of a local run, value for value, and ships its data once per worker;
-- a worker killed with SIGKILL mid-run costs only its units: the table comes out complete, identical, each row once;
-- `dars reproduce` stops with one line and exit code 1, leaving no report folder, when the scheduler goes away,
-  cannot be reached (`--scheduler` or `DARS_SCHEDULER`), or the `cluster` extra is missing;
-- a tiny `reproduce` on the cluster writes the same CSVs as here.
+In `make test` (a few seconds, in this process):
+- `dars reproduce` stops with one line and exit code 1, leaving no report folder, when the scheduler cannot be reached
+  (`DARS_SCHEDULER`) or the `cluster` extra is missing.
+(The notebook `21_cluster` runs units on an in-process Dask cluster, checked against joblib, in `make test` too.)
 
-The whole `dars reproduce --quick` on the cluster against a local `--quick` run, with and without a worker killed,
-takes minutes on two cores: those two tests are marked `slow` and run when `DARS_TEST_FLAGS` contains `slow`
-(`DARS_TEST_FLAGS=slow .venv/bin/python -m pytest tests/test_cluster.py`), as the notebooks' slow cells do.
+Behind the `slow` flag (`DARS_TEST_FLAGS=slow .venv/bin/python -m pytest tests/test_cluster.py`, minutes on two
+cores), as the notebooks' slow cells — starting the processes and importing the routers in each worker alone takes
+10-40 s on two shared cores:
+- a small sweep on the cluster, one of its two workers killed with SIGKILL mid-run, gives the table of a local run,
+  value for value, each row once, with no task carrying the shared data; then its scheduler killed mid-sweep ends
+  the next sweep with one `ClusterError` line;
+- a larger sweep ships its data once per worker (bytes counted), and survives losing both of its first workers;
+- `dars reproduce` with its scheduler killed mid-run: one line, exit code 1, nothing in the report folder;
+- a tiny `reproduce` on the cluster writes the same CSVs and report as here;
+- the whole `dars reproduce --quick` on the cluster against a local `--quick` run, with and without a worker killed.
 """
 import json, os, signal, subprocess, sys, threading, time, warnings
 from pathlib import Path
@@ -108,6 +114,8 @@ def reference():
     return _sweep()
 
 
+@pytest.mark.slow
+@SLOW
 def test_sweep_on_cluster_matches_local_and_ships_data_once(cluster, reference, monkeypatch):
     shipped, inner = Shipped(), protocol.run_calls
     monkeypatch.setattr(protocol, 'run_calls', lambda *a, **k: inner(*a, shipped=shipped, **k))
@@ -141,6 +149,54 @@ def _kill_when_busy(cluster, name, then=None) -> bool:
     return False
 
 
+def _small_sweep(**kw):
+    datasets = simulated_datasets({'gpqa_like': 30}, n_train=30, seed=3)
+    routers = {'MLP': MLPRouter(hidden_layer_sizes=(16,), max_iter=40), 'kNN': KNNRouter(n_neighbors=5),
+               'mean': MeanRouter()}
+    return run_experiments(datasets, routers, (Spec('single'), Spec('dars')), n_draws=4, n_boot=100, progress=False,
+                           **kw)
+
+
+def _when_running(cluster, name, kill) -> threading.Thread:
+    "A thread that SIGKILLs process `kill` of the cluster once worker `name` runs a unit (gives up after 120 s)."
+    def watch():
+        with distributed.Client(cluster.address, timeout=30, set_as_default=False) as client:
+            address = next(a for a, w in client.scheduler_info(n_workers=-1)['workers'].items() if w['name'] == name)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not client.processing([address]).get(address): time.sleep(0.02)
+            if time.monotonic() < deadline: cluster.kill(kill)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+@SLOW
+def test_lost_worker_costs_its_units_lost_scheduler_ends_the_run(own_cluster):
+    import dask
+    from dars_nb.experiments.cluster import ClusterError
+    local = _small_sweep()
+    shipped, inner = Shipped(), protocol.run_calls
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught:
+        mp.setattr(protocol, 'run_calls', lambda *a, **k: inner(*a, shipped=shipped, **k))
+        warnings.simplefilter('always')
+        watcher = _when_running(own_cluster, 'w1', kill='w1')
+        on_cluster = _small_sweep(scheduler=own_cluster.address)
+        watcher.join(5)
+    assert own_cluster.procs['w1'].returncode == -signal.SIGKILL, 'w1 was not killed mid-run'
+    assert not on_cluster.duplicated(['router', 'supervision', 'view']).any() and len(on_cluster) == len(local)
+    _same(local, on_cluster)
+    assert not [w for w in caught if 'large graph' in str(w.message)] and shipped.largest_task < SHARE_BYTES
+    # the scheduler goes away mid-sweep: one line naming it
+    watcher = _when_running(own_cluster, 'w0', kill='scheduler')
+    with dask.config.set({'distributed.comm.timeouts.connect': '5s'}):
+        with pytest.raises(ClusterError, match=f'^lost the Dask scheduler at {own_cluster.address}'):
+            _small_sweep(scheduler=own_cluster.address)
+    watcher.join(5)
+
+
+@pytest.mark.slow
+@SLOW
 def test_lost_workers_cost_only_their_units(own_cluster, reference, monkeypatch):
     # w1 dies mid-run: the scheduler runs its units on w0. Then w0, the last worker, dies and w2 joins: the shared
     # data died with w0, so the run sends it again and submits again the units that needed it
@@ -180,6 +236,8 @@ def tiny_data(tmp_path_factory):
     return ['--data', folder / 'obs.parquet', '--features', folder / 'features.parquet']
 
 
+@pytest.mark.slow
+@SLOW
 @pytest.mark.parametrize('own_cluster', [1], indirect=True)
 def test_scheduler_gone_one_line_nothing_written(own_cluster, tiny_data, tmp_path):
     cluster, out = own_cluster, tmp_path / 'report'
@@ -195,24 +253,25 @@ def test_scheduler_gone_one_line_nothing_written(own_cluster, tiny_data, tmp_pat
     assert not out.exists() and not list(tmp_path.glob('.report.partial-*'))
 
 
-def test_unreachable_scheduler_from_the_environment(tmp_path):
+def test_unreachable_scheduler_from_the_environment(tmp_path, monkeypatch, capsys):
+    import dask
+    from dars_nb.cli import main
     out = tmp_path / 'report'
-    run = _reproduce('--quick', '--out', out, env={**ENV, 'DARS_SCHEDULER': 'tcp://127.0.0.1:9'})
-    _, stderr = run.communicate(timeout=180)
-    assert run.returncode == 1
-    assert stderr.startswith('dars reproduce: error: cannot reach the Dask scheduler at tcp://127.0.0.1:9: ')
-    assert len(stderr.strip().splitlines()) == 1 and not out.exists()
+    monkeypatch.setenv('DARS_SCHEDULER', 'tcp://127.0.0.1:9')                    # nothing listens on port 9
+    with dask.config.set({'distributed.comm.timeouts.connect': '1s'}):
+        code = main(['reproduce', '--quick', '--out', str(out)])
+    stderr = capsys.readouterr().err
+    assert code == 1 and stderr.startswith('dars reproduce: error: cannot reach the Dask scheduler at tcp://127.0.0.1:9: ')
+    assert len(stderr.strip().splitlines()) == 1 and not out.exists() and not list(tmp_path.iterdir())
 
 
-def test_missing_extra_names_it(tmp_path):
-    code = ("import sys; sys.modules['distributed'] = None\n"          # as if dask.distributed were not installed
-            "from dars_nb.cli import main\n"
-            f"sys.exit(main(['reproduce', '--quick', '--out', {str(tmp_path / 'report')!r}, "
-            "'--scheduler', 'tcp://127.0.0.1:9']))")
-    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=ENV, timeout=180)
-    assert run.returncode == 1
-    assert run.stderr == ("dars reproduce: error: running units on a Dask cluster needs distributed: "
-                          "pip install 'dars_nb[cluster]'\n")
+def test_missing_extra_names_it(tmp_path, monkeypatch, capsys):
+    from dars_nb.cli import main
+    monkeypatch.setitem(sys.modules, 'distributed', None)                     # as if it were not installed
+    code = main(['reproduce', '--quick', '--out', str(tmp_path / 'report'), '--scheduler', 'tcp://127.0.0.1:9'])
+    assert code == 1 and not list(tmp_path.iterdir())
+    assert capsys.readouterr().err == ("dars reproduce: error: running units on a Dask cluster needs distributed: "
+                                       "pip install 'dars_nb[cluster]'\n")
 
 
 def _tables(folder: Path) -> dict:
@@ -223,6 +282,8 @@ def _tables(folder: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
+@SLOW
 def test_tiny_reproduce_on_cluster_writes_the_same_tables(cluster, tmp_path):
     from dars_nb.experiments.inputs import Settings
     from dars_nb.experiments.reproduce import reproduce
