@@ -11,6 +11,7 @@ from joblib import Parallel, delayed
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 from .base import Router, family_targets
 
 # %% auto #0
@@ -66,7 +67,8 @@ def _fit(self: MLPRouter, X, sup):
         jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in _STATISTICS]
     else: jobs = [(s, T[s][r]) for s in _STATISTICS for r in range(R)]
     params = self._network_params()
-    fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
+    with threadpool_limits(1, user_api='blas'):    # small products: a second thread only waits
+        fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
     self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in _STATISTICS}
 
 # %% ../../nbs/11_router_mlp.ipynb #fae79d5c
@@ -75,10 +77,11 @@ def _predict_stats(self: MLPRouter, X) -> dict:
     Z = self.scaler_.transform(X)
     n, R, K = len(X), self.n_draws_, len(self.models_)
     out = {}
-    for s, regs in self.regressors_.items():
-        if self.batched_:
-            out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
-        else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
+    with threadpool_limits(1, user_api='blas'):
+        for s, regs in self.regressors_.items():
+            if self.batched_:
+                out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
+            else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
     # a standard deviation: a negative guess would reward risk
     out['sigma'] = np.maximum(out['sigma'], 0.0)
     return out
