@@ -17,6 +17,7 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_bootstrap.py', [], ['--reps', '2']),
     ('bench_diagnostics.py', [], ['--sizes', '10000', '100000', '--reps', '2']),
     ('bench_routers.py', [], ['--quick']),
+    ('bench_workers.py', [], []),
     ('bench_features.py', [], ['--quick']),
     ('bench_reproduce.py', [], ['--quick']),
     ('bench_scale.py', [], ['--quick']),      # full: 30,000 + 6,000 queries x 11 models, about 15 min
