@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from .features import make_featurizer
-from .observations import read_observations
+from .release import load_observations
 from .stats import PAPER, supervision
 from .pool.config import ConfigError, check_known_keys, from_table, read_toml
 from .pool.models import Pool
@@ -28,7 +28,7 @@ def _family_names() -> str:
 @dataclass(frozen=True)
 class TrainConfig:
     "The settings of `dars train`, one field per setting of its TOML file."
-    observations: object # observations = "FILE" (relative to the config file), or the table itself
+    observations: object # observations = "FILE" or "FOLDER" (relative to the config file), or the table itself
     family: str # [router] family: one of `dars_nb.routers.FAMILIES`
     router_params: dict = field(default_factory=dict) # [router]: the family's parameters (other keys)
     mode: str = 'dars' # [supervision] mode
@@ -41,6 +41,7 @@ class TrainConfig:
     folds: int = 5 # [guard] folds of the cross-validation (also the printed held-out estimate)
     fold_seed: int = 0 # [guard] seed of the fold assignment
     pool: Pool | None = None # pool = "FILE" or a [models] table: the models the router routes between
+    drop_incomplete: bool = False # drop_incomplete = true: drop a release folder's rows without a finite score or cost
 
     def __post_init__(self):
         if self.family not in [f.name for f in FAMILIES]:
@@ -75,7 +76,8 @@ def _config_pool(raw: dict, base: Path) -> Pool | None:
     return Pool.from_dict(pool_file, check_env=False, also=tuple(pool_file), source=str(path))
 
 # %% ../nbs/25d_training.ipynb #034657de
-_TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard')
+_TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard',
+               'drop_incomplete')
 
 def load_train_config(config, # a TOML path, or a dict of that layout (observations may be a frame)
                      ) -> TrainConfig:
@@ -92,7 +94,9 @@ def load_train_config(config, # a TOML path, or a dict of that layout (observati
     if 'family' not in settings: raise ConfigError(f"[router] needs a family ({_family_names()})")
     observations = raw['observations']
     if not isinstance(observations, pd.DataFrame): observations = base / observations
-    given = dict(observations=observations, router_params=params['router'],
+    drop = raw.get('drop_incomplete', False)
+    if not isinstance(drop, bool): raise ConfigError(f"drop_incomplete must be true or false, got {drop!r}")
+    given = dict(observations=observations, router_params=params['router'], drop_incomplete=drop,
                  feature_params=params['features'], pool=_config_pool(raw, base))
     return from_table(TrainConfig, settings, 'the training config', given=given)
 
@@ -155,7 +159,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     settings = config if isinstance(config, TrainConfig) else load_train_config(config)
     obs = settings.observations
-    if not isinstance(obs, pd.DataFrame): obs = read_observations(obs)
+    obs = load_observations(obs, settings.drop_incomplete, log=(lambda m: None) if quiet else print)
     sup = supervision(obs, settings.mode, settings.lam, settings.beta, seed=settings.seed)
     _check_pool(settings.pool, list(sup.models))
     dars = settings.mode == 'dars'

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import pandas as pd
-from ..observations import read_observations, validate, select
+from ..observations import validate, select
+from ..release import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
@@ -74,18 +75,19 @@ def _complete(obs: pd.DataFrame) -> bool:
     test = ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any()
     return bool(train and test)
 
-def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
+def load_data(data=None, # None for the simulator, an observation file (.parquet, .jsonl, .csv) or a release folder
               features=None, # features file for `data` (default: from its query_text column)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed
-              log=print, # where the note about skipped datasets goes
+              log=print, # where the note about skipped datasets (and dropped rows) goes
+              drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
         datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed)
         obs = pd.concat([d.obs for d in datasets], ignore_index=True)
         return datasets, validate(obs.drop(columns='cost_norm'))
-    obs = read_observations(data)
+    obs = load_observations(data, drop_incomplete, log)
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
     if not usable:
         raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")

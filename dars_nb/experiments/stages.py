@@ -104,16 +104,17 @@ def timed(self: Run, name: str):
 
 # %% ../../nbs/24b_stages.ipynb #c570c1e4
 def data_stage(run: Run, # the run
-               data=None, # None for the simulator, or an observation file
+               data=None, # None for the simulator, an observation file or a folder of the authors' release
                features=None, # features file for `data`
                routers=None, # routers to run (default: the seven families)
+               drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
               ) -> tuple[dict, list, pd.DataFrame]:
     "The routers by name, the protocol's datasets, and the whole observation table."
     settings = run.settings
     sizes = ', '.join(f'{p} {n}' for p, n in settings.test_sizes.items())
     run.log(f"[1/8] data: {f'simulator ({sizes} test queries)' if data is None else data}")
     routers = resolve_routers(routers)
-    datasets, obs = load_data(data, features, settings, run.seed, run.log)
+    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     return routers, datasets, obs
 
