@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from .features import make_featurizer
+from .observations import router_texts
 from .release import load_observations
 from .stats import PAPER, supervision
 from .pool.config import ConfigError, check_known_keys, from_table, read_toml
@@ -101,22 +102,12 @@ def load_train_config(config, # a TOML path, or a dict of that layout (observati
     return from_table(TrainConfig, settings, 'the training config', given=given)
 
 # %% ../nbs/25d_training.ipynb #e925461d
-def query_texts(obs: pd.DataFrame, # observations with a query_text column
+def query_texts(obs: pd.DataFrame, # observations with the query columns (or query_text on rewrite 0)
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
-    "Each query's original wording (`query_text` of its lowest rewrite_id), in `queries` order."
-    if 'query_text' not in obs.columns:
-        raise ValueError("the observations have no query_text column: a router bundle featurizes the query text")
-    o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
-    first = (o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
-             ['query_text'])
-    first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
-    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
-                                      queries.get_level_values(-1).astype(str)])
-    idx = first.index.get_indexer(keys)
-    if (idx < 0).any():
-        raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
-    return first.iloc[idx].astype(str).tolist()
+    "The text a router sees for each query (`router_texts`: its original wording), in `queries` order."
+    keys = zip(queries.get_level_values(0), queries.get_level_values(-1))
+    return router_texts(obs, list(keys)).tolist()
 
 # %% ../nbs/25d_training.ipynb #36007bc9
 def _check_pool(pool: Pool | None, models: list):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import pandas as pd
-from ..observations import validate, select
+from ..observations import validate, select, router_texts
 from ..release import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, datasets_from, simulated_datasets
@@ -39,19 +39,25 @@ QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop
                  temperatures=(0.3, 0.7), temperature_n_train=60)
 
 # %% ../../nbs/24a_inputs.ipynb #cb07c7d8
-def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
-                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
+def features_from_text(obs: pd.DataFrame, # observations with the query columns (or `query_text` on rewrite 0)
+                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `make_featurizer`)
                       ) -> pd.DataFrame:
-    "Query features from the text of each query's original wording (its lowest rewrite_id)."
-    from dars_nb.features import query_features
-    if 'query_text' not in obs.columns:
-        raise ValueError("no query features: give a features file or a 'query_text' column in the observations")
-    rows = obs[['query_id', 'rewrite_id', 'query_text']].dropna(subset=['query_text'])
-    first = rows.sort_values(['query_id', 'rewrite_id'], kind='stable').drop_duplicates('query_id')
-    missing = set(obs['query_id'].astype(str)) - set(first['query_id'].astype(str))
-    if missing: raise ValueError(f"query {sorted(missing)[0]!r} has no query_text")
-    return query_features(first['query_text'].astype(str).tolist(), method=method,
-                          index=pd.Index(first['query_id'].astype(str), name='query_id'))
+    "Features of the text a router sees for each query (`router_texts`), fitted on the training queries only."
+    from dars_nb.features import make_featurizer
+    if not {'original_text', 'query_text'} & set(obs.columns):
+        raise ValueError("no query features: give a features file, or a 'query_text' or 'original_text' column "
+                         "in the observations")
+    texts = router_texts(obs)
+    ids = texts.index.get_level_values('query_id')
+    if ids.has_duplicates:
+        raise ValueError(f"query id {ids[ids.duplicated()][0]!r} is in two datasets: features are indexed by query id")
+    train = obs.loc[(obs['split'] == 'train').to_numpy(), ['dataset', 'query_id']].astype(str)
+    fit_on = texts.index.isin(pd.MultiIndex.from_frame(train))
+    if not fit_on.any(): raise ValueError("no training query to fit the query features on")
+    featurizer = make_featurizer(method).fit(texts[fit_on].tolist())   # vocabulary and idf: training texts only
+    prefix = 'emb' if featurizer.kind == 'sentence' else 'tfidf'
+    X = featurizer.transform(texts.tolist())
+    return pd.DataFrame(X, index=pd.Index(ids, name='query_id'), columns=[f'{prefix}{i}' for i in range(X.shape[1])])
 
 # %% ../../nbs/24a_inputs.ipynb #73d864a5
 def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
