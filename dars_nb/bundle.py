@@ -15,6 +15,8 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 from . import __version__
 from .encoder import check_texts
+from .observations import router_text
+from .release import format_options
 from .guard import GuardCV, guarded_choice
 from .bundle_format import BundleError, encode, decode, write_archive, read_archive
 
@@ -195,9 +197,18 @@ def load_bundle(path, # a file written by `save_bundle`
     except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
 
 # %% ../nbs/25c_bundle.ipynb #eb1cfc4f
-def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one question per line
+def _query_item(item: dict, where: str) -> str:
+    "The text a router sees for one JSON query: its question, with its `choices` and `passage` if given."
+    if not isinstance(item.get('question'), str): raise ValueError(f"{where}: no \"question\" string")
+    choices, passage = item.get('choices'), item.get('passage', item.get('context'))
+    if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
+        raise ValueError(f"{where}: \"choices\" must be a list of strings")
+    if passage is not None and not isinstance(passage, str): raise ValueError(f"{where}: \"passage\" must be a string")
+    return router_text(item['question'], passage, format_options(choices) if choices else None)
+
+def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line
                   ) -> tuple[list, list[str]]:
-    "Ids and questions of a query file (ids default to line numbers); a ValueError for a bad line."
+    "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
     if not path.is_file(): raise ValueError(f"query file not found: {path}")
     ids, questions = [], []
@@ -206,9 +217,7 @@ def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one questi
         try: item = json.loads(line)
         except json.JSONDecodeError: item = line
         if isinstance(item, dict):
-            if not isinstance(item.get('question'), str):
-                raise ValueError(f"{path.name} line {n}: no \"question\" string")
-            ids.append(item.get('id', n)); questions.append(item['question'])
+            ids.append(item.get('id', n)); questions.append(_query_item(item, f"{path.name} line {n}"))
         # JSON string or plain text
         else: ids.append(n); questions.append(item if isinstance(item, str) else line)
     if not questions: raise ValueError(f"{path.name} holds no questions")

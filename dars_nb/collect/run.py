@@ -29,7 +29,7 @@ from .plan import plan_calls
 from .probe import check_endpoints
 
 # %% auto #0
-__all__ = ['CollectResult', 'acollect', 'collect']
+__all__ = ['with_query_columns', 'CollectResult', 'acollect', 'collect']
 
 # %% ../../nbs/35f_collect_run.ipynb #e93dc437
 def _call_seed(seed: int, key: tuple) -> int:
@@ -255,7 +255,9 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
     return out
 
 # %% ../../nbs/35f_collect_run.ipynb #16e5cbb7
-def _with_queries(table: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
+def with_query_columns(table: pd.DataFrame, # an observation table
+                       tasks: pd.DataFrame, # task rows (`load_tasks`, `load_task_file`): dataset, query_id, kind, question, ...
+                      ) -> pd.DataFrame:
     "`table` with each query's `original_text`, `passage` (reading) and `options` (choice) from its task row."
     rows = tasks.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
     kind = rows['kind'].to_numpy()
@@ -279,7 +281,7 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
                    dict(status=status, message=message, collected=run['collected'], missing=missing,
                                     failures=len(fails), first_failures=[m for _, m in fails[:5]]))
     table, out, rv = store.to_frame(), None, None
-    if len(table): table = _with_queries(table, tasks)
+    if len(table): table = with_query_columns(table, tasks)
     if write_output and len(table):
         cfg.output.parent.mkdir(parents=True, exist_ok=True)
         write_observations(table, cfg.output); out = cfg.output

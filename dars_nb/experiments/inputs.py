@@ -82,7 +82,7 @@ def _complete(obs: pd.DataFrame) -> bool:
     return bool(train and test)
 
 def load_data(data=None, # None for the simulator, an observation file (.parquet, .jsonl, .csv) or a release folder
-              features=None, # features file for `data` (default: from its query_text column)
+              features=None, # features file for `data` (default: from each query's original wording)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed
               log=print, # where the note about skipped datasets (and dropped rows) goes

@@ -28,7 +28,7 @@ def reproduce(out, # folder for the report (created if needed)
               quick: bool = False, # small sizes for a smoke test
               n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
               seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
-              features=None, # features file for `data` (default: from its query_text column)
+              features=None, # features file for `data` (default: from each query's original wording)
               routers=None, # routers to run (default: the seven families of dars_nb.routers)
               settings: Settings | None = None, # sizes (default: `QUICK` if `quick` else `FULL`)
               verbose: bool = True, # print progress and the final summary
