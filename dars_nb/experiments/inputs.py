@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 from ..observations import read_observations, validate, select
 from ..stats import PAPER
-from .protocol import PAPER_TEST_SIZES, datasets_from, simulated_datasets
+from ..release import load_observations
+from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
 
 # %% auto #0
@@ -40,6 +41,7 @@ QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop
 # %% ../../nbs/24a_inputs.ipynb #cb07c7d8
 def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
                        method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
+                       **kwargs, # `TfidfFeaturizer` parameters (with method='tfidf')
                       ) -> pd.DataFrame:
     "Query features from the text of each query's original wording (its lowest rewrite_id)."
     from dars_nb.features import query_features
@@ -49,8 +51,11 @@ def features_from_text(obs: pd.DataFrame, # observations with a `query_text` col
     first = rows.sort_values(['query_id', 'rewrite_id'], kind='stable').drop_duplicates('query_id')
     missing = set(obs['query_id'].astype(str)) - set(first['query_id'].astype(str))
     if missing: raise ValueError(f"query {sorted(missing)[0]!r} has no query_text")
+    if method == 'tfidf':   # the vocabulary and the idf weights come from the training queries only
+        train = set(obs.loc[(obs['split'] == 'train').to_numpy(), 'query_id'].astype(str))
+        kwargs['fit_texts'] = first.loc[first['query_id'].astype(str).isin(train), 'query_text'].astype(str).tolist()
     return query_features(first['query_text'].astype(str).tolist(), method=method,
-                          index=pd.Index(first['query_id'].astype(str), name='query_id'))
+                          index=pd.Index(first['query_id'].astype(str), name='query_id'), **kwargs)
 
 # %% ../../nbs/24a_inputs.ipynb #73d864a5
 def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
@@ -74,18 +79,20 @@ def _complete(obs: pd.DataFrame) -> bool:
     test = ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any()
     return bool(train and test)
 
-def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
+def load_data(data=None, # None for the simulator, or an observation file / release folder
               features=None, # features file for `data` (default: from its query_text column)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed
               log=print, # where the note about skipped datasets goes
+              formulas: Formulas = Formulas(), # how the datasets' statistics are taken
+              text_features: dict | None = None, # `features_from_text` arguments (method, TF-IDF parameters)
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
-        datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed)
+        datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed, formulas)
         obs = pd.concat([d.obs for d in datasets], ignore_index=True)
         return datasets, validate(obs.drop(columns='cost_norm'))
-    obs = read_observations(data)
+    obs = load_observations(data)
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
     if not usable:
         raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")
@@ -94,5 +101,6 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
         log(f"      skipping dataset(s) without a training grid or test views: "
             f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
-    feats = read_features(features) if features is not None else features_from_text(obs)
-    return datasets_from(obs, feats), obs
+    feats = (read_features(features) if features is not None
+             else features_from_text(obs, **(text_features or {})))
+    return datasets_from(obs, feats, formulas=formulas), obs

@@ -50,8 +50,10 @@ AUTHORS_PROTOCOL = Protocol(
         'AvengersPro': dict(n_clusters=32, cap_clusters=True, top_k=3, beta_d=0.0, normalize=False,
                             batched=False, seed_per_draw=True)},
     printout='authors',
-    note=("MIRT, EmbedLLM, RM-Softmax and GraphRouter keep dars_nb's designs (the authors' code "
-          "simplifies them); MLP, kNN and AvengersPro take the authors' settings."))
+    note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
+          "sample σ_q, single-shot rows drawn by default_rng(42 + r), TF-IDF of (1, 2)-grams with raw "
+          "tf fitted on training texts, their MLP, kNN and AvengersPro settings; MIRT, EmbedLLM, "
+          "RM-Softmax and GraphRouter keep dars_nb's designs (the authors' code simplifies them)"))
 
 PROTOCOLS = {p.name: p for p in (PAPER_PROTOCOL, AUTHORS_PROTOCOL)}
 
