@@ -25,6 +25,7 @@ class Protocol:
     formulas: Formulas = Formulas()          # cost normalisation, σ_q's ddof, single-shot draw
     seed: int | None = None                  # the run's seed the protocol fixes (None: the caller's)
     features: str = 'auto'                   # text features: 'auto', 'sentence' or 'tfidf'
+    text: str = 'router'                     # the text featurised: 'router' (ours) or 'authors' (their encoder's)
     tfidf: dict = field(default_factory=dict)  # `TfidfFeaturizer` parameters over ours
     router_settings: dict = field(default_factory=dict)  # family name -> parameters over ours
     printout: str = 'paper'                  # 'paper'; 'authors' adds their score/cost table
@@ -42,7 +43,7 @@ PAPER_PROTOCOL = Protocol()
 
 AUTHORS_PROTOCOL = Protocol(
     name='authors', formulas=Formulas(cost_norm='minmax', ddof=1, draw='rows'), seed=42,
-    features='tfidf', tfidf=dict(max_features=20000, ngram_range=(1, 2), sublinear_tf=False),
+    features='tfidf', text='authors', tfidf=dict(max_features=20000, ngram_range=(1, 2), sublinear_tf=False),
     router_settings={
         'MLP': dict(hidden_layer_sizes=(128, 64), alpha=1e-4, learning_rate_init=1e-3, max_iter=800,
                     clip=True),
@@ -51,8 +52,8 @@ AUTHORS_PROTOCOL = Protocol(
                             batched=False, seed_per_draw=True)},
     printout='authors',
     note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
-          "sample σ_q, single-shot rows drawn by default_rng(42 + r), TF-IDF of (1, 2)-grams with raw "
-          "tf fitted on training texts, their MLP, kNN and AvengersPro settings; MIRT, EmbedLLM, "
+          "sample σ_q, single-shot rows drawn by default_rng(42 + r), their encoder's text (passage "
+          "first, no options) in TF-IDF of (1, 2)-grams with raw tf fitted on training texts, their MLP, kNN and AvengersPro settings; MIRT, EmbedLLM, "
           "RM-Softmax and GraphRouter keep dars_nb's designs (the authors' code simplifies them)"))
 
 PROTOCOLS = {p.name: p for p in (PAPER_PROTOCOL, AUTHORS_PROTOCOL)}

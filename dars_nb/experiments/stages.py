@@ -107,9 +107,10 @@ def timed(self: Run, name: str):
 
 # %% ../../nbs/24b_stages.ipynb #c570c1e4
 def data_stage(run: Run, # the run
-               data=None, # None for the simulator, or an observation file
+               data=None, # None for the simulator, an observation file or a folder of the authors' release
                features=None, # features file for `data`
                routers=None, # routers to run (default: the seven families)
+               drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
               ) -> tuple[dict, list, pd.DataFrame]:
     "The routers by name, the protocol's datasets, and the whole observation table."
     settings = run.settings
@@ -117,8 +118,9 @@ def data_stage(run: Run, # the run
     run.log(f"[1/8] data: {f'simulator ({sizes} test queries)' if data is None else data}")
     routers, p = resolve_routers(routers), run.protocol
     if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
-    text = dict(method=p.features, **p.tfidf) if p.features != 'auto' or p.tfidf else None
-    datasets, obs = load_data(data, features, settings, run.seed, run.log, p.formulas, text)
+    text = (dict(method=p.features, text=p.text, **p.tfidf)
+            if (p.features, p.text) != ('auto', 'router') or p.tfidf else None)
+    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     return routers, datasets, obs
 

@@ -10,13 +10,15 @@ import argparse
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from dars_nb.release import RELEASE_MODELS, write_release, format_options
+from dars_nb.release import RELEASE_MODELS, MAX_TOKENS, write_release, format_options
+from dars_nb.scoring import score_drop
 
 # USD per million prompt / completion tokens (made-up round figures of the right order)
 PRICES = dict(zip(RELEASE_MODELS, [(0.05, 0.10), (0.10, 0.30), (0.10, 0.30), (0.13, 0.40), (0.10, 0.40),
                                    (0.27, 1.10)]))
 # answer length (completion tokens) per model: a short answerer, a talker, ...
-LENGTHS = dict(zip(RELEASE_MODELS, [220, 380, 900, 260, 300, 420]))
+LENGTHS = dict(zip(RELEASE_MODELS, [220, 380, 600, 260, 300, 420]))
+LONGER = {'choice': 1.0, 'math': 1.6, 'reading': 0.4}   # answer length by task kind
 REWRITES = ["In other words: {q}", "{q} Answer carefully.", "Consider the following. {q}",
             "Here is a question for you: {q}", "Restated: {q}"]
 
@@ -102,19 +104,26 @@ def observations(seed: int = 0) -> pd.DataFrame:
     rate = rng.beta(2, 1.5, pair.max() + 1)[pair]
     hit = rng.random(len(obs)) < rate
     obs['score'] = hit.astype(float)
-    drop = (obs['kind'] == 'reading').to_numpy()           # DROP's F1 is continuous: partial credit sometimes
-    partial = drop & ~hit & (rng.random(len(obs)) < 0.3)
-    obs.loc[partial, 'score'] = 0.5
+    obs['answer'] = None
+    drop = (obs['kind'] == 'reading').to_numpy()           # DROP's F1 is continuous: partial credit sometimes,
+    partial = drop & ~hit & (rng.random(len(obs)) < 0.3)    # for a right answer with words around it
+    golds = obs.loc[partial, 'gold'].str.split(' | ', regex=False)
+    obs.loc[partial, 'answer'] = [g[0] + ' or so' for g in golds]
+    obs.loc[partial, 'score'] = [score_drop(f'Final Answer: {a}', g) for a, g in zip(obs.loc[partial, 'answer'], golds)]
     wording = [o if n == 0 else REWRITES[n - 1].format(q=o) for o, n in zip(obs['original_text'], obs['rewrite_id'])]
     obs['query_text'] = wording
     obs['prompt_tokens'] = [len(t) // 4 + len(p) // 4 + 60 if isinstance(p, str) else len(t) // 4 + 60
                             for t, p in zip(wording, obs['passage'])]
-    mean = obs['model'].map(LENGTHS).to_numpy()
-    obs['completion_tokens'] = np.maximum(8, rng.normal(mean, mean / 4)).astype(int)
+    mean = obs['model'].map(LENGTHS).to_numpy() * obs['kind'].map(LONGER).to_numpy()
+    cap = obs['kind'].map(MAX_TOKENS).to_numpy()
+    wanted = np.maximum(8, rng.normal(mean, mean / 5)).astype(int)
+    obs['completion_tokens'] = np.minimum(wanted, cap)
+    obs['finish_reason'] = np.where(wanted >= cap, 'length', 'stop')   # an answer cut at the cap
     price = np.array([PRICES[m] for m in obs['model']])
     obs['cost'] = np.round((obs['prompt_tokens'] * price[:, 0] + obs['completion_tokens'] * price[:, 1]) / 1e6, 10)
     obs['parsed'] = rng.random(len(obs)) > 0.03
-    obs.loc[~obs['parsed'], 'score'] = 0.0                  # an answer the scorer cannot read scores 0
+    obs.loc[~obs['parsed'] | (obs['finish_reason'] == 'length'), 'parsed'] = False
+    obs.loc[~obs['parsed'], ['score', 'answer']] = [0.0, None]   # an answer the scorer cannot read scores 0
     obs['temperature'], obs['top_p'] = 0.7, 0.95
     return obs
 
