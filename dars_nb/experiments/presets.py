@@ -101,6 +101,6 @@ def authors_printout(results: pd.DataFrame, # `run_protocol` output (with `score
                             'score': part['score'], 'cost': part['cost'], 'utility': part['utility']})
     base = [authors_baselines(ds, lam, tuple(dict.fromkeys(part['view']))) for ds in datasets]
     table = pd.concat([routers, *base], ignore_index=True)
-    order = {d: i for i, d in enumerate(dict.fromkeys(table['dataset']))}
-    table = table.sort_values('dataset', key=lambda s: s.map(order), kind='stable')
+    order = {c: {v: i for i, v in enumerate(dict.fromkeys(table[c]))} for c in ('dataset', 'view')}
+    table = table.sort_values(['dataset', 'view'], key=lambda s: s.map(order[s.name]), kind='stable')
     return table.set_index(['dataset', 'view', 'policy'])[['score', 'cost', 'utility', 'model']]
