@@ -16,7 +16,7 @@ __all__ = ['PAPER_REFERENCE', 'PAPER_TABLE1_SOURCE', 'PAPER_DATASETS', 'COMPARIS
 PAPER_REFERENCE = dict(
     title='From Sampled Outcomes to Capability Distributions: Rethinking Supervision for LLM Routing',
     authors='Guannan Lai, Haoran Hu, Long Chen, Zhenguo Li, Han-Jia Ye',
-    arxiv='2606.06924', code='https://github.com/AIGNLAI/DARS',
+    venue='EMNLP 2026', arxiv='2606.06924', code='https://github.com/AIGNLAI/DARS',
     data='https://huggingface.co/datasets/AIGNLAI/DARS')
 
 PAPER_TABLE1_SOURCE = ("the paper's Table 1, tab:DARS_reset_results: "
