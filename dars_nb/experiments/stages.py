@@ -16,7 +16,9 @@ from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
 from .protocol import resolve_routers, run_protocol, protocol_baselines, scalars
 from .tables import (Table, table1, table_vs_fixed, table5, count_verdicts,
-                                        regret_table)
+                                        regret_table, score_cost_table)
+from .paper import paper_table
+from .presets import Protocol, PAPER_PROTOCOL, authors_printout
 from .figures import (protocol_draws, protocol_variance, plot_protocol_variance,
                                          plot_protocol)
 from .ablations import (run_ablations, ablation_table, plot_ablations,
@@ -70,6 +72,7 @@ class Run:
     md: dict = field(default_factory=dict)       # Markdown of each table and chart written, by key
     timings: dict = field(default_factory=dict)  # seconds per finished stage
     started: float = field(default_factory=time.perf_counter)  # when the run began
+    protocol: Protocol = PAPER_PROTOCOL  # the paper's formulas, or the authors' code where it differs
 
     def log(self, *args):
         "Print the progress line `args` when the run is verbose."
@@ -113,8 +116,11 @@ def data_stage(run: Run, # the run
     settings = run.settings
     sizes = ', '.join(f'{p} {n}' for p, n in settings.test_sizes.items())
     run.log(f"[1/8] data: {f'simulator ({sizes} test queries)' if data is None else data}")
-    routers = resolve_routers(routers)
-    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete)
+    routers, p = resolve_routers(routers), run.protocol
+    if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
+    text = (dict(method=p.features, text=p.text, **p.tfidf)
+            if (p.features, p.text) != ('auto', 'router') or p.tfidf else None)
+    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     return routers, datasets, obs
 
@@ -130,10 +136,15 @@ def diagnostics_stage(run: Run, # the run
     return diagnostics
 
 # %% ../../nbs/24b_stages.ipynb #3c91a28c
-def _protocol_tables(run: Run, results: pd.DataFrame, baselines: pd.DataFrame):
+def _protocol_tables(run: Run, results: pd.DataFrame, baselines: pd.DataFrame, datasets: list):
     "Write the tables and charts of the protocol's results."
     run.table('baselines', baselines.set_index(['dataset', 'view', 'policy']), 'baselines', 3)
     run.table('table1', table1(results, baselines), 'table1')
+    run.table('score_cost', score_cost_table(results), 'score_cost')
+    beside = paper_table(results)
+    if len(beside): run.table('paper', beside, 'table1_vs_paper')
+    if run.protocol.printout == 'authors':
+        run.table('authors', authors_printout(results, datasets, run.settings.lam), 'authors_printout')
     run.table('table1_vs_fixed', table_vs_fixed(results), 'table1_vs_best_fixed')
     run.table('table5', table5(results), 'table5')
     run.table('wins_by', count_verdicts(results, by='dataset'), 'verdicts_by_dataset', 0)
@@ -160,7 +171,7 @@ def protocol_stage(run: Run, # the run
     if settings.n_draws > 1: protocol_draws(results).to_csv(run.out / 'protocol_draws.csv',
                                                             index=False)
     baselines = protocol_baselines(datasets, settings.lam, n_boot=settings.n_boot, seed=run.seed)
-    _protocol_tables(run, results, baselines)
+    _protocol_tables(run, results, baselines, datasets)
     return results, baselines
 
 # %% ../../nbs/24b_stages.ipynb #85ab7a0e

@@ -12,7 +12,7 @@ from .protocol import BASELINES
 
 # %% auto #0
 __all__ = ['VIEW_LABELS', 'compare_supervision', 'Wins', 'count_wins', 'Verdict', 'count_verdicts', 'Table', 'table1',
-           'table_vs_fixed', 'table5', 'regret_table']
+           'table_vs_fixed', 'table5', 'regret_table', 'score_cost_table']
 
 # %% ../../nbs/21b_tables.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
@@ -239,3 +239,19 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
     columns = [(d, s) for d in dict.fromkeys(rows['dataset']) for s in ('single', 'dars')]
     return table.reindex(index=list(dict.fromkeys(rows['router'])),
                          columns=pd.MultiIndex.from_tuples(columns))
+
+# %% ../../nbs/21b_tables.ipynb #a2f15821
+def score_cost_table(results: pd.DataFrame, # output of `run_protocol` (with `score` and `cost`)
+                    ) -> pd.DataFrame:
+    "Per (dataset, view, router): score, cost and utility of single-shot (mean over draws) and DARS."
+    part = results[results['supervision'].isin(['single', 'dars'])]
+    keys = ['dataset', 'view', 'router']
+    wide = part.pivot(index=keys, columns='supervision', values=['score', 'cost', 'utility'])
+    cols = [(stat, sup) for sup in ('single', 'dars') for stat in ('score', 'cost', 'utility')]
+    table = wide.reindex(columns=pd.MultiIndex.from_tuples(cols))
+    table.columns = [f"{'single-shot' if sup == 'single' else 'DARS'} {stat}" for stat, sup in cols]
+    order = {c: {v: i for i, v in enumerate(dict.fromkeys(part[c]))} for c in keys}
+    rank = lambda idx: tuple(order[c][v] for c, v in zip(keys, idx))
+    table = table.loc[sorted(table.index, key=rank)]
+    table.index = table.index.set_levels(table.index.levels[1].map(lambda v: VIEW_LABELS.get(v, v)), level=1)
+    return table
