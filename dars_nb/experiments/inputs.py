@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
+import numpy as np
 import pandas as pd
 from ..observations import read_observations, validate, select
 from ..stats import PAPER
@@ -94,5 +95,9 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
         log(f"      skipping dataset(s) without a training grid or test views: "
             f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
+    models = obs.groupby('dataset', observed=True)['model'].nunique()
+    if (models < 2).any():
+        one = models.index[int(np.argmax(models.to_numpy() < 2))]
+        raise ValueError(f"dataset {one!r} has one model: routing needs two models or more")
     feats = read_features(features) if features is not None else features_from_text(obs)
     return datasets_from(obs, feats), obs
