@@ -766,6 +766,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                             'dars_nb.experiments.stages.figure3': ('stages.html#figure3', 'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.protocol_stage': ( 'stages.html#protocol_stage',
                                                                                            'dars_nb/experiments/stages.py'),
+                                            'dars_nb.experiments.stages.sized_to_data': ( 'stages.html#sized_to_data',
+                                                                                          'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.temperature_stage': ( 'stages.html#temperature_stage',
                                                                                               'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.write_chart': ( 'stages.html#write_chart',
