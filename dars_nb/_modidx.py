@@ -525,6 +525,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'dars_nb/embedding_store.py'),
                                          'dars_nb.embedding_store.EmbeddingStore.put': ( 'embedding_store.html#embeddingstore.put',
                                                                                          'dars_nb/embedding_store.py'),
+                                         'dars_nb.embedding_store._write_ahead': ( 'embedding_store.html#_write_ahead',
+                                                                                   'dars_nb/embedding_store.py'),
                                          'dars_nb.embedding_store.embeddings_dir': ( 'embedding_store.html#embeddings_dir',
                                                                                      'dars_nb/embedding_store.py'),
                                          'dars_nb.embedding_store.sentence_embeddings': ( 'embedding_store.html#sentence_embeddings',
