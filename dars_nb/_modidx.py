@@ -47,6 +47,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dars_nb.bundle.RouterBundle.rank': ('bundle.html#routerbundle.rank', 'dars_nb/bundle.py'),
                                 'dars_nb.bundle.RouterBundle.route': ('bundle.html#routerbundle.route', 'dars_nb/bundle.py'),
                                 'dars_nb.bundle._check_guard_cv': ('bundle.html#_check_guard_cv', 'dars_nb/bundle.py'),
+                                'dars_nb.bundle._check_vectorizer': ('bundle.html#_check_vectorizer', 'dars_nb/bundle.py'),
                                 'dars_nb.bundle._decoded': ('bundle.html#_decoded', 'dars_nb/bundle.py'),
                                 'dars_nb.bundle._field': ('bundle.html#_field', 'dars_nb/bundle.py'),
                                 'dars_nb.bundle._float_array': ('bundle.html#_float_array', 'dars_nb/bundle.py'),

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
+from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.utils.validation import check_is_fitted
 from . import __version__
 from .encoder import check_texts
@@ -242,6 +243,19 @@ def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
     except TypeError as e:
         raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
+# %% ../nbs/25c_bundle.ipynb #a1a358fa
+def _check_vectorizer(featurizer: TfidfFeaturizer, path):
+    "A BundleError unless the featurizer's vectorizer has the settings `TfidfFeaturizer.fit` gives it."
+    v = getattr(featurizer, 'vectorizer_', None)
+    if v is None: return
+    try: got = v.get_params()
+    except AttributeError as e: raise BundleError(f"{path} is damaged: the TF-IDF vectorizer lacks {e.name}") from None
+    want = TfidfVectorizer(max_features=got.get('max_features'), sublinear_tf=True).get_params()
+    wrong = [k for k in want if type(got[k]) is not type(want[k]) or got[k] != want[k]]
+    if wrong:
+        k = wrong[0]
+        raise BundleError(f"{path} is damaged: the TF-IDF vectorizer's {k} is {_shown(got[k])}, not {_shown(want[k])}")
+
 # %% ../nbs/25c_bundle.ipynb #0a415524
 PROBE = 'Which model should answer this question?'   # what a loaded bundle must rank
 
@@ -256,6 +270,7 @@ def _decoded(m: dict, arrays: dict, path) -> dict:
     if guard is not None and not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and guard >= 0):
         raise BundleError(f"{path} is damaged: manifest field 'guard' must be null or a margin ≥ 0, got {_shown(guard)}")
     if not isinstance(meta, dict): raise BundleError(f"{path} is damaged: manifest field 'meta' must be a table")
+    if isinstance(featurizer, TfidfFeaturizer): _check_vectorizer(featurizer, path)
     guard_cv = _guard_cv(tree('guard_cv'), len(m['models']))
     return dict(featurizer=featurizer, router=router, guard=guard, guard_cv=guard_cv, meta=meta)
 
