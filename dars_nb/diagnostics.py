@@ -160,6 +160,8 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
     for ds in obs['dataset'].cat.categories:
         try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
+        if q.shape[1] < 2:   # no winner can flip: the diagnostics would read 0
+            raise ValueError(f"dataset {ds!r}: routing needs two models or more; the training grid has one")
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 

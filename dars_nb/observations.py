@@ -53,10 +53,21 @@ def example_observations() -> pd.DataFrame:
 # %% ../nbs/00_observations.ipynb #2b5a6830
 def _fail(msg): raise ObservationError(msg)
 
-def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
-    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
+def _not_finite(name: str, values: np.ndarray, key):
+    "Raise when `values` holds ±inf: the column, the row count and the first row's key."
+    inf = np.isinf(values)
+    if inf.any():
+        first = int(np.argmax(inf))
+        where = key(first) if key is not None else f'row {first}'
+        _fail(f"{name} is not finite in {int(inf.sum())} row(s), first {where}: {float(values[first])!r}")
+
+def _check_measures(score, cost,
+                    key=None, # row position -> its natural key, for messages (None: the position)
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    "Scores and costs as float arrays; raise on the first missing, non-numeric, infinite or out-of-range one."
     score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
     cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
+    _not_finite('score', score, key); _not_finite('cost', cost, key)
     if np.isnan(score).any(): _fail(f"score is missing or not a number in {int(np.isnan(score).sum())} row(s)")
     bad = (score < 0) | (score > 1)
     if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {float(score[bad][0])!r}")
@@ -96,7 +107,7 @@ def _check_query_columns(df: pd.DataFrame):
 # %% ../nbs/00_observations.ipynb #5acb33ba
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
-    score, cost = _check_measures(df['score'], df['cost'])
+    score, cost = _check_measures(df['score'], df['cost'], lambda i: df.iloc[i][KEY_COLUMNS].to_dict())
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
         unknown = sorted(set(_present(df[col])) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")

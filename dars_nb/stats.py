@@ -14,8 +14,9 @@ from .grid_sums import grid_sums
 # %% auto #0
 __all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'TIE_TOL', 'MODES', 'DRAWS', 'PaperDefaults', 'cost_scale', 'cost_floor',
            'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread', 'stats_from_sums',
-           'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models', 'hard_labels', 'soft_targets',
-           'pairwise_preferences', 'Supervision', 'draw_single', 'draw_rows', 'supervision']
+           'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models', 'noise_tolerance',
+           'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single', 'draw_rows',
+           'supervision']
 
 # %% ../nbs/01b_stats.ipynb #73bd57cb
 @dataclass(frozen=True)
@@ -250,6 +251,14 @@ def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where mis
     filled = np.where(missing, -np.inf, U)
     return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
 
+# %% ../nbs/01b_stats.ipynb #f717aaba
+def noise_tolerance(values, # the utilities (or differences) a verdict compares; NaN ignored
+                   ) -> float:
+    "Differences within this are float noise: `TIE_TOL` × the largest magnitude in `values` (at least 1)."
+    v = np.abs(np.asarray(values, dtype=float)).ravel()
+    v = v[np.isfinite(v)]
+    return TIE_TOL * max(1.0, float(v.max()) if v.size else 1.0)
+
 # %% ../nbs/01b_stats.ipynb #d5a1b7b3
 def hard_labels(U: np.ndarray, # utilities (..., queries, models)
                 seed=0, # seed or numpy Generator for the choice among tied models
@@ -416,6 +425,8 @@ def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are us
     if mode != 'single' and n_draws != 1:
         raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
     d = training_grid(obs, models, use_all_rows)
+    if len(d.models) < 2:
+        raise ValueError(f"routing needs two models or more; the training grid has one ({d.models[0]!r})")
     if mode == 'single':
         mq, mc = _single_shot(obs, d, n_draws, seed, draw, use_all_rows)
         sig = np.zeros_like(mq)

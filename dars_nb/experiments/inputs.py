@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
+import numpy as np
 import pandas as pd
 from ..observations import validate, select, router_texts
 from ..release import load_observations
@@ -121,6 +122,10 @@ def load_data(data=None, # None for the simulator, an observation file (.parquet
         log(f"      skipping dataset(s) without a training grid or test views: "
             f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
+    models = obs.groupby('dataset', observed=True)['model'].nunique()
+    if (models < 2).any():
+        one = models.index[int(np.argmax(models.to_numpy() < 2))]
+        raise ValueError(f"dataset {one!r} has one model: routing needs two models or more")
     feats = (read_features(features) if features is not None
              else features_from_text(obs, **(text_features or {})))
     return datasets_from(obs, feats, formulas=formulas), obs

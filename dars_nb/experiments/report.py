@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from ..stats import noise_tolerance
 from .protocol import BASELINES
 from .tables import VIEW_LABELS, compare_supervision, count_wins, count_verdicts
 from .inputs import Settings
@@ -290,9 +291,10 @@ def report_text(summary: dict, # `run_summary`'s output
 def _router_lines(results: pd.DataFrame) -> list[str]:
     "Per dataset, router: single-shot and DARS gap to the best fixed model [interval]; * above 0."
     comparison = compare_supervision(results)
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
     def cell(row, side):
         low, high = row[f'{side}_vs_fixed_low'], row[f'{side}_vs_fixed_high']
-        return f"{row[f'{side}_vs_fixed']:+.3f} [{low:+.3f}, {high:+.3f}]{'*' if low > 0 else ' '}"
+        return f"{row[f'{side}_vs_fixed']:+.3f} [{low:+.3f}, {high:+.3f}]{'*' if low > tol else ' '}"
     views = list(dict.fromkeys(comparison.index.get_level_values('view')))
     lines = ['Difference to the best fixed model chosen on training data, '
              + ' / '.join(VIEW_LABELS.get(v, v) for v in views) + ' (* interval above 0):']

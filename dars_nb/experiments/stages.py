@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import altair as alt
 from fastcore.basics import patch
+from sklearn.base import clone
 from ..observations import validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
@@ -31,8 +32,8 @@ from .ablations import (run_ablations, ablation_table, plot_ablations,
 from .inputs import Settings, FULL, load_data
 
 # %% auto #0
-__all__ = ['write_table', 'write_chart', 'Run', 'data_stage', 'diagnostics_stage', 'protocol_stage', 'ablation_stage',
-           'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
+__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'diagnostics_stage', 'protocol_stage',
+           'ablation_stage', 'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
 
 # %% ../../nbs/24b_stages.ipynb #6f6f4d15
 def write_table(table, # a `Table` or a DataFrame
@@ -105,6 +106,30 @@ def timed(self: Run, name: str):
     yield
     self.timings[name] = time.perf_counter() - start
 
+# %% ../../nbs/24b_stages.ipynb #7e920c97
+SIZED = {  # parameter -> its value for a dataset of n training queries, when the router's is larger
+    'n_clusters': lambda n: max(1, n // 2),
+    'n_neighbors': lambda n: n,
+}
+
+def sized_to_data(routers: dict, # name -> unfitted router
+                  datasets: list, # the protocol's datasets
+                  log=print, # where each change is said
+                 ) -> dict:
+    "`routers` with size parameters over what the smallest dataset supports set to it, each change said once."
+    counts = {d.name: d.obs.loc[(d.obs['split'] == 'train').to_numpy(), 'query_id'].nunique() for d in datasets}
+    name_min, n = min(counts.items(), key=lambda kv: kv[1])
+    out = {}
+    for name, router in routers.items():
+        params = router.get_params() if hasattr(router, 'get_params') else {}
+        change = {p: f(n) for p, f in SIZED.items() if isinstance(params.get(p), int) and params[p] > f(n)}
+        if change:
+            router = clone(router).set_params(**change)
+            said = ', '.join(f"{p} {params[p]} → {v}" for p, v in change.items())
+            log(f"      {name}: {said} ({name_min} has {n} training queries)")
+        out[name] = router
+    return out
+
 # %% ../../nbs/24b_stages.ipynb #c570c1e4
 def data_stage(run: Run, # the run
                data=None, # None for the simulator, an observation file or a folder of the authors' release
@@ -122,6 +147,7 @@ def data_stage(run: Run, # the run
             if (p.features, p.text) != ('auto', 'router') or p.tfidf else None)
     datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
+    routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs
 
 # %% ../../nbs/24b_stages.ipynb #b62cae2d

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
+from ..stats import noise_tolerance
 from .protocol import BASELINES
 
 # %% auto #0
@@ -33,7 +34,8 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
     out = pd.DataFrame({'single': wide[baseline], 'single_std': std.reindex(wide.index),
                         'dars': wide[treatment]})
     out['difference'] = out['dars'] - out['single']
-    out['win'] = out['difference'] > 0
+    # a win beyond rounding only: the two utilities were summed in different orders
+    out['win'] = out['difference'] > noise_tolerance(out[['single', 'dars']].to_numpy())
     if 'vs_best_fixed' in part.columns:
         for side, sup in (('single', baseline), ('dars', treatment)):
             rows = part[part['supervision'] == sup].set_index(keys)
@@ -90,10 +92,11 @@ def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `com
     comparison = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in comparison.columns or comparison['dars_vs_fixed'].isna().any():
         raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
     flags = pd.DataFrame({'dars_beats_single': comparison['win'],
-                          'dars_beats_fixed': comparison['dars_vs_fixed_low'] > 0,
-                          'dars_below_fixed': comparison['dars_vs_fixed_high'] < 0,
-                          'single_beats_fixed': comparison['single_vs_fixed_low'] > 0})
+                          'dars_beats_fixed': comparison['dars_vs_fixed_low'] > tol,
+                          'dars_below_fixed': comparison['dars_vs_fixed_high'] < -tol,
+                          'single_beats_fixed': comparison['single_vs_fixed_low'] > tol})
     if by is None: return Verdict(len(comparison),
                                   *(int(flags[k].sum()) for k in Verdict._fields[1:]))
     groups = flags.groupby(level=by, sort=False)
@@ -207,7 +210,8 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
             cell = (router, label), (dataset, VIEW_LABELS.get(view, view))
             for key, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
                 frames[key].loc[cell] = row[f'{side}_vs_fixed{suffix}']
-    return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
+    return Table(frames['vs'], frames['low'] > tol, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21b_tables.ipynb #311d48bf
 def table5(results: pd.DataFrame, # output of `run_protocol`
