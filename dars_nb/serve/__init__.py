@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
-from ..pool.server import listening_socket, stop_signals
+from ..pool.server import listening_socket, stop_signals, server_config
 from .requests import ServeSettings, load_serve_config
 from .app import create_app
 
@@ -58,7 +58,7 @@ def serve_main(router, # a router bundle file (`dars train --out`)
         limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; "
               f"{keys}; {limit} (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet,
-                            lifespan='on')
+    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s,
+                           settings.idle_timeout_s)
     _run_until_signal(uvicorn.Server(config), sock)
     return 0
