@@ -424,6 +424,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dars_nb.collect.store.store_status': ('store.html#store_status', 'dars_nb/collect/store.py')},
             'dars_nb.collect.tasks': { 'dars_nb.collect.tasks._source_tasks': ( 'collect_tasks.html#_source_tasks',
                                                                                 'dars_nb/collect/tasks.py'),
+                                       'dars_nb.collect.tasks._stand_ins': ('collect_tasks.html#_stand_ins', 'dars_nb/collect/tasks.py'),
+                                       'dars_nb.collect.tasks._too_few': ('collect_tasks.html#_too_few', 'dars_nb/collect/tasks.py'),
                                        'dars_nb.collect.tasks.load_task_file': ( 'collect_tasks.html#load_task_file',
                                                                                  'dars_nb/collect/tasks.py'),
                                        'dars_nb.collect.tasks.load_tasks': ('collect_tasks.html#load_tasks', 'dars_nb/collect/tasks.py')},
