@@ -151,6 +151,12 @@ def choose(self: RouterBundle, X: np.ndarray, # feature rows, from `features(tex
     margin = self._margin(lam)
     return U.argmax(1) if margin is None else guarded_choice(U, self.best_fixed(lam), margin)
 
+@patch
+def guard_margin(self: RouterBundle, lam: float | None = None, # cost weight λ (default: the bundle's)
+                ) -> float | None:
+    "The guard's margin at λ (None for an unguarded router)."
+    return self._margin(self.lam if lam is None else float(lam))
+
 # %% ../nbs/25c_bundle.ipynb #b12e759c
 @patch
 def guard_note(self: RouterBundle, U, # predicted utility of one text, one value per model (K,)
