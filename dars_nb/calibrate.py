@@ -133,12 +133,11 @@ def lambda_grid(outcomes: RouteOutcomes, # the questions, routed
     while hi < cap and not np.array_equal(outcomes.choice(hi), outcomes.choice(2 * hi)): hi *= 2
     return np.r_[0.0, np.geomspace(hi * 1e-4, hi, steps)]
 
-def _bisect(f, lo: float, hi: float, t: float, iterations: int = 60) -> list:
-    "The two ends of [lo, hi], shrunk by bisection, between which f crosses t."
+def _bisect(f, lo: float, hi: float, t: float, rtol: float = 1e-7) -> list:
+    "The two ends of [lo, hi], shrunk by bisection to a relative width `rtol`, between which f crosses t."
     below = f(lo) < t
-    for _ in range(iterations):
+    while hi - lo > rtol * hi:
         mid = (lo + hi) / 2
-        if not lo < mid < hi: break
         if (f(mid) < t) == below: lo = mid
         else: hi = mid
     return [lo, hi]

@@ -18,6 +18,7 @@ from ..pool.models import Pool, ModelSpec
 from ..pool.usage import estimate_prompt_tokens, usage_tokens
 from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
 from .metrics import ServeMetrics
+from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
@@ -85,6 +86,7 @@ class ClientKeyCheck:
 
     async def __call__(self, scope, receive, send):
         if scope['type'] != 'http' or not self.keys: return await self.app(scope, receive, send)
+        if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
@@ -116,10 +118,11 @@ def _error_response(e: RequestError):
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
 # %% ../../nbs/36d_serve_app.ipynb #5e185701
-def _charge(state, spec: ModelSpec, usage, messages: list, texts: list):
-    "Count one answer with its tokens and cost (estimated when the upstream reported no usage)."
+def _charge(state, spec: ModelSpec, usage, messages: list, texts: list) -> float:
+    "Count one answer with its tokens and cost (estimated when the upstream reported no usage); its cost."
     pt, ct, estimated = usage_tokens(usage, messages, texts)
     state.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
+    return spec.cost(pt, ct)
 
 def _all_failed(errors: list) -> RequestError:
     "The 502 of a request that every ranked model failed."
@@ -154,9 +157,9 @@ async def _answer(state, req: ChatRequest, ranking: list, headers: dict):
     messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
     texts = [m['content'] for m in messages
              if isinstance(m, dict) and isinstance(m.get('content'), str)]
-    _charge(state, spec, data.get('usage'), req.body['messages'], texts)
+    cost = _charge(state, spec, data.get('usage'), req.body['messages'], texts)
     data['model'] = name
-    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name},
+    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'},
                     media_type='application/json')
 
 # %% ../../nbs/36d_serve_app.ipynb #b460fde9
@@ -273,11 +276,16 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../../nbs/36d_serve_app.ipynb #04e60f60
+def _with_lambda(rank, lam: float):
+    "`rank` with `lam` for the requests that set no λ."
+    return lambda texts, asked=None: rank(texts, lam if asked is None else asked)
+
 def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
                settings: ServeSettings | None = None, # caps, client keys, spend limit
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
+               chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
@@ -295,6 +303,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
+    if settings.lam is not None:   # [serve] lam: the λ of a request that sets none
+        rank, lam = _with_lambda(rank, settings.lam), settings.lam
 
     @asynccontextmanager
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
@@ -304,11 +314,11 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
-              Route('/metrics', show_metrics, methods=['GET'])]
+              Route('/metrics', show_metrics, methods=['GET'])] + page_routes(chat)
     app = Starlette(routes=routes,
                     middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
-    app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
+    app.state.pool, app.state.settings, app.state.lam, app.state.chat = pool, settings, lam, chat
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     return app

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
+from ..calibrate import lambda_from_model_name
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -57,6 +58,7 @@ class ServeSettings:
     max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
+    lam: float | None = None # λ of a request that sets none (None: the router's own; `dars calibrate` finds one)
 
     def __post_init__(self):
         _check_listen(self.host, self.port, self.client_keys)
@@ -71,6 +73,8 @@ class ServeSettings:
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
+        if self.lam is not None and (not is_finite_number(self.lam) or self.lam < 0):
+            raise ConfigError(f"serve: lam must be a finite number >= 0, got {self.lam!r}")
 
 # %% ../../nbs/36a_serve_requests.ipynb #c479df6a
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
@@ -218,6 +222,13 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
+# %% ../../nbs/36a_serve_requests.ipynb #109bbed6
+def _knob_in_name(model, settings: ServeSettings) -> tuple:
+    "(the model asked for, the λ its name carries): `dars-router-0.08` is the router at λ = 0.08."
+    try: routed, lam = lambda_from_model_name(model, settings.router_model)
+    except ValueError as e: raise RequestError(400, str(e), 'model') from None
+    return (settings.router_model if routed else model), lam
+
 # %% ../../nbs/36a_serve_requests.ipynb #225cc854
 @dataclass
 class ChatRequest:
@@ -239,8 +250,12 @@ def parse_chat_request(raw: bytes, # the request body
     "Check a chat-completion body and say how to route it; raises `RequestError`."
     body = _json_body(raw)
     text = _routing_text(body.get('messages'))
-    model = _asked_model(body.pop('model', None), settings, models)
+    asked, name_lam = _knob_in_name(body.pop('model', None), settings)
+    model = _asked_model(asked, settings, models)
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
+    if name_lam is not None and lam is not None and lam != name_lam:
+        raise RequestError(400, "the λ in the model name and dars_lambda disagree", 'model')
+    lam = name_lam if name_lam is not None else lam
     stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n)
