@@ -93,6 +93,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'dars_nb.calibrate._bisect': ('calibrate.html#_bisect', 'dars_nb/calibrate.py'),
                                    'dars_nb.calibrate._fixed_alone': ('calibrate.html#_fixed_alone', 'dars_nb/calibrate.py'),
                                    'dars_nb.calibrate._guard_lines': ('calibrate.html#_guard_lines', 'dars_nb/calibrate.py'),
+                                   'dars_nb.calibrate._jump': ('calibrate.html#_jump', 'dars_nb/calibrate.py'),
                                    'dars_nb.calibrate._target_lines': ('calibrate.html#_target_lines', 'dars_nb/calibrate.py'),
                                    'dars_nb.calibrate.calibrate': ('calibrate.html#calibrate', 'dars_nb/calibrate.py'),
                                    'dars_nb.calibrate.calibrate_main': ('calibrate.html#calibrate_main', 'dars_nb/calibrate.py'),

@@ -154,6 +154,7 @@ class Calibration:
     scan: pd.DataFrame # λ and the target's quantity at every λ tried
     monotone: bool # whether the quantity moves one way over the scan
     n: int # questions
+    jump: dict | None = None # where the quantity jumps over the target nearest to `lam` (see `_jump`)
 
 def _best_candidate(target: Target, lams, values) -> int:
     "Index of the λ whose value meets the target best (a cost must not pass it when any λ does not)."
@@ -169,6 +170,14 @@ def _fixed_alone(out: RouteOutcomes, lam: float) -> dict | None:
     cost = None if out.dollars is None else float(out.dollars[:, k].mean())
     return dict(model=out.bundle.models[k], quality=float(np.nanmean(out.mu_q[:, k])), cost_usd=cost)
 
+def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> dict | None:
+    "The bisected crossing nearest to `lam`: the λ on each side, the value there, the guard's margin and best fixed model."
+    if not brackets: return None
+    lo, hi = min(brackets, key=lambda b: min(abs(b[0] - lam), abs(b[1] - lam)))
+    b = out.bundle
+    fixed = lambda l: None if b.guard_cv is None else b.models[b.best_fixed(l)]
+    return dict(lam=(lo, hi), value=(f(lo), f(hi)), margin=(b.guard_margin(lo), b.guard_margin(hi)), fixed=(fixed(lo), fixed(hi)))
+
 def calibrate(bundle: RouterBundle, # the router
               texts, # the questions to calibrate on
               target: Target, # a share of one model or a mean cost per request
@@ -183,15 +192,16 @@ def calibrate(bundle: RouterBundle, # the router
     f = lambda lam: target.measure(bundle.models, out.at(lam))
     grid = lambda_grid(out, steps)
     values = np.array([f(lam) for lam in grid])
-    tried = list(grid)
+    tried, brackets = list(grid), []
     if not (bundle.guard is not None and 'lams' in bundle.guard_cv.parts):
         below = values < target.value
-        for i in np.flatnonzero(below[1:] != below[:-1]): tried += _bisect(f, grid[i], grid[i + 1], target.value)
-    tried = np.unique(tried)
+        for i in np.flatnonzero(below[1:] != below[:-1]): brackets.append(_bisect(f, grid[i], grid[i + 1], target.value))
+    tried = np.unique(tried + [l for b in brackets for l in b])
     measured = np.array([f(lam) for lam in tried])
     lam, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
     return Calibration(lam, target, f(lam), out.at(lam), _fixed_alone(out, lam),
-                       pd.DataFrame(dict(lam=tried, value=measured)), bool((d >= 0).all() or (d <= 0).all()), out.n)
+                       pd.DataFrame(dict(lam=tried, value=measured)), bool((d >= 0).all() or (d <= 0).all()), out.n,
+                       _jump(out, f, brackets, lam))
 
 # %% ../nbs/25e_calibrate.ipynb #6e309000
 def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
@@ -221,6 +231,14 @@ def _target_lines(cal: Calibration) -> list:
     lo, hi, top = cal.scan.value.min(), cal.scan.value.max(), cal.scan.lam.max()
     if not lo - 1e-12 <= t.value <= hi + 1e-12:
         lines.append(f"note: the target is out of reach: from λ = 0 to {top:.4g} it goes from {fmt(lo)} to {fmt(hi)}")
+    j, miss = cal.jump, abs(cal.achieved - t.value)
+    if j is not None and miss > (1 / n if t.cost_usd is None else 1e-9 * max(t.value, 1e-12)) and lo <= t.value <= hi:
+        why = [f"the guard's margin goes from {j['margin'][0]:.4g} to {j['margin'][1]:.4g}"] if j['margin'][0] != j['margin'][1] else []
+        why += [f"its best fixed model from {j['fixed'][0]} to {j['fixed'][1]}"] if j['fixed'][0] != j['fixed'][1] else []
+        moved = (f" ({round(abs(j['value'][1] - j['value'][0]) * n)} questions move at once"
+                 + (': ' + ' and '.join(why) if why else '') + ')') if t.cost_usd is None else (': ' + ' and '.join(why) if why else '')
+        lines.append(f"note: no λ comes closer: at λ = {j['lam'][1]:.6g} it jumps from {fmt(j['value'][0])} to "
+                     f"{fmt(j['value'][1])}{moved}")
     lines.append("it moves one way as λ grows (monotone over the scan)" if cal.monotone else
                  "note: it is not monotone in λ (the guard's best fixed model or margin changes): every "
                  "interval that crosses the target was bisected, and the λ above meets it best")
