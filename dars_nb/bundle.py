@@ -148,6 +148,42 @@ def route(self: RouterBundle, texts, # question texts
     "The chosen model per text (the first of `rank`)."
     return [r[0] for r in self.rank(texts, lam)]
 
+# %% ../nbs/25c_bundle.ipynb #8b7116ee
+@patch
+def choose(self: RouterBundle, X: np.ndarray, # feature rows, from `features(texts)`
+           lam: float | None = None, # cost weight λ (default: the bundle's)
+          ) -> np.ndarray:
+    "Index of the chosen model per feature row at λ, after the guard."
+    lam = self.lam if lam is None else float(lam)
+    U = self.router.utility(X, lam)
+    margin = self._margin(lam)
+    return U.argmax(1) if margin is None else guarded_choice(U, self.best_fixed(lam), margin)
+
+@patch
+def guard_margin(self: RouterBundle, lam: float | None = None, # cost weight λ (default: the bundle's)
+                ) -> float | None:
+    "The guard's margin at λ (None for an unguarded router)."
+    return self._margin(self.lam if lam is None else float(lam))
+
+# %% ../nbs/25c_bundle.ipynb #b12e759c
+@patch
+def guard_note(self: RouterBundle, U, # predicted utility of one text, one value per model (K,)
+               lam: float | None = None, # cost weight λ (default: the bundle's)
+              ) -> str:
+    "One sentence on the guard's decision for one text: kept the best fixed model or routed away, by what."
+    lam = self.lam if lam is None else float(lam)
+    U, at = np.asarray(U, dtype=float), f"(λ = {lam:g})"
+    best, margin = int(U.argmax()), self._margin(lam)
+    if margin is None: return f"unguarded router: {self.models[best]} has the highest U {at}"
+    fixed = self.best_fixed(lam)
+    if best == fixed: return f"{self.models[fixed]} is the router's best and the best fixed model {at}"
+    gain, fixed_name, best_name = U[best] - U[fixed], self.models[fixed], self.models[best]
+    if gain > margin:
+        return (f"guard: routed away from the best fixed model {fixed_name}: {best_name} is higher by "
+                f"{gain:.4f} in U, above the margin {margin:.4f} {at}")
+    return (f"guard: kept the best fixed model {fixed_name}: the router's best, {best_name}, is higher by "
+            f"{gain:.4f} in U, not above the margin {margin:.4f} {at}")
+
 # %% ../nbs/25c_bundle.ipynb #3c5f3e3d
 @patch
 def predict_stats(self: RouterBundle, texts, # question texts
@@ -335,10 +371,18 @@ def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]},
     return ids, questions
 
 # %% ../nbs/25c_bundle.ipynb #782affea
+def _explain_table(stats: pd.DataFrame) -> str:
+    "One text's models best-first with μ_q, μ_c, σ and U; an arrow marks the chosen model."
+    t = stats.set_index('model').sort_values('rank')
+    t.index = [('→ ' if r == 1 else '  ') + m for m, r in zip(t.index, t['rank'])]
+    t = t[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
+    return (t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
+             .to_string(float_format=lambda v: f'{v:.4f}'))
+
 def route_main(router: str, # path of a router bundle
                question: str | None = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)
-               explain: bool = False, # also print each model's predicted μ_q, μ_c, σ and U
+               explain: bool = False, # also print each model's μ_q, μ_c, σ and U, and what the guard did
                lam: float | None = None, # cost weight λ (default: the bundle's)
                quiet: bool = False, # print only the chosen models
                max_bundle_mb: float | None = None, # size cap of the bundle in MiB (default: $DARS_BUNDLE_MAX_MB, else 512)
@@ -353,8 +397,7 @@ def route_main(router: str, # path of a router bundle
         print(model if file is None else json.dumps({'id': qid, 'model': model},
                                                     ensure_ascii=False))
         if explain and not quiet:
-            t = (stats[stats.text == i].set_index('model').sort_values('rank')
-                 [['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None))
-            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
-                   .to_string(float_format=lambda v: f'{v:.4f}'))
+            one = stats[stats.text == i]
+            print(_explain_table(one))
+            print(bundle.guard_note(one['utility'].to_numpy(), lam))
     return 0

@@ -11,7 +11,7 @@ import pandas as pd
 from .features import make_featurizer
 from .observations import router_texts
 from .release import load_observations
-from .stats import PAPER, supervision
+from .stats import PAPER, supervision, normalize_cost
 from .pool.config import ConfigError, check_known_keys, from_table, read_toml
 from .pool.models import Pool
 from .routers import FAMILIES
@@ -19,7 +19,7 @@ from .guard import cross_validate
 from .bundle import RouterBundle, observations_fingerprint, save_bundle
 
 # %% auto #0
-__all__ = ['TrainConfig', 'load_train_config', 'query_texts', 'train', 'train_main']
+__all__ = ['TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'train', 'train_main']
 
 # %% ../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -120,6 +120,18 @@ def _check_pool(pool: Pool | None, models: list):
     missing = [m for m in models if m not in pool.models]
     if missing: raise ConfigError(f"observed model {missing[0]!r} is not in the pool")
 
+# %% ../nbs/25d_training.ipynb #14793075
+def dollar_scale(obs: pd.DataFrame, # observations with raw costs in dollars
+                 models: list, # model order
+                ) -> dict:
+    "Per model, on the training grid: dollars per unit of normalised cost, and mean dollars per request."
+    o = normalize_cost(obs)
+    o = o[(o['split'] == 'train') & (o['view'] == 'grid')]
+    g = o.groupby(o['model'].astype(str))[['cost', 'cost_norm']].agg(['sum', 'mean']).reindex(models)
+    raw, unit = g[('cost', 'sum')].to_numpy(float), g[('cost_norm', 'sum')].to_numpy(float)
+    per_unit = np.divide(raw, unit, out=np.zeros_like(raw), where=unit > 0)
+    return dict(usd_per_cost_unit=per_unit.tolist(), mean_cost_usd=g[('cost', 'mean')].to_numpy(float).tolist())
+
 # %% ../nbs/25d_training.ipynb #e1a01680
 def _featurizer_and_router(settings: TrainConfig, quiet: bool) -> tuple:
     "The unfitted featurizer and router the config asks for."
@@ -163,7 +175,8 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     router.fit(X, sup)
     held_out = guard_cv.report(float(settings.lam))
     meta = dict(family=settings.family, params=settings.router_params, features=featurizer.name,
-                folds=settings.folds, n_train_queries=len(texts), held_out=held_out)
+                folds=settings.folds, n_train_queries=len(texts), held_out=held_out,
+                train_texts=list(texts), **dollar_scale(obs, list(sup.models)))
     bundle = RouterBundle(models=list(sup.models), lam=float(settings.lam), beta=float(settings.beta),
                           mode=settings.mode, featurizer=featurizer, router=router,
                           guard=held_out['margin'] if settings.guard else None, guard_cv=guard_cv,
