@@ -86,6 +86,7 @@ def test_missing_file_and_missing_features(tmp_path, capsys):
     assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'train.jsonl')) == 1
     assert 'no dataset in the file has both a training grid and test observations' in capsys.readouterr().err
     rows.append(dict(rows[0], split='test', view='decode', query_id='q2', rewrite_id=0))
+    rows += [dict(r, model='m2') for r in rows]   # two models: the table is routable, only its texts are missing
     (tmp_path / 'obs.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
     code = reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.jsonl'))
     err = capsys.readouterr().err.strip()
