@@ -42,6 +42,7 @@ COMMANDS = {
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
     'train': Command('dars_nb.training:train_main', options=('out',)),
     'route': Command('dars_nb.bundle:route_main', positional=('question',)),
+    'calibrate': Command('dars_nb.calibrate:calibrate_main'),
     'serve': Command('dars_nb.serve:serve_main', 'serve', options=('router', 'pool')),
     'local': Command('dars_nb.collect.local:serve_main', 'local'),
 }

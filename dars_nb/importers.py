@@ -138,7 +138,7 @@ def _outcomes(long: pd.DataFrame, k: int, seed: int, where: str) -> pd.DataFrame
 
 # %% ../nbs/06_importers.ipynb #d6187d2f
 _FIRST = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
-          'cost', 'query_text', 'task']
+          'cost', 'query_text', 'original_text', 'task']
 
 def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score, ...
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
@@ -158,6 +158,7 @@ def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score
     long = long.rename(columns={'n_in': 'prompt_tokens', 'n_out': 'completion_tokens'})
     view = 'grid' if split == 'train' else 'decode'
     long['split'], long['view'], long['rewrite_id'] = split, view, 0
+    long['original_text'] = long['query_text']    # one-sample data: every row was sent the original wording
     long = _outcomes(long, k, seed, where)
     long = long[_FIRST + [c for c in long.columns if c not in _FIRST]]
     try: return validate(long)

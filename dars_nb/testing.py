@@ -288,11 +288,12 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
                     features: pd.DataFrame, # the simulator's features, indexed by query_id
                     seed: int = 0, # seed of the filler words
                    ) -> pd.DataFrame:
-    "`obs` with a `query_text` naming the signs of each query's first features."
+    "`obs` with an `original_text` (and the same `query_text`) naming the signs of each query's first features."
     rng = np.random.default_rng(seed)
     F = features.to_numpy()[:, :6]
     words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
                      np.array([f'down{i}' for i in range(F.shape[1])]))
     filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
     text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
-    return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())
+    per_row = obs['query_id'].astype(str).map(text).to_numpy()
+    return obs.assign(query_text=per_row, original_text=per_row)

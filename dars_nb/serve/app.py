@@ -17,6 +17,7 @@ from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
 from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
 from .metrics import ServeMetrics
+from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
@@ -93,6 +94,7 @@ class ClientKeyCheck:
 
     async def __call__(self, scope, receive, send):
         if scope['type'] != 'http' or not self.keys: return await self.app(scope, receive, send)
+        if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
@@ -128,17 +130,19 @@ def _log(message: str):
     "One line on the server's standard error."
     print(f"dars serve: {message}", file=sys.stderr, flush=True)
 
-def _charge(state, spec: ModelSpec, usage, req: ChatRequest, worst: float):
-    "Count one answer at its reported usage, or at its worst case when it reports none."
+def _charge(state, spec: ModelSpec, usage, req: ChatRequest, worst: float) -> float:
+    "Count one answer at its reported usage, or at its worst case when it reports none; what it was charged."
     pt = ct = None
     if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
     most = req.max_tokens * req.n
     if not (is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0):
-        return state.metrics.answered(spec.name, req.prompt_tokens, most, worst, estimated=True)
+        state.metrics.answered(spec.name, req.prompt_tokens, most, worst, estimated=True)
+        return worst
     over = (pt - req.prompt_tokens) * spec.price_in + (ct - most) * spec.price_out > 0
     if over: _log(f"model {spec.name!r} reported usage of {pt} prompt and {ct} completion tokens, "
                   f"more than the {req.prompt_tokens} and {most} reserved: charged as reported")
     state.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), over=over)
+    return spec.cost(pt, ct)
 
 def _settle_failure(state, spec: ModelSpec, e: UpstreamError, held: float, worst: float):
     "Count a failed attempt — lost once sent (its worst case) or free — and give back its reservation."
@@ -188,10 +192,10 @@ async def _answer(state, req: ChatRequest, ranking: list, headers: dict):
     sent, error = await _first_answer(state, req, ranking, ask, headers)
     if error is not None: return error
     spec, data, held, worst = sent
-    _charge(state, spec, data.get('usage'), req, worst)
+    cost = _charge(state, spec, data.get('usage'), req, worst)
     state.metrics.release(held)
     data['model'] = spec.name
-    return Response(state.upstreams.orjson.dumps(data), 200, {**headers, 'x-dars-model': spec.name},
+    return Response(state.upstreams.orjson.dumps(data), 200, {**headers, 'x-dars-model': spec.name, 'x-dars-cost-usd': f'{cost:.6g}'},
                     media_type='application/json')
 
 # %% ../../nbs/36d_serve_app.ipynb #b460fde9
@@ -300,11 +304,16 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../../nbs/36d_serve_app.ipynb #04e60f60
+def _with_lambda(rank, lam: float):
+    "`rank` with `lam` for the requests that set no λ."
+    return lambda texts, asked=None: rank(texts, lam if asked is None else asked)
+
 def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
                settings: ServeSettings | None = None, # caps, client keys, spend limit
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
+               chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httpx2', 'orjson') if not importlib.util.find_spec(m)]
@@ -322,6 +331,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
+    if settings.lam is not None:   # [serve] lam: the λ of a request that sets none
+        rank, lam = _with_lambda(rank, settings.lam), settings.lam
 
     @asynccontextmanager
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
@@ -332,11 +343,11 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
-              Route('/metrics', show_metrics, methods=['GET'])]
+              Route('/metrics', show_metrics, methods=['GET'])] + page_routes(chat)
     app = Starlette(routes=routes,
                     middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
-    app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
+    app.state.pool, app.state.settings, app.state.lam, app.state.chat = pool, settings, lam, chat
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     return app

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
+from ..calibrate import lambda_from_model_name
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -63,6 +64,7 @@ class ServeSettings:
     header_timeout_s: float = 10.0 # seconds for a request's line and headers to arrive
     body_timeout_s: float = 30.0 # seconds for a request's body to arrive, after its headers
     idle_timeout_s: float = 5.0 # seconds an idle connection stays open after a response
+    lam: float | None = None # λ of a request that sets none (None: the router's own; `dars calibrate` finds one)
 
     def __post_init__(self):
         _check_listen(self.host, self.port, self.client_keys)
@@ -81,6 +83,8 @@ class ServeSettings:
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
+        if self.lam is not None and (not is_finite_number(self.lam) or self.lam < 0):
+            raise ConfigError(f"serve: lam must be a finite number >= 0, got {self.lam!r}")
 
 # %% ../../nbs/36a_serve_requests.ipynb #c479df6a
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
@@ -233,6 +237,13 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
+# %% ../../nbs/36a_serve_requests.ipynb #109bbed6
+def _knob_in_name(model, settings: ServeSettings) -> tuple:
+    "(the model asked for, the λ its name carries): `dars-router-0.08` is the router at λ = 0.08."
+    try: routed, lam = lambda_from_model_name(model, settings.router_model)
+    except ValueError as e: raise RequestError(400, str(e), 'model') from None
+    return (settings.router_model if routed else model), lam
+
 # %% ../../nbs/36a_serve_requests.ipynb #225cc854
 @dataclass
 class ChatRequest:
@@ -264,8 +275,12 @@ def parse_chat_request(raw: bytes, # the request body
     import orjson
     body = _json_body(raw)
     text = _routing_text(body.get('messages'))
-    model = _asked_model(body.pop('model', None), settings, models)
+    asked, name_lam = _knob_in_name(body.pop('model', None), settings)
+    model = _asked_model(asked, settings, models)
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
+    if name_lam is not None and lam is not None and lam != name_lam:
+        raise RequestError(400, "the λ in the model name and dars_lambda disagree", 'model')
+    lam = name_lam if name_lam is not None else lam
     stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     if settings.daily_spend_usd is not None and b'"file"' in raw and _has_file_part(body['messages']):
