@@ -10,9 +10,15 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    upstream and the endpoint run in processes of their own; the load comes from this process (one httpx2
    client). Direct and routed runs alternate, and medians of the repetitions are reported.
    Goal: throughput at concurrency 32 >= 0.9 x direct. Added latency at concurrency 1 is reported.
+   CPU time per request is read from each server process (/proc/PID/stat, user + system), not from the clock, so
+   that other load on the machine distorts it less: the endpoint's per routed request (goal <= 1.0 ms), and the
+   fixed endpoint's per request beside it, the floor any server in front of it is compared with.
+3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint process while it
+   holds the interpreter lock; prints where its time goes, grouped (ranking, thread hand-over, upstream client,
+   HTTP server, ASGI framework, the endpoint's own code, event loop), and the heaviest lines.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
 """
-import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
+import argparse, asyncio, importlib.util, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +98,35 @@ def serve_router(port, upstream, bundle_path):
     threading.Event().wait()
 
 
+PROFILE_GROUPS = [   # (group, substrings of a py-spy frame); a sample counts for the innermost frame that matches
+    ('ranking (bundle, router, sklearn, numpy, scipy)',
+     ('dars_nb/bundle', 'dars_nb/routers', 'dars_nb/features', 'sklearn/', 'numpy/', 'scipy/', 'narwhals/',
+      'RankBatcher._timed', 'threadpoolctl')),
+    ('hand-over of the ranking to a worker thread', ('concurrent/futures', 'to_thread', 'asyncio/futures.py', 'queue.py')),
+    ('upstream client (httpx2, httpcore2, anyio, h11)', ('httpx2/', 'httpcore2/', 'anyio/', 'sniffio/', 'h11/')),
+    ('HTTP server (uvicorn, httptools)', ('uvicorn/', 'pool/server.py')),
+    ('ASGI framework (starlette)', ('starlette/',)),
+    ("the endpoint's own code (check, route, count, JSON)", ('dars_nb/serve', 'dars_nb/pool', 'orjson')),
+    ('event loop (uvloop, asyncio)', ('asyncio/', 'uvloop', 'Runner.run', 'contextlib')),
+]
+
+
+def profile_summary(raw_path, top=12):
+    "Lines describing a py-spy raw profile: the share of samples per group of `PROFILE_GROUPS`, then the heaviest lines."
+    import collections
+    groups, own, total = collections.Counter(), collections.Counter(), 0
+    for line in Path(raw_path).read_text().splitlines():
+        if not line.strip(): continue
+        stack, n = line.rsplit(' ', 1)
+        frames, n = stack.split(';'), int(n)
+        total += n; own[frames[-1]] += n
+        groups[next((g for f in reversed(frames) for g, keys in PROFILE_GROUPS if any(k in f for k in keys)), 'other')] += n
+    if not total: return ['  py-spy took no samples']
+    out = [f"  {n / total * 100:5.1f} %  {g}" for g, n in groups.most_common()]
+    out += ['  heaviest lines (own time):'] + [f"  {n / total * 100:5.1f} %  {f}" for f, n in own.most_common(top)]
+    return out
+
+
 def wait_up(url):
     from dars_nb.pool.http import http_get, EndpointUnreachable
     for _ in range(600):
@@ -104,6 +139,33 @@ def cpu_seconds(pid):
     "User + system CPU seconds of process `pid` so far (Linux /proc)."
     with open(f'/proc/{pid}/stat') as f: fields = f.read().rsplit(')', 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def thread_cpu_seconds(pid):
+    "{thread id: user + system CPU seconds so far} of every thread of process `pid` (Linux /proc)."
+    out = {}
+    for task in Path(f'/proc/{pid}/task').iterdir():
+        try: fields = (task / 'stat').read_text().rsplit(')', 1)[1].split()
+        except OSError: continue   # the thread ended
+        out[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+    return out
+
+
+def profiled_run(pid, url, bodies, concurrency, out_path):
+    "One `load` run with py-spy sampling process `pid` while it holds the GIL; the summary lines (or why there are none)."
+    import shutil, signal, subprocess
+    spy = shutil.which('py-spy') or str(Path(sys.executable).with_name('py-spy'))
+    if not Path(spy).exists(): return ['  py-spy is not installed (pip install py-spy): no profile']
+    proc = subprocess.Popen([spy, 'record', '--pid', str(pid), '--gil', '--nonblocking', '--rate', '250',
+                             '--format', 'raw', '--output', str(out_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)   # py-spy attaches
+    asyncio.run(load(url, bodies, concurrency))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if not Path(out_path).exists():
+        return [f"  py-spy recorded nothing: {(err.strip().splitlines() or ['no message'])[-1]}"]
+    return profile_summary(out_path)
 
 
 async def load(url, bodies, concurrency):
@@ -134,6 +196,7 @@ def main(argv=None):
     ap.add_argument('--delay', type=float, default=0.05)
     ap.add_argument('--reps', type=int, default=3)
     ap.add_argument('--endpoint-only', action='store_true', help='skip the routing-decision timings')
+    ap.add_argument('--profile', action='store_true', help='profile the endpoint with py-spy in one more run')
     a = ap.parse_args(argv)
     if a.quick: a.decisions, a.calls, a.calls1, a.reps = 100, 640, 30, 2
     texts, source = question_texts(305 + a.decisions)
@@ -164,7 +227,7 @@ def main(argv=None):
     router = ctx.Process(target=serve_router, args=(rport, direct, str(paths['tfidf'])), daemon=True); router.start()
     routed = f'http://127.0.0.1:{rport}/v1'
     results = {(w, c): [] for w in ('direct', 'routed') for c in (1, 32)}
-    cpu = []
+    cpu, cpu_fixed, cpu_client, profile, by_thread, n_routed = [], [], [], [], {}, 0
     try:
         wait_up(direct); wait_up(routed)
         ask = lambda t: json.dumps({'model': 'dars-router', 'max_tokens': 16,
@@ -173,10 +236,18 @@ def main(argv=None):
             for c, n in ((1, a.calls1), (32, a.calls)):
                 bodies = [ask(texts[i % len(texts)]) for i in range(n)]
                 for who in (('direct', 'routed') if rep % 2 == 0 else ('routed', 'direct')):
-                    c0 = cpu_seconds(router.pid)
+                    c0, f0, t0, me0 = cpu_seconds(router.pid), cpu_seconds(fixed.pid), thread_cpu_seconds(router.pid), time.process_time()
                     wall, lat = asyncio.run(load(direct if who == 'direct' else routed, bodies, c))
-                    if who == 'routed' and c == 32: cpu.append((cpu_seconds(router.pid) - c0) / n * 1e3)
+                    if who == 'routed' and c == 32:
+                        cpu.append((cpu_seconds(router.pid) - c0) / n * 1e3); n_routed += n
+                        for tid, sec in thread_cpu_seconds(router.pid).items():
+                            by_thread[tid] = by_thread.get(tid, 0.0) + sec - t0.get(tid, 0.0)
+                    if who == 'direct' and c == 32: cpu_client.append((time.process_time() - me0) / n * 1e3)
+                    if who == 'direct' and c == 32: cpu_fixed.append((cpu_seconds(fixed.pid) - f0) / n * 1e3)
                     results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
+        if a.profile:
+            bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]
+            profile = profiled_run(router.pid, routed, bodies, 32, tmp / 'endpoint.pyspy.txt')
     finally:
         router.terminate(); fixed.terminate(); router.join(); fixed.join()
     med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
@@ -189,10 +260,24 @@ def main(argv=None):
     ratio = med[('routed', 32)][0] / med[('direct', 32)][0]
     print(f"  added latency at concurrency 1: {added:+.1f} ms (p50)")
     print(f"  throughput at concurrency 32: {ratio:.2f} x direct (goal >= 0.9)")
-    print(f"  endpoint CPU per routed request at concurrency 32: {statistics.median(cpu):.2f} ms")
+    cpu_ms, fixed_ms = statistics.median(cpu), statistics.median(cpu_fixed)
+    print(f"  endpoint CPU per routed request at concurrency 32: {cpu_ms:.2f} ms (goal <= 1.0 ms); "
+          f"the fixed endpoint's per request: {fixed_ms:.2f} ms (load average {os.getloadavg()[0]:.1f})")
+    threads = sorted((sec / n_routed * 1e3 for sec in by_thread.values()), reverse=True)
+    print(f"  the endpoint's CPU per routed request by thread: {', '.join(f'{ms:.2f}' for ms in threads if ms >= 0.01)} ms "
+          "(the event loop, and the worker thread that ranks when a ranking is slow)")
+    print(f"  for scale, on this machine now: the load generator's httpx2 client spends {statistics.median(cpu_client):.2f} ms "
+          f"of CPU per request it sends, the fixed endpoint {fixed_ms:.2f} ms per request it answers")
+    if a.profile:
+        print(f"where the endpoint's time goes at concurrency 32 (py-spy, samples while it holds the GIL, {a.calls} requests):")
+        print('\n'.join(profile))
+    for name in ('litellm', 'routellm'):
+        if importlib.util.find_spec(name) is None: print(f"  ({name} is not installed: no figures for it)")
     emit(f"routing endpoint vs direct, concurrency 32, {a.delay * 1e3:.0f} ms upstream",
          f"{med[('routed', 32)][0]:.0f} vs {med[('direct', 32)][0]:.0f} req/s ({ratio:.2f}x)", '>= 0.9x direct', bool(ratio >= 0.9))
     emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)
+    emit(f"routing endpoint CPU per routed request, concurrency 32", f"{cpu_ms:.2f} ms (fixed endpoint {fixed_ms:.2f} ms)",
+         '<= 1.0 ms', bool(cpu_ms <= 1.0))
     return 0
 
 

@@ -1455,6 +1455,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'dars_nb.serve.app.RankBatcher.__init__': ( 'serve_app.html#rankbatcher.__init__',
                                                                                'dars_nb/serve/app.py'),
                                    'dars_nb.serve.app.RankBatcher._drain': ('serve_app.html#rankbatcher._drain', 'dars_nb/serve/app.py'),
+                                   'dars_nb.serve.app.RankBatcher._timed': ('serve_app.html#rankbatcher._timed', 'dars_nb/serve/app.py'),
                                    'dars_nb.serve.app._all_failed': ('serve_app.html#_all_failed', 'dars_nb/serve/app.py'),
                                    'dars_nb.serve.app._answer': ('serve_app.html#_answer', 'dars_nb/serve/app.py'),
                                    'dars_nb.serve.app._bearer_ok': ('serve_app.html#_bearer_ok', 'dars_nb/serve/app.py'),

@@ -1,5 +1,5 @@
 """The routing endpoint at its boundaries: the daily spend limit under concurrency, a model's concurrency under a burst,
-slow and broken clients on raw sockets, request bodies that used to end in a 500, malformed upstream streams, and
+slow and broken clients on raw sockets, request bodies that break parsers, malformed upstream streams, and
 secrets in the access log.
 
 Each test starts `dars_nb.serve` under uvicorn on a free loopback port (`BackgroundServer`) in front of
@@ -27,11 +27,11 @@ USER = [{'role': 'user', 'content': 'What is 2 + 2?'}]
 
 
 @contextmanager
-def serving(pool, rank=None, header_timeout_s=10.0, body_timeout_s=30.0, **settings):
+def serving(pool, rank=None, header_timeout_s=10.0, body_timeout_s=30.0, quiet=True, **settings):
     "The endpoint (routing to the pool's first model unless `rank` says otherwise) and an HTTP client on its root."
     rank = rank or (lambda texts, lam=None: [list(pool.models)] * len(texts))
     app = create_app(rank, pool, ServeSettings(port=0, **settings))
-    with BackgroundServer(app, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s) as srv, \
+    with BackgroundServer(app, quiet=quiet, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s) as srv, \
          httpx2.Client(base_url=srv.base_url.removesuffix('/v1'), timeout=60) as http:
         yield srv, http
 
@@ -186,7 +186,20 @@ def test_a_client_hanging_up_mid_body_is_one_log_line(capfd):
     assert err.count('hung up') == 1 and 'Traceback' not in err and 'internal error' not in err.lower()
 
 
-# --- bodies that used to end in a 500 ---------------------------------------------------------------------------
+# --- bodies that break parsers -----------------------------------------------------------------------------------------
+
+@contextmanager
+def logged():
+    "(logger name, message) of every record uvicorn's loggers emit in the block."
+    records, loggers = [], [logging.getLogger(n) for n in ('uvicorn.access', 'uvicorn.error')]
+    class Keep(logging.Handler):
+        def emit(self, record): records.append((record.name, record.getMessage()))
+    keep = Keep()
+    for log in loggers: log.addHandler(keep)
+    try: yield records
+    finally:
+        for log in loggers: log.removeHandler(keep)
+
 
 @pytest.mark.parametrize('raw_body, says', [
     (b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 'nested'),
@@ -195,12 +208,17 @@ def test_a_client_hanging_up_mid_body_is_one_log_line(capfd):
     (json.dumps({'model': {'name': 'x'}, 'messages': USER}).encode(), 'model'),
 ])
 def test_bodies_that_break_parsers_are_400s_with_one_log_line(raw_body, says, capfd):
-    with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)})) as (srv, http):
+    with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)}), quiet=False) as (srv, http), \
+         logged() as records:   # attached once the server has configured its loggers
+        capfd.readouterr()
         r = http.post('/v1/chat/completions', content=raw_body, headers={'content-type': 'application/json'})
+        lines = [f'{name}: {line}' for name, line in records]
+        err = capfd.readouterr().err
     assert r.status_code == 400, r.text
     assert says in r.json()['error']['message']
-    err = capfd.readouterr().err
+    assert len(lines) == 1 and 'uvicorn.access' in lines[0] and ' 400' in lines[0], lines   # the access-log line
     assert 'Traceback' not in err and 'internal error' not in err and up.requests == 0
+    assert [l for l in err.splitlines() if l.strip() and 'uvicorn' not in l] == [], err
 
 
 # --- malformed upstream streams ---------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Fuzzing the routing endpoint's request parser with Hypothesis: any body gives a checked request or a 4xx, never
 another exception, and the same holds over HTTP, where nothing a client sends gets a 500 or a traceback.
 
-The examples are bounded in number and size (seeded, no deadline: the bound is the count, not a clock), so the
-module runs in `make test` in a few seconds.
+The examples are bounded in number and size (seeded, no deadline: the bound is the count, not a clock): 200 bodies
+for the parser and 60 over HTTP in `make test` (21 s on a 2-core machine at load average 12), 1,000 and 300 with
+DARS_TEST_FLAGS=slow.
 """
 import json
+import os
 
 import httpx2
 import pytest
@@ -17,6 +19,7 @@ from dars_nb.serve.requests import ChatRequest, RequestError, ServeSettings, par
 from dars_nb.serve.upstreams import Upstreams
 from dars_nb.testing import FixedEndpoint
 
+SLOW = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()
 MODELS = ['small', 'big']
 SETTINGS = ServeSettings(max_tokens=64, daily_spend_usd=1.0)
 FIELDS = ['model', 'messages', 'max_tokens', 'max_completion_tokens', 'n', 'stream', 'stream_options', 'dars_lambda',
@@ -71,7 +74,7 @@ def check(raw: bytes, header):
 UPSTREAMS = Upstreams(Pool({m: ModelSpec(m, 'http://127.0.0.1:9/v1') for m in MODELS}))   # builds requests only
 
 
-@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000 if SLOW else 200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=raws, header=st.none() | st.text(max_size=12))
 def test_any_body_is_a_checked_request_or_a_4xx(raw, header):
     req = check(raw, header)
@@ -90,7 +93,7 @@ def endpoint():
             yield http
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
+@settings(max_examples=300 if SLOW else 60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(raw=raws)
 def test_no_body_gets_a_500_from_the_endpoint(endpoint, raw, capfd):

@@ -25,12 +25,23 @@ __all__ = ['RankBatcher', 'ClientKeyCheck', 'chat_completions', 'list_models', '
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
-    "Rankings for concurrent requests, computed together in a worker thread, one call per λ."
+    "Rankings for concurrent requests, computed together (on the loop, or in a worker thread if slow)."
     def __init__(self, rank, # rank(texts, lam) -> one list of model names per text, best first
-                 inline_s: float = 0.002, # a call faster than this last time runs on the event loop
+                 inline_s: float = 0.002, # a call that cost less than this last time runs on the event loop
+                 threads: int | None = 1, # native (BLAS, OpenMP) threads a ranking may use (None: the libraries' own)
                 ):
+        from threadpoolctl import ThreadpoolController
         self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
+        self.threads, self._pools = threads, ThreadpoolController() if threads is not None else None
         self._pending, self._task = [], None
+
+    def _timed(self, texts: list, lam) -> tuple:
+        "(rankings, the call's cost in seconds: its thread's CPU time or a quarter of its clock time, the larger)."
+        t0, w0 = time.thread_time(), time.perf_counter()
+        if self._pools is None: ranks = self.rank(texts, lam)
+        else:
+            with self._pools.limit(limits=self.threads): ranks = self.rank(texts, lam)
+        return ranks, max(time.thread_time() - t0, (time.perf_counter() - w0) / 4)
 
 # %% ../../nbs/36d_serve_app.ipynb #d173cfa9
 @patch
@@ -55,10 +66,8 @@ async def _drain(self: RankBatcher):
                 texts = [t for t, _ in items]
                 self.calls += 1
                 try:
-                    t0 = time.perf_counter()
-                    if self.last_s < self.inline_s: ranks = self.rank(texts, lam)
-                    else: ranks = await asyncio.to_thread(self.rank, texts, lam)
-                    self.last_s = time.perf_counter() - t0
+                    if self.last_s < self.inline_s: ranks, self.last_s = self._timed(texts, lam)
+                    else: ranks, self.last_s = await asyncio.to_thread(self._timed, texts, lam)
                     if len(ranks) != len(texts):
                         got, asked = len(ranks), len(texts)
                         raise RuntimeError(f"the router returned {got} rankings for {asked} texts")
