@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from typing import Annotated
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
@@ -216,7 +217,7 @@ def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one questi
 
 # %% ../nbs/25c_bundle.ipynb #782affea
 def route_main(router: str, # path of a router bundle
-               question: str | None = None, # one question to route
+               question: Annotated[str | None, {'opt': False, 'nargs': '?'}] = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)
                explain: bool = False, # also print each model's predicted μ_q, μ_c, σ and U
                lam: float | None = None, # cost weight λ (default: the bundle's)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Annotated
 from ..extras import install_hint
 from ..routers import FAMILIES
 from .inputs import Settings, FULL, QUICK
@@ -60,7 +61,7 @@ def reproduce(out, # folder for the report (created if needed)
     return summary
 
 # %% ../../nbs/24d_reproduce.ipynb #70e71b33
-def reproduce_main(out: str, # report folder
+def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # report folder
                    data: str | None = None, # observation file (default: the embedded simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
