@@ -17,7 +17,7 @@ from fastcore.xtras import working_directory
 from tools.docs_notebooks import (EXPORT_CALL, assertion_message, doc_notebooks, failing_line, failure_text, joined,
                                   page_path, processed_notebook, runs_in_tests)
 from tools.docs_pages import (anchor_headings, error_box, legible_svg, markdown_ready, math_to_mathml, notebook_page,
-                              relink, resolve_doc_links, site_link, to_markdown)
+                              page_anchors, relink, resolve_doc_links, site_link, to_markdown, unique_anchors)
 from tools.docs_site import build_docs, docs_main, mkdocs_config
 from tools.docs_readme import (build_readme, chart_alt, docs_url, feature_table, notebook_summary, readme_link,
                                readme_snippets)
@@ -183,7 +183,10 @@ def test_links():
             '[`grid_stats`](stats.md), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```')   # code untouched
     fc.test_eq(anchor_headings('---\n\n### Supervision.labels\n\ntext'),
             '---\n\n### Supervision.labels { #supervision.labels }\n\ntext')
-    fc.test_eq(anchor_headings('### RankBatcher.__call__'), '### `RankBatcher.__call__` { #rankbatcher.__call__ }')
+    fc.test_eq(anchor_headings('### RankBatcher.__call__'), r'### `RankBatcher.__call__` { #rankbatcher.\_\_call\_\_ }')
+    two = anchor_headings('### Supervision\n\n### supervision\n\n### RankBatcher.__call__')
+    fc.test_eq(unique_anchors(two).count('{ #supervision-2 }'), 1)                      # one id per heading on a page
+    fc.test_eq(page_anchors(unique_anchors(two)), {'supervision', 'supervision-2', 'rankbatcher.__call__'})
     have = {Path('stats.md'): {'supervision', 'supervision.soft'}, Path('index.md'): set()}
     made = {t: DOC + t.replace('../', '').replace('.md', '.html') for t in
             ['../stats.md#supervision.labels', '../stats.md#supervision.soft', '../stats.md#_helper', '../store.md#pool']}

@@ -94,11 +94,25 @@ def anchor_headings(md: str, # the Markdown of a `show_doc` output
     "Give each API heading its name as id; a name with `__` is set as code (Markdown would read it as bold)."
     def sub(m):
         name = m.group(2)
-        shown = f'`{name}`' if '__' in name else name
-        return f'{m.group(1)} {shown} {{ #{name.lower()} }}'
+        if '__' not in name: return f'{m.group(1)} {name} {{ #{name.lower()} }}'
+        anchor = name.lower().replace('_', r'\_')                  # escaped: Markdown would read `__x__` as bold
+        return f'{m.group(1)} `{name}` {{ #{anchor} }}'
     return _re_doc_heading.sub(sub, md)
 
 _re_anchor = re.compile(r'\{ #([^\s}]+) \}')
+
+def unique_anchors(md: str, # a page's Markdown, its API headings anchored by `anchor_headings`
+                  ) -> str:
+    "`md` with each API heading id used once: a name that only differs in case from an earlier one gets `-2`, `-3`…"
+    seen = {}
+    def sub(m):
+        i = m.group(1); seen[i] = seen.get(i, 0) + 1
+        return m.group(0) if seen[i] == 1 else f'{{ #{i}-{seen[i]} }}'
+    return _re_anchor.sub(sub, md)
+
+def page_anchors(md: str) -> set:
+    "The ids of a page's API headings, as the browser sees them."
+    return {a.replace('\\_', '_') for a in _re_anchor.findall(md)}
 
 def resolve_doc_links(md: str, # a page's Markdown
                       page: Path, # the page, relative to the site root
@@ -206,12 +220,13 @@ def notebook_page(nb_path: Path, # the notebook
             md = o.get('data', {}).get('text/markdown')
             if md is not None: o['data']['text/markdown'] = anchor_headings(relink(joined(md), local))
     body, files = to_markdown(cells, page.stem, page.stem + '_files')
+    body = unique_anchors(body)
     fm = getattr(nb, 'frontmatter_', {}) or {}
     title = str(fm.get('title') or page.stem.replace('_', ' ').capitalize())
     head = f"# {title}\n\n" + (f"{fm['description']}\n{{: .subtitle }}\n\n" if fm.get('description') else '')
     error = failure_text(nb.failure_) if getattr(nb, 'failure_', None) else None
     if error: head += error_box(error)
-    return dict(page=page, title=title, markdown=head + body, anchors=set(_re_anchor.findall(body)),
+    return dict(page=page, title=title, markdown=head + body, anchors=page_anchors(body),
                 doc_links=doc_links, files={page.parent/k: v for k, v in files.items()}, error=error)
 
 
