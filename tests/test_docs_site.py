@@ -1,7 +1,8 @@
 """The docs site in a real browser: every page opens in headless Chromium with no console error, every
 internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
 column at 1280 px and whose text stays at least 9 px at 400 px, every code block fits its column at
-1280 px, no heading id appears twice on a page, API headings show dunder names as written, and no page
+1280 px (these two open the pages with the widest code and three chart pages; every page with
+DARS_TEST_FLAGS=slow), no heading id appears twice on a page, API headings show dunder names as written, and no page
 links to the hosts the project never published.
 
 The site is built once per session with `tools.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
@@ -178,11 +179,22 @@ def test_charts_fit_the_text_column(site, base_url, browser):
     assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
 
 
+ALL_PAGES = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()   # else the checks below open a few pages each
+
+def _widest_code(site, k=4):
+    "The `k` pages whose longest code line is longest (every page with code when DARS_TEST_FLAGS has slow)."
+    width = {}
+    for page in _pages(site):
+        blocks = re.findall(r'<pre[^>]*>(.*?)</pre>', (site / page).read_text(encoding='utf-8'), re.S)
+        lines = [unescape(re.sub('<[^>]+>', '', b)).splitlines() for b in blocks]
+        if blocks: width[page] = max((len(l) for ls in lines for l in ls), default=0)
+    return sorted(width, key=width.get, reverse=True)[:None if ALL_PAGES else k]
+
+
 def test_code_blocks_fit_the_text_column(site, base_url, browser):
     "At a 1280 px window no code block (input or printed output) scrolls sideways: long lines wrap."
     offenders = []
-    for page in _pages(site):
-        if '<pre' not in (site / page).read_text(encoding='utf-8'): continue
+    for page in _widest_code(site):
         _open(browser, base_url + page)
         wide = browser.execute_script("""
             return Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth])
@@ -196,8 +208,8 @@ def test_chart_text_legible_on_a_narrow_screen(site, base_url, browser):
     small = []
     browser.set_window_size(400, 1000)
     try:
-        for page in _pages(site):
-            if '<div class="chart-output">' not in (site / page).read_text(encoding='utf-8'): continue
+        charts = [p for p in _pages(site) if '<div class="chart-output">' in (site / p).read_text(encoding='utf-8')]
+        for page in charts if ALL_PAGES else charts[:3]:
             _open(browser, base_url + page)
             sizes = browser.execute_script("""
                 return Array.from(document.querySelectorAll('.chart-output svg'), s => {
