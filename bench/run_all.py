@@ -20,6 +20,7 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_features.py', [], ['--quick']),
     ('bench_reproduce.py', [], ['--quick']),
     ('bench_scale.py', [], ['--quick']),      # full: 30,000 + 6,000 queries x 11 models, about 15 min
+    ('bench_release.py', [], ['--quick', '--reps', '1']),   # full: the authors' release, 131,328 lines, 535 MB
     ('bench_client.py', [], ['--calls', '400']),
     ('bench_serve.py', [], ['--quick']),
 ]

@@ -7,21 +7,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import warnings
 from pathlib import Path
 import numpy as np
 import pandas as pd
 from typing import Annotated
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
+from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.utils.validation import check_is_fitted
 from . import __version__
 from .encoder import check_texts
+from .observations import router_text
+from .release import format_options
+from .features import TfidfFeaturizer, SentenceFeaturizer
 from .guard import GuardCV, guarded_choice
+from .routers import FAMILIES
+from .stats import MODES
 from .bundle_format import BundleError, encode, decode, write_archive, read_archive
 
 # %% auto #0
-__all__ = ['RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bundle', 'load_bundle', 'read_questions',
-           'route_main']
+__all__ = ['ROUTER_CLASSES', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bundle', 'load_bundle',
+           'read_questions', 'route_main']
 
 # %% ../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
@@ -141,6 +149,42 @@ def route(self: RouterBundle, texts, # question texts
     "The chosen model per text (the first of `rank`)."
     return [r[0] for r in self.rank(texts, lam)]
 
+# %% ../nbs/25c_bundle.ipynb #8b7116ee
+@patch
+def choose(self: RouterBundle, X: np.ndarray, # feature rows, from `features(texts)`
+           lam: float | None = None, # cost weight λ (default: the bundle's)
+          ) -> np.ndarray:
+    "Index of the chosen model per feature row at λ, after the guard."
+    lam = self.lam if lam is None else float(lam)
+    U = self.router.utility(X, lam)
+    margin = self._margin(lam)
+    return U.argmax(1) if margin is None else guarded_choice(U, self.best_fixed(lam), margin)
+
+@patch
+def guard_margin(self: RouterBundle, lam: float | None = None, # cost weight λ (default: the bundle's)
+                ) -> float | None:
+    "The guard's margin at λ (None for an unguarded router)."
+    return self._margin(self.lam if lam is None else float(lam))
+
+# %% ../nbs/25c_bundle.ipynb #b12e759c
+@patch
+def guard_note(self: RouterBundle, U, # predicted utility of one text, one value per model (K,)
+               lam: float | None = None, # cost weight λ (default: the bundle's)
+              ) -> str:
+    "One sentence on the guard's decision for one text: kept the best fixed model or routed away, by what."
+    lam = self.lam if lam is None else float(lam)
+    U, at = np.asarray(U, dtype=float), f"(λ = {lam:g})"
+    best, margin = int(U.argmax()), self._margin(lam)
+    if margin is None: return f"unguarded router: {self.models[best]} has the highest U {at}"
+    fixed = self.best_fixed(lam)
+    if best == fixed: return f"{self.models[fixed]} is the router's best and the best fixed model {at}"
+    gain, fixed_name, best_name = U[best] - U[fixed], self.models[fixed], self.models[best]
+    if gain > margin:
+        return (f"guard: routed away from the best fixed model {fixed_name}: {best_name} is higher by "
+                f"{gain:.4f} in U, above the margin {margin:.4f} {at}")
+    return (f"guard: kept the best fixed model {fixed_name}: the router's best, {best_name}, is higher by "
+            f"{gain:.4f} in U, not above the margin {margin:.4f} {at}")
+
 # %% ../nbs/25c_bundle.ipynb #3c5f3e3d
 @patch
 def predict_stats(self: RouterBundle, texts, # question texts
@@ -175,30 +219,144 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
                     guard_cv=encode(guard_cv, arrays))
     return write_archive(path, manifest, arrays)
 
-# %% ../nbs/25c_bundle.ipynb #b5844dbb
-def _guard_cv(fields) -> GuardCV | None:
-    "The guard's CV predictions from their saved fields (plain data: the file names no class)."
+# %% ../nbs/25c_bundle.ipynb #357c37b5
+def _shown(x, n: int = 60) -> str:
+    "`repr(x)` cut to `n` characters."
+    r = repr(x)
+    return r if len(r) <= n else r[:n - 1] + '…'
+
+def _number(x) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+ROUTER_CLASSES = frozenset({'MeanRouter', *(f.class_name for f in FAMILIES)})
+
+_PLAIN_FIELDS = (  # manifest field, its check, what it must be
+    ('models', lambda x: isinstance(x, list) and len(x) >= 2 and all(isinstance(s, str) for s in x)
+     and len(set(x)) == len(x), 'a list of two or more distinct model names'),
+    ('lam', _number, 'a finite number'), ('beta', _number, 'a finite number'),
+    ('mode', lambda x: isinstance(x, str) and x in MODES, f"one of {', '.join(MODES)}"),
+    ('fingerprint', lambda x: isinstance(x, str), 'a string'),
+    ('library_version', lambda x: isinstance(x, str), 'a string'))
+
+def _field(m: dict, key: str, ok, what: str, path):
+    "`m[key]` when `ok` accepts it, else a one-line BundleError naming the field."
+    if key not in m: raise BundleError(f"{path} is damaged: the manifest lacks '{key}'")
+    if not ok(m[key]): raise BundleError(f"{path} is damaged: manifest field '{key}' must be {what}, got {_shown(m[key])}")
+    return m[key]
+
+# %% ../nbs/25c_bundle.ipynb #1a96d3f9
+def _float_array(a, shape: tuple, name: str) -> np.ndarray:
+    "`a` if it is a finite float array of `shape`, else a BundleError naming it."
+    ok = isinstance(a, np.ndarray) and a.dtype.kind in 'fiub' and a.shape == shape and bool(np.isfinite(a).all())
+    if not ok:
+        got = f"shape {a.shape} of {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise BundleError(f"damaged bundle: guard_cv {name} must be finite numbers of shape {shape}, got {got}")
+    return a
+
+def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
+    "`cv` if its arrays have the shapes and values the guard reads, else a BundleError naming the first one."
+    folds = cv.folds
+    if not (isinstance(folds, np.ndarray) and folds.ndim == 1 and folds.dtype.kind in 'iu' and len(folds) >= 2
+            and np.array_equal(np.unique(folds), np.arange(folds.max() + 1)) and folds.max() >= 1):
+        raise BundleError("damaged bundle: guard_cv folds must number the training queries' folds 0, 1, …")
+    Q, K = len(folds), n_models
+    _float_array(cv.mu_q, (Q, K), 'mu_q'); _float_array(cv.mu_c, (Q, K), 'mu_c')
+    parts = cv.parts
+    if isinstance(parts, dict) and set(parts) == {'quality', 'mu_c'}:
+        for k in parts: _float_array(parts[k], (Q, K), f"parts['{k}']")
+    elif isinstance(parts, dict) and set(parts) == {'lams', 'policy'} and isinstance(parts['lams'], np.ndarray):
+        G = len(_float_array(parts['lams'], parts['lams'].shape[:1], "parts['lams']"))
+        _float_array(parts['policy'], (G, Q, K), "parts['policy']")
+    else: raise BundleError("damaged bundle: guard_cv parts must hold quality and mu_c, or lams and policy")
+    q = cv.quantiles
+    if not (isinstance(q, (tuple, list)) and q and all(_number(x) and 0 <= x <= 1 for x in q)):
+        raise BundleError(f"damaged bundle: guard_cv quantiles must be numbers in [0, 1], got {_shown(q)}")
+    return cv
+
+def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
+              n_models: int, # the bundle's number of models
+             ) -> GuardCV | None:
+    "The guard's CV predictions from their saved fields (plain data: the file names no class), checked."
     if fields is None: return None
-    try: return GuardCV(**fields)
+    if not isinstance(fields, dict): raise BundleError("damaged bundle: guard_cv must be a table of arrays")
+    try: return _check_guard_cv(GuardCV(**fields), n_models)
     except TypeError as e:
         raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
-def load_bundle(path, # a file written by `save_bundle`
-               ) -> RouterBundle:
-    "Read and check a bundle; a BundleError if missing, damaged, unknown or of another version."
-    m, arrays = read_archive(path)
-    tree = lambda key: decode(m[key], arrays)
+# %% ../nbs/25c_bundle.ipynb #a1a358fa
+def _check_vectorizer(featurizer: TfidfFeaturizer, path):
+    "A BundleError unless the featurizer's vectorizer has the settings `TfidfFeaturizer.fit` gives it."
+    v = getattr(featurizer, 'vectorizer_', None)
+    if v is None: return
+    try: got = v.get_params()
+    except AttributeError as e: raise BundleError(f"{path} is damaged: the TF-IDF vectorizer lacks {e.name}") from None
+    want = TfidfVectorizer(max_features=got.get('max_features'), sublinear_tf=True).get_params()
+    wrong = [k for k in want if type(got[k]) is not type(want[k]) or got[k] != want[k]]
+    if wrong:
+        k = wrong[0]
+        raise BundleError(f"{path} is damaged: the TF-IDF vectorizer's {k} is {_shown(got[k])}, not {_shown(want[k])}")
+
+# %% ../nbs/25c_bundle.ipynb #0a415524
+PROBE = 'Which model should answer this question?'   # what a loaded bundle must rank
+
+def _decoded(m: dict, arrays: dict, path) -> dict:
+    "The bundle's objects from the manifest's trees, each checked to be what the bundle expects."
+    tree = lambda key: decode(_field(m, key, lambda x: True, '', path), arrays, f"manifest field '{key}'")
+    featurizer, router, guard, meta = tree('featurizer'), tree('router'), tree('guard'), tree('meta')
+    if not isinstance(featurizer, (TfidfFeaturizer, SentenceFeaturizer)):
+        raise BundleError(f"{path} is damaged: manifest field 'featurizer' holds a {type(featurizer).__name__}, not a featurizer")
+    if type(router).__name__ not in ROUTER_CLASSES:
+        raise BundleError(f"{path} is damaged: manifest field 'router' holds a {type(router).__name__}, not a router")
+    if guard is not None and not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and guard >= 0):
+        raise BundleError(f"{path} is damaged: manifest field 'guard' must be null or a margin ≥ 0, got {_shown(guard)}")
+    if not isinstance(meta, dict): raise BundleError(f"{path} is damaged: manifest field 'meta' must be a table")
+    if isinstance(featurizer, TfidfFeaturizer): _check_vectorizer(featurizer, path)
+    guard_cv = _guard_cv(tree('guard_cv'), len(m['models']))
+    return dict(featurizer=featurizer, router=router, guard=guard, guard_cv=guard_cv, meta=meta)
+
+def _probe(bundle: RouterBundle, path):
+    "A BundleError unless `bundle` ranks a question, every model once."
     try:
-        return RouterBundle(models=m['models'], lam=m['lam'], beta=m['beta'], mode=m['mode'],
-                            featurizer=tree('featurizer'), router=tree('router'), guard=tree('guard'),
-                            guard_cv=_guard_cv(tree('guard_cv')), fingerprint=m['fingerprint'],
-                            version=m['library_version'], meta=tree('meta'))
-    except KeyError as e: raise BundleError(f"{path} is damaged: the manifest lacks {e}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            ranked = bundle.rank([PROBE])
+    # the boundary of a file from elsewhere: whatever its state makes the router raise is damage
+    except Exception as e:
+        raise BundleError(f"{path} is damaged: its router fails on a question ({type(e).__name__}: "
+                          f"{_shown(str(e).splitlines()[0] if str(e) else '', 100)})") from None
+    if len(ranked) != 1 or sorted(ranked[0]) != sorted(bundle.models):
+        raise BundleError(f"{path} is damaged: its router ranks {_shown(ranked)}, not each of its models once")
+
+# %% ../nbs/25c_bundle.ipynb #817dbd9d
+def load_bundle(path, # a file written by `save_bundle`
+                max_mb: float | None = None, # size cap in MiB (None: $DARS_BUNDLE_MAX_MB, else 512)
+               ) -> RouterBundle:
+    "Read, check and try a bundle; a one-line BundleError if missing, damaged, too large, unknown or of another version."
+    m, arrays = read_archive(path, max_mb)
+    plain = {key: _field(m, key, ok, what, path) for key, ok, what in _PLAIN_FIELDS}
+    objects = _decoded(m, arrays, path)
+    try:
+        bundle = RouterBundle(models=plain['models'], lam=plain['lam'], beta=plain['beta'], mode=plain['mode'],
+                              fingerprint=plain['fingerprint'], version=plain['library_version'], **objects)
+    except BundleError as e: raise BundleError(f"{path} is damaged: {e}") from None
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
+        raise BundleError(f"{path} is damaged: its router and featurizer do not fit ({type(e).__name__}: "
+                          f"{_shown(str(e), 100)})") from None
+    _probe(bundle, path)
+    return bundle
 
 # %% ../nbs/25c_bundle.ipynb #eb1cfc4f
-def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one question per line
+def _query_item(item: dict, where: str) -> str:
+    "The text a router sees for one JSON query: its question, with its `choices` and `passage` if given."
+    if not isinstance(item.get('question'), str): raise ValueError(f"{where}: no \"question\" string")
+    choices, passage = item.get('choices'), item.get('passage', item.get('context'))
+    if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
+        raise ValueError(f"{where}: \"choices\" must be a list of strings")
+    if passage is not None and not isinstance(passage, str): raise ValueError(f"{where}: \"passage\" must be a string")
+    return router_text(item['question'], passage, format_options(choices) if choices else None)
+
+def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line
                   ) -> tuple[list, list[str]]:
-    "Ids and questions of a query file (ids default to line numbers); a ValueError for a bad line."
+    "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
     if not path.is_file(): raise ValueError(f"query file not found: {path}")
     ids, questions = [], []
@@ -207,34 +365,40 @@ def read_questions(file, # .jsonl of {"id": ..., "question": ...}, or one questi
         try: item = json.loads(line)
         except json.JSONDecodeError: item = line
         if isinstance(item, dict):
-            if not isinstance(item.get('question'), str):
-                raise ValueError(f"{path.name} line {n}: no \"question\" string")
-            ids.append(item.get('id', n)); questions.append(item['question'])
+            ids.append(item.get('id', n)); questions.append(_query_item(item, f"{path.name} line {n}"))
         # JSON string or plain text
         else: ids.append(n); questions.append(item if isinstance(item, str) else line)
     if not questions: raise ValueError(f"{path.name} holds no questions")
     return ids, questions
 
 # %% ../nbs/25c_bundle.ipynb #782affea
+def _explain_table(stats: pd.DataFrame) -> str:
+    "One text's models best-first with μ_q, μ_c, σ and U; an arrow marks the chosen model."
+    t = stats.set_index('model').sort_values('rank')
+    t.index = [('→ ' if r == 1 else '  ') + m for m, r in zip(t.index, t['rank'])]
+    t = t[['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None)
+    return (t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
+             .to_string(float_format=lambda v: f'{v:.4f}'))
+
 def route_main(router: str, # path of a router bundle
                question: Annotated[str | None, {'opt': False, 'nargs': '?'}] = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)
-               explain: bool = False, # also print each model's predicted μ_q, μ_c, σ and U
+               explain: bool = False, # also print each model's μ_q, μ_c, σ and U, and what the guard did
                lam: float | None = None, # cost weight λ (default: the bundle's)
                quiet: bool = False, # print only the chosen models
+               max_bundle_mb: float | None = None, # size cap of the bundle in MiB (default: $DARS_BUNDLE_MAX_MB, else 512)
               ) -> int:
     "Print the model a saved router picks for each question (with --file, one JSON line each)."
     if (question is None) == (file is None):
         raise ValueError("give one question or --file, not both and not neither")
-    bundle = load_bundle(router)
+    bundle = load_bundle(router, max_bundle_mb)
     ids, questions = ([None], [question]) if file is None else read_questions(file)
     if explain: stats = bundle.predict_stats(questions, lam)
     for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
         print(model if file is None else json.dumps({'id': qid, 'model': model},
                                                     ensure_ascii=False))
         if explain and not quiet:
-            t = (stats[stats.text == i].set_index('model').sort_values('rank')
-                 [['mu_q', 'mu_c', 'sigma', 'utility']].rename_axis(None))
-            print(t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
-                   .to_string(float_format=lambda v: f'{v:.4f}'))
+            one = stats[stats.text == i]
+            print(_explain_table(one))
+            print(bundle.guard_note(one['utility'].to_numpy(), lam))
     return 0

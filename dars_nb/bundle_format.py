@@ -4,10 +4,15 @@
 
 # %% ../nbs/25a_bundle_format.ipynb #14fd37de
 from __future__ import annotations
+import dataclasses
 import importlib
 import io
 import json
+import math
+import os
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 import numpy as np
 from . import __version__
@@ -15,8 +20,8 @@ from .extras import install_hint
 from .routers import FAMILIES
 
 # %% auto #0
-__all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'BundleError', 'encode', 'decode', 'write_archive',
-           'read_archive']
+__all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'MAX_DEPTH', 'DEFAULT_MAX_MB', 'MAX_MB_ENV',
+           'BundleError', 'encode', 'decode', 'write_archive', 'BundleLimits', 'bundle_limits', 'read_archive']
 
 # %% ../nbs/25a_bundle_format.ipynb #f89f4b3d
 class BundleError(ValueError):
@@ -94,40 +99,95 @@ def encode(obj, # a value to save
     state = {k: v for k, v in vars(obj).items() if k not in TRAINING_ONLY.get(name, ())}
     return {'$object': {'class': name, 'state': encode(state, arrays)}}
 
-# %% ../nbs/25a_bundle_format.ipynb #97d472c9
+# %% ../nbs/25a_bundle_format.ipynb #3247718d
+MAX_DEPTH = 64   # nesting of a manifest tree (a saved router's is about 10)
+
+def _short(x, n: int = 60) -> str:
+    "`repr(x)` cut to `n` characters, for a one-line message."
+    r = repr(x)
+    return r if len(r) <= n else r[:n - 1] + '…'
+
+def _reason(e: BaseException) -> str:
+    "The first line of an exception's message (its type when it has none), cut to 120 characters."
+    lines = str(e).strip().splitlines()
+    return _short(lines[0], 120).strip("'\"") if lines else type(e).__name__
+
+def _plain_dtype(v, where: str) -> np.dtype:
+    "The dtype a manifest names: numbers, booleans or short strings only."
+    dt = np.dtype(v) if isinstance(v, str) and len(v) <= 16 else None
+    if dt is None or dt.kind not in 'biufcUS' or not 0 < dt.itemsize <= 4096 or dt.fields or dt.subdtype:
+        raise BundleError(f"damaged bundle: {where} names dtype {_short(v)} (numbers, booleans or strings only)")
+    return dt
+
+def _strings(v, where: str) -> np.ndarray:
+    "An object array of strings from {'shape', 'values'}."
+    shape, values = v['shape'], v['values']
+    if not (isinstance(values, list) and all(isinstance(s, str) for s in values) and isinstance(shape, list)
+            and len(shape) <= 32 and all(type(d) is int and d >= 0 for d in shape) and math.prod(shape) == len(values)):
+        raise BundleError(f"damaged bundle: {where} is not a list of strings of the shape it states")
+    return np.array(values, dtype=object).reshape(shape)
+
+# %% ../nbs/25a_bundle_format.ipynb #a69490a8
+def _array(key, arrays: dict, where: str) -> np.ndarray:
+    if not isinstance(key, str) or key not in arrays:
+        raise BundleError(f"damaged bundle: array {_short(key)} is missing (in {where})")
+    return arrays[key]
+
+def _float(v, where: str) -> float:
+    "A float written as a number or as 'inf', '-inf' or 'nan'."
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise BundleError(f"damaged bundle: {where} is not a number")
+    return float(v)
+
+def _tensor(key, arrays: dict, where: str):
+    try: import torch
+    except ImportError:
+        hint = install_hint('torch')
+        raise BundleError(f"this bundle holds torch tensors and torch is not installed ({hint})") from None
+    return torch.from_numpy(np.array(_array(key, arrays, where)))
+
+def _object(v, arrays: dict, where: str, depth: int):
+    "A whitelisted class rebuilt from its attribute dictionary, without calling its constructor."
+    cls = _saved_class(v['class'])
+    state = decode(v['state'], arrays, f"{where}.state", depth)
+    if not (isinstance(state, dict) and all(isinstance(k, str) for k in state)):
+        raise BundleError(f"damaged bundle: the state of {where} is not a dict of attribute names")
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+_TAGS = {  # tag -> reader(value, arrays, where, depth)
+    '$float': lambda v, a, w, d: _float(v, w),
+    '$tuple': lambda v, a, w, d: tuple(decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)),
+    '$set': lambda v, a, w, d: {decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)},
+    '$dict': lambda v, a, w, d: {decode(k, a, w, d): decode(x, a, f'{w}[{_short(k, 30)}]', d) for k, x in v},
+    '$strings': lambda v, a, w, d: _strings(v, w),
+    '$ndarray': lambda v, a, w, d: _array(v, a, w),
+    '$tensor': lambda v, a, w, d: _tensor(v, a, w),
+    '$scalar': lambda v, a, w, d: _plain_dtype(v['dtype'], w).type(v['value']),
+    '$dtype': lambda v, a, w, d: _plain_dtype(v, w),
+    '$numpy_type': lambda v, a, w, d: _plain_dtype(v, w).type,
+    '$object': _object,
+}
+
+# %% ../nbs/25a_bundle_format.ipynb #b2a83548
 def decode(node, # a tree written by `encode`
            arrays: dict, # 'arrays/<n>.npy' -> ndarray
+           where: str = 'the manifest', # where `node` is, for messages
+           depth: int = 0, # how deep `node` is
           ):
-    "The object a tree describes; a one-line BundleError for an unknown tag, class or array."
+    "The object a tree describes; a one-line BundleError naming where a tag, class, array or value is wrong."
+    if depth > MAX_DEPTH: raise BundleError(f"damaged bundle: {where} nests deeper than {MAX_DEPTH} levels")
     if node is None or isinstance(node, (bool, int, float, str)): return node
-    if isinstance(node, list): return [decode(v, arrays) for v in node]
+    if isinstance(node, list): return [decode(v, arrays, f'{where}[{i}]', depth + 1) for i, v in enumerate(node)]
     if not isinstance(node, dict) or len(node) != 1:
-        raise BundleError("damaged bundle: a manifest entry is not a tagged value")
+        raise BundleError(f"damaged bundle: {where} is not a tagged value")
     (tag, v), = node.items()
-    def get(key):
-        if key not in arrays: raise BundleError(f"damaged bundle: array {key!r} is missing")
-        return arrays[key]
-    if tag == '$float': return float(v)
-    if tag == '$tuple': return tuple(decode(x, arrays) for x in v)
-    if tag == '$set': return {decode(x, arrays) for x in v}
-    if tag == '$dict': return {decode(k, arrays): decode(x, arrays) for k, x in v}
-    if tag == '$strings': return np.array(v['values'], dtype=object).reshape(v['shape'])
-    if tag == '$ndarray': return get(v)
-    if tag == '$tensor':
-        try: import torch
-        except ImportError:
-            hint = install_hint('torch')
-            raise BundleError(f"this bundle holds torch tensors and torch is not installed ({hint})") from None
-        return torch.from_numpy(np.array(get(v)))
-    if tag == '$scalar': return np.dtype(v['dtype']).type(v['value'])
-    if tag == '$dtype': return np.dtype(v)
-    if tag == '$numpy_type': return np.dtype(v).type
-    if tag == '$object':
-        cls = _saved_class(v['class'])
-        obj = cls.__new__(cls)
-        obj.__dict__.update(decode(v['state'], arrays))
-        return obj
-    raise BundleError(f"damaged bundle: unknown tag {tag!r}")
+    if tag not in _TAGS: raise BundleError(f"damaged bundle: unknown tag {_short(tag)} in {where}")
+    try: return _TAGS[tag](v, arrays, where, depth + 1)
+    except BundleError: raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as e:
+        raise BundleError(f"damaged bundle: {where} ({tag}) cannot be read: {_reason(e)}") from None
 
 # %% ../nbs/25a_bundle_format.ipynb #dae22279
 def write_archive(path, # file to write (conventionally `.zip` or `.router`)
@@ -160,26 +220,148 @@ def _check_manifest(m, path: Path):
         raise BundleError(f"{path} was written by dars_nb {written}; this is {__version__} "
                           f"(retrain, or load it with a {'.'.join(_minor(written))}.x release)")
 
-# %% ../nbs/25a_bundle_format.ipynb #41d0ba4c
+# %% ../nbs/25a_bundle_format.ipynb #80be129f
+DEFAULT_MAX_MB = 512           # MiB: 4.8x the largest bundle the seven families make at 30,000 queries
+MAX_MB_ENV = 'DARS_BUNDLE_MAX_MB'
+
+@dataclasses.dataclass(frozen=True)
+class BundleLimits:
+    "What reading one bundle file may take; each is checked before the bytes it counts are read."
+    max_bytes: int = DEFAULT_MAX_MB * 2**20  # all members together, decompressed: arrays and manifest
+    max_members: int = 10_000                # files in the zip (a bundle holds fewer than 100)
+    # manifest.json alone (a 20,000-word vocabulary: 1.4 MB): 1/32 of the cap: parsed JSON
+    # takes up to 24x its bytes (a list of empty dicts)
+    max_manifest_bytes: int = DEFAULT_MAX_MB * 2**20 // 32
+
+def bundle_limits(max_mb: float | None = None, # cap in MiB (None: $DARS_BUNDLE_MAX_MB, else `DEFAULT_MAX_MB`)
+                 ) -> BundleLimits:
+    "The limits of one load: `max_mb`, else the environment's `DARS_BUNDLE_MAX_MB`, else the defaults."
+    source = 'the bundle size cap'
+    if max_mb is None and os.environ.get(MAX_MB_ENV): max_mb, source = os.environ[MAX_MB_ENV], f'${MAX_MB_ENV}'
+    if max_mb is None: return BundleLimits()
+    try: mb = float(max_mb)
+    except (TypeError, ValueError): mb = float('nan')
+    if not (math.isfinite(mb) and mb > 0):
+        raise BundleError(f"{source} must be a positive number of MiB, got {_short(max_mb)}")
+    cap = int(mb * 2**20)
+    return BundleLimits(cap, max_manifest_bytes=cap // 32)
+
+# %% ../nbs/25a_bundle_format.ipynb #94e5d55a
+def _mib(n: int) -> str: return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+_RAISE = f"raise the cap with --max-bundle-mb or ${MAX_MB_ENV} if you trust the file"
+
+def _end_record(f, size: int) -> tuple[int, int] | None:
+    "(members, bytes of the central directory) as the zip's end record (zip64's if any) declares them."
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len); tail = f.read(tail_len)
+    at = tail_len - 22 if tail[-22:-18] == b'PK\x05\x06' else tail.rfind(b'PK\x05\x06')
+    if at < 0 or tail_len - at < 22: return None          # zipfile will say it is not a zip
+    members, directory = struct.unpack('<HI', tail[at + 10:at + 16])
+    locator = size - tail_len + at - 20                   # zip64: a locator, and its end record before it
+    if locator >= 56:
+        f.seek(locator - 56); record = f.read(76)
+        if record[:4] == b'PK\x06\x06' and record[56:60] == b'PK\x06\x07':
+            members, directory = struct.unpack('<QQ', record[32:48])
+    return members, directory
+
+def _check_directory(f, size: int, limits: BundleLimits, path: Path):
+    "A BundleError when the zip declares more members, or a larger directory, than a bundle may have."
+    declared = _end_record(f, size)
+    if declared is None: return
+    members, directory = declared
+    if members > limits.max_members or directory > 1024 * limits.max_members:
+        raise BundleError(f"{path} declares {members:,} members in a {directory:,}-byte directory; "
+                          f"a router bundle has at most {limits.max_members:,}")
+
+# %% ../nbs/25a_bundle_format.ipynb #018e6773
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Path) -> bytes:
+    "The bytes of one member: its declared size checked against `budget` first, never more read."
+    if info.file_size > budget:
+        raise BundleError(f"{path}: {info.filename} declares {_mib(info.file_size)}, over the "
+                          f"{_mib(budget)} left of the bundle size cap ({_RAISE})")
+    with z.open(info) as f: data = f.read(info.file_size + 1)
+    if len(data) != info.file_size:
+        raise BundleError(f"{path} is damaged: {info.filename} holds {len(data):,} bytes, "
+                          f"not the {info.file_size:,} it declares")
+    return data
+
+def _npy_header(head: io.BytesIO, name: str) -> tuple[tuple, bool, np.dtype]:
+    "(shape, fortran order, dtype) of a .npy header: plain numbers or strings, at most 32 axes."
+    version = np.lib.format.read_magic(head)
+    if version not in ((1, 0), (2, 0)): raise ValueError(f"npy format version {version}")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(head)
+    _plain_dtype(dtype.str, name)
+    if len(shape) > 32 or any(d < 0 for d in shape): raise ValueError(f"shape {_short(shape)}")
+    return shape, fortran, dtype
+
+# %% ../nbs/25a_bundle_format.ipynb #1720e19b
+def _read_array(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Path) -> np.ndarray:
+    "One .npy member: its header's shape × dtype checked against its declared size and `budget`, then read."
+    name = info.filename
+    if info.file_size > budget: _read_member(z, info, budget, path)   # the same one-line refusal
+    with z.open(info) as f:
+        head = io.BytesIO(f.read(min(info.file_size, 10_000 + 12)))
+        try: shape, fortran, dtype = _npy_header(head, name)
+        except BundleError: raise
+        except ValueError as e: raise BundleError(f"{path} is damaged: {name} has a bad .npy header ({_reason(e)})") from None
+        start, nbytes = head.tell(), math.prod(shape) * dtype.itemsize
+        if start + nbytes != info.file_size:
+            raise BundleError(f"{path} is damaged: {name} claims shape {_short(shape)} of {dtype} "
+                              f"({nbytes:,} bytes) in a member of {info.file_size - start:,}")
+        out = np.empty(nbytes, np.uint8)
+        got = head.getvalue()[start:]
+        out[:len(got)] = np.frombuffer(got, np.uint8)
+        pos = len(got)
+        while pos < nbytes:
+            chunk = f.read(min(1 << 20, nbytes - pos))
+            if not chunk: raise BundleError(f"{path} is damaged: {name} ends before its {nbytes:,} bytes")
+            out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8); pos += len(chunk)
+        if f.read(1): raise BundleError(f"{path} is damaged: {name} holds more than it declares")
+    return out.view(dtype).reshape(shape, order='F' if fortran else 'C')
+
+# %% ../nbs/25a_bundle_format.ipynb #febca320
+def _manifest_json(raw: bytes) -> dict:
+    "The manifest's JSON (strict: no NaN or Infinity)."
+    def constant(name): raise ValueError(f"{name} is not JSON")
+    return json.loads(raw, parse_constant=constant)
+
+def _read_zip(f, path: Path, limits: BundleLimits) -> tuple[dict, dict]:
+    "The manifest and arrays of an open bundle file, every size checked before it is read."
+    _check_directory(f, path.stat().st_size, limits, path)
+    with zipfile.ZipFile(f) as z:
+        infos = z.infolist()
+        names = [i.filename for i in infos]
+        if len(infos) > limits.max_members:
+            raise BundleError(f"{path} has {len(infos):,} members; a router bundle has at most {limits.max_members:,}")
+        if len(set(names)) != len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise BundleError(f"{path} is damaged: {_short(twice)} appears twice")
+        if 'manifest.json' not in names: raise BundleError(f"{path} is not a router bundle (no manifest.json)")
+        info = z.getinfo('manifest.json')
+        manifest = _manifest_json(_read_member(z, info, limits.max_manifest_bytes, path))
+        _check_manifest(manifest, path)
+        budget, arrays = limits.max_bytes - info.file_size, {}
+        for i in infos:
+            if i.filename.startswith('arrays/'):
+                arrays[i.filename] = _read_array(z, i, budget, path); budget -= i.file_size
+    return manifest, arrays
+
+# %% ../nbs/25a_bundle_format.ipynb #4231bd43
+_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, RuntimeError,
+           NotImplementedError, ValueError, OverflowError)   # what zipfile and numpy raise on bad bytes
+
 def read_archive(path, # a file written by `write_archive`
+                 max_mb: float | None = None, # size cap in MiB (None: $DARS_BUNDLE_MAX_MB, else `DEFAULT_MAX_MB`)
                 ) -> tuple[dict, dict]:
-    "The manifest and arrays of a bundle file; a BundleError if missing, damaged or of another version."
-    path = Path(path)
+    "The manifest and arrays of a bundle file; a one-line BundleError if missing, damaged, too large or of another version."
+    path, limits = Path(path), bundle_limits(max_mb)
     if not path.is_file(): raise BundleError(f"no router bundle at {path}")
     try:
-        with zipfile.ZipFile(path) as z:
-            names = set(z.namelist())
-            if 'manifest.json' not in names:
-                raise BundleError(f"{path} is not a router bundle (no manifest.json)")
-            manifest = json.loads(z.read('manifest.json'))
-            _check_manifest(manifest, path)
-            arrays = {k: np.load(io.BytesIO(z.read(k)), allow_pickle=False)
-                      for k in names if k.startswith('arrays/')}
-    except zipfile.BadZipFile as e:
-        raise BundleError(f"{path} is damaged or not a router bundle ({e})") from None
+        with open(path, 'rb') as f: return _read_zip(f, path, limits)
+    except BundleError: raise
+    except RecursionError: raise BundleError(f"{path} is damaged: manifest.json nests too deep") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise BundleError(f"{path} is damaged: manifest.json is not valid JSON") from None
-    except (ValueError, OSError, EOFError) as e:
-        if isinstance(e, BundleError): raise
-        raise BundleError(f"{path} is damaged: {e}") from None
-    return manifest, arrays
+    except _DAMAGE as e: raise BundleError(f"{path} is damaged or not a router bundle ({_reason(e)})") from None

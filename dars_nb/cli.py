@@ -39,6 +39,7 @@ COMMANDS = {
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
     'train': Command('dars_nb.training:train_main'),
     'route': Command('dars_nb.bundle:route_main'),
+    'calibrate': Command('dars_nb.calibrate:calibrate_main'),
     'serve': Command('dars_nb.serve:serve_main', 'serve'),
     'local': Command('dars_nb.collect.local:serve_main', 'local'),
 }

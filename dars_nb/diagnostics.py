@@ -160,6 +160,8 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
     for ds in obs['dataset'].cat.categories:
         try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
+        if q.shape[1] < 2:   # no winner can flip: the diagnostics would read 0
+            raise ValueError(f"dataset {ds!r}: routing needs two models or more; the training grid has one")
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 
@@ -225,13 +227,15 @@ def plot_diagnostics(table: pd.DataFrame, # output of `diagnose`
            ).resolve_scale(color='independent', xOffset='independent')
 
 # %% ../nbs/02_diagnostics.ipynb #ba7ff890
-def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv)
+def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv), or a folder of the authors' release
                   out: str | None = None, # folder for tables (CSV, Markdown), charts (PNG, SVG)
                   quiet: bool = False, # print the table only, not the list of written files
+                  drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
                  ) -> int:
     "Print the four diagnostics of an observation file per dataset, and write tables and charts."
-    from dars_nb.observations import read_observations
-    table = diagnose(read_observations(obs))
+    import sys
+    from dars_nb.release import load_observations
+    table = diagnose(load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr)))
     print(markdown_table(table))
     if out is None: return 0
     d = Path(out); d.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 import altair as alt
-from .stats import PAPER
+from .stats import PAPER, noise_tolerance
 from .evaluate import per_query_view_utility, random_utility, feature_table, feature_rows
 
 # %% auto #0
@@ -92,7 +92,9 @@ def router_variance(utilities_per_draw, # a test utility per single-shot router,
         ref = _reference_series(reference, keys, value, out.index)
         row_keys = (pd.MultiIndex.from_frame(table[keys]) if len(keys) > 1
                     else pd.Index(table[keys[0]]))
-        below = table.assign(_below=table[value].to_numpy() < ref.reindex(row_keys).to_numpy(float))
+        ref_rows = ref.reindex(row_keys).to_numpy(float)
+        # below beyond rounding only
+        below = table.assign(_below=table[value].to_numpy() < ref_rows - noise_tolerance(ref_rows))
         out['reference'] = ref.reindex(out.index).to_numpy(float)
         below_by_group = below.groupby(keys, observed=True, sort=False)['_below']
         out['share_below_reference'] = below_by_group.mean()

@@ -28,8 +28,9 @@ def embeddings_dir(cache_dir=None, # the cache folder (default $DARS_CACHE, else
 class EmbeddingStore:
     "Vectors on disk in one SQLite file, one row per (encoder, text hash), each checked when read."
     def __init__(self, folder, # the folder of `embeddings.sqlite` (made by the first write)
+                 timeout: float = 30.0, # seconds to wait for another process's write before going on without it
                 ):
-        self.path = Path(folder) / 'embeddings.sqlite'
+        self.path, self.timeout = Path(folder) / 'embeddings.sqlite', float(timeout)
         self.damaged = 0   # rows found damaged (and so not served) by this object's reads
 
     def __repr__(self): return f"EmbeddingStore({str(self.path)!r})"
@@ -40,16 +41,30 @@ class EmbeddingStore:
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT NOT NULL, text_sha256 BLOB NOT NULL,"
            " vector BLOB NOT NULL, crc INTEGER NOT NULL, PRIMARY KEY (encoder, text_sha256))")
 
+def _write_ahead(con: sqlite3.Connection):
+    "Write-ahead logging, kept in the file: readers never wait for a writer, nor a writer for readers."
+    try: con.execute('PRAGMA journal_mode=WAL')
+    except sqlite3.OperationalError as e:   # another process holds the file: it set the mode when it made it
+        if 'locked' not in str(e): raise
+
 @patch
 def _safely(self: EmbeddingStore, job, # job(connection) -> result, run in one transaction
+            busy: tuple | None = None, # (result, what it means) when another process keeps the file locked
            ):
-    "`job`'s result; a file that is no sound SQLite database is started again (with a warning)."
+    "`job`'s result; a damaged file is started again, a file locked past `timeout` gives `busy` (each with a warning)."
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for attempt in (0, 1):
         try:
-            with contextlib.closing(sqlite3.connect(self.path, timeout=60)) as con, con:
-                con.execute(_SCHEMA)
-                return job(con)
+            with contextlib.closing(sqlite3.connect(self.path, timeout=self.timeout)) as con:
+                _write_ahead(con)
+                with con:
+                    con.execute(_SCHEMA)
+                    return job(con)
+        except sqlite3.OperationalError as e:
+            if busy is None or 'locked' not in str(e): raise
+            warnings.warn(f"the embedding cache {self.path} stayed locked by another process for "
+                          f"{self.timeout:g} s ({e}): {busy[1]}")
+            return busy[0]
         except sqlite3.DatabaseError as e:  # not its subclasses: a lock or a full disk is no damage
             if attempt or type(e) is not sqlite3.DatabaseError: raise
             warnings.warn(f"the embedding cache {self.path} is damaged ({e}): starting it again")
@@ -65,8 +80,8 @@ def put(self: EmbeddingStore, encoder: str, # `SentenceEncoder.identity` of the 
     V = np.ascontiguousarray(vectors, np.float32)
     blobs = [v.tobytes() for v in V]
     rows = [(encoder, k, b, zlib.crc32(k + b)) for k, b in zip(keys, blobs)]
-    self._safely(lambda con: con.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)",
-                                             rows))
+    self._safely(lambda con: con.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)", rows),
+                 busy=(None, f"{len(rows)} vector(s) not stored"))
 
 # %% ../nbs/09b_embedding_store.ipynb #e28b8f9a
 @patch
@@ -83,7 +98,7 @@ def get(self: EmbeddingStore, encoder: str, # `SentenceEncoder.identity` of the 
     def read(con):
         chunks = [wanted[i:i + 500] for i in range(0, len(wanted), 500)]
         return [r for c in chunks for r in con.execute(sql.format(','.join('?' * len(c))), (encoder, *c))]
-    rows = self._safely(read)
+    rows = self._safely(read, busy=([], f"{len(wanted)} text(s) encoded without it"))
     whole = [r for r in rows if len(r[1]) == 4 * dim and zlib.crc32(r[0] + r[1]) == r[2]]
     V = np.frombuffer(b''.join(r[1] for r in whole), np.float32).reshape(-1, dim)
     unit = np.isfinite(V).all(1) & (np.abs(np.einsum('ij,ij->i', V, V) - 1) < 1e-3)

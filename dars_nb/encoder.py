@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from .extras import install_hint, require
@@ -155,9 +154,21 @@ def _compiled(path, # an .onnx file
         'ENABLE_CPU_PINNING': False})
 
 def _infer(compiled, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    "The model's rows for one batch (thread-safe: each call has its own request)."
-    request = compiled.create_infer_request()
-    return request.infer({'input_ids': ids, 'attention_mask': mask})[compiled.output(0)]
+    "The model's rows for one batch."
+    return _infer_batches(compiled, [(ids, mask)])[0]
+
+def _infer_batches(compiled, batches: list, # (ids, mask) pairs
+                  ) -> list:
+    "The model's rows for each batch, the batches run side by side on OpenVINO's own streams."
+    import openvino as ov
+    # OpenVINO's queue, not Python threads: two threads each calling `infer` at once can deadlock in the
+    # binding (seen: both stuck resizing their input tensors, the process idle for good)
+    queue, out = ov.AsyncInferQueue(compiled), [None] * len(batches)
+    queue.set_callback(lambda request, i: out.__setitem__(i, request.get_output_tensor(0).data.copy()))
+    for i, (ids, mask) in enumerate(batches):
+        queue.start_async({'input_ids': ids, 'attention_mask': mask}, userdata=i)
+    queue.wait_all()
+    return out
 
 # %% ../nbs/09a_encoder.ipynb #e9e73667
 def export_onnx(target, # the .onnx file to write (replaced atomically)
@@ -256,14 +267,13 @@ def sentence_encoder(runtime: str = 'openvino', # 'openvino' or 'torch' (sentenc
 
 # %% ../nbs/09a_encoder.ipynb #3f149436
 @patch
-def _run(self: SentenceEncoder, ids: list, # token ids of each text of one batch
-        ) -> np.ndarray:
-    "Rows of one batch, padded to its longest text."
+def _padded(self: SentenceEncoder, ids: list, # token ids of each text of one batch
+            ) -> tuple:
+    "(token ids, attention mask) of one batch, padded to its longest text."
     lengths = np.fromiter(map(len, ids), int, len(ids))
     mask = np.arange(lengths.max()) < lengths[:, None]
     tokens = np.zeros(mask.shape, np.int64); tokens[mask] = np.concatenate(ids)
-    rows = _infer(self._model, tokens, mask.astype(np.int64)).astype(np.float32)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)   # unit length in float32 too
+    return tokens, mask.astype(np.int64)
 
 @patch
 def encode(self: SentenceEncoder, texts, # texts to encode
@@ -278,8 +288,7 @@ def encode(self: SentenceEncoder, texts, # texts to encode
     ids = [e.ids for e in self._tokenizer.encode_batch(texts)]
     order = np.argsort(np.fromiter(map(len, ids), int, len(ids)), kind='stable')
     batches = np.array_split(order, -(-len(order) // int(batch_size)))
-    run = lambda batch: self._run([ids[i] for i in batch])
+    rows = _infer_batches(self._model, [self._padded([ids[i] for i in batch]) for batch in batches])
     out = np.empty((len(texts), self.dim), np.float32)
-    with ThreadPoolExecutor(min(_cpu_count(), len(batches))) as pool:   # one batch per stream
-        for batch, rows in zip(batches, pool.map(run, batches)): out[batch] = rows
-    return out
+    for batch, batch_rows in zip(batches, rows): out[batch] = batch_rows.astype(np.float32)
+    return out / np.linalg.norm(out, axis=1, keepdims=True)   # unit length in float32 too

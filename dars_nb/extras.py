@@ -19,6 +19,7 @@ EXTRAS = {  # extra -> what it adds
     'collect': 'collecting observations from OpenAI-compatible endpoints; math answer checking',
     'serve': 'the OpenAI-compatible routing endpoint',
     'local': 'small local LLMs behind an OpenAI-compatible endpoint',
+    'litellm': 'LiteLLM, for the routing plugin of dars_nb.litellm_router',
 }
 
 # %% ../nbs/08_extras.ipynb #ef2c3365
@@ -70,6 +71,7 @@ EXTRA_MODULES = {  # extra -> the top-level modules it must make importable
     'collect': ('openai', 'httpx2', 'math_verify'),
     'serve': ('starlette', 'uvicorn', 'httpx2'),
     'local': ('llama_cpp', 'httpx2'),
+    'litellm': ('litellm',),
 }
 
 def check_extra(extra: str, # a key of `EXTRAS`

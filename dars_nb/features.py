@@ -20,12 +20,16 @@ __all__ = ['FEATURIZERS', 'TfidfFeaturizer', 'SentenceFeaturizer', 'make_featuri
 class TfidfFeaturizer(TransformerMixin, BaseEstimator):
     "TF-IDF vectors (sublinear tf, unit rows), optionally compressed by an SVD fitted in `fit`."
     kind = 'tfidf'
+    ngram_range, sublinear_tf = (1, 1), True   # the values a saved featurizer without these fields gets
     def __init__(self,
                  max_features: int = 20000, # vocabulary size (the paper uses 20,000)
                  n_components: int | None = None, # SVD dimensions (None: keep the vocabulary)
                  random_state: int = 0, # seed of the SVD
+                 ngram_range: tuple = (1, 1), # word n-grams counted: (1, 1) words, (1, 2) words and pairs
+                 sublinear_tf: bool = True, # 1 + log(tf) instead of the raw count tf
                 ):
         self.max_features, self.n_components, self.random_state = max_features, n_components, random_state
+        self.ngram_range, self.sublinear_tf = ngram_range, sublinear_tf
 
     @property
     def name(self) -> str:
@@ -43,7 +47,8 @@ def fit(self: TfidfFeaturizer, texts, # training texts
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.decomposition import TruncatedSVD
     texts = check_texts(texts)
-    vec = TfidfVectorizer(max_features=int(self.max_features), sublinear_tf=True).fit(texts)
+    vec = TfidfVectorizer(max_features=int(self.max_features), ngram_range=tuple(self.ngram_range),
+                          sublinear_tf=bool(self.sublinear_tf)).fit(texts)
     # plain ints: a saved vocabulary is plain JSON
     vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
     self.vectorizer_, self.basis_ = vec, None

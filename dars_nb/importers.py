@@ -15,10 +15,11 @@ from fastcore.meta import delegates
 from .observations import validate, ObservationError
 from .stats import PAPER, normalize_cost
 from .datasets import data_dir
+from .pool.usage import estimate_prompt_tokens
 
 # %% auto #0
-__all__ = ['read_prices', 'estimate_prompt_tokens', 'from_llmrouter', 'read_llmrouter', 'model_means', 'plot_model_means',
-           'from_routerbench', 'from_routerdc']
+__all__ = ['read_prices', 'from_llmrouter', 'read_llmrouter', 'model_means', 'plot_model_means', 'from_routerbench',
+           'from_routerdc']
 
 # %% ../nbs/06_importers.ipynb #535984cd
 def _fail(msg): raise ValueError(msg)
@@ -65,11 +66,10 @@ def read_prices(source, # llm_candidates.json, or {model: {input_price, output_p
     return out
 
 # %% ../nbs/06_importers.ipynb #9829ab67
-def estimate_prompt_tokens(texts, # query texts
-                          ) -> np.ndarray:
-    "A rough token count per text: ⌈characters / 4⌉."
-    return np.ceil(pd.Series(texts, dtype=object).fillna('').astype(str).str.len().to_numpy()
-                   / 4).astype(int)
+def _typical_tokens(texts) -> np.ndarray:
+    "The pool's typical token estimate of each text (a missing text counts 0)."
+    texts = pd.Series(texts, dtype=object).fillna('').astype(str)
+    return np.array([estimate_prompt_tokens(t, 'typical') for t in texts], dtype=int)
 
 # %% ../nbs/06_importers.ipynb #cb940e80
 def _numeric_scores(score: pd.Series, models: pd.Series, where: str) -> np.ndarray:
@@ -94,7 +94,7 @@ def _costs(long: pd.DataFrame, prices, completion_tokens: int) -> np.ndarray:
         if {'n_in', 'n_out'} <= set(long):
             has_tokens = (long['n_in'].notna() & long['n_out'].notna()).to_numpy()
         n_in = np.where(has_tokens, pd.to_numeric(long.get('n_in', 0), errors='coerce'),
-                        estimate_prompt_tokens(long['query_text']))
+                        _typical_tokens(long['query_text']))
         n_out = np.where(has_tokens, pd.to_numeric(long.get('n_out', 0), errors='coerce'),
                          completion_tokens)
         priced = _token_cost(long['model'], n_in.astype(float), n_out.astype(float), prices)
@@ -138,7 +138,7 @@ def _outcomes(long: pd.DataFrame, k: int, seed: int, where: str) -> pd.DataFrame
 
 # %% ../nbs/06_importers.ipynb #d6187d2f
 _FIRST = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score',
-          'cost', 'query_text', 'task']
+          'cost', 'query_text', 'original_text', 'task']
 
 def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score, ...
             split: str, dataset, prices, models, completion_tokens: int, k: int, where: str,
@@ -158,6 +158,7 @@ def _finish(long: pd.DataFrame, # rows: task, query_id, query_text, model, score
     long = long.rename(columns={'n_in': 'prompt_tokens', 'n_out': 'completion_tokens'})
     view = 'grid' if split == 'train' else 'decode'
     long['split'], long['view'], long['rewrite_id'] = split, view, 0
+    long['original_text'] = long['query_text']    # one-sample data: every row was sent the original wording
     long = _outcomes(long, k, seed, where)
     long = long[_FIRST + [c for c in long.columns if c not in _FIRST]]
     try: return validate(long)

@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'SPLITS', 'VIEWS', 'ObservationError',
-           'example_observations', 'validate', 'as_validated', 'model_order', 'Dense', 'dense_index',
-           'canonical_layout', 'to_dense', 'from_dense', 'select', 'write_observations', 'read_observations']
+__all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
+           'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated', 'model_order',
+           'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'select', 'router_text',
+           'router_texts', 'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -20,6 +21,8 @@ REQUIRED_COLUMNS = KEY_COLUMNS + ['score', 'cost']
 RECOMMENDED_COLUMNS = ['prompt_tokens', 'completion_tokens', 'latency_s', 'temperature',
                        'parsed', 'response', 'query_text']
 CATEGORICAL_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model']
+# per query, on every row: its original wording, and its passage (reading) or options (multiple choice)
+QUERY_COLUMNS = ['original_text', 'passage', 'options']
 SPLITS = ('train', 'test')
 VIEWS = ('grid', 'rewrite', 'decode')
 
@@ -50,10 +53,21 @@ def example_observations() -> pd.DataFrame:
 # %% ../nbs/00_observations.ipynb #2b5a6830
 def _fail(msg): raise ObservationError(msg)
 
-def _check_measures(score, cost) -> tuple[np.ndarray, np.ndarray]:
-    "Scores and costs as float arrays; raise on the first missing, non-numeric or out-of-range one."
+def _not_finite(name: str, values: np.ndarray, key):
+    "Raise when `values` holds ±inf: the column, the row count and the first row's key."
+    inf = np.isinf(values)
+    if inf.any():
+        first = int(np.argmax(inf))
+        where = key(first) if key is not None else f'row {first}'
+        _fail(f"{name} is not finite in {int(inf.sum())} row(s), first {where}: {float(values[first])!r}")
+
+def _check_measures(score, cost,
+                    key=None, # row position -> its natural key, for messages (None: the position)
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    "Scores and costs as float arrays; raise on the first missing, non-numeric, infinite or out-of-range one."
     score = np.asarray(pd.to_numeric(score, errors='coerce'), dtype=float)
     cost = np.asarray(pd.to_numeric(cost, errors='coerce'), dtype=float)
+    _not_finite('score', score, key); _not_finite('cost', cost, key)
     if np.isnan(score).any(): _fail(f"score is missing or not a number in {int(np.isnan(score).sum())} row(s)")
     bad = (score < 0) | (score > 1)
     if bad.any(): _fail(f"score outside [0, 1] in {int(bad.sum())} row(s), e.g. {float(score[bad][0])!r}")
@@ -80,10 +94,20 @@ def _present(s: pd.Series) -> list[str]:
     missing = ['nan'] if (s.cat.codes.to_numpy() < 0).any() else []
     return list(s.cat.categories[_used(s)].astype(str)) + missing
 
+# %% ../nbs/00_observations.ipynb #d957965b
+def _check_query_columns(df: pd.DataFrame):
+    "Raise unless every query has at most one value of each query column present."
+    for col in [c for c in QUERY_COLUMNS if c in df.columns]:
+        n = df.groupby([df['dataset'], df['query_id']], observed=True)[col].nunique()
+        if (n > 1).any():
+            dataset, query = n.index[int(np.argmax(n.to_numpy() > 1))]
+            _fail(f"query {query!r} of dataset {dataset!r} has {int(n.max())} different {col} values "
+                  f"(a query has one)")
+
 # %% ../nbs/00_observations.ipynb #5acb33ba
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
-    score, cost = _check_measures(df['score'], df['cost'])
+    score, cost = _check_measures(df['score'], df['cost'], lambda i: df.iloc[i][KEY_COLUMNS].to_dict())
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
         unknown = sorted(set(_present(df[col])) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
@@ -116,6 +140,7 @@ def validate(obs: pd.DataFrame, # the long observation table
     if dup.any():
         first = df.loc[dup, KEY_COLUMNS].iloc[0].to_dict()
         _fail(f"{int(dup.sum())} duplicate natural key(s), e.g. {first}")
+    _check_query_columns(df)
     return df.reset_index(drop=True)
 
 # %% ../nbs/00_observations.ipynb #d9267476
@@ -305,6 +330,53 @@ def select(obs: pd.DataFrame, # validated observation table
     out = obs.loc[mask]
     return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
+
+# %% ../nbs/00_observations.ipynb #1d979426
+PASSAGE_CHARS = 1200   # characters of a passage a router sees
+
+def router_text(question: str, # the query's original wording (a multiple-choice stem)
+                passage: str | None = None, # the passage of a reading-comprehension query
+                options: str | None = None, # the options of a multiple-choice query, as lettered lines
+                passage_chars: int = PASSAGE_CHARS, # how much of the passage is kept
+               ) -> str:
+    "The text a router sees for a query: the question, then its options, then the start of its passage."
+    missing = lambda v: v is None or (isinstance(v, float) and v != v) or v is pd.NA or v == ''
+    text = str(question)
+    if not missing(options): text += '\n' + str(options)
+    if not missing(passage): text += '\nPassage: ' + str(passage)[:passage_chars]
+    return text
+
+# %% ../nbs/00_observations.ipynb #d9f8432a
+def _originals(obs: pd.DataFrame) -> pd.DataFrame:
+    "Per (dataset, query_id): original_text (else the query_text of rewrite 0), passage and options."
+    if 'original_text' not in obs.columns and 'query_text' not in obs.columns:
+        _fail("the observations have neither an original_text nor a query_text column")
+    groups = obs.groupby([obs['dataset'], obs['query_id']], observed=True)
+    cols = [c for c in QUERY_COLUMNS if c in obs.columns]
+    out = groups[cols].first() if cols else pd.DataFrame(index=groups.size().index)
+    out = out.reindex(columns=QUERY_COLUMNS).astype(object)
+    if 'query_text' in obs.columns:
+        sent = obs.loc[(obs['rewrite_id'] == 0).to_numpy(), ['dataset', 'query_id', 'query_text']]
+        sent = sent.groupby([sent['dataset'], sent['query_id']], observed=True)['query_text'].first()
+        out['original_text'] = out['original_text'].fillna(sent.astype(object).reindex(out.index))
+    return out
+
+# %% ../nbs/00_observations.ipynb #224fd8d4
+def router_texts(obs: pd.DataFrame, # an observation table
+                 queries=None, # (dataset, query_id) pairs wanted, in order (default: every query of `obs`)
+                ) -> pd.Series: # index (dataset, query_id)
+    "The text a router sees for each query (`router_text` of its original wording); never a rewrite's."
+    per = _originals(obs)
+    index = per.index if queries is None else pd.MultiIndex.from_tuples(
+        [(str(d), str(q)) for d, q in queries], names=per.index.names)
+    per = per.set_axis(per.index.map(lambda k: (str(k[0]), str(k[1]))), axis=0).reindex(index)
+    lost = per['original_text'].isna().to_numpy()
+    if lost.any():
+        dataset, query = per.index[int(np.argmax(lost))]
+        _fail(f"query {query!r} of dataset {dataset!r} has no original wording: give the table an original_text "
+              "column (its rows hold only rewrites)")
+    texts = [router_text(q, p, o) for q, p, o in per[QUERY_COLUMNS].itertuples(index=False)]
+    return pd.Series(texts, index=per.index, name='text')
 
 # %% ../nbs/00_observations.ipynb #a4efccad
 def write_observations(obs: pd.DataFrame, # observation table

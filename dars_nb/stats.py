@@ -8,13 +8,14 @@ from fastcore.basics import patch
 from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
-from .observations import as_validated, to_dense, Dense
+from .observations import as_validated, to_dense, dense_index, Dense
 from .grid_sums import grid_sums
 
 # %% auto #0
-__all__ = ['PAPER', 'ROUNDING', 'TIE_TOL', 'MODES', 'PaperDefaults', 'cost_scale', 'cost_norm_array', 'normalize_cost',
-           'cell_means', 'root_spread', 'stats_from_sums', 'grid_stats', 'utility', 'training_grid', 'capability_stats',
-           'best_models', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
+__all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'TIE_TOL', 'MODES', 'DRAWS', 'PaperDefaults', 'cost_scale', 'cost_floor',
+           'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread', 'stats_from_sums',
+           'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models', 'noise_tolerance',
+           'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single', 'draw_rows',
            'supervision']
 
 # %% ../nbs/01b_stats.ipynb #73bd57cb
@@ -42,21 +43,44 @@ def cost_scale(obs: pd.DataFrame, # validated observation table
     z[z == 0] = 1.0  # free calls keep cost 0
     return z
 
+# %% ../nbs/01b_stats.ipynb #1c0b0ae3
+COST_NORMS = ('max', 'minmax')   # c / max_d (the paper); (c − min_d) / (max_d − min_d) (the authors' code)
+
+def cost_floor(obs: pd.DataFrame, # validated observation table
+              ) -> np.ndarray: # min_d per dataset category
+    "The smallest raw cost of each dataset (min_d); 0 for a dataset category with no rows."
+    cost = obs['cost'].to_numpy(float)
+    n_datasets = len(obs['dataset'].cat.categories)
+    if n_datasets == 1: return np.array([cost.min()])
+    lo = np.full(n_datasets, np.inf)
+    np.minimum.at(lo, obs['dataset'].cat.codes.to_numpy(), cost)
+    lo[np.isinf(lo)] = 0.0
+    return lo
+
 # %% ../nbs/01b_stats.ipynb #ab5ee1da
 def cost_norm_array(obs: pd.DataFrame, # validated observation table
                     recompute: bool = False, # ignore an existing `cost_norm` column
-                   ) -> np.ndarray: # cost / Z_d per row
-    "The normalised cost of every row as an array: cost / Z_d, or the `cost_norm` column if present."
+                    method: str = 'max', # 'max': c / max_d (the paper); 'minmax': (c − min_d) / (max_d − min_d)
+                   ) -> np.ndarray: # normalised cost per row
+    "The normalised cost of every row as an array (`method`), or the `cost_norm` column if present."
     if 'cost_norm' in obs.columns and not recompute: return obs['cost_norm'].to_numpy(float)
+    if method not in COST_NORMS:
+        raise ValueError(f"unknown cost normalisation {method!r} (expected one of {', '.join(COST_NORMS)})")
     z, cost = cost_scale(obs), obs['cost'].to_numpy(float)
-    return cost / z[0] if len(z) == 1 else cost / z[obs['dataset'].cat.codes.to_numpy()]
+    lo = cost_floor(obs) if method == 'minmax' else np.zeros_like(z)
+    span = z - lo
+    span[span <= 0] = 1.0          # every call of the dataset costs the same: all 0
+    if len(z) == 1: return (cost - lo[0]) / span[0]
+    codes = obs['dataset'].cat.codes.to_numpy()
+    return (cost - lo[codes]) / span[codes]
 
 # %% ../nbs/01b_stats.ipynb #d042a33d
 def normalize_cost(obs: pd.DataFrame, # observation table (raw `cost` in dollars)
-                  ) -> pd.DataFrame: # a copy with `cost_norm` = cost / Z_d
-    "Add `cost_norm`: raw cost divided by the largest raw cost of its dataset (Z_d)."
+                   method: str = 'max', # 'max': c / max_d (the paper); 'minmax': (c − min_d) / (max_d − min_d)
+                  ) -> pd.DataFrame: # a copy with `cost_norm`
+    "Add `cost_norm`: each raw cost scaled within its dataset, by Z_d = max_d (default) or min–max."
     obs = as_validated(obs)
-    return obs.assign(cost_norm=cost_norm_array(obs, recompute=True))
+    return obs.assign(cost_norm=cost_norm_array(obs, recompute=True, method=method))
 
 # %% ../nbs/01b_stats.ipynb #6cc06aef
 def cell_means(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
@@ -79,6 +103,18 @@ def root_spread(second, # E[x²] (any shape)
     var = second - square
     return np.sqrt(np.where(var <= ROUNDING * np.abs(second), 0.0, var))
 
+# %% ../nbs/01b_stats.ipynb #662a0ea5
+def sample_spread(sigma, # population standard deviations (any shape)
+                  n, # the number of values behind each
+                  ddof: int = 0, # delta degrees of freedom: 0 population (the paper), 1 sample (the authors' code)
+                 ) -> np.ndarray:
+    "σ with `ddof`: σ·√(n/(n − ddof)); 0 where n ≤ ddof but n > 0; NaN stays NaN."
+    if ddof == 0: return np.asarray(sigma)
+    n = np.asarray(n, float)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        scaled = np.asarray(sigma) * np.sqrt(n / (n - ddof))
+    return np.where(n > ddof, scaled, np.where(n > 0, 0.0, np.nan))
+
 # %% ../nbs/01b_stats.ipynb #ce4d02db
 def _rewrite_spread(count, s1, s2) -> tuple:
     "σ_in and σ_out from per-rewrite sums (..., N); a rewrite with no cell is left out."
@@ -94,18 +130,19 @@ def stats_from_sums(count, # cells per (pair, rewrite): (..., N)
                     s1, # Σq per (pair, rewrite)
                     s2, # Σq² per (pair, rewrite)
                     c1=None, # Σc per pair: (...); None: no μ_c
+                    ddof: int = 0, # σ_q's delta degrees of freedom (σ_in, σ_out stay population)
                    ) -> dict:
     "μ_q, μ_c, σ_q, σ_in, σ_out and n per pair from its sums (NaN for a pair with no cell)."
     total = lambda a: np.einsum('...n->...', a)    # a sum over rewrites, no temporary
     with np.errstate(invalid='ignore', divide='ignore'):
         n = total(count)
         mu_q, mu_c = total(s1) / n, None if c1 is None else c1 / n
-        sigma_q = root_spread(total(s2) / n, mu_q ** 2)
+        sigma_q = sample_spread(root_spread(total(s2) / n, mu_q ** 2), n, ddof)
         sigma_in, sigma_out = _rewrite_spread(count, s1, s2)
     return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
 
 # %% ../nbs/01b_stats.ipynb #f61cdfb7
-def _complete_stats(q, c) -> dict:
+def _complete_stats(q, c, ddof: int = 0) -> dict:
     "`grid_stats` of grids with no missing cell: plain sums (einsum: no temporaries)."
     N, M = q.shape[-2:]
     flatq = q.reshape(*q.shape[:-2], -1)
@@ -117,22 +154,24 @@ def _complete_stats(q, c) -> dict:
     sigma_out = root_spread(second, mu_q ** 2 + sigma_in ** 2)          # law of total variance
     mu_c = None if c is None else np.einsum('...i->...', c.reshape(flatq.shape)) / (N * M)
     n = np.full(flatq.shape[:-1], N * M)
-    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sigma_q, sigma_in=sigma_in, sigma_out=sigma_out, n=n)
+    return dict(mu_q=mu_q, mu_c=mu_c, sigma_q=sample_spread(sigma_q, n, ddof), sigma_in=sigma_in,
+                sigma_out=sigma_out, n=n)
 
-def _partial_stats(q, c) -> dict:
+def _partial_stats(q, c, ddof: int = 0) -> dict:
     "`grid_stats` of grids with missing cells: per-rewrite sums of the observed cells."
     seen = ~np.isnan(q)
     z = np.where(seen, q, 0.0)
     c1 = None if c is None else np.nansum(c.reshape(*q.shape[:-2], -1), -1)
     return stats_from_sums(seen.sum(-1), np.einsum('...nm->...n', z),
-                           np.einsum('...nm,...nm->...n', z, z), c1)
+                           np.einsum('...nm,...nm->...n', z, z), c1, ddof)
 
 def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
                c: np.ndarray | None = None, # normalised costs of the same shape
+               ddof: int = 0, # σ_q's delta degrees of freedom: 0 (the paper) or 1 (the authors' code)
               ) -> dict:
     "μ_q, μ_c, σ_q, σ_in, σ_out and the count n over the last two axes of `q`."
     with np.errstate(invalid='ignore', divide='ignore'):
-        return _partial_stats(q, c) if np.isnan(q).any() else _complete_stats(q, c)
+        return _partial_stats(q, c, ddof) if np.isnan(q).any() else _complete_stats(q, c, ddof)
 
 # %% ../nbs/01b_stats.ipynb #d07cdd2b
 def utility(mu_q, mu_c, sigma, lam: float = PAPER.lam, beta: float = PAPER.beta):
@@ -140,23 +179,25 @@ def utility(mu_q, mu_c, sigma, lam: float = PAPER.lam, beta: float = PAPER.beta)
     return mu_q - lam * mu_c - beta * sigma
 
 # %% ../nbs/01b_stats.ipynb #1c11961b
-def training_grid(obs: pd.DataFrame, # observations, possibly with test views
-                  models: list | None = None, # model order (default: sorted names)
-                  use_all_rows: bool = False, # every row, test views too
-                 ) -> Dense:
-    "Dense `score` and `cost_norm` of the training grid (or of all rows); Z_d over all rows."
-    obs = as_validated(obs)
+def _grid_rows(obs: pd.DataFrame, use_all_rows: bool) -> tuple[pd.DataFrame, np.ndarray]:
+    "The training-grid rows of a validated table (every row with `use_all_rows`) and their `cost_norm`."
     cost = cost_norm_array(obs)
-    if use_all_rows:
-        return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
+    if use_all_rows: return obs, cost
     mask = ((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()
     if not mask.any():
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         want = "rows with split 'train' and view 'grid'"
         raise ValueError(f"no training grid: the table has no {want} (it has: {kinds})")
     # a table that is all grid is used as it is: no copy
-    if not mask.all(): obs, cost = obs.loc[mask], cost[mask]
-    return to_dense(obs, columns=('score',), models=models, extra={'cost_norm': cost})
+    return (obs, cost) if mask.all() else (obs.loc[mask], cost[mask])
+
+def training_grid(obs: pd.DataFrame, # observations, possibly with test views
+                  models: list | None = None, # model order (default: sorted names)
+                  use_all_rows: bool = False, # every row, test views too
+                 ) -> Dense:
+    "Dense `score` and `cost_norm` of the training grid (or of all rows); Z_d over all rows."
+    rows, cost = _grid_rows(as_validated(obs), use_all_rows)
+    return to_dense(rows, columns=('score',), models=models, extra={'cost_norm': cost})
 
 # %% ../nbs/01b_stats.ipynb #85a54c21
 def _query_scale(obs: pd.DataFrame, queries: pd.MultiIndex) -> np.ndarray:
@@ -187,6 +228,7 @@ def capability_stats(obs: pd.DataFrame, # observations (usually the training gri
                      lam: float = PAPER.lam, # cost weight λ
                      beta: float = PAPER.beta, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
+                     ddof: int = 0, # σ_q's delta degrees of freedom: 0 (the paper) or 1 (the authors' code)
                     ) -> pd.DataFrame:
     "μ_q, μ_c, σ_q, σ_in, σ_out, n and DARS utility per (dataset, query_id, model)."
     obs = as_validated(obs)
@@ -194,7 +236,7 @@ def capability_stats(obs: pd.DataFrame, # observations (usually the training gri
     cost = obs['cost_norm' if 'cost_norm' in obs.columns else 'cost'].to_numpy(float)
     queries, models, position, sums = grid_sums(obs, cost, models)
     z = _query_scale(obs, queries)
-    out = _stats_frame(stats_from_sums(*sums), queries, models, position, z)
+    out = _stats_frame(stats_from_sums(*sums, ddof=ddof), queries, models, position, z)
     out['utility'] = utility(out['mu_q'], out['mu_c'], out['sigma_q'], lam, beta)
     return out
 
@@ -208,6 +250,14 @@ def best_models(U: np.ndarray, # utilities (..., queries, models), NaN where mis
     missing = np.isnan(U)
     filled = np.where(missing, -np.inf, U)
     return (filled >= filled.max(-1, keepdims=True) - tol) & ~missing
+
+# %% ../nbs/01b_stats.ipynb #f717aaba
+def noise_tolerance(values, # the utilities (or differences) a verdict compares; NaN ignored
+                   ) -> float:
+    "Differences within this are float noise: `TIE_TOL` × the largest magnitude in `values` (at least 1)."
+    v = np.abs(np.asarray(values, dtype=float)).ravel()
+    v = v[np.isfinite(v)]
+    return TIE_TOL * max(1.0, float(v.max()) if v.size else 1.0)
 
 # %% ../nbs/01b_stats.ipynb #d5a1b7b3
 def hard_labels(U: np.ndarray, # utilities (..., queries, models)
@@ -305,6 +355,28 @@ def draw_single(q: np.ndarray, # scores (Q, K, N, M)
     qi, ki = np.indices((Q, K))
     return fq[qi, ki, pick], fc[qi, ki, pick]
 
+# %% ../nbs/01b_stats.ipynb #65d0e4a3
+def draw_rows(obs: pd.DataFrame, # validated training rows, in their table order
+              cost: np.ndarray, # normalised cost of each row
+              n_draws: int = 1, # R, the number of single-shot training sets
+              seed: int = 0, # draw r uses its own generator, default_rng(seed + r)
+              models: list | None = None, # model order (default: sorted names)
+             ) -> tuple[np.ndarray, np.ndarray]:
+    "R single-shot draws as the authors' code takes them: (score, cost) arrays (R, Q, K)."
+    axes, flat = dense_index(obs, models)
+    Q, K, N, M = axes.shape
+    pair_code, pairs = pd.factorize(flat // (N * M))    # pairs in the order the rows show them
+    counts = np.bincount(pair_code)
+    rows = np.argsort(pair_code, kind='stable')          # each pair's rows together, table order kept
+    start = np.cumsum(counts) - counts
+    score = obs['score'].to_numpy(float)
+    q, c = np.full((n_draws, Q * K), np.nan), np.full((n_draws, Q * K), np.nan)
+    for r in range(n_draws):
+        pick = rows[start + np.random.default_rng(int(seed) + r).integers(0, counts)]
+        q[r, pairs], c[r, pairs] = score[pick], cost[pick]
+    if np.isnan(q).any(): raise ValueError("a (query, model) pair has no observation to draw from")
+    return q.reshape(n_draws, Q, K), c.reshape(n_draws, Q, K)
+
 # %% ../nbs/01b_stats.ipynb #7d36adae
 def _sub_grid(d: Dense, mode: str):
     "The part of the dense grid a mode uses."
@@ -312,6 +384,27 @@ def _sub_grid(d: Dense, mode: str):
     if mode == 'input_only': return q[..., :1], c[..., :1]
     if mode == 'output_only': return q[:, :, :1, :], c[:, :, :1, :]
     return q, c
+
+DRAWS = ('cell', 'rows')   # one generator, one uniform cell (ours); default_rng(seed + r) per draw (the authors')
+
+def _single_shot(obs: pd.DataFrame, d: Dense, n_draws: int, seed, draw: str, use_all_rows: bool):
+    "(μ_q, μ_c) of R single-shot draws, each (R, Q, K), by the `draw` scheme."
+    if draw == 'cell': return draw_single(d['score'], d['cost_norm'], n_draws, seed)
+    rows, cost = _grid_rows(as_validated(obs), use_all_rows)
+    return draw_rows(rows, cost, n_draws, 0 if seed is None else seed, d.models)
+
+def _dars_stats(d: Dense, mode: str, ddof: int) -> tuple:
+    "(μ_q, μ_c, σ) of a distribution-aware mode, each (1, Q, K); a pair with no observation fails."
+    q, c = _sub_grid(d, mode)
+    s = grid_stats(q, c, ddof)
+    missing = np.isnan(s['mu_q'])
+    if missing.any():
+        qi, ki = np.argwhere(missing)[0]
+        pair = f"query {d.queries[qi][1]!r} and model {d.models[ki]!r}"
+        raise ValueError(f"no observation for {pair} in mode {mode!r}")
+    sig = {'no_risk': np.zeros_like(s['sigma_q']),
+           'decomp_risk': s['sigma_in'] + s['sigma_out']}.get(mode, s['sigma_q'])
+    return s['mu_q'][None], s['mu_c'][None], sig[None]
 
 def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are used
                 mode: str = 'dars', # one of `MODES`
@@ -321,28 +414,23 @@ def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are us
                 n_draws: int = 1, # R single-shot draws (mode 'single' only)
                 models: list | None = None, # model order (default: sorted names)
                 use_all_rows: bool = False, # train on every row, test views included
+                ddof: int = 0, # σ_q's delta degrees of freedom: 0 (the paper) or 1 (the authors' code)
+                draw: str = 'cell', # single-shot draw: 'cell' (ours) or 'rows' (the authors' code)
                ) -> Supervision:
     "Router supervision from repeated observations, in one of the modes of the paper."
     if mode not in MODES:
         raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
+    if draw not in DRAWS: raise ValueError(f"unknown draw {draw!r} (expected one of {', '.join(DRAWS)})")
     if n_draws < 1: raise ValueError(f"n_draws must be at least 1, got {n_draws}")
     if mode != 'single' and n_draws != 1:
         raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
     d = training_grid(obs, models, use_all_rows)
+    if len(d.models) < 2:
+        raise ValueError(f"routing needs two models or more; the training grid has one ({d.models[0]!r})")
     if mode == 'single':
-        mq, mc = draw_single(d['score'], d['cost_norm'], n_draws, seed)
+        mq, mc = _single_shot(obs, d, n_draws, seed, draw, use_all_rows)
         sig = np.zeros_like(mq)
-    else:
-        q, c = _sub_grid(d, mode)
-        s = grid_stats(q, c)
-        mq, mc = s['mu_q'][None], s['mu_c'][None]
-        missing = np.isnan(mq)
-        if missing.any():
-            qi, ki = np.argwhere(missing[0])[0]
-            pair = f"query {d.queries[qi][1]!r} and model {d.models[ki]!r}"
-            raise ValueError(f"no observation for {pair} in mode {mode!r}")
-        sig = {'no_risk': np.zeros_like(s['sigma_q']),
-               'decomp_risk': s['sigma_in'] + s['sigma_out']}.get(mode, s['sigma_q'])[None]
+    else: mq, mc, sig = _dars_stats(d, mode, ddof)
     return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam,
                        beta)
 

@@ -128,23 +128,39 @@ class FixedEndpoint(LoopbackEndpoint):
                  port: int | None = None, # port (None: a free one)
                 ):
         super().__init__(port)
-        self.delay_s, self._usage = delay_s, usage
+        self.text, self.delay_s, self._usage = text, delay_s, usage
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
         self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
-        tokens = dict(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        self._reply = chat_completion_body(text, usage=usage, **tokens)
-        self._events = {u: chat_completion_events(text, usage=u, **tokens) for u in (False, True)}
+        self._reply = chat_completion_body(text, usage=usage, prompt_tokens=prompt_tokens,
+                                           completion_tokens=completion_tokens)
+        self._answers = {}   # (streamed, usage chunk, completion tokens) -> body
 
 # %% ../nbs/39_testing.ipynb #39a0000b
 _MODELS_LIST = json.dumps({'object': 'list', 'data': [{'id': 'fixed', 'object': 'model'}]}).encode()
 
-def _wants_stream(raw: bytes) -> tuple:
-    "(streamed?, usage chunk asked for?) of a request body, parsed once, only if it names a stream."
-    if b'"stream"' not in raw: return False, False
+def _asked(raw: bytes) -> tuple:
+    "(streamed?, usage chunk asked for?, max tokens or None) of a request body, parsed only if needed."
+    if b'"stream"' not in raw and b'max_' not in raw: return False, False, None
     try: body = json.loads(raw)
-    except ValueError: return False, False
-    if not isinstance(body, dict) or body.get('stream') is not True: return False, False
+    except ValueError: return False, False, None
+    if not isinstance(body, dict): return False, False, None
+    cap = body.get('max_completion_tokens', body.get('max_tokens'))
+    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
     opts = body.get('stream_options') if isinstance(body.get('stream_options'), dict) else {}
-    return True, opts.get('include_usage') is True
+    return body.get('stream') is True, opts.get('include_usage') is True, cap
+
+@patch
+def _answer(self: FixedEndpoint, raw: bytes) -> tuple:
+    "(body, media type) of the answer to a request: usage within its `max_tokens`, as a model's would be."
+    stream, usage, cap = _asked(raw)
+    ct = self.completion_tokens if cap is None else min(cap, self.completion_tokens)
+    if not stream and ct == self.completion_tokens: return self._reply, 'application/json'
+    key = (stream, stream and self._usage and usage, ct)
+    if key not in self._answers:
+        tokens = dict(prompt_tokens=self.prompt_tokens, completion_tokens=ct)
+        self._answers[key] = (chat_completion_events(self.text, usage=key[1], **tokens) if stream
+                              else chat_completion_body(self.text, usage=self._usage, **tokens))
+    return self._answers[key], 'text/event-stream' if stream else 'application/json'
 
 @patch
 async def handle(self: FixedEndpoint, request):
@@ -160,12 +176,11 @@ async def handle(self: FixedEndpoint, request):
     self.max_in_flight = max(self.max_in_flight, self.in_flight)
     try: await asyncio.sleep(self.delay_s)
     finally: self.in_flight -= 1
-    stream, usage = _wants_stream(await request.body())
-    if stream: return Response(self._events[self._usage and usage], media_type='text/event-stream')
-    return Response(self._reply, media_type='application/json')
+    body, media_type = self._answer(await request.body())
+    return Response(body, media_type=media_type)
 
 # %% ../nbs/39_testing.ipynb #39a00012
-_ACTIONS = ('pass', 'drop', 'malformed', 'no_answer', 'slow')
+_ACTIONS = ('pass', 'drop', 'malformed', 'no_answer', 'slow', 'broken_stream', 'cut_stream')
 
 def _check_action(a):
     "Raise `ValueError` unless `a` is a fault `FaultProxy` knows."
@@ -223,6 +238,12 @@ async def _pass(self: FaultProxy, request):
     async with endpoint_client(timeout_s=None, connections=1) as client:
         return await relay(request, self.upstream, client)
 
+# %% ../nbs/39_testing.ipynb #b4322646
+_GOOD_CHUNK = (b'data: {"id": "chatcmpl-cut", "object": "chat.completion.chunk", "choices": '
+               b'[{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": null}]}\n\n')
+_BROKEN_STREAMS = {'broken_stream': b'data: {"id": "chatcmpl-cut", "choi\n\n',
+                   'cut_stream': _GOOD_CHUNK + b'data: {"id": "chatcmpl-cut", "choi\n\n'}
+
 # %% ../nbs/39_testing.ipynb #39a00014
 @patch
 async def handle(self: FaultProxy, request):
@@ -237,6 +258,7 @@ async def handle(self: FaultProxy, request):
     if action == 'malformed':
         cut = b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess'
         return Response(cut, 200, media_type='application/json')
+    if action in _BROKEN_STREAMS: return Response(_BROKEN_STREAMS[action], 200, media_type='text/event-stream')
     if action == 'no_answer': return _strip_final_answer(await self._pass(request))
     if action == 'slow':
         await asyncio.sleep(self.slow_s)
@@ -266,11 +288,12 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
                     features: pd.DataFrame, # the simulator's features, indexed by query_id
                     seed: int = 0, # seed of the filler words
                    ) -> pd.DataFrame:
-    "`obs` with a `query_text` naming the signs of each query's first features."
+    "`obs` with an `original_text` (and the same `query_text`) naming the signs of each query's first features."
     rng = np.random.default_rng(seed)
     F = features.to_numpy()[:, :6]
     words = np.where(F > 0, np.array([f'up{i}' for i in range(F.shape[1])]),
                      np.array([f'down{i}' for i in range(F.shape[1])]))
     filler = rng.choice(['what', 'is', 'the', 'value', 'of', 'a', 'question'], size=(len(F), 3))
     text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
-    return obs.assign(query_text=obs['query_id'].astype(str).map(text).to_numpy())
+    per_row = obs['query_id'].astype(str).map(text).to_numpy()
+    return obs.assign(query_text=per_row, original_text=per_row)

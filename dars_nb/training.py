@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 from typing import Annotated
 from .features import make_featurizer
-from .observations import read_observations
-from .stats import PAPER, supervision
+from .observations import router_texts
+from .release import load_observations
+from .stats import PAPER, supervision, normalize_cost
 from .pool.config import ConfigError, check_known_keys, from_table, read_toml
 from .pool.models import Pool
 from .routers import FAMILIES
@@ -19,7 +20,7 @@ from .guard import cross_validate
 from .bundle import RouterBundle, observations_fingerprint, save_bundle
 
 # %% auto #0
-__all__ = ['TrainConfig', 'load_train_config', 'query_texts', 'train', 'train_main']
+__all__ = ['TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'train', 'train_main']
 
 # %% ../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -29,7 +30,7 @@ def _family_names() -> str:
 @dataclass(frozen=True)
 class TrainConfig:
     "The settings of `dars train`, one field per setting of its TOML file."
-    observations: object # observations = "FILE" (relative to the config file), or the table itself
+    observations: object # observations = "FILE" or "FOLDER" (relative to the config file), or the table itself
     family: str # [router] family: one of `dars_nb.routers.FAMILIES`
     router_params: dict = field(default_factory=dict) # [router]: the family's parameters (other keys)
     mode: str = 'dars' # [supervision] mode
@@ -42,6 +43,7 @@ class TrainConfig:
     folds: int = 5 # [guard] folds of the cross-validation (also the printed held-out estimate)
     fold_seed: int = 0 # [guard] seed of the fold assignment
     pool: Pool | None = None # pool = "FILE" or a [models] table: the models the router routes between
+    drop_incomplete: bool = False # drop_incomplete = true: drop a release folder's rows without a finite score or cost
 
     def __post_init__(self):
         if self.family not in [f.name for f in FAMILIES]:
@@ -76,7 +78,8 @@ def _config_pool(raw: dict, base: Path) -> Pool | None:
     return Pool.from_dict(pool_file, check_env=False, also=tuple(pool_file), source=str(path))
 
 # %% ../nbs/25d_training.ipynb #034657de
-_TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard')
+_TRAIN_KEYS = ('observations', 'pool', 'models', 'router', 'supervision', 'features', 'guard',
+               'drop_incomplete')
 
 def load_train_config(config, # a TOML path, or a dict of that layout (observations may be a frame)
                      ) -> TrainConfig:
@@ -93,27 +96,19 @@ def load_train_config(config, # a TOML path, or a dict of that layout (observati
     if 'family' not in settings: raise ConfigError(f"[router] needs a family ({_family_names()})")
     observations = raw['observations']
     if not isinstance(observations, pd.DataFrame): observations = base / observations
-    given = dict(observations=observations, router_params=params['router'],
+    drop = raw.get('drop_incomplete', False)
+    if not isinstance(drop, bool): raise ConfigError(f"drop_incomplete must be true or false, got {drop!r}")
+    given = dict(observations=observations, router_params=params['router'], drop_incomplete=drop,
                  feature_params=params['features'], pool=_config_pool(raw, base))
     return from_table(TrainConfig, settings, 'the training config', given=given)
 
 # %% ../nbs/25d_training.ipynb #e925461d
-def query_texts(obs: pd.DataFrame, # observations with a query_text column
+def query_texts(obs: pd.DataFrame, # observations with the query columns (or query_text on rewrite 0)
                 queries: pd.MultiIndex, # (dataset, query_id) per training query, e.g. `sup.queries`
                ) -> list[str]:
-    "Each query's original wording (`query_text` of its lowest rewrite_id), in `queries` order."
-    if 'query_text' not in obs.columns:
-        raise ValueError("the observations have no query_text column: a router bundle featurizes the query text")
-    o = obs.dropna(subset=['query_text']).sort_values(['rewrite_id', 'sample_id'])
-    first = (o.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
-             ['query_text'])
-    first.index = first.index.set_levels([lvl.astype(str) for lvl in first.index.levels])
-    keys = pd.MultiIndex.from_arrays([queries.get_level_values(0).astype(str),
-                                      queries.get_level_values(-1).astype(str)])
-    idx = first.index.get_indexer(keys)
-    if (idx < 0).any():
-        raise ValueError(f"no query_text for training query {keys[int(np.argmax(idx < 0))][1]!r}")
-    return first.iloc[idx].astype(str).tolist()
+    "The text a router sees for each query (`router_texts`: its original wording), in `queries` order."
+    keys = zip(queries.get_level_values(0), queries.get_level_values(-1))
+    return router_texts(obs, list(keys)).tolist()
 
 # %% ../nbs/25d_training.ipynb #36007bc9
 def _check_pool(pool: Pool | None, models: list):
@@ -125,6 +120,18 @@ def _check_pool(pool: Pool | None, models: list):
         raise ConfigError(f"pool model {extra[0]!r} has no observations (observed: {observed})")
     missing = [m for m in models if m not in pool.models]
     if missing: raise ConfigError(f"observed model {missing[0]!r} is not in the pool")
+
+# %% ../nbs/25d_training.ipynb #14793075
+def dollar_scale(obs: pd.DataFrame, # observations with raw costs in dollars
+                 models: list, # model order
+                ) -> dict:
+    "Per model, on the training grid: dollars per unit of normalised cost, and mean dollars per request."
+    o = normalize_cost(obs)
+    o = o[(o['split'] == 'train') & (o['view'] == 'grid')]
+    g = o.groupby(o['model'].astype(str))[['cost', 'cost_norm']].agg(['sum', 'mean']).reindex(models)
+    raw, unit = g[('cost', 'sum')].to_numpy(float), g[('cost_norm', 'sum')].to_numpy(float)
+    per_unit = np.divide(raw, unit, out=np.zeros_like(raw), where=unit > 0)
+    return dict(usd_per_cost_unit=per_unit.tolist(), mean_cost_usd=g[('cost', 'mean')].to_numpy(float).tolist())
 
 # %% ../nbs/25d_training.ipynb #e1a01680
 def _featurizer_and_router(settings: TrainConfig, quiet: bool) -> tuple:
@@ -156,7 +163,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     settings = config if isinstance(config, TrainConfig) else load_train_config(config)
     obs = settings.observations
-    if not isinstance(obs, pd.DataFrame): obs = read_observations(obs)
+    obs = load_observations(obs, settings.drop_incomplete, log=(lambda m: None) if quiet else print)
     sup = supervision(obs, settings.mode, settings.lam, settings.beta, seed=settings.seed)
     _check_pool(settings.pool, list(sup.models))
     dars = settings.mode == 'dars'
@@ -169,7 +176,8 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     router.fit(X, sup)
     held_out = guard_cv.report(float(settings.lam))
     meta = dict(family=settings.family, params=settings.router_params, features=featurizer.name,
-                folds=settings.folds, n_train_queries=len(texts), held_out=held_out)
+                folds=settings.folds, n_train_queries=len(texts), held_out=held_out,
+                train_texts=list(texts), **dollar_scale(obs, list(sup.models)))
     bundle = RouterBundle(models=list(sup.models), lam=float(settings.lam), beta=float(settings.beta),
                           mode=settings.mode, featurizer=featurizer, router=router,
                           guard=held_out['margin'] if settings.guard else None, guard_cv=guard_cv,

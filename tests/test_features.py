@@ -145,7 +145,8 @@ def test_reproduce_features_second_run_encodes_nothing(tmp_path, monkeypatch):
     "`dars reproduce --data` featurizes text through `features_from_text`: its second run reads everything back."
     from dars_nb.experiments.inputs import features_from_text
     monkeypatch.setenv('DARS_CACHE', str(tmp_path))
-    obs = pd.DataFrame({'query_id': [f'q{i}' for i in range(6)], 'rewrite_id': 0, 'query_text': TEXTS})
+    obs = pd.DataFrame({'dataset': 'd', 'split': 'train', 'query_id': [f'q{i}' for i in range(6)], 'rewrite_id': 0,
+                        'query_text': TEXTS})
     enc = sentence_encoder(); n = enc.n_encoded
     first = features_from_text(obs, method='sentence')
     assert enc.n_encoded - n == len(TEXTS)

@@ -19,7 +19,7 @@ def quick_report(tmp_path_factory):
 def test_quick_writes_the_report(quick_report):
     files = {p.name for p in quick_report.iterdir()}
     for stem in ('table1', 'table1_vs_best_fixed', 'baselines', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
-                 'beta_sweep', 'temperature', 'adaptive_sampling'):
+                 'beta_sweep', 'temperature', 'adaptive_sampling', 'score_cost', 'table1_vs_paper'):
         assert {f'{stem}.csv', f'{stem}.md'} <= files, stem
     for chart in ('fig2ab_diagnostics', 'fig2c_router_variance', 'fig_protocol', 'fig_ablations', 'fig3_sensitivity'):
         assert {f'{chart}.png', f'{chart}.svg'} <= files, chart
@@ -36,6 +36,10 @@ def test_report_mentions_every_router(quick_report):
     for label in ('beats the best fixed model (chosen on training data, interval above 0)',
                   'best fixed model chosen on training data', 'chosen on test, optimistic', 'oracle', 'random'):
         assert label in report, label
+    # the paper's protocol by default, and the paper's Table 1 beside the simulator's, said to be the simulator
+    assert 'Protocol: `paper`' in report and "### The authors' printout" not in report
+    assert 'On the embedded simulator (simulated data, not the paper\'s models), DARS improves' in report
+    assert 'of the 42 router–dataset–view settings' in report
 
 
 def test_quick_tables_are_complete(quick_report):
@@ -82,6 +86,7 @@ def test_missing_file_and_missing_features(tmp_path, capsys):
     assert reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'train.jsonl')) == 1
     assert 'no dataset in the file has both a training grid and test observations' in capsys.readouterr().err
     rows.append(dict(rows[0], split='test', view='decode', query_id='q2', rewrite_id=0))
+    rows += [dict(r, model='m2') for r in rows]   # two models: the table is routable, only its texts are missing
     (tmp_path / 'obs.jsonl').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
     code = reproduce_main(str(tmp_path / 'out'), data=str(tmp_path / 'obs.jsonl'))
     err = capsys.readouterr().err.strip()

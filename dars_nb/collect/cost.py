@@ -109,7 +109,7 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
                  ) -> str:
     "The dry-run report: planned calls, what is stored and spent, the upper bound, the limits."
     cfg = load_config(config, check_env=False)
-    tasks = load_tasks(cfg)
+    tasks = load_tasks(cfg, stand_ins=True)
     plan = plan_calls(cfg, tasks)
     done, stored, spent = _stored_state(cfg, tasks)
     rw = plan_rewrites(cfg, tasks, stored) if cfg.pool.rewriter is not None else None
@@ -134,4 +134,7 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              markdown_table(cost[cols], floatfmt='.6f'), '',
              f"total: at most {calls} calls to make (retries not counted), at most {fmt_usd(most)}, "
              f"typically about {fmt_usd(typ)}"]
-    return '\n'.join(lines + _limit_lines(cfg, calls, most, spent))
+    filled = [f"note: dataset {name!r}: the data holds {have} of the {asked} queries asked; this plan prices "
+              f"{asked} with repeats of their wordings (collecting needs the full set: --data, data_dir or "
+              f"$DARS_DATA)" for name, (have, asked) in tasks.attrs['stand_ins'].items()]
+    return '\n'.join(lines[:4] + filled + lines[4:] + _limit_lines(cfg, calls, most, spent))

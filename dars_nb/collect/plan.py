@@ -10,14 +10,10 @@ from .prompts import generation_messages, rewrite_messages, KINDS
 from .rewrite import rewrite_calls_max
 from .config import load_config
 from .tasks import load_tasks
+from ..pool.usage import estimate_prompt_tokens
 
 # %% auto #0
 __all__ = ['PLAN_COLUMNS', 'plan_calls', 'plan_rewrites']
-
-# %% ../../nbs/35c_collect_plan.ipynb #078ae688
-def _chars_to_tokens(messages) -> int:
-    "A typical token count of a chat prompt: four characters per token, a few more per message."
-    return sum(len(m['content']) for m in messages) // 4 + 4 * len(messages)
 
 # %% ../../nbs/35c_collect_plan.ipynb #360a8cd9
 PLAN_COLUMNS = KEY_COLUMNS + ['kind', 'max_tokens', 'prompt_tokens_est']
@@ -37,7 +33,8 @@ def plan_calls(config, # a CollectConfig, TOML path or dict
     cfg = load_config(config, check_env=False)
     tasks = load_tasks(cfg) if tasks is None else tasks
     t = tasks[['dataset', 'split', 'query_id', 'kind']].assign(
-        prompt_tokens_est=[_chars_to_tokens(generation_messages(r)) for r in tasks.to_dict('records')])
+        prompt_tokens_est=[estimate_prompt_tokens(generation_messages(r), 'typical')
+                           for r in tasks.to_dict('records')])
     tr, te = t[t['split'] == 'train'], t[t['split'] == 'test']
     parts = [_view_cells(tr, 'grid', range(1, cfg.n_rewrites + 1), range(cfg.n_decodes)),
              _view_cells(te, 'rewrite', range(1, cfg.test_rewrites + 1), [0]),
@@ -62,10 +59,11 @@ def plan_rewrites(config, # a CollectConfig, TOML path or dict
         n = sum(1 for i in range(1, int(r['n_rewrites']) + 1) if i not in have)
         if n == 0: continue
         calls = rewrite_calls_max(n, cfg.rewrite_attempts)
-        first = _chars_to_tokens(rewrite_messages(r, n))
+        first = estimate_prompt_tokens(rewrite_messages(r, n), 'typical')
+        more = estimate_prompt_tokens(rewrite_messages(r, 1), 'typical')
         rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls,
                          prompt_tokens_est=first,
-                         prompt_tokens_max=first + (calls - 1) * _chars_to_tokens(rewrite_messages(r, 1)),
+                         prompt_tokens_max=first + (calls - 1) * more,
                          completion_tokens_typical=min(cfg.rewrite_max_tokens,
                                                        n * (len(str(r['question'])) // 4 + 15))))
     cols = ['dataset', 'query_id', 'n_missing', 'calls_max', 'prompt_tokens_est',

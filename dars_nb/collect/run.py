@@ -21,7 +21,7 @@ from ..observations import KEY_COLUMNS, write_observations
 from ..pool.config import ConfigError
 from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
-from .prompts import generation_messages
+from .prompts import generation_messages, format_choices, choice_list
 from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
 from .config import load_config
 from .tasks import load_tasks
@@ -29,7 +29,7 @@ from .plan import plan_calls
 from .probe import check_endpoints
 
 # %% auto #0
-__all__ = ['CollectResult', 'acollect', 'collect']
+__all__ = ['with_query_columns', 'CollectResult', 'acollect', 'collect']
 
 # %% ../../nbs/35f_collect_run.ipynb #e93dc437
 def _call_seed(seed: int, key: tuple) -> int:
@@ -254,6 +254,20 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
         out['counters'] = client.counters
     return out
 
+# %% ../../nbs/35f_collect_run.ipynb #16e5cbb7
+def with_query_columns(table: pd.DataFrame, # an observation table
+                       tasks: pd.DataFrame, # task rows (`load_tasks`, `load_task_file`): dataset, query_id, kind, question, ...
+                      ) -> pd.DataFrame:
+    "`table` with each query's `original_text`, `passage` (reading) and `options` (choice) from its task row."
+    rows = tasks.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
+    kind = rows['kind'].to_numpy()
+    passage = np.where(kind == 'reading', rows['context'].fillna('').astype(str), '')
+    options = [format_choices(choice_list(r)) if k == 'choice' else '' for k, (_, r) in zip(kind, rows.iterrows())]
+    per = pd.DataFrame(dict(original_text=rows['question'].astype(str), passage=passage, options=options),
+                       index=rows.index.map(lambda k: (str(k[0]), str(k[1])))).replace('', None)
+    at = per.reindex(pd.MultiIndex.from_arrays([table['dataset'].astype(str), table['query_id'].astype(str)]))
+    return table.assign(**{c: at[c].to_numpy() for c in per.columns})
+
 # %% ../../nbs/35f_collect_run.ipynb #7da0df76
 def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
             write_output: bool) -> dict:
@@ -267,6 +281,7 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
                    dict(status=status, message=message, collected=run['collected'], missing=missing,
                                     failures=len(fails), first_failures=[m for _, m in fails[:5]]))
     table, out, rv = store.to_frame(), None, None
+    if len(table): table = with_query_columns(table, tasks)
     if write_output and len(table):
         cfg.output.parent.mkdir(parents=True, exist_ok=True)
         write_observations(table, cfg.output); out = cfg.output

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json
 from pathlib import Path
+import numpy as np
 import pandas as pd
 from ..pool.config import ConfigError
 from .prompts import KINDS, LETTERS, choice_list
@@ -69,21 +70,38 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
         raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
 
 # %% ../../nbs/35b_collect_tasks.ipynb #4dceb8af
+def _stand_ins(tasks: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    "`n` tasks for pricing only: every task of `tasks`, then seeded repeats, each with its own query id."
+    rng = np.random.default_rng(seed)
+    rows = np.r_[np.arange(len(tasks)), rng.integers(0, len(tasks), n - len(tasks))]
+    pick = tasks.iloc[rows].reset_index(drop=True)
+    return pick.assign(query_id=[f'{q}#{k}' for k, q in enumerate(pick['query_id'].astype(str))])
+
+def _too_few(spec: DatasetSpec, have: int, data_dir) -> str:
+    "The one-line error of a dataset with fewer queries than the config asks for, and what data it needs."
+    wanted = f"train + test = {spec.train + spec.test}"
+    where = spec.path or data_dir or '$DARS_DATA'
+    fix = 'a larger task file' if spec.path else 'the full set (--data, data_dir or $DARS_DATA)'
+    return f"dataset {spec.name!r} has {have} queries in {where}, fewer than {wanted}: collecting needs {fix}"
+
 def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
+               stand_ins: bool = False, # price a dataset with too few queries on repeats of them (dry run)
               ) -> pd.DataFrame:
     "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
     from dars_nb.datasets import sample_tasks
-    parts = []
+    parts, short = [], {}
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
-            wanted = f"train + test = {spec.train + spec.test}"
-            raise ValueError(f"dataset {spec.name!r} has {len(tasks)} queries, fewer than {wanted}")
+            if not stand_ins: raise ValueError(_too_few(spec, len(tasks), cfg.data_dir))
+            short[spec.name] = (len(tasks), spec.train + spec.test)
+            tasks = _stand_ins(tasks, spec.train + spec.test, cfg.seed)
         train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
                                    n_test=spec.test)
         parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
                   test.assign(split='test', n_rewrites=cfg.test_rewrites)]
     out = pd.concat(parts, ignore_index=True)
     out['query_id'] = out['query_id'].astype(str)
+    out.attrs['stand_ins'] = short   # dataset -> (queries found, queries asked)
     return out

@@ -14,6 +14,7 @@ from ..diagnostics import diagnose
 from ..simulate import make_world, observe, plot_temperature
 from .protocol import Spec, run_experiments
 from .tables import Table, VIEW_LABELS
+from ..stats import noise_tolerance
 
 # %% auto #0
 __all__ = ['ABLATIONS', 'GRIDS', 'BETAS', 'TEMPERATURES', 'run_ablations', 'ablation_table', 'plot_ablations',
@@ -49,9 +50,9 @@ def _wide(results: pd.DataFrame, row: str) -> pd.DataFrame:
     return wide
 
 def _best_bold(values: pd.DataFrame, block: str | None) -> pd.DataFrame:
-    "True at the largest value of each column (within each `block` of the row index)."
+    "True at the largest value of each column (within each `block` of the row index), and at values level with it up to rounding."
     best = values.groupby(level=block, sort=False).transform('max') if block else values.max()
-    return values.eq(best) & values.notna()
+    return values.ge(best - noise_tolerance(values.to_numpy())) & values.notna()
 
 # %% ../../nbs/22_ablations.ipynb #a9724187
 def ablation_table(results: pd.DataFrame, # output of `run_ablations`

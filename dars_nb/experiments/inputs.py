@@ -6,14 +6,16 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
+import numpy as np
 import pandas as pd
-from ..observations import read_observations, validate, select
+from ..observations import validate, select, router_texts
+from ..release import load_observations
 from ..stats import PAPER
-from .protocol import PAPER_TEST_SIZES, datasets_from, simulated_datasets
+from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
 
 # %% auto #0
-__all__ = ['FULL', 'QUICK', 'Settings', 'features_from_text', 'read_features', 'load_data']
+__all__ = ['FULL', 'QUICK', 'TEXTS', 'Settings', 'authors_texts', 'features_from_text', 'read_features', 'load_data']
 
 # %% ../../nbs/24a_inputs.ipynb #cbd81ac7
 @dataclass(frozen=True)
@@ -38,19 +40,42 @@ QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop
                  temperatures=(0.3, 0.7), temperature_n_train=60)
 
 # %% ../../nbs/24a_inputs.ipynb #cb07c7d8
-def features_from_text(obs: pd.DataFrame, # observations with a `query_text` column
-                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `query_features`)
+def authors_texts(obs: pd.DataFrame, # observations with the query columns
+                 ) -> pd.Series: # index (dataset, query_id)
+    "The text the authors' encoder reads: the passage's first 1,200 characters, then 'Question: ' and the question."
+    question = router_texts(obs.drop(columns=['passage', 'options'], errors='ignore'))
+    if 'passage' not in obs.columns: return question
+    per = obs.groupby([obs['dataset'], obs['query_id']], observed=True)['passage'].first()
+    per.index = per.index.map(lambda k: (str(k[0]), str(k[1])))
+    passages = per.reindex(question.index)
+    text = [q.strip() if pd.isna(p) or not str(p).strip() else f"{str(p).strip()[:1200]}\nQuestion: {q.strip()}"
+            for q, p in zip(question, passages)]
+    return pd.Series(text, index=question.index, name='text')
+
+TEXTS = {'router': router_texts, 'authors': authors_texts}
+
+def features_from_text(obs: pd.DataFrame, # observations with the query columns (or `query_text` on rewrite 0)
+                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `make_featurizer`)
+                       text: str = 'router', # 'router' (`router_texts`) or 'authors' (passage first, no options)
+                       **kwargs, # parameters of the featurizer (e.g. TF-IDF's `ngram_range`)
                       ) -> pd.DataFrame:
-    "Query features from the text of each query's original wording (its lowest rewrite_id)."
-    from dars_nb.features import query_features
-    if 'query_text' not in obs.columns:
-        raise ValueError("no query features: give a features file or a 'query_text' column in the observations")
-    rows = obs[['query_id', 'rewrite_id', 'query_text']].dropna(subset=['query_text'])
-    first = rows.sort_values(['query_id', 'rewrite_id'], kind='stable').drop_duplicates('query_id')
-    missing = set(obs['query_id'].astype(str)) - set(first['query_id'].astype(str))
-    if missing: raise ValueError(f"query {sorted(missing)[0]!r} has no query_text")
-    return query_features(first['query_text'].astype(str).tolist(), method=method,
-                          index=pd.Index(first['query_id'].astype(str), name='query_id'))
+    "Features of the text a router sees for each query (`router_texts`), fitted on the training queries only."
+    from dars_nb.features import make_featurizer
+    if not {'original_text', 'query_text'} & set(obs.columns):
+        raise ValueError("no query features: give a features file, or a 'query_text' or 'original_text' column "
+                         "in the observations")
+    if text not in TEXTS: raise ValueError(f"unknown text {text!r} (expected one of {', '.join(TEXTS)})")
+    texts = TEXTS[text](obs)
+    ids = texts.index.get_level_values('query_id')
+    if ids.has_duplicates:
+        raise ValueError(f"query id {ids[ids.duplicated()][0]!r} is in two datasets: features are indexed by query id")
+    train = obs.loc[(obs['split'] == 'train').to_numpy(), ['dataset', 'query_id']].astype(str)
+    fit_on = texts.index.isin(pd.MultiIndex.from_frame(train))
+    if not fit_on.any(): raise ValueError("no training query to fit the query features on")
+    featurizer = make_featurizer(method, **kwargs).fit(texts[fit_on].tolist())   # training texts only
+    prefix = 'emb' if featurizer.kind == 'sentence' else 'tfidf'
+    X = featurizer.transform(texts.tolist())
+    return pd.DataFrame(X, index=pd.Index(ids, name='query_id'), columns=[f'{prefix}{i}' for i in range(X.shape[1])])
 
 # %% ../../nbs/24a_inputs.ipynb #73d864a5
 def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
@@ -74,18 +99,21 @@ def _complete(obs: pd.DataFrame) -> bool:
     test = ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any()
     return bool(train and test)
 
-def load_data(data=None, # None for the simulator, or an observation file (.parquet, .jsonl, .csv)
-              features=None, # features file for `data` (default: from its query_text column)
+def load_data(data=None, # None for the simulator, an observation file (.parquet, .jsonl, .csv) or a release folder
+              features=None, # features file for `data` (default: from each query's original wording)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed
-              log=print, # where the note about skipped datasets goes
+              log=print, # where the note about skipped datasets (and dropped rows) goes
+              drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
+              formulas: Formulas = Formulas(), # how the datasets' statistics are taken
+              text_features: dict | None = None, # `features_from_text` arguments (method, text, featurizer's)
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
-        datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed)
+        datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed, formulas)
         obs = pd.concat([d.obs for d in datasets], ignore_index=True)
         return datasets, validate(obs.drop(columns='cost_norm'))
-    obs = read_observations(data)
+    obs = load_observations(data, drop_incomplete, log)
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
     if not usable:
         raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")
@@ -94,5 +122,10 @@ def load_data(data=None, # None for the simulator, or an observation file (.parq
         log(f"      skipping dataset(s) without a training grid or test views: "
             f"{', '.join(skipped)}")
     obs = select(obs[obs['dataset'].isin(usable).to_numpy()])
-    feats = read_features(features) if features is not None else features_from_text(obs)
-    return datasets_from(obs, feats), obs
+    models = obs.groupby('dataset', observed=True)['model'].nunique()
+    if (models < 2).any():
+        one = models.index[int(np.argmax(models.to_numpy() < 2))]
+        raise ValueError(f"dataset {one!r} has one model: routing needs two models or more")
+    feats = (read_features(features) if features is not None
+             else features_from_text(obs, **(text_features or {})))
+    return datasets_from(obs, feats, formulas=formulas), obs

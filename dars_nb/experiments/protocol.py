@@ -18,18 +18,33 @@ from sklearn.base import clone
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from ..observations import as_validated, select, model_order
-from ..stats import PAPER, supervision, normalize_cost, MODES, Supervision
+from ..stats import PAPER, supervision, normalize_cost, MODES, Supervision, COST_NORMS, DRAWS
 from ..bootstrap import bootstrap_ci
-from ..evaluate import (per_query_view_utility, true_utility, best_fixed_model,
+from ..evaluate import (per_query_view_utility, view_means, true_utility, best_fixed_model,
                               best_fixed_model_from_training)
 from ..routers.base import align
 
 # %% auto #0
-__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'ProtocolData', 'make_dataset',
+__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'Formulas', 'ProtocolData', 'make_dataset',
            'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
            'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit',
            'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'run_experiments',
            'run_protocol']
+
+# %% ../../nbs/21a_protocol.ipynb #8c647133
+class Formulas(NamedTuple):
+    "How a dataset's statistics are taken: cost normalisation, σ_q's ddof, the single-shot draw."
+    cost_norm: str = 'max'   # 'max': c / max_d (the paper); 'minmax' (the authors' code)
+    ddof: int = 0            # σ_q: 0 population (the paper); 1 sample (the authors' code)
+    draw: str = 'cell'       # single-shot draw: 'cell' (ours); 'rows' (the authors' code)
+
+    def check(self) -> 'Formulas':
+        "The formulas themselves, or a one-line ValueError naming the unknown one."
+        if self.cost_norm not in COST_NORMS:
+            raise ValueError(f"unknown cost normalisation {self.cost_norm!r} (expected one of {', '.join(COST_NORMS)})")
+        if self.ddof not in (0, 1): raise ValueError(f"ddof must be 0 or 1, got {self.ddof!r}")
+        if self.draw not in DRAWS: raise ValueError(f"unknown draw {self.draw!r} (expected one of {', '.join(DRAWS)})")
+        return self
 
 # %% ../../nbs/21a_protocol.ipynb #8688cdbc
 @dataclass
@@ -41,6 +56,7 @@ class ProtocolData:
     features: pd.DataFrame      # query features indexed by query_id (str)
     # indexed (dataset, query_id, model) with mu_q, mu_c (simulator), or None
     truth: pd.DataFrame | None = None
+    formulas: Formulas = Formulas()   # how its statistics are taken (the paper's by default)
 
     @property
     def grid_sides(self) -> tuple[int, int]:
@@ -58,9 +74,10 @@ class ProtocolData:
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
+                 formulas: Formulas = Formulas(), # cost normalisation, σ_q's ddof, single-shot draw
                 ) -> ProtocolData:
     "Validate one dataset's observations and features; normalise cost over train and test."
-    obs = as_validated(obs)
+    obs, formulas = as_validated(obs), Formulas(*formulas).check()
     names = list(obs['dataset'].cat.categories)
     if len(names) != 1:
         raise ValueError(f"make_dataset takes one dataset at a time, got {len(names)}: use datasets_from")
@@ -78,7 +95,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
         truth = truth.xs(name, level='dataset', drop_level=False)
     elif truth is not None:
         raise ValueError(f"the truth frame has no rows for dataset {name!r}")
-    return ProtocolData(name, normalize_cost(obs), features, truth)
+    return ProtocolData(name, normalize_cost(obs, formulas.cost_norm), features, truth, formulas)
 
 # %% ../../nbs/21a_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
@@ -86,21 +103,23 @@ PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
 def simulated_datasets(test_sizes: Mapping | None = None, # profile -> test queries
                        n_train: int = 200, # training queries per profile
                        seed: int = 0, # simulator seed
+                       formulas: Formulas = Formulas(), # how the statistics are taken
                       ) -> list[ProtocolData]:
     "Simulated datasets with ground truth, one per profile."
     from dars_nb.simulate import simulate
     sizes = PAPER_TEST_SIZES if test_sizes is None else test_sizes
-    return [make_dataset(*simulate(profile, n_train=n_train, n_test=n, seed=seed))
+    return [make_dataset(*simulate(profile, n_train=n_train, n_test=n, seed=seed), formulas=formulas)
             for profile, n in sizes.items()]
 
 # %% ../../nbs/21a_protocol.ipynb #e7367fb7
 def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                   features: pd.DataFrame, # query features by query_id (shared by all datasets)
                   truth: pd.DataFrame | None = None, # ground truth, if known
+                  formulas: Formulas = Formulas(), # how the statistics are taken
                  ) -> list[ProtocolData]:
     "One `ProtocolData` per dataset in `obs`."
     obs = as_validated(obs)
-    return [make_dataset(select(obs, dataset=name), features, truth)
+    return [make_dataset(select(obs, dataset=name), features, truth, formulas)
             for name in obs['dataset'].cat.categories]
 
 # %% ../../nbs/21a_protocol.ipynb #9516c7b1
@@ -173,6 +192,8 @@ class Prepared:
     test_ids: pd.Index          # test queries of all views, in table order
     features: pd.DataFrame      # query features indexed by query_id
     true_utility: np.ndarray | None = None  # (test queries, models) U* = μ_q − λμ_c, or None
+    scores: dict | None = None  # view -> (test queries × models) mean score
+    costs: dict | None = None   # view -> (test queries × models) mean normalised cost
 
 def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np.ndarray:
     "True U* = μ_q − λμ_c (n, K) of the test queries `ids`."
@@ -192,10 +213,12 @@ def prepare_dataset(ds: ProtocolData, # the dataset
     views = [v for v in views if (test['view'] == v).any()]
     if not views: raise ValueError(f"dataset {ds.name!r} has no test observations in the requested views")
     models = model_order(ds.obs)
-    tables = {v: per_query_view_utility(ds.obs, v, lam, models) for v in views}
+    means = {v: view_means(ds.obs, v, models) for v in views}    # (score, cost) tables per view
+    tables = {v: score - lam * cost for v, (score, cost) in means.items()}
     test_ids = pd.Index([]).append([t.index for t in tables.values()]).unique()
     U = None if ds.truth is None else _true_utility(ds.truth, ds.name, test_ids, models, lam)
-    return Prepared(ds.name, models, tables, test_ids, ds.features, U)
+    return Prepared(ds.name, models, tables, test_ids, ds.features, U,
+                    {v: m[0] for v, m in means.items()}, {v: m[1] for v, m in means.items()})
 
 # %% ../../nbs/21a_protocol.ipynb #597d7746
 def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
@@ -219,9 +242,10 @@ def supervise(ds: ProtocolData, # the dataset
     "The supervision of `spec` on the dataset's training grid, and the grid's label."
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
     train, grid = _training_rows(ds.obs, spec.grid)
-    R = int(n_draws) if spec.mode == 'single' else 1
-    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta,
-                      seed=derive_seed(seed, 'draws', ds.name), n_draws=R, models=models)
+    R, f = (int(n_draws) if spec.mode == 'single' else 1), ds.formulas
+    draws_seed = int(seed) if f.draw == 'rows' else derive_seed(seed, 'draws', ds.name)
+    sup = supervision(train, spec.mode, lam=lam, beta=spec.beta, seed=draws_seed, n_draws=R,
+                      models=models, ddof=f.ddof, draw=f.draw)
     return sup, grid
 
 # %% ../../nbs/21a_protocol.ipynb #4a49e259
@@ -255,15 +279,20 @@ def chosen_positions(prep: Prepared, # the prepared dataset
     return pos
 
 # %% ../../nbs/21a_protocol.ipynb #ac549055
-def _view_values(prep: Prepared, view: str, pos: np.ndarray) -> np.ndarray:
-    "(R, n_view) utilities of the chosen models on one view."
-    table = prep.tables[view]
+def _view_values(prep: Prepared, view: str, pos: np.ndarray, table: pd.DataFrame | None = None) -> np.ndarray:
+    "(R, n_view) values of the chosen models on one view (its utilities, or `table`'s)."
+    table = prep.tables[view] if table is None else table
     at = prep.test_ids.get_indexer(table.index)
     values = table.to_numpy(float)[np.arange(len(table))[None], pos[:, at]]
     if np.isnan(values).any():
         r, i = np.argwhere(np.isnan(values))[0]
         raise ValueError(f"model {prep.models[pos[r, at[i]]]!r} has no {view!r} observation of query {table.index[i]!r}")
     return values
+
+def _score_and_cost(prep: Prepared, view: str, pos: np.ndarray) -> tuple[float, float]:
+    "Mean score and mean normalised cost of the chosen models on one view (NaN when not prepared)."
+    if prep.scores is None: return np.nan, np.nan
+    return tuple(float(_view_values(prep, view, pos, t[view]).mean()) for t in (prep.scores, prep.costs))
 
 def score_unit(prep: Prepared, # the prepared dataset
                name: str, # the router's name in the output
@@ -286,10 +315,11 @@ def score_unit(prep: Prepared, # the prepared dataset
         ci = (bootstrap_ci(per_query, n_boot, alpha,
                            derive_seed(seed, 'bootstrap', prep.name, view))
               if n_boot else (np.nan, np.nan, np.nan))
+        score, cost = _score_and_cost(prep, view, pos)
         rows.append(dict(dataset=prep.name, router=name, supervision=spec.mode,
                          beta=float(spec.beta),
-                         grid=grid, view=view, utility=float(per_draw.mean()), ci_low=float(ci[1]),
-                         ci_high=float(ci[2]),
+                         grid=grid, view=view, utility=float(per_draw.mean()), score=score, cost=cost,
+                         ci_low=float(ci[1]), ci_high=float(ci[2]),
                          single_std=float(per_draw.std(ddof=1)) if R > 1 else np.nan,
                          n_draws=R, true_regret=regret, draw_utilities=per_draw,
                          per_query=per_query))
@@ -314,7 +344,7 @@ def run_unit(ds: ProtocolData, # the dataset
     return score_unit(prep, name, router, spec, sup, grid, seed, n_boot, alpha)
 
 # %% ../../nbs/21a_protocol.ipynb #7875ef7d
-RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'ci_low',
+RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'score', 'cost', 'ci_low',
                   'ci_high',
                   'best_fixed', 'vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high',
                   'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/24c_report.ipynb #97d1bf0a
 from __future__ import annotations
+import json
 import os
 import resource
 import sys
@@ -11,13 +12,17 @@ import time
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from ..stats import noise_tolerance
 from .protocol import BASELINES
 from .tables import VIEW_LABELS, compare_supervision, count_wins, count_verdicts
 from .inputs import Settings
+from .paper import paper_wins_line
+from .presets import PAPER_PROTOCOL
+from ..release import is_release
 from .stages import Run
 
 # %% auto #0
-__all__ = ['peak_memory_mb', 'run_summary', 'report_text', 'summary_text']
+__all__ = ['peak_memory_mb', 'describe_data', 'run_summary', 'report_text', 'summary_text']
 
 # %% ../../nbs/24c_report.ipynb #3da691f9
 def _descendants(pid: int) -> list[int]:
@@ -46,6 +51,26 @@ def peak_memory_mb() -> tuple[float, float]:
         if hwm: workers += int(hwm[0].split()[1]) / 1024
     return main, workers
 
+# %% ../../nbs/24c_report.ipynb #1ae48cc8
+def _synthetic(folder: Path) -> bool:
+    "True when a release folder's metadata.json files say its rows are synthetic."
+    for meta in [folder / 'metadata.json', *folder.glob('*/metadata.json')]:
+        try: source = str(json.loads(meta.read_text()).get('source_repo', ''))
+        except (OSError, ValueError, AttributeError): continue
+        if 'synthetic' in source.lower(): return True
+    return False
+
+def describe_data(data, # None (the simulator), a release folder or an observation file
+                 ) -> str:
+    "What a run's numbers come from, in words."
+    if data is None: return "the embedded simulator (simulated data, not the paper's models)"
+    path = Path(data)
+    if path.is_dir() and is_release(path):
+        if _synthetic(path):
+            return f"the synthetic fixture `{data}` (made-up rows in the release's layout, not the authors' data)"
+        return f"the authors' release `{data}`"
+    return f"`{data}`"
+
 # %% ../../nbs/24c_report.ipynb #9591fd81
 def _best_routers(results: pd.DataFrame) -> pd.DataFrame:
     "Per dataset, the (router, supervision) with the highest utility averaged over the views."
@@ -58,6 +83,7 @@ def run_summary(run: Run, # the run
                 baselines: pd.DataFrame, # the protocol's baselines
                 datasets: list, # the protocol's datasets
                 routers: dict, # routers by name
+                data=None, # what the run read (None: the simulator), for the line beside the paper
                ) -> dict:
     "Verdicts, baselines, the best policy per dataset, and the run's time and memory."
     wins, verdict = count_wins(results), count_verdicts(results)
@@ -71,7 +97,9 @@ def run_summary(run: Run, # the run
                 worker_memory_mb=workers, n_jobs=run.n_jobs, cpus=os.cpu_count(),
                 timings=dict(run.timings),
                 best=best, routers=list(routers), datasets=names,
-                grid_sides=dict(zip(names, (d.grid_sides for d in datasets))))
+                grid_sides=dict(zip(names, (d.grid_sides for d in datasets))),
+                protocol=run.protocol.name, protocol_note=run.protocol.note,
+                paper_line=paper_wins_line(results, describe_data(data)))
 
 # %% ../../nbs/24c_report.ipynb #f390874e
 def _fmt_seconds(seconds: float) -> str:
@@ -125,8 +153,10 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
                       f'{n} test queries' for p, n in settings.test_sizes.items())
     source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
     one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
+    protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', 'paper') != 'paper'
+                else "Protocol: `paper` — the paper's formulas (`--protocol authors` follows the authors' released code where it differs).")
     lines = [
-        '# DARS reproduction report', '',
+        '# DARS reproduction report', '', protocol, '',
         f'Data: {source}. Routers: {", ".join(summary["routers"])}. Single-shot supervision: '
         f'R = {settings.n_draws} draws per router (one batched fit); DARS: one fit. '
         f'λ = {settings.lam}, β = {settings.beta}, seed {seed}. '
@@ -152,7 +182,7 @@ def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
     best = '; '.join(_best_text(name, b, results) for name, b in summary['best'].items())
     return [
         '## Headline', '', f'**{summary["verdict_text"]}.**' + _no_router_text(summary['verdict']),
-        '',
+        '', summary.get('paper_line', ''), '',
         'Per dataset — settings where DARS beats single-shot / DARS beats the best fixed model / '
         f'single-shot beats it / DARS falls below it: {per_dataset}.', '',
         f'"Beats" means the {100 * (1 - 0.05):.0f} % paired-bootstrap interval of the per-query '
@@ -165,7 +195,25 @@ def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
         f'chosen on training data: {best}.', '']
 
 # %% ../../nbs/24c_report.ipynb #7ba5d62f
-def _report_protocol(settings: Settings, md: dict, truth: bool) -> list[str]:
+def _report_beside(md: dict, paper_line: str) -> list[str]:
+    "The parts of section 2 that set the utilities apart: the paper beside us, score and cost, the authors' printout."
+    lines = []
+    if 'paper' in md:
+        lines += ["### Beside the paper's Table 1", '', paper_line + ' Per setting: the paper\'s '
+                  'single-shot and DARS utilities, ours, ours − paper for each, and each side\'s DARS gain.',
+                  '', md['paper'], '']
+    if 'score_cost' in md:
+        lines += ['### Score and cost', '', 'Each utility is the mean score minus λ times the mean '
+                  'normalised cost of the chosen models; both parts, per dataset, view and router.',
+                  '', md['score_cost'], '']
+    if 'authors' in md:
+        lines += ["### The authors' printout", '', "Per view the mean score and mean cost of the chosen "
+                  "models beside the utility, and the best fixed model and oracle as the authors' code "
+                  "chooses them: by mean score, on the test view itself (labelled as theirs).", '',
+                  md['authors'], '']
+    return lines
+
+def _report_protocol(settings: Settings, md: dict, truth: bool, paper_line: str = '') -> list[str]:
     "Sections 1 and 2 of report.md: diagnostics, and single-shot against DARS."
     lines = [
         '## 1. Diagnostics (paper Fig. 2a, 2b)', '',
@@ -176,7 +224,7 @@ def _report_protocol(settings: Settings, md: dict, truth: bool) -> list[str]:
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
         f'Each router trained on {settings.n_draws} single-shot draws (mean, and ± std over draws '
         'in Table 5) and once on DARS supervision, then the baselines. Bold: DARS beats the '
-        'single-shot mean.', '', md['table1'], '',
+        'single-shot mean.', '', md['table1'], '', *_report_beside(md, paper_line),
         'Difference to the best fixed model chosen on training data, with its paired-bootstrap '
         'interval (single-shot: the per-query mean over the draws). Bold: the interval lies '
         'above 0.',
@@ -235,16 +283,18 @@ def report_text(summary: dict, # `run_summary`'s output
                ) -> str:
     "The text of report.md."
     lines = (_report_head(summary, settings, data, seed) + _report_headline(summary, results)
-             + _report_protocol(settings, md, truth) + _report_studies(summary, md))
+             + _report_protocol(settings, md, truth, summary.get('paper_line', ''))
+             + _report_studies(summary, md))
     return '\n'.join(lines)
 
 # %% ../../nbs/24c_report.ipynb #85a80457
 def _router_lines(results: pd.DataFrame) -> list[str]:
     "Per dataset, router: single-shot and DARS gap to the best fixed model [interval]; * above 0."
     comparison = compare_supervision(results)
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
     def cell(row, side):
         low, high = row[f'{side}_vs_fixed_low'], row[f'{side}_vs_fixed_high']
-        return f"{row[f'{side}_vs_fixed']:+.3f} [{low:+.3f}, {high:+.3f}]{'*' if low > 0 else ' '}"
+        return f"{row[f'{side}_vs_fixed']:+.3f} [{low:+.3f}, {high:+.3f}]{'*' if low > tol else ' '}"
     views = list(dict.fromkeys(comparison.index.get_level_values('view')))
     lines = ['Difference to the best fixed model chosen on training data, '
              + ' / '.join(VIEW_LABELS.get(v, v) for v in views) + ' (* interval above 0):']
@@ -264,6 +314,7 @@ def summary_text(summary: dict, # `run_summary`'s output
                 ) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{summary['verdict_text']}.{_no_router_text(summary['verdict'])}",
+             summary.get('paper_line', ''),
              'Per dataset: DARS > single-shot / DARS > best fixed / single-shot > best fixed / '
              'DARS < best fixed:']
     for name, counts in count_verdicts(results, by='dataset').iterrows():

@@ -16,6 +16,7 @@ from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
                                         efficiency_stage, temperature_stage, beta_stage, figure3,
                                         adaptive_stage)
 from .report import run_summary, report_text, summary_text
+from .presets import get_protocol
 
 # %% auto #0
 __all__ = ['TORCH_ROUTERS', 'reproduce', 'reproduce_main']
@@ -25,23 +26,28 @@ __all__ = ['TORCH_ROUTERS', 'reproduce', 'reproduce_main']
 TORCH_ROUTERS = tuple(f.name for f in FAMILIES if f.extra == 'torch')
 
 def reproduce(out, # folder for the report (created if needed)
-              data=None, # None for the embedded simulator default, or an observation file
+              data=None, # None for the embedded simulator default, an observation file or a release folder
               quick: bool = False, # small sizes for a smoke test
               n_jobs: int | None = None, # joblib workers (None: all cores, 1 for `quick`)
-              seed: int = 0, # the run's seed (simulator, single-shot draws, routers, bootstrap)
-              features=None, # features file for `data` (default: from its query_text column)
+              seed: int | None = None, # the run's seed (simulator, draws, routers, bootstrap); None: the protocol's, else 0
+              features=None, # features file for `data` (default: from each query's original wording)
               routers=None, # routers to run (default: the seven families of dars_nb.routers)
               settings: Settings | None = None, # sizes (default: `QUICK` if `quick` else `FULL`)
               verbose: bool = True, # print progress and the final summary
+              drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
+              protocol='paper', # 'paper' (the paper's formulas), 'authors' (their released code), or a `Protocol`
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
+    protocol = get_protocol(protocol)
     if routers is None and importlib.util.find_spec('torch') is None:
         raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
+    if seed is None: seed = 0 if protocol.seed is None else protocol.seed
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
-    run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose)
+    run = Run(Path(out), settings or (QUICK if quick else FULL), seed, n_jobs, verbose, protocol=protocol)
     run.out.mkdir(parents=True, exist_ok=True)
-    with run.timed('data'): routers, datasets, obs = data_stage(run, data, features, routers)
+    with run.timed('data'):
+        routers, datasets, obs = data_stage(run, data, features, protocol.routers(routers), drop_incomplete)
     with run.timed('diagnostics'): diagnostics_stage(run, obs)
     with run.timed('protocol'): results, baselines = protocol_stage(run, datasets, routers)
     with run.timed('ablations'): ablations = ablation_stage(run, datasets, routers, results)
@@ -52,7 +58,7 @@ def reproduce(out, # folder for the report (created if needed)
         betas = beta_stage(run, datasets, routers, ablations)
         run.chart('fig3', figure3(efficiency, study, betas), 'fig3_sensitivity')
     with run.timed('adaptive'): adaptive_stage(run, obs)
-    summary = run_summary(run, results, baselines, datasets, routers)
+    summary = run_summary(run, results, baselines, datasets, routers, data)
     truth = bool(results['true_regret'].notna().any())
     (run.out / 'report.md').write_text(report_text(summary, run.settings, run.md, results, truth,
                                                    data, seed))
@@ -62,13 +68,16 @@ def reproduce(out, # folder for the report (created if needed)
 
 # %% ../../nbs/24d_reproduce.ipynb #70e71b33
 def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # report folder
-                   data: str | None = None, # observation file (default: the embedded simulator)
+                   data: str | None = None, # observation file or folder of the authors' release (default: the simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`
                    quiet: bool = False, # no progress, bars or summary (errors still on stderr)
+                   drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
+                   protocol: str = 'paper', # 'paper' (the paper's formulas) or 'authors' (their released code where it differs)
                   ) -> int:
     "Run the whole experiment and write its report: tables, charts and report.md."
-    try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet)
+    try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet,
+                   drop_incomplete=drop_incomplete, protocol=protocol)
     except (ValueError, OSError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f'dars reproduce: error: {message}', file=sys.stderr)

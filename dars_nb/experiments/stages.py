@@ -11,12 +11,15 @@ from pathlib import Path
 import pandas as pd
 import altair as alt
 from fastcore.basics import patch
+from sklearn.base import clone
 from ..observations import validate, select
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
 from .protocol import resolve_routers, run_protocol, protocol_baselines, scalars
 from .tables import (Table, table1, table_vs_fixed, table5, count_verdicts,
-                                        regret_table)
+                                        regret_table, score_cost_table)
+from .paper import paper_table
+from .presets import Protocol, PAPER_PROTOCOL, authors_printout
 from .figures import (protocol_draws, protocol_variance, plot_protocol_variance,
                                          plot_protocol)
 from .ablations import (run_ablations, ablation_table, plot_ablations,
@@ -29,8 +32,8 @@ from .ablations import (run_ablations, ablation_table, plot_ablations,
 from .inputs import Settings, FULL, load_data
 
 # %% auto #0
-__all__ = ['write_table', 'write_chart', 'Run', 'data_stage', 'diagnostics_stage', 'protocol_stage', 'ablation_stage',
-           'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
+__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'diagnostics_stage', 'protocol_stage',
+           'ablation_stage', 'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
 
 # %% ../../nbs/24b_stages.ipynb #6f6f4d15
 def write_table(table, # a `Table` or a DataFrame
@@ -70,6 +73,7 @@ class Run:
     md: dict = field(default_factory=dict)       # Markdown of each table and chart written, by key
     timings: dict = field(default_factory=dict)  # seconds per finished stage
     started: float = field(default_factory=time.perf_counter)  # when the run began
+    protocol: Protocol = PAPER_PROTOCOL  # the paper's formulas, or the authors' code where it differs
 
     def log(self, *args):
         "Print the progress line `args` when the run is verbose."
@@ -102,19 +106,48 @@ def timed(self: Run, name: str):
     yield
     self.timings[name] = time.perf_counter() - start
 
+# %% ../../nbs/24b_stages.ipynb #7e920c97
+SIZED = {  # parameter -> its value for a dataset of n training queries, when the router's is larger
+    'n_clusters': lambda n: max(1, n // 2),
+    'n_neighbors': lambda n: n,
+}
+
+def sized_to_data(routers: dict, # name -> unfitted router
+                  datasets: list, # the protocol's datasets
+                  log=print, # where each change is said
+                 ) -> dict:
+    "`routers` with size parameters over what the smallest dataset supports set to it, each change said once."
+    counts = {d.name: d.obs.loc[(d.obs['split'] == 'train').to_numpy(), 'query_id'].nunique() for d in datasets}
+    name_min, n = min(counts.items(), key=lambda kv: kv[1])
+    out = {}
+    for name, router in routers.items():
+        params = router.get_params() if hasattr(router, 'get_params') else {}
+        change = {p: f(n) for p, f in SIZED.items() if isinstance(params.get(p), int) and params[p] > f(n)}
+        if change:
+            router = clone(router).set_params(**change)
+            said = ', '.join(f"{p} {params[p]} → {v}" for p, v in change.items())
+            log(f"      {name}: {said} ({name_min} has {n} training queries)")
+        out[name] = router
+    return out
+
 # %% ../../nbs/24b_stages.ipynb #c570c1e4
 def data_stage(run: Run, # the run
-               data=None, # None for the simulator, or an observation file
+               data=None, # None for the simulator, an observation file or a folder of the authors' release
                features=None, # features file for `data`
                routers=None, # routers to run (default: the seven families)
+               drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
               ) -> tuple[dict, list, pd.DataFrame]:
     "The routers by name, the protocol's datasets, and the whole observation table."
     settings = run.settings
     sizes = ', '.join(f'{p} {n}' for p, n in settings.test_sizes.items())
     run.log(f"[1/8] data: {f'simulator ({sizes} test queries)' if data is None else data}")
-    routers = resolve_routers(routers)
-    datasets, obs = load_data(data, features, settings, run.seed, run.log)
+    routers, p = resolve_routers(routers), run.protocol
+    if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
+    text = (dict(method=p.features, text=p.text, **p.tfidf)
+            if (p.features, p.text) != ('auto', 'router') or p.tfidf else None)
+    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
+    routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs
 
 # %% ../../nbs/24b_stages.ipynb #b62cae2d
@@ -129,10 +162,15 @@ def diagnostics_stage(run: Run, # the run
     return diagnostics
 
 # %% ../../nbs/24b_stages.ipynb #3c91a28c
-def _protocol_tables(run: Run, results: pd.DataFrame, baselines: pd.DataFrame):
+def _protocol_tables(run: Run, results: pd.DataFrame, baselines: pd.DataFrame, datasets: list):
     "Write the tables and charts of the protocol's results."
     run.table('baselines', baselines.set_index(['dataset', 'view', 'policy']), 'baselines', 3)
     run.table('table1', table1(results, baselines), 'table1')
+    run.table('score_cost', score_cost_table(results), 'score_cost')
+    beside = paper_table(results)
+    if len(beside): run.table('paper', beside, 'table1_vs_paper')
+    if run.protocol.printout == 'authors':
+        run.table('authors', authors_printout(results, datasets, run.settings.lam), 'authors_printout')
     run.table('table1_vs_fixed', table_vs_fixed(results), 'table1_vs_best_fixed')
     run.table('table5', table5(results), 'table5')
     run.table('wins_by', count_verdicts(results, by='dataset'), 'verdicts_by_dataset', 0)
@@ -159,7 +197,7 @@ def protocol_stage(run: Run, # the run
     if settings.n_draws > 1: protocol_draws(results).to_csv(run.out / 'protocol_draws.csv',
                                                             index=False)
     baselines = protocol_baselines(datasets, settings.lam, n_boot=settings.n_boot, seed=run.seed)
-    _protocol_tables(run, results, baselines)
+    _protocol_tables(run, results, baselines, datasets)
     return results, baselines
 
 # %% ../../nbs/24b_stages.ipynb #85ab7a0e

@@ -8,11 +8,12 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
+from ..stats import noise_tolerance
 from .protocol import BASELINES
 
 # %% auto #0
 __all__ = ['VIEW_LABELS', 'compare_supervision', 'Wins', 'count_wins', 'Verdict', 'count_verdicts', 'Table', 'table1',
-           'table_vs_fixed', 'table5', 'regret_table']
+           'table_vs_fixed', 'table5', 'regret_table', 'score_cost_table']
 
 # %% ../../nbs/21b_tables.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
@@ -33,7 +34,8 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
     out = pd.DataFrame({'single': wide[baseline], 'single_std': std.reindex(wide.index),
                         'dars': wide[treatment]})
     out['difference'] = out['dars'] - out['single']
-    out['win'] = out['difference'] > 0
+    # a win beyond rounding only: the two utilities were summed in different orders
+    out['win'] = out['difference'] > noise_tolerance(out[['single', 'dars']].to_numpy())
     if 'vs_best_fixed' in part.columns:
         for side, sup in (('single', baseline), ('dars', treatment)):
             rows = part[part['supervision'] == sup].set_index(keys)
@@ -90,10 +92,11 @@ def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `com
     comparison = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in comparison.columns or comparison['dars_vs_fixed'].isna().any():
         raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
     flags = pd.DataFrame({'dars_beats_single': comparison['win'],
-                          'dars_beats_fixed': comparison['dars_vs_fixed_low'] > 0,
-                          'dars_below_fixed': comparison['dars_vs_fixed_high'] < 0,
-                          'single_beats_fixed': comparison['single_vs_fixed_low'] > 0})
+                          'dars_beats_fixed': comparison['dars_vs_fixed_low'] > tol,
+                          'dars_below_fixed': comparison['dars_vs_fixed_high'] < -tol,
+                          'single_beats_fixed': comparison['single_vs_fixed_low'] > tol})
     if by is None: return Verdict(len(comparison),
                                   *(int(flags[k].sum()) for k in Verdict._fields[1:]))
     groups = flags.groupby(level=by, sort=False)
@@ -207,7 +210,8 @@ def table_vs_fixed(results: pd.DataFrame, # output of `run_protocol`
             cell = (router, label), (dataset, VIEW_LABELS.get(view, view))
             for key, suffix in (('vs', ''), ('low', '_low'), ('high', '_high')):
                 frames[key].loc[cell] = row[f'{side}_vs_fixed{suffix}']
-    return Table(frames['vs'], frames['low'] > 0, None, frames['low'], frames['high'])
+    tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
+    return Table(frames['vs'], frames['low'] > tol, None, frames['low'], frames['high'])
 
 # %% ../../nbs/21b_tables.ipynb #311d48bf
 def table5(results: pd.DataFrame, # output of `run_protocol`
@@ -239,3 +243,19 @@ def regret_table(results: pd.DataFrame, # output of `run_protocol` on datasets w
     columns = [(d, s) for d in dict.fromkeys(rows['dataset']) for s in ('single', 'dars')]
     return table.reindex(index=list(dict.fromkeys(rows['router'])),
                          columns=pd.MultiIndex.from_tuples(columns))
+
+# %% ../../nbs/21b_tables.ipynb #a2f15821
+def score_cost_table(results: pd.DataFrame, # output of `run_protocol` (with `score` and `cost`)
+                    ) -> pd.DataFrame:
+    "Per (dataset, view, router): score, cost and utility of single-shot (mean over draws) and DARS."
+    part = results[results['supervision'].isin(['single', 'dars'])]
+    keys = ['dataset', 'view', 'router']
+    wide = part.pivot(index=keys, columns='supervision', values=['score', 'cost', 'utility'])
+    cols = [(stat, sup) for sup in ('single', 'dars') for stat in ('score', 'cost', 'utility')]
+    table = wide.reindex(columns=pd.MultiIndex.from_tuples(cols))
+    table.columns = [f"{'single-shot' if sup == 'single' else 'DARS'} {stat}" for stat, sup in cols]
+    order = {c: {v: i for i, v in enumerate(dict.fromkeys(part[c]))} for c in keys}
+    rank = lambda idx: tuple(order[c][v] for c, v in zip(keys, idx))
+    table = table.loc[sorted(table.index, key=rank)]
+    table.index = table.index.set_levels(table.index.levels[1].map(lambda v: VIEW_LABELS.get(v, v)), level=1)
+    return table

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/08e_pool_server.ipynb #0b9bd0bd
 from __future__ import annotations
+import logging
 import signal
 import socket
 import threading
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['free_port', 'stop_signals', 'listening_socket', 'BackgroundServer', 'relay']
+__all__ = ['free_port', 'stop_signals', 'server_config', 'listening_socket', 'BackgroundServer', 'relay']
 
 # %% ../../nbs/08e_pool_server.ipynb #822b0433
 def free_port() -> int:
@@ -34,6 +35,68 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     try: yield
     finally:
         for signum, handler in previous.items(): signal.signal(signum, handler)
+
+# %% ../../nbs/08e_pool_server.ipynb #322de5d7
+_TIMEOUT_BODY = (b'{"error": {"message": "the request body did not arrive within %d s", '
+                 b'"type": "invalid_request_error", "param": null, "code": "request_timeout"}}')
+
+def _deadlines(protocol, header_timeout_s: float, body_timeout_s: float):
+    "A subclass of uvicorn's `protocol` that closes connections whose headers or body come too slowly."
+    class DeadlineProtocol(protocol):
+        _timer = None
+        def _arm(self, seconds):
+            self._disarm(); self._timer = self.loop.call_later(seconds, self._expired)
+        def _disarm(self):
+            if self._timer is not None: self._timer.cancel(); self._timer = None
+        def connection_made(self, transport):
+            super().connection_made(transport); self._arm(header_timeout_s)
+        def on_headers_complete(self):
+            super().on_headers_complete(); self._arm(body_timeout_s)
+        def on_message_complete(self):
+            super().on_message_complete(); self._disarm()
+        def on_response_complete(self):
+            queued = bool(self.pipeline)
+            super().on_response_complete()
+            if not queued and not self.transport.is_closing(): self._arm(header_timeout_s)
+        def connection_lost(self, exc):
+            self._disarm(); super().connection_lost(exc)
+        def _expired(self):
+            self._timer, cycle = None, self.cycle
+            if cycle is not None and not cycle.response_started and cycle.more_body:
+                body = _TIMEOUT_BODY % round(body_timeout_s)
+                self.transport.write(b'HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json'
+                                     b'\r\nconnection: close\r\ncontent-length: %d\r\n\r\n' % len(body) + body)
+            self.transport.close()
+    return DeadlineProtocol
+
+# %% ../../nbs/08e_pool_server.ipynb #5035c11f
+class _HideQuery(logging.Filter):
+    "Replace the query string of each access-log line's path by `?<hidden>`."
+    def filter(self, record):
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and '?' in str(args[2]):
+            record.args = args[:2] + (str(args[2]).split('?', 1)[0] + '?<hidden>',) + args[3:]
+        return True
+
+def server_config(app, # the ASGI application
+                  quiet: bool = True, # no access log, and only warnings from the server
+                  header_timeout_s: float = 10.0, # seconds for a request's line and headers to arrive
+                  body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
+                  idle_timeout_s: float = 5.0, # seconds an idle connection stays open after a response
+                  **kwargs, # more `uvicorn.Config` settings, e.g. timeout_graceful_shutdown
+                 ):
+    "A `uvicorn.Config` for `app` with deadlines for slow clients and no query strings in the access log."
+    import uvicorn
+    try: from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        from dars_nb.extras import missing_extra
+        raise missing_extra('the HTTP server', ['httptools'], 'serve') from None
+    protocol = _deadlines(HttpToolsProtocol, header_timeout_s, body_timeout_s)
+    config = uvicorn.Config(app, http=protocol, log_level='warning' if quiet else 'info',
+                            access_log=not quiet, timeout_keep_alive=idle_timeout_s, lifespan='on', **kwargs)
+    access = logging.getLogger('uvicorn.access')
+    if not any(isinstance(f, _HideQuery) for f in access.filters): access.addFilter(_HideQuery())
+    return config
 
 # %% ../../nbs/08e_pool_server.ipynb #09180312
 def listening_socket(host: str, # the address to listen on; ':' in it means IPv6
@@ -59,8 +122,11 @@ class BackgroundServer:
                  port: int = 0, # port (0: a free one, reported by `port` once started)
                  quiet: bool = True, # no access log
                  grace_s: float = 5.0, # seconds requests in flight may take to finish on `stop`
+                 header_timeout_s: float = 10.0, # seconds for a request's headers to arrive (`server_config`)
+                 body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
                 ):
         self.app, self.host, self.port, self.quiet, self.grace_s = app, host, port, quiet, grace_s
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self.server, self._thread = None, None
 
     @property
@@ -80,8 +146,8 @@ def start(self: BackgroundServer):
     if self._thread is not None: return self
     sock = listening_socket(self.host, self.port)
     self.port = sock.getsockname()[1]
-    config = uvicorn.Config(self.app, log_level='warning', access_log=not self.quiet,
-                            lifespan='on', timeout_graceful_shutdown=self.grace_s)
+    config = server_config(self.app, self.quiet, self.header_timeout_s, self.body_timeout_s,
+                           timeout_graceful_shutdown=self.grace_s)
     self.server = uvicorn.Server(config)
     self._thread = threading.Thread(target=self.server.run, kwargs={'sockets': [sock]},
                                     daemon=True, name=f'{type(self.app).__name__}-server')

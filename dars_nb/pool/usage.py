@@ -6,21 +6,76 @@
 from __future__ import annotations
 import json
 import math
+from collections.abc import Mapping
 from .config import is_integer
 
 # %% auto #0
-__all__ = ['estimate_prompt_tokens', 'usage_tokens', 'fmt_usd']
+__all__ = ['IMAGE_TOKENS', 'IMAGE_PARTS', 'estimate_prompt_tokens', 'usage_tokens', 'fmt_usd']
 
 # %% ../../nbs/08c_pool_usage.ipynb #6a832a0c
-def estimate_prompt_tokens(messages: list, # chat messages [{'role': ..., 'content': ...}]
+IMAGE_TOKENS = 1600   # the most prompt tokens one image costs at the common providers (see above)
+IMAGE_PARTS = ('image_url', 'input_image', 'image')   # content part types that carry an image
+
+def _without_images(value) -> tuple:
+    "(a copy of a JSON value with every image content part removed, the number of parts removed)."
+    if isinstance(value, Mapping):
+        if value.get('type') in IMAGE_PARTS: return None, 1
+        out, n = {}, 0
+        for k, v in value.items(): out[k], m = _without_images(v); n += m
+        return out, n
+    if isinstance(value, list):
+        out, n = [], 0
+        for v in value:
+            if isinstance(v, Mapping) and v.get('type') in IMAGE_PARTS: n += 1; continue
+            v, m = _without_images(v); out.append(v); n += m
+        return out, n
+    return value, 0
+
+def _utf8_bytes(text: str) -> int:
+    "UTF-8 bytes of a text (a lone surrogate, which JSON allows, counts its three bytes)."
+    return len(text.encode('utf-8', 'surrogatepass'))
+
+# %% ../../nbs/08c_pool_usage.ipynb #252e9af9
+def _upper(prompt, image_tokens: int) -> int:
+    "One token per UTF-8 byte of the JSON (or text) sent, images at `image_tokens` each."
+    if isinstance(prompt, str): return _utf8_bytes(prompt)
+    if isinstance(prompt, (bytes, bytearray)):
+        if b'image' not in prompt: return len(prompt)
+        prompt = json.loads(prompt)
+    dump = lambda v: json.dumps(v, ensure_ascii=False, separators=(',', ':'))
+    text, images = dump(prompt), 0
+    if 'image' in text:
+        prompt, images = _without_images(prompt)
+        text = dump(prompt)
+    return _utf8_bytes(text) + images * image_tokens
+
+def _message_chars(messages) -> int:
+    "Characters of the messages' text: string contents, and the `text` of content parts."
+    chars = 0
+    for m in messages:
+        content = m.get('content') if isinstance(m, Mapping) else None
+        if isinstance(content, str): chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(p['text']) for p in content
+                         if isinstance(p, Mapping) and isinstance(p.get('text'), str))
+    return chars
+
+def _typical(prompt) -> int:
+    "Four characters per token, rounded up, plus four per message."
+    if isinstance(prompt, str): return -(-len(prompt) // 4)
+    if isinstance(prompt, (bytes, bytearray)): prompt = json.loads(prompt)
+    if isinstance(prompt, Mapping): prompt = prompt.get('messages') or []
+    return -(-_message_chars(prompt) // 4) + 4 * len(prompt)
+
+# %% ../../nbs/08c_pool_usage.ipynb #3708d8c6
+def estimate_prompt_tokens(prompt, # a text, chat messages, or a whole request body (a dict, or its JSON bytes)
+                           bound: str = 'upper', # 'upper': never below the bill; 'typical': a usual figure
+                           image_tokens: int = IMAGE_TOKENS, # what one image part counts in the upper bound
                           ) -> int:
-    "An upper estimate of a chat prompt's tokens: one per three UTF-8 bytes, plus 8 per message."
-    tokens = 0
-    for message in messages:
-        content = message.get('content') or ''
-        text = content if isinstance(content, str) else json.dumps(content)
-        tokens += len(text.encode()) // 3 + 8
-    return tokens
+    "A prompt's tokens: an upper bound for reservations, or a typical figure for pricing and planning."
+    if bound == 'upper': return _upper(prompt, image_tokens)
+    if bound == 'typical': return _typical(prompt)
+    raise ValueError(f"bound must be 'upper' or 'typical', got {bound!r}")
 
 # %% ../../nbs/08c_pool_usage.ipynb #eec688c7
 def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)

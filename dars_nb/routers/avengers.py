@@ -51,26 +51,38 @@ def cluster_weights(distances: np.ndarray, # query–centroid distances (n, C); 
 # %% ../../nbs/17_router_avengers.ipynb #845cdb8b
 class AvengersProRouter(Router):
     "Cluster router: k-means, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·d)."
+    normalize, cap_clusters, seed_per_draw = True, False, False  # what a saved router without these fields gets
     def __init__(self,
                  n_clusters: int = 20, # C, the number of k-means clusters
                  top_k: int = 3, # clusters consulted per query
-                 beta_d: float = 9.0, # sharpness of the softmax over distances
+                 beta_d: float = 9.0, # sharpness of the softmax over distances (0: equal weights)
                  n_init: int = 10, # k-means restarts (the best is kept)
                  batched: bool = True, # R draws: one clustering, one matrix product
                  random_state: int | None = None, # seed of k-means
+                 normalize: bool = True, # cluster L2-normalised features (False: the raw rows)
+                 cap_clusters: bool = False, # fewer training queries than C: one cluster per query, not an error
+                 seed_per_draw: bool = False, # with batched=False: draw r's k-means seeded random_state + r
                 ):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
+        self.normalize, self.cap_clusters, self.seed_per_draw = normalize, cap_clusters, seed_per_draw
 
-    def _cluster(self, Z):
+    def _cluster(self, Z, C: int, draw: int = 0):
+        "k-means with C clusters; draw r's own seed with `seed_per_draw`."
+        seed = self.random_state
+        if self.seed_per_draw and seed is not None: seed = int(seed) + draw
         # duplicated queries: fewer distinct clusters is reported below as empty ones
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', ConvergenceWarning)
-            return KMeans(int(self.n_clusters), n_init=self.n_init, random_state=self.random_state).fit(Z)
+            return KMeans(C, n_init=self.n_init, random_state=seed).fit(Z)
+
+    def _features(self, X):
+        "The rows k-means and the distances read: L2-normalised, or as they are."
+        return normalize(X) if self.normalize else np.asarray(X, float)
 
     def _distances(self, X, centroids, sizes):
-        "Euclidean distance of the normalised rows of X to every centroid; inf for an empty cluster."
-        d = euclidean_distances(normalize(X), centroids)  # (n, C), no (n, C, d) difference array
+        "Euclidean distance of the (normalised) rows of X to every centroid; inf for an empty cluster."
+        d = euclidean_distances(self._features(X), centroids)  # (n, C), no (n, C, d) difference array
         return np.where(sizes > 0, d, np.inf)
 
 # %% ../../nbs/17_router_avengers.ipynb #6280d969
@@ -79,18 +91,20 @@ def _fit(self: AvengersProRouter, X, sup):
     C = int(self.n_clusters)
     if C < 1: raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
     if int(self.top_k) < 1: raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+    if self.cap_clusters: C = min(C, len(X))
     if C > len(X):
         raise ValueError(f"n_clusters ({C}) exceeds the number of training queries ({len(X)})")
-    Z = normalize(X)
+    self.n_clusters_ = C
+    Z = self._features(X)
     targets = stats_by_query(sup)   # (Q, 3, R, K)
     self.batched_ = bool(self.batched)
     if self.batched_:
-        km = self._cluster(Z)
+        km = self._cluster(Z, C)
         self.centroids_, self.labels_ = km.cluster_centers_, km.labels_
         self.cluster_sizes_ = np.bincount(km.labels_, minlength=C)
         stats = cluster_means(km.labels_, targets, C)  # (C, 3, R, K)
     else:  # R separate routers: cluster again for every draw
-        fits = [self._cluster(Z) for _ in range(sup.n_draws)]
+        fits = [self._cluster(Z, C, r) for r in range(sup.n_draws)]
         self.centroids_, self.labels_ = fits[0].cluster_centers_, fits[0].labels_
         self.cluster_sizes_ = np.bincount(self.labels_, minlength=C)
         self.draw_centroids_ = np.stack([km.cluster_centers_ for km in fits])  # (R, C, d)

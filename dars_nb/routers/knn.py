@@ -7,11 +7,12 @@ from __future__ import annotations
 from fastcore.basics import patch
 import numpy as np
 from scipy import sparse
+from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.preprocessing import normalize
 from .base import Router, stats_by_query
 
 # %% auto #0
-__all__ = ['cosine_neighbours', 'KNNRouter']
+__all__ = ['NEIGHBOURS', 'cosine_neighbours', 'euclidean_neighbours', 'KNNRouter']
 
 # %% ../../nbs/12_router_knn.ipynb #413e94dc
 def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
@@ -31,22 +32,46 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
     w = 1.0 / (dk + eps)
     return idx, w / w.sum(1, keepdims=True)
 
+# %% ../../nbs/12_router_knn.ipynb #a1202313
+def euclidean_neighbours(X_train: np.ndarray, # training features (Q, d)
+                         X: np.ndarray, # query features (n, d)
+                         n_neighbors: int, # k
+                         eps: float = 1e-6, # ε added to every distance before inverting
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    "The k nearest training rows (n, k) by Euclidean distance, and inverse-distance weights (sum 1)."
+    k = min(n_neighbors, len(X_train))
+    rows = max(1, 2**22 // len(X_train))
+    idx, dk = np.empty((len(X), k), np.int64), np.empty((len(X), k))
+    for s in range(0, len(X), rows):
+        d = euclidean_distances(X[s:s + rows], X_train)
+        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
+        dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
+    w = 1.0 / (dk + eps)
+    return idx, w / w.sum(1, keepdims=True)
+
 # %% ../../nbs/12_router_knn.ipynb #864da50b
+NEIGHBOURS = {'cosine': cosine_neighbours, 'euclidean': euclidean_neighbours}
+
 class KNNRouter(Router):
     "Non-parametric router: inverse-distance average of the k nearest queries' μ_q, μ_c, σ."
+    metric = 'cosine'   # the value a saved router without this field gets
     def __init__(self,
                  n_neighbors: int = 10, # k, the number of neighbours averaged
                  eps: float = 1e-6, # ε in the weights 1/(d + ε)
                  batched: bool = True, # R draws: one geometry, one sparse product
                  random_state: int | None = None, # unused: kNN is deterministic
+                 metric: str = 'cosine', # distance: 'cosine' (the paper) or 'euclidean' (the authors' code)
                 ):
         self.n_neighbors, self.eps, self.batched, self.random_state = n_neighbors, eps, batched, random_state
+        self.metric = metric
 
 # %% ../../nbs/12_router_knn.ipynb #15cbcac9
 @patch
 def _fit(self: KNNRouter, X, sup):
     if int(self.n_neighbors) < 1:
         raise ValueError(f"n_neighbors must be at least 1, got {self.n_neighbors}")
+    if self.metric not in NEIGHBOURS:
+        raise ValueError(f"unknown metric {self.metric!r} (expected one of {', '.join(NEIGHBOURS)})")
     self.X_train_ = X.copy()
     self.targets_ = stats_by_query(sup)   # (Q, 3, R, K)
 
@@ -54,7 +79,7 @@ def _fit(self: KNNRouter, X, sup):
 @patch
 def _weights(self: KNNRouter, X) -> sparse.csr_matrix:
     "Sparse (n, Q) matrix of neighbour weights."
-    idx, w = cosine_neighbours(self.X_train_, X, int(self.n_neighbors), self.eps)
+    idx, w = NEIGHBOURS[self.metric](self.X_train_, X, int(self.n_neighbors), self.eps)
     n, k = idx.shape
     return sparse.csr_matrix((w.ravel(), idx.ravel(), np.arange(0, n * k + 1, k)),
                              shape=(n, len(self.X_train_)))

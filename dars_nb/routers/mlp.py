@@ -34,6 +34,7 @@ def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
 # %% ../../nbs/11_router_mlp.ipynb #b1789b6e
 class MLPRouter(Router):
     "Regression router: MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
+    clip = False   # the value a saved router without this field gets
     def __init__(self,
                  hidden_layer_sizes=(64,), # widths of the hidden layers
                  alpha: float = 10.0, # L2 penalty (scikit-learn scales it by 1/queries)
@@ -43,10 +44,11 @@ class MLPRouter(Router):
                  batched: bool = False, # R draws: one network per statistic with R·K outputs
                  n_jobs: int | None = None, # parallel fits (joblib); None: one at a time
                  random_state: int | None = None, # seed of initialisation and shuffling
+                 clip: bool = False, # clip every prediction to [0, 1] (the authors' code); else σ ≥ 0 only
                 ):
         self.hidden_layer_sizes, self.alpha, self.learning_rate_init = hidden_layer_sizes, alpha, learning_rate_init
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched
-        self.n_jobs, self.random_state = n_jobs, random_state
+        self.n_jobs, self.random_state, self.clip = n_jobs, random_state, clip
 
     def _network_params(self) -> dict:
         "The `MLPRegressor` parameters of every network."
@@ -81,4 +83,5 @@ def _predict_stats(self: MLPRouter, X) -> dict:
         else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
     # a standard deviation: a negative guess would reward risk
     out['sigma'] = np.maximum(out['sigma'], 0.0)
-    return out
+    # scores, normalised costs and their spreads live in [0, 1]
+    return {s: np.clip(v, 0.0, 1.0) for s, v in out.items()} if self.clip else out

@@ -4,13 +4,14 @@
 
 # %% ../../nbs/36e_serve.ipynb #e5dc4cd2
 from __future__ import annotations
+import dataclasses
 import signal
 import threading
 from pathlib import Path
 from typing import Annotated
 from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
-from ..pool.server import listening_socket, stop_signals
+from ..pool.server import listening_socket, stop_signals, server_config
 from .requests import ServeSettings, load_serve_config
 from .app import create_app
 
@@ -36,11 +37,14 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
                pool: Annotated[str, {'opt': True, 'required': True}], # the pool TOML file: [models] and an optional [serve] table
                host: str = ServeSettings.host, # address to listen on (beyond loopback: set client keys)
                port: int = ServeSettings.port, # port to listen on
+               lam: float | None = None, # λ of a request that sets none (default: [serve] lam, else the router's)
+               chat: bool = False, # also serve a chat page at /chat
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
     import uvicorn
     served, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
+    if lam is not None: settings = dataclasses.replace(settings, lam=lam)
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
     if hasattr(bundle.featurizer, 'cache'):
@@ -49,7 +53,7 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
     if missing:
         choices, file = ', '.join(map(repr, missing)), Path(pool).name
         raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
-    app = create_app(bundle.rank, served, settings, lam=bundle.lam)
+    app = create_app(bundle.rank, served, settings, lam=bundle.lam, chat=chat)
     sock = listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     if not quiet:
@@ -57,9 +61,11 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
         keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
         daily = settings.daily_spend_usd
         limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
-        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r}; "
-              f"{keys}; {limit} (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, log_level='warning' if quiet else 'info', access_log=not quiet,
-                            lifespan='on')
+        lam_used = bundle.lam if settings.lam is None else settings.lam
+        page = f"; chat page at {url.removesuffix('/v1')}/chat" if chat else ''
+        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
+              f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page} (Ctrl-C to stop)", flush=True)
+    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s,
+                           settings.idle_timeout_s)
     _run_until_signal(uvicorn.Server(config), sock)
     return 0

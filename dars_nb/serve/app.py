@@ -13,11 +13,11 @@ import sys
 import time
 from fastcore.basics import patch
 from ..extras import missing_extra
-from ..pool.config import ConfigError
+from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
-from ..pool.usage import estimate_prompt_tokens, usage_tokens
 from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
 from .metrics import ServeMetrics
+from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
@@ -85,6 +85,7 @@ class ClientKeyCheck:
 
     async def __call__(self, scope, receive, send):
         if scope['type'] != 'http' or not self.keys: return await self.app(scope, receive, send)
+        if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
@@ -116,130 +117,151 @@ def _error_response(e: RequestError):
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
 # %% ../../nbs/36d_serve_app.ipynb #5e185701
-def _charge(state, spec: ModelSpec, usage, messages: list, texts: list):
-    "Count one answer with its tokens and cost (estimated when the upstream reported no usage)."
-    pt, ct, estimated = usage_tokens(usage, messages, texts)
-    state.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), estimated)
+def _log(message: str):
+    "One line on the server's standard error."
+    print(f"dars serve: {message}", file=sys.stderr, flush=True)
 
+def _charge(state, spec: ModelSpec, usage, req: ChatRequest, worst: float) -> float:
+    "Count one answer at its reported usage, or at its worst case when it reports none; what it was charged."
+    pt = ct = None
+    if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
+    most = req.max_tokens * req.n
+    if not (is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0):
+        state.metrics.answered(spec.name, req.prompt_tokens, most, worst, estimated=True)
+        return worst
+    over = (pt - req.prompt_tokens) * spec.price_in + (ct - most) * spec.price_out > 0
+    if over: _log(f"model {spec.name!r} reported usage of {pt} prompt and {ct} completion tokens, "
+                  f"more than the {req.prompt_tokens} and {most} reserved: charged as reported")
+    state.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), over=over)
+    return spec.cost(pt, ct)
+
+def _settle_failure(state, spec: ModelSpec, e: UpstreamError, held: float, worst: float):
+    "Count a failed attempt — lost once sent (its worst case) or free — and give back its reservation."
+    if e.sent: state.metrics.lost(spec.name, worst)
+    else: state.metrics.failed(spec.name)
+    state.metrics.release(held)
+
+# %% ../../nbs/36d_serve_app.ipynb #19d04792
 def _all_failed(errors: list) -> RequestError:
-    "The 502 of a request that every ranked model failed."
-    return RequestError(502, 'every model failed: ' + '; '.join(errors), kind='upstream_error',
+    "The 502 of a request that every ranked model failed (a 503 if every one was busy)."
+    if errors and all(e.busy for e in errors):
+        return RequestError(503, 'every model is busy: ' + '; '.join(map(str, errors)),
+                            kind='server_error', code='busy', headers={'retry-after': '1'})
+    return RequestError(502, 'every model failed: ' + '; '.join(map(str, errors)), kind='upstream_error',
                         code='upstream_failed')
-async def _first_answer(state, ranking: list, call, headers: dict):
-    "Call the ranked models in turn until one answers: (name, spec, result) or (None, None, error)."
+
+async def _first_answer(state, req: ChatRequest, ranking: list, call, headers: dict):
+    "Try the ranked models in turn, each reserved first: ((spec, result, held, worst), None) or (None, error)."
     errors = []
     for name in ranking:
         spec = state.pool.models[name]
+        worst = spec.cost(req.prompt_tokens, req.max_tokens * req.n)
+        try: held = state.metrics.reserve(worst)
+        except RequestError as e:
+            state.metrics.refuse(e.status); return None, _error_response(e)
         try: result = await call(spec)
         except UpstreamError as e:
-            state.metrics.failed(name); errors.append(str(e))
+            _settle_failure(state, spec, e, held, worst); errors.append(e)
             if e.retry_next: continue
             state.metrics.refuse(e.status)
-            return None, None, _error_response(RequestError(e.status, str(e),
-                                                            kind='upstream_error'))
+            return None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
+        except asyncio.CancelledError:   # the server stops with the request in flight: maybe billed
+            state.metrics.lost(name, worst); state.metrics.release(held); raise
         if errors:
             state.metrics.fallbacks += 1
             headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
-        return name, spec, result
-    state.metrics.refuse(502)
-    return None, None, _error_response(_all_failed(errors))
+        return (spec, result, held, worst), None
+    error = _all_failed(errors)
+    state.metrics.refuse(error.status)
+    return None, _error_response(error)
 
 # %% ../../nbs/36d_serve_app.ipynb #d946f3d8
 async def _answer(state, req: ChatRequest, ranking: list, headers: dict):
     "The first answer of the ranked models, as a JSON response naming the model (or the error)."
     from starlette.responses import Response
-    name, spec, data = await _first_answer(state, ranking,
-                                           lambda spec: send(state.upstreams, spec, req.body), headers)
-    if name is None: return data
-    messages = [c.get('message') if isinstance(c, dict) else None for c in data['choices']]
-    texts = [m['content'] for m in messages
-             if isinstance(m, dict) and isinstance(m.get('content'), str)]
-    _charge(state, spec, data.get('usage'), req.body['messages'], texts)
-    data['model'] = name
-    return Response(json.dumps(data), 200, {**headers, 'x-dars-model': name},
+    ask = lambda spec: send(state.upstreams, spec, req.data)
+    sent, error = await _first_answer(state, req, ranking, ask, headers)
+    if error is not None: return error
+    spec, data, held, worst = sent
+    cost = _charge(state, spec, data.get('usage'), req, worst)
+    state.metrics.release(held)
+    data['model'] = spec.name
+    return Response(state.upstreams.orjson.dumps(data), 200, {**headers, 'x-dars-model': spec.name, 'x-dars-cost-usd': f'{cost:.6g}'},
                     media_type='application/json')
 
 # %% ../../nbs/36d_serve_app.ipynb #b460fde9
-def _relay_line(line: str, name: str, seen: dict, hide_usage: bool) -> str | None:
-    "One SSE line to send on (None: drop it), its model renamed; notes usage and text in `seen`."
-    if not line.startswith('data:'): return line
-    payload = line[5:].strip()
-    if not payload or payload == '[DONE]': return line
-    try: chunk = json.loads(payload)
-    except ValueError: return line
-    if not isinstance(chunk, dict): return line
+def _relay_line(line: str, chunk: dict | None, name: str, seen: dict, hide_usage: bool, dumps) -> str | None:
+    "One SSE line to send on (None: drop it), its chunk's model renamed; notes usage and errors in `seen`."
+    if chunk is None: return line
     chunk['model'] = name
+    if 'error' in chunk: seen['error'] = True
     if isinstance(chunk.get('usage'), dict): seen['usage'] = chunk['usage']
-    for c in chunk.get('choices') or []:
-        delta = c.get('delta') if isinstance(c, dict) else None
-        if isinstance(delta, dict) and isinstance(delta.get('content'), str):
-            seen['text'].append(delta['content'])
     if hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
     if hide_usage: chunk.pop('usage', None)
-    return 'data: ' + json.dumps(chunk)
+    return 'data: ' + dumps(chunk).decode()
 
 # %% ../../nbs/36d_serve_app.ipynb #d62b7a08
-async def _stream_answer(state, req: ChatRequest, ranking: list, held: float, headers: dict):
+async def _stream_answer(state, req: ChatRequest, ranking: list, headers: dict):
     "The first stream the ranked models open, relayed as server-sent events (or the error)."
     from starlette.responses import StreamingResponse
-    hide_usage = 'stream_options' not in req.body
-    if hide_usage: req.body['stream_options'] = {'include_usage': True}
-    open_stream = lambda spec: send(state.upstreams, spec, req.body, stream=True)
-    name, spec, resp = await _first_answer(state, ranking, open_stream, headers)
-    if name is None: # nothing streams: release the reservation here (a plain answer: the caller)
-        state.metrics.release(held); return resp
-    return StreamingResponse(_relay(state, req, spec, resp, held, hide_usage), 200,
-                             {**headers, 'x-dars-model': name}, media_type='text/event-stream')
+    open_stream = lambda spec: send(state.upstreams, spec, req.data, stream=True)
+    sent, error = await _first_answer(state, req, ranking, open_stream, headers)
+    if error is not None: return error
+    spec, events, held, worst = sent
+    return StreamingResponse(_relay(state, req, spec, events, held, worst), 200,
+                             {**headers, 'x-dars-model': spec.name}, media_type='text/event-stream')
 
-async def _relay(state, req, spec, resp, held, hide_usage):
-    "The lines of an upstream stream, relayed; the answer counted and the reservation released at the end."
-    seen = {'usage': None, 'text': []}
+async def _relay(state, req, spec, events, held, worst):
+    "The lines of an upstream stream, relayed; the answer charged and the reservation released at the end."
+    seen, dumps = {'usage': None, 'error': False}, state.upstreams.orjson.dumps
     try:
-        async for line in resp.aiter_lines():
-            out = _relay_line(line, spec.name, seen, hide_usage)
+        async for line, chunk in events.lines():
+            out = _relay_line(line, chunk, spec.name, seen, req.hide_usage, dumps)
             if out is not None: yield out + '\n'
-    except (state.upstreams.httpx.HTTPError, OSError) as e:
-        state.metrics.failed(spec.name)
-        err = RequestError(502, f"model {spec.name!r}: the stream broke: {type(e).__name__}",
-                           kind='upstream_error')
-        yield 'data: ' + json.dumps(err.body()) + '\n\n'
+    except UpstreamError as e:
+        seen['error'] = True
+        yield 'data: ' + json.dumps(RequestError(502, str(e), kind='upstream_error').body()) + '\n\n'
     # bookkeeping before the last await: a client hanging up cancels this task, and the reservation
     # must still go back
     finally:
-        _charge(state, spec, seen['usage'], req.body['messages'], [''.join(seen['text'])])
+        if seen['error']: state.metrics.lost(spec.name, worst)
+        else: _charge(state, spec, seen['usage'], req, worst)
         state.metrics.release(held)
-        await resp.aclose()
+        await events.aclose()
 
 # %% ../../nbs/36d_serve_app.ipynb #da46dc13
+async def _ranking(state, req: ChatRequest) -> list:
+    "The models to try, best first: the one the client named, or the router's ranking."
+    if req.model is not None: return [req.model]
+    ranking = await state.rank(req.text, req.lam)
+    unknown = [m for m in ranking if m not in state.pool.models]
+    if unknown:
+        raise RequestError(500, f"the router ranked {unknown[0]!r}, which the pool does not have",
+                           kind='server_error')
+    return ranking
+
 async def chat_completions(request):
     "POST /v1/chat/completions: check, rank, forward with fallback, answer."
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import Response
     state = request.app.state
     state.metrics.requests += 1
     try:
         raw = await _read_body(request, state.settings.max_body_bytes)
         req = parse_chat_request(raw, state.settings, state.pool.models,
                                  request.headers.get('x-dars-lambda'))
-        if req.model is not None: ranking = [req.model]
-        else:
-            ranking = await state.rank(req.text, req.lam)
-            unknown = [m for m in ranking if m not in state.pool.models]
-            if unknown:
-                raise RequestError(500,
-                                   f"the router ranked {unknown[0]!r}, "
-                                   f"which the pool does not have",
-                                   kind='server_error')
-        prompt_est = estimate_prompt_tokens(req.body['messages'])
-        worst = max(state.pool.models[m].cost(prompt_est, req.max_tokens * req.n) for m in ranking)
-        held = state.metrics.reserve(worst)
+        ranking = await _ranking(state, req)
     except RequestError as e:
         state.metrics.refuse(e.status)
         return _error_response(e)
+    except ClientDisconnect:   # no one is listening: nothing to answer, nothing sent upstream
+        _log("a client hung up (or ran out of time) before its request body was complete")
+        return Response(status_code=400)
     headers = {'x-dars-max-tokens': str(req.max_tokens)} if req.capped else {}
     lam = req.lam if req.lam is not None else state.lam
     if lam is not None: headers['x-dars-lambda'] = f'{lam:g}'
-    if req.stream: return await _stream_answer(state, req, ranking, held, headers)
-    try: return await _answer(state, req, ranking, headers)
-    finally: state.metrics.release(held)
+    if req.stream: return await _stream_answer(state, req, ranking, headers)
+    return await _answer(state, req, ranking, headers)
 
 # %% ../../nbs/36d_serve_app.ipynb #caafb18a
 async def list_models(request):
@@ -273,14 +295,19 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../../nbs/36d_serve_app.ipynb #04e60f60
+def _with_lambda(rank, lam: float):
+    "`rank` with `lam` for the requests that set no λ."
+    return lambda texts, asked=None: rank(texts, lam if asked is None else asked)
+
 def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
                settings: ServeSettings | None = None, # caps, client keys, spend limit
                lam: float | None = None, # the router's own λ, reported when a request sets none
                clock=time.time, # seconds since the epoch, for the daily spend limit
+               chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
     "The routing endpoint as a Starlette application."
-    missing = [m for m in ('starlette', 'uvicorn', 'httpx2') if importlib.util.find_spec(m) is None]
+    missing = [m for m in ('starlette', 'uvicorn', 'httpx2', 'orjson') if not importlib.util.find_spec(m)]
     if missing:
         raise missing_extra('the routing endpoint', missing, 'serve')
     from contextlib import asynccontextmanager
@@ -295,20 +322,23 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
+    if settings.lam is not None:   # [serve] lam: the λ of a request that sets none
+        rank, lam = _with_lambda(rank, settings.lam), settings.lam
 
     @asynccontextmanager
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
-        app.state.upstreams, app.state.rank = Upstreams(pool), RankBatcher(rank)
+        app.state.upstreams = Upstreams(pool, settings.queue_timeout_s)
+        app.state.rank = RankBatcher(rank)
         try: yield
         finally: await app.state.upstreams.aclose()
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
-              Route('/metrics', show_metrics, methods=['GET'])]
+              Route('/metrics', show_metrics, methods=['GET'])] + page_routes(chat)
     app = Starlette(routes=routes,
                     middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
-    app.state.pool, app.state.settings, app.state.lam = pool, settings, lam
+    app.state.pool, app.state.settings, app.state.lam, app.state.chat = pool, settings, lam, chat
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     return app

@@ -34,9 +34,9 @@ class ServeMetrics:
         self.started = clock()
         self.day = _utc_day(self.started)
         self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
-        self.requests, self.fallbacks, self.refused = 0, 0, {}
-        self.models = {m: dict(answered=0, failures=0, prompt_tokens=0, completion_tokens=0,
-                               spend_usd=0.0, usage_estimated=0)
+        self.requests, self.fallbacks, self.refused, self._open = 0, 0, {}, 0
+        self.models = {m: dict(answered=0, failures=0, lost=0, prompt_tokens=0, completion_tokens=0,
+                               spend_usd=0.0, usage_estimated=0, usage_over_reservation=0)
                        for m in models}
 
     def _roll(self):
@@ -56,37 +56,52 @@ class ServeMetrics:
                    "it resets at 00:00 UTC")
             raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
                                headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})
-        self.reserved_usd += worst_case_usd
+        self.reserved_usd += worst_case_usd; self._open += 1
         return worst_case_usd
 
 # %% ../../nbs/36b_serve_metrics.ipynb #8e5a5e51
 @patch
 def release(self: ServeMetrics, reserved_usd: float, # what `reserve` held
            ):
-    "Give back a reservation."
-    self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
+    "Give back a reservation (with none left open, nothing is held: no rounding residue)."
+    self._open -= 1
+    self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd) if self._open > 0 else 0.0
 
 # %% ../../nbs/36b_serve_metrics.ipynb #6ce26f79
+def _spend(self: ServeMetrics, model: str, cost_usd: float):
+    "Add dollars to a model's spend, today's and the total."
+    self._roll()
+    self.models[model]['spend_usd'] += cost_usd
+    self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
+
 @patch
 def answered(self: ServeMetrics, model: str, # the model that answered
              prompt_tokens: int, # its usage
              completion_tokens: int,
              cost_usd: float, # the dollars it cost
-             estimated: bool = False, # whether the usage was estimated
+             estimated: bool = False, # whether the usage is the worst case, for want of a report
+             over: bool = False, # whether the reported usage costs more than was reserved
             ):
     "Count one answer and its spend."
-    self._roll()
     counts = self.models[model]
     counts['answered'] += 1
     counts['prompt_tokens'] += prompt_tokens; counts['completion_tokens'] += completion_tokens
-    counts['spend_usd'] += cost_usd; counts['usage_estimated'] += int(estimated)
-    self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
+    counts['usage_estimated'] += int(estimated); counts['usage_over_reservation'] += int(over)
+    _spend(self, model, cost_usd)
 
 # %% ../../nbs/36b_serve_metrics.ipynb #bb94c8ac
 @patch
 def failed(self: ServeMetrics, model: str): # the model whose upstream failed
-    "Count one upstream failure."
+    "Count one upstream failure that cost nothing (nothing sent, or an HTTP error back)."
     self.models[model]['failures'] += 1
+
+@patch
+def lost(self: ServeMetrics, model: str, # the model whose answer was lost in flight
+         worst_case_usd: float, # what the attempt reserved: what it may have cost
+        ):
+    "Count one attempt lost once sent, charged at its worst case."
+    self.models[model]['failures'] += 1; self.models[model]['lost'] += 1
+    _spend(self, model, worst_case_usd)
 
 @patch
 def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal

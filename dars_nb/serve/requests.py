@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
+from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
+from ..calibrate import lambda_from_model_name
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -57,20 +59,32 @@ class ServeSettings:
     max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
     router_model: str = 'dars-router' # the model name that asks the endpoint to route
+    image_tokens: int = IMAGE_TOKENS # prompt tokens reserved per image part (the provider's most)
+    queue_timeout_s: float = 30.0 # seconds a request may wait for a free slot of its model
+    header_timeout_s: float = 10.0 # seconds for a request's line and headers to arrive
+    body_timeout_s: float = 30.0 # seconds for a request's body to arrive, after its headers
+    idle_timeout_s: float = 5.0 # seconds an idle connection stays open after a response
+    lam: float | None = None # λ of a request that sets none (None: the router's own; `dars calibrate` finds one)
 
     def __post_init__(self):
         _check_listen(self.host, self.port, self.client_keys)
         object.__setattr__(self, 'client_keys', tuple(self.client_keys))
-        for k in ('max_body_bytes', 'max_tokens'):
+        for k in ('max_body_bytes', 'max_tokens', 'image_tokens'):
             v = getattr(self, k)
             if not is_integer(v) or v < 1:
                 raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")
+        for k in ('queue_timeout_s', 'header_timeout_s', 'body_timeout_s', 'idle_timeout_s'):
+            v = getattr(self, k)
+            if not is_finite_number(v) or v <= 0:
+                raise ConfigError(f"serve: {k} must be a positive number of seconds, got {v!r}")
         d = self.daily_spend_usd
         if d is not None and (not is_finite_number(d) or d < 0):
             raise ConfigError("serve: daily_spend_usd must be a non-negative number of dollars, "
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
+        if self.lam is not None and (not is_finite_number(self.lam) or self.lam < 0):
+            raise ConfigError(f"serve: lam must be a finite number >= 0, got {self.lam!r}")
 
 # %% ../../nbs/36a_serve_requests.ipynb #c479df6a
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
@@ -127,9 +141,12 @@ class RequestError(ValueError):
 # %% ../../nbs/36a_serve_requests.ipynb #225cc850
 def _json_body(raw: bytes) -> dict:
     "The request body as a JSON object without forbidden fields, or a 400 `RequestError`."
-    try: body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}") from None
+    import orjson
+    try: body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        why = str(e).splitlines()[0]
+        if 'depth' in why: why = 'it is nested more than 1024 levels deep'
+        raise RequestError(400, f"the body is not valid JSON: {why}") from None
     if not isinstance(body, dict):
         raise RequestError(400, f"the body must be a JSON object, got {type(body).__name__}")
     bad = [k for k in body if k.lower() in FORBIDDEN_FIELDS]
@@ -162,8 +179,10 @@ def _routing_text(messages) -> str:
 
 # %% ../../nbs/36a_serve_requests.ipynb #225cc852
 def _asked_model(model, settings: ServeSettings, models) -> str | None:
-    "The pool model a request names (None: route), or a 404 `RequestError`."
-    if model in (None, settings.router_model): return None
+    "The pool model a request names (None: route), or a 400/404 `RequestError`."
+    if model is None or model == settings.router_model: return None
+    if not isinstance(model, str):
+        raise RequestError(400, f"model must be a string, got {type(model).__name__}", 'model')
     if model not in models:
         raise RequestError(404, f"model {model!r} does not exist "
                                 f"(available: {settings.router_model}, {', '.join(models)})",
@@ -218,6 +237,13 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
+# %% ../../nbs/36a_serve_requests.ipynb #109bbed6
+def _knob_in_name(model, settings: ServeSettings) -> tuple:
+    "(the model asked for, the λ its name carries): `dars-router-0.08` is the router at λ = 0.08."
+    try: routed, lam = lambda_from_model_name(model, settings.router_model)
+    except ValueError as e: raise RequestError(400, str(e), 'model') from None
+    return (settings.router_model if routed else model), lam
+
 # %% ../../nbs/36a_serve_requests.ipynb #225cc854
 @dataclass
 class ChatRequest:
@@ -230,6 +256,15 @@ class ChatRequest:
     capped: bool # whether `max_tokens` was lowered or added
     stream: bool # whether the client asked for server-sent events
     n: int # choices asked for
+    data: bytes = b'' # `body` as JSON, as it is sent on (the model's id goes in front)
+    prompt_tokens: int = 0 # the upper estimate of the prompt's tokens (from `data`)
+    hide_usage: bool = False # whether the usage chunk of a stream is kept from the client
+
+# %% ../../nbs/36a_serve_requests.ipynb #aa3af741
+def _has_file_part(messages: list) -> bool:
+    "Whether a message has a content part of type `file` (whose cost is unknown until read)."
+    return any(isinstance(p, dict) and p.get('type') == 'file' for m in messages
+               if isinstance(m.get('content'), list) for p in m['content'])
 
 def parse_chat_request(raw: bytes, # the request body
                        settings: ServeSettings, # caps and the router's model name
@@ -237,10 +272,22 @@ def parse_chat_request(raw: bytes, # the request body
                        lam_header: str | None = None, # the `x-dars-lambda` header, if sent
                       ) -> ChatRequest:
     "Check a chat-completion body and say how to route it; raises `RequestError`."
+    import orjson
     body = _json_body(raw)
     text = _routing_text(body.get('messages'))
-    model = _asked_model(body.pop('model', None), settings, models)
+    asked, name_lam = _knob_in_name(body.pop('model', None), settings)
+    model = _asked_model(asked, settings, models)
     lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
+    if name_lam is not None and lam is not None and lam != name_lam:
+        raise RequestError(400, "the λ in the model name and dars_lambda disagree", 'model')
+    lam = name_lam if name_lam is not None else lam
     stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
-    return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n)
+    if settings.daily_spend_usd is not None and b'"file"' in raw and _has_file_part(body['messages']):
+        raise RequestError(400, "a file content part cannot be priced before it is sent, "
+                                "so it is refused under a daily spend limit", 'messages')
+    hide_usage = stream and 'stream_options' not in body
+    if hide_usage: body['stream_options'] = {'include_usage': True}
+    data = orjson.dumps(body)
+    return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n, data,
+                       estimate_prompt_tokens(data, 'upper', settings.image_tokens), hide_usage)

@@ -7,18 +7,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from fastcore.basics import patch
 from ..pool.models import ModelSpec, Pool, redact
 from ..pool.http import endpoint_client
 
 # %% auto #0
-__all__ = ['UpstreamError', 'Upstreams', 'send']
+__all__ = ['UpstreamError', 'Upstreams', 'EventStream', 'send']
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #860db67b
 class UpstreamError(RuntimeError):
-    "One upstream attempt that failed; `retry_next` says whether the next model should be tried."
-    def __init__(self, message: str, status: int | None = None, retry_next: bool = True):
+    "One upstream attempt that failed: whether to try the next model, and whether it may have been billed."
+    def __init__(self, message: str,
+                 status: int | None = None, # the upstream's HTTP status, if it answered with one
+                 retry_next: bool = True, # whether the next model should be tried
+                 sent: bool = False, # whether the request went out and its answer was lost
+                 busy: bool = False, # whether no slot of the model came free in time
+                ):
         super().__init__(message)
-        self.status, self.retry_next = status, retry_next
+        self.status, self.retry_next, self.sent, self.busy = status, retry_next, sent, busy
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #0d474283
 def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> UpstreamError:
@@ -31,22 +37,25 @@ def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> Upstr
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #16e29b63
 class Upstreams:
-    "HTTP clients for the pool's endpoints, created on the serving event loop."
-    def __init__(self, pool: Pool): # the models and where they are served
-        import httpx2
-        self.httpx, self.pool = httpx2, pool
-        slots, wait = {}, {}
+    "HTTP clients and slots for the pool's models, created on the serving event loop."
+    def __init__(self, pool: Pool, # the models and where they are served
+                 queue_timeout_s: float = 30.0, # seconds an attempt may wait for a free slot
+                ):
+        import httpx2, orjson
+        self.httpx, self.orjson, self.pool, self.queue_timeout_s = httpx2, orjson, pool, queue_timeout_s
+        connections, wait = {}, {}
         for spec in pool.models.values():
-            slots[spec.base_url] = slots.get(spec.base_url, 0) + spec.concurrency
+            connections[spec.base_url] = connections.get(spec.base_url, 0) + spec.concurrency
             wait[spec.base_url] = max(wait.get(spec.base_url, 0), self.timeout(spec))
-        self.clients = {url: endpoint_client(wait[url], n) for url, n in slots.items()}
+        self.clients = {url: endpoint_client(wait[url], n) for url, n in connections.items()}
+        self.slots = {name: asyncio.Semaphore(spec.concurrency) for name, spec in pool.models.items()}
 
     def timeout(self, spec: ModelSpec) -> float:
-        "Seconds one attempt on `spec` may take: its own `timeout_s`, else the pool's."
+        "Seconds one attempt on `spec` may take once sent: its own `timeout_s`, else the pool's."
         return spec.timeout_s or self.pool.limits.timeout_s
 
-    def request(self, spec: ModelSpec, body: dict):
-        "The upstream request for `body` sent to `spec` (model id and key from the pool)."
+    def request(self, spec: ModelSpec, data: bytes): # the request body as JSON, without a model
+        "The upstream request for `data` sent to `spec` (model id and key from the pool)."
         headers = {'content-type': 'application/json'}
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
@@ -54,36 +63,131 @@ class Upstreams:
                 unset = f"environment variable {spec.api_key_env} (api_key_env) is not set"
                 raise UpstreamError(f"model {spec.name!r}: {unset}")
             headers['authorization'] = f'Bearer {key}'
-        data = json.dumps({**body, 'model': spec.remote_name}).encode()
+        content = b'{"model":' + self.orjson.dumps(spec.remote_name) + (b',' + data[1:] if len(data) > 2 else b'}')
         url = spec.base_url.rstrip('/') + '/chat/completions'
-        return self.clients[spec.base_url].build_request('POST', url,
-                                                         content=data, headers=headers)
+        return self.clients[spec.base_url].build_request('POST', url, content=content, headers=headers)
 
     async def aclose(self):
         "Close every client."
         for c in self.clients.values(): await c.aclose()
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #94c2c365
-async def send(ups: Upstreams, # the pool's clients
-               spec: ModelSpec, # the model to ask
-               body: dict, # the checked request fields
-               stream: bool = False, # return the response with its events unread
-              ):
-    "One upstream attempt: a chat completion (dict), or the streamed response; or `UpstreamError`."
+async def _take_slot(ups: Upstreams, spec: ModelSpec):
+    "Wait for a free slot of `spec`, at most `queue_timeout_s`; or a busy `UpstreamError`."
+    try:
+        async with asyncio.timeout(ups.queue_timeout_s): await ups.slots[spec.name].acquire()
+    except TimeoutError:
+        busy = f"no free slot within {ups.queue_timeout_s:g} s (concurrency {spec.concurrency})"
+        raise UpstreamError(f"model {spec.name!r}: {busy}", busy=True) from None
+
+async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool):
+    "The upstream's 200 response to `data` (its body read unless streamed), or an `UpstreamError`."
+    request, http = ups.request(spec, data), ups.httpx
     try:
         async with asyncio.timeout(ups.timeout(spec)):
-            resp = await ups.clients[spec.base_url].send(ups.request(spec, body), stream=stream)
-    except (ups.httpx.HTTPError, TimeoutError, OSError) as e:
-        msg = f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip()
-        raise UpstreamError(redact(msg, ups.pool)) from None
+            resp = await ups.clients[spec.base_url].send(request, stream=stream)
+            raw = await resp.aread() if resp.status_code != 200 else b''
+    except (http.HTTPError, TimeoutError, OSError) as e:
+        msg = redact(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip(), ups.pool)
+        refused = isinstance(e, (http.ConnectError, http.ConnectTimeout))   # nothing went out
+        raise UpstreamError(msg, sent=not refused) from None
     if resp.status_code != 200:
-        raw = await resp.aread()
         await resp.aclose()
         raise _status_error(spec, resp.status_code, raw, ups.pool)
-    if stream: return resp
-    try: data = json.loads(resp.content)
-    except (ValueError, UnicodeDecodeError): data = None
-    if not isinstance(data,
-                      dict) or not isinstance(data.get('choices'), list) or not data['choices']:
-        raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion")
+    return resp
+
+def _completion(ups: Upstreams, spec: ModelSpec, content: bytes) -> dict:
+    "A 200 body as a chat completion; or an `UpstreamError` (sent: the upstream did answer)."
+    try: data = ups.orjson.loads(content)
+    except ups.orjson.JSONDecodeError: data = None
+    if not isinstance(data, dict) or not isinstance(data.get('choices'), list) or not data['choices']:
+        raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion", sent=True)
     return data
+
+# %% ../../nbs/36c_serve_upstreams.ipynb #70001930
+def _event_chunk(line: str, orjson) -> dict | None:
+    "The JSON chunk of an SSE line (None for a blank line, a comment, a field or `[DONE]`); ValueError if malformed."
+    if not line or line.startswith(':') or line.startswith(('event:', 'id:', 'retry:')): return None
+    if not line.startswith('data:'): raise ValueError(f"not an event line: {line[:60]!r}")
+    payload = line[5:].strip()
+    if payload == '[DONE]': return None
+    try: chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError: raise ValueError(f"a data line is not JSON: {payload[:60]!r}") from None
+    if not isinstance(chunk, dict): raise ValueError(f"a data line is not a JSON object: {payload[:60]!r}")
+    return chunk
+
+# %% ../../nbs/36c_serve_upstreams.ipynb #373d94f8
+class EventStream:
+    "An upstream's open event stream: each line checked as it comes, the model's slot held until it closes."
+    def __init__(self, ups: Upstreams, spec: ModelSpec, resp, release):
+        self.ups, self.spec, self.resp, self._release = ups, spec, resp, release
+        self._lines, self._ahead, self.finished = resp.aiter_lines(), [], False
+
+    def _check(self, line: str) -> tuple:
+        "(line, its chunk or None), noting the end; a malformed line raises `UpstreamError` (sent)."
+        try: chunk = _event_chunk(line, self.ups.orjson)
+        except ValueError as e:
+            raise UpstreamError(f"model {self.spec.name!r}: malformed stream: {e}", sent=True) from None
+        if line.startswith('data:') and line[5:].strip() == '[DONE]': self.finished = True
+        for c in (chunk or {}).get('choices') or []:
+            if isinstance(c, dict) and c.get('finish_reason'): self.finished = True
+        return line, chunk
+
+    async def aclose(self):
+        "Close the response and free the slot (once)."
+        release, self._release = self._release, None
+        try: await self.resp.aclose()
+        finally:
+            if release is not None: release()
+
+# %% ../../nbs/36c_serve_upstreams.ipynb #9a9ec468
+@patch
+async def check_start(self: EventStream):
+    "Read up to the first chunk (within the upstream timeout) and check it; `UpstreamError` (sent) if broken."
+    ctype = self.resp.headers.get('content-type', '')
+    if not ctype.startswith('text/event-stream'):
+        why = f"the answer is not an event stream (content-type {ctype or 'none'!r})"
+        raise UpstreamError(f"model {self.spec.name!r}: malformed stream: {why}", sent=True)
+    try:
+        async with asyncio.timeout(self.ups.timeout(self.spec)):
+            async for line in self._lines:
+                self._ahead.append(self._check(line))
+                if self._ahead[-1][1] is not None or self.finished: return
+    except (self.ups.httpx.HTTPError, TimeoutError, OSError) as e:
+        raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
+                            sent=True) from None
+    raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before any event", sent=True)
+
+@patch
+async def lines(self: EventStream):
+    "Every line with its chunk (None if it has none); `UpstreamError` (sent) if it is malformed or cut short."
+    while self._ahead: yield self._ahead.pop(0)
+    try:
+        async for line in self._lines: yield self._check(line)
+    except (self.ups.httpx.HTTPError, OSError) as e:
+        raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
+                            sent=True) from None
+    if not self.finished:
+        raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before its answer did",
+                            sent=True)
+
+# %% ../../nbs/36c_serve_upstreams.ipynb #65d16455
+async def send(ups: Upstreams, # the pool's clients and slots
+               spec: ModelSpec, # the model to ask
+               data: bytes, # the checked request body as JSON, without a model
+               stream: bool = False, # return an `EventStream`, its first chunk checked
+              ):
+    "One attempt: wait for a slot, send; a chat completion (dict) or an `EventStream`; or `UpstreamError`."
+    await _take_slot(ups, spec)
+    release = ups.slots[spec.name].release
+    try:
+        resp = await _open(ups, spec, data, stream)
+        if not stream: return _completion(ups, spec, resp.content)
+        events = EventStream(ups, spec, resp, release)
+        try: await events.check_start()
+        except BaseException:
+            await resp.aclose(); raise
+        release = None   # the stream frees its slot when it closes
+        return events
+    finally:
+        if release is not None: release()

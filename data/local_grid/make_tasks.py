@@ -2,6 +2,7 @@
 
     python make_tasks.py                       # sums.jsonl and compare.jsonl (numpy default_rng, seed 0)
     python make_tasks.py --store STORE.sqlite  # also store three template rewrites per query (rewriter 'template')
+    python make_tasks.py --originals local_grid.jsonl   # add each query's original_text and options to a table
 
 The rewrites come from fixed templates, not from a language model: the local models' own rewrites
 of these questions were mostly off-task (see README.md). `dars collect` uses rewrites already in its
@@ -38,7 +39,24 @@ def template_rewrites(task: dict, rng) -> list[str]:
 def write(path: str, rows: list[dict]):
     with open(path, 'w') as f: f.writelines(json.dumps({k: v for k, v in r.items() if k not in 'ab'}) + '\n' for r in rows)
 
+def add_originals(path: str):
+    "Give every row of a collected table its query's `original_text` and `options` from the task files, line by line."
+    import pandas as pd
+    from dars_nb.collect.tasks import load_task_file
+    from dars_nb.collect.run import with_query_columns
+    tasks = pd.concat([load_task_file('sums.jsonl', 'sums'), load_task_file('compare.jsonl', 'compare')])
+    rows = [json.loads(l) for l in open(path)]
+    keys = pd.DataFrame({'dataset': [r['dataset'] for r in rows], 'query_id': [r['query_id'] for r in rows]})
+    added = with_query_columns(keys, tasks)
+    with open(path, 'w') as f:
+        for r, (_, a) in zip(rows, added.iterrows()):
+            extra = {c: (None if pd.isna(a[c]) else a[c]) for c in ('original_text', 'passage', 'options')}
+            f.write(json.dumps({**r, **extra}, ensure_ascii=False) + '\n')
+
 if __name__ == '__main__':
+    if '--originals' in sys.argv:
+        add_originals(sys.argv[sys.argv.index('--originals') + 1])
+        sys.exit(0)
     rng = np.random.default_rng(0)
     sums, compare = sum_tasks(60, rng), compare_tasks(60, rng)
     write('sums.jsonl', sums)

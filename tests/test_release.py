@@ -1,0 +1,244 @@
+"""The reader of the authors' release against the shipped fixture in its exact format: the mapping row for row,
+every refusal (one line naming file, line and field), and the commands that take a release folder."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dars_nb.release import (RELEASE_DATASETS, RELEASE_FILES, RELEASE_MODELS, ReleaseError, read_release,
+                             write_release, load_observations)
+
+FIXTURE = Path(__file__).resolve().parents[1] / 'data' / 'authors_release'
+KEY = ['dataset', 'split', 'query_id', 'model', 'rewrite_id', 'sample_id']
+
+
+def lines(dataset, split):
+    return [json.loads(l) for l in (FIXTURE / dataset / RELEASE_FILES[split]).open(encoding='utf-8')]
+
+
+@pytest.fixture(scope='module')
+def obs():
+    return read_release(FIXTURE)
+
+
+def test_hand_checked_rows(obs):
+    "Three lines read by eye, their costs worked out from the tokens and the fixture's made-up prices."
+    row = obs.set_index(KEY).sort_index()
+    gpqa = row.loc[('gpqa', 'train', 'syn-gpqa-01', 'deepseek/deepseek-chat-v3.1', 1, 0)]
+    # prompt_variant_id 0 -> rewrite 1; 88 prompt and 521 completion tokens at $0.27 / $1.10 per million
+    assert (gpqa['view'], gpqa['score'], gpqa['prompt_tokens'], gpqa['completion_tokens']) == ('grid', 1.0, 88, 521)
+    assert math.isclose(gpqa['cost'], (88 * 0.27 + 521 * 1.10) / 1e6, rel_tol=1e-9)
+    assert gpqa['options'] == 'A. It halves\nB. It doubles\nC. It stays the same\nD. It quadruples'
+    assert gpqa['query_text'].startswith('In other words: ') and gpqa['kind'] == 'choice' and gpqa['gold'] == 'B'
+    math500 = row.loc[('math-500', 'test', 'syn/math/07.json', 'deepseek/deepseek-chat-v3.1', 0, 0)]
+    # prompt_variant_id -1 (the original question), observation_type decoding_variation
+    assert (math500['view'], math500['score']) == ('decode', 1.0)
+    assert math.isclose(math500['cost'], (69 * 0.27 + 750 * 1.10) / 1e6, rel_tol=1e-9)
+    assert math500['query_text'] == math500['original_text'] == 'If $f(x) = x^2 - 4x$, what is $f(5)$?'
+    assert pd.isna(math500['passage']) and pd.isna(math500['options'])
+    drop = row.loc[('drop-800', 'test', 'syn-drop-09', 'google/gemini-2.5-flash-lite', 0, 1)]
+    # an answer the scorer could not read: score 0, parse_success false, no predicted answer
+    assert (drop['view'], drop['score'], drop['parsed'], drop['gold']) == ('decode', 0.0, False, '41')
+    assert pd.isna(drop['answer']) and drop['passage'].startswith('In the season opener the Rivertown Hawks')
+    assert math.isclose(drop['cost'], (139 * 0.10 + 137 * 0.40) / 1e6, rel_tol=1e-9)
+
+
+def test_mapping_row_for_row(obs):
+    "Every line of every file has exactly one row, with the line's fields mapped as documented."
+    assert len(obs) == 3 * (6 * 6 * 25 + 4 * 6 * 6)
+    table = obs.astype({c: str for c in ('dataset', 'split', 'view', 'query_id', 'model')}).set_index(KEY)
+    assert table.index.is_unique
+    views = {'prompt_variation': 'rewrite', 'decoding_variation': 'decode'}
+    for d in RELEASE_DATASETS:
+        for split in ('train', 'test'):
+            for l in lines(d, split):
+                r = table.loc[(d, split, l['query_id'], l['model'], l['prompt_variant_id'] + 1, l['decode_id'])]
+                assert r['view'] == ('grid' if split == 'train' else views[l['observation_type']])
+                assert (r['score'], r['cost']) == (l['score'], l['cost'])
+                assert (r['prompt_tokens'], r['completion_tokens']) == (l['usage']['prompt_tokens'],
+                                                                        l['usage']['completion_tokens'])
+                assert (r['temperature'], r['top_p']) == (l['request_config']['temperature'],
+                                                          l['request_config']['top_p'])
+                assert (r['query_text'], r['original_text']) == (l['input_question'], l['original_question'])
+                assert (r['passage'] if pd.notna(r['passage']) else None) == l['context']
+                assert (r['parsed'], r['generation_key']) == (l['parse_success'], l['generation_key'])
+    assert obs.groupby(['dataset', 'query_id'], observed=True)['original_text'].nunique().eq(1).all()
+    assert sorted(obs['model'].unique()) == sorted(RELEASE_MODELS)
+
+
+def copy_fixture(tmp_path, datasets=RELEASE_DATASETS):
+    for d in datasets: shutil.copytree(FIXTURE / d, tmp_path / d)
+    return tmp_path
+
+
+def spoil(tmp_path, dataset, split, line_no, change):
+    "Rewrite one line of a copied file through `change(dict) -> dict or str`."
+    path = tmp_path / dataset / RELEASE_FILES[split]
+    text = path.read_text(encoding='utf-8').splitlines()
+    new = change(json.loads(text[line_no - 1]))
+    text[line_no - 1] = new if isinstance(new, str) else json.dumps(new)
+    path.write_text('\n'.join(text) + '\n', encoding='utf-8')
+
+
+REFUSALS = [  # (line change, message)
+    (lambda l: '{"query_id": ', "math-500/train_scored_generations.jsonl line 5: not valid JSON"),
+    (lambda l: '[1, 2]', "math-500/train_scored_generations.jsonl line 5: not a JSON object"),
+    (lambda l: {**l, 'query_id': ''}, "line 5: field 'query_id' is missing or empty"),
+    (lambda l: {k: v for k, v in l.items() if k != 'model'}, "line 5: field 'model' is missing or empty"),
+    (lambda l: {k: v for k, v in l.items() if k != 'decode_id'}, "line 5: field 'decode_id' is missing"),
+    (lambda l: {**l, 'prompt_variant_id': 'two'}, "line 5: field 'prompt_variant_id' must be an integer, got 'two'"),
+    (lambda l: {**l, 'prompt_variant_id': 1.5}, "field 'prompt_variant_id' must be an integer, got 1.5"),
+    (lambda l: {**l, 'prompt_variant_id': -3}, "field 'prompt_variant_id' must be at least -1, got -3"),
+    (lambda l: {**l, 'decode_id': -1}, "field 'decode_id' must be at least 0, got -1"),
+    (lambda l: {**l, 'dataset': 'gpqa'}, "line 5: field 'dataset' is 'gpqa', but the file holds 'math-500'"),
+    (lambda l: {**l, 'split': 'test'}, "line 5: field 'split' is 'test', but the file holds 'train'"),
+    (lambda l: {**l, 'score': 2}, "line 5: field 'score' must lie in [0, 1], got 2.0"),
+    (lambda l: {**l, 'score': 'right'}, "line 5: field 'score' must be a number, got 'right'"),
+    (lambda l: {**l, 'cost': -0.001}, "line 5: field 'cost' must not be negative, got -0.001"),
+    (lambda l: {**l, 'usage': [1]}, "line 5: field 'usage' must be an object, got list"),
+    (lambda l: {**l, 'usage': {**l['usage'], 'prompt_tokens': 'many'}},
+     "line 5: field 'usage.prompt_tokens' must be a number, got 'many'"),
+    (lambda l: {**l, 'choices': [1, 2]}, "line 5: field 'choices' must be a list of strings"),
+    (lambda l: {**l, 'task_type': 'essay'}, "line 5: field 'task_type' is 'essay'"),
+    (lambda l: {**l, 'original_question': {'text': 'x'}}, "line 5: field 'original_question' must be a string, got dict"),
+    (lambda l: {**l, 'decode_id': 0}, "math-500/train_scored_generations.jsonl line 5: the same answer as line 1"),
+]
+
+
+@pytest.mark.parametrize('change,message', REFUSALS, ids=[m.split(': ', 1)[-1][:40] for _, m in REFUSALS])
+def test_each_bad_line_is_refused_with_file_line_and_field(tmp_path, change, message):
+    copy_fixture(tmp_path, ['math-500'])
+    spoil(tmp_path, 'math-500', 'train', 5, change)
+    with pytest.raises(ReleaseError) as e: read_release(tmp_path)
+    assert message in str(e.value) and '\n' not in str(e.value)
+
+
+def test_test_lines_refused(tmp_path):
+    copy_fixture(tmp_path, ['gpqa'])
+    spoil(tmp_path, 'gpqa', 'test', 3, lambda l: {**l, 'observation_type': 'paraphrase'})
+    with pytest.raises(ReleaseError, match=r"gpqa/test_scored_generations.jsonl line 3: field 'observation_type' is "
+                                           r"'paraphrase' \(expected one of prompt_variation, decoding_variation\)"):
+        read_release(tmp_path)
+
+
+def test_a_test_file_without_a_view_is_refused(tmp_path):
+    copy_fixture(tmp_path, ['gpqa'])
+    path = tmp_path / 'gpqa' / RELEASE_FILES['test']
+    kept = [l for l in path.read_text().splitlines() if '"decoding_variation"' not in l]
+    path.write_text('\n'.join(kept) + '\n')
+    with pytest.raises(ReleaseError, match='gpqa/test_scored_generations.jsonl: the decode view is empty'):
+        read_release(tmp_path)
+
+
+def test_the_authors_fallback_without_observation_type(tmp_path):
+    "Without observation_type a test line's view follows the sign of prompt_variant_id; the table is the same."
+    copy_fixture(tmp_path, ['drop-800'])
+    path = tmp_path / 'drop-800' / RELEASE_FILES['test']
+    stripped = [{k: v for k, v in json.loads(l).items() if k != 'observation_type'} for l in path.open()]
+    path.write_text(''.join(json.dumps(l) + '\n' for l in stripped))
+    a, b = read_release(tmp_path), read_release(FIXTURE, datasets=['drop-800'])
+    assert a['view'].astype(str).tolist() == b['view'].astype(str).tolist()
+
+
+def test_cost_falls_back_to_usage_and_strategy_is_kept(tmp_path):
+    copy_fixture(tmp_path, ['gpqa'])
+    spoil(tmp_path, 'gpqa', 'test', 1, lambda l: {k: v for k, v in l.items() if k != 'cost'})
+    spoil(tmp_path, 'gpqa', 'test', 2, lambda l: {**l, 'decode_strategy': 'low_temp',
+                                                   'request_config': {**l['request_config'], 'temperature': 0.3}})
+    o = read_release(tmp_path, splits=('test',))
+    first = json.loads((tmp_path / 'gpqa' / RELEASE_FILES['test']).open().readline())
+    assert o['cost'].iloc[0] == first['usage']['cost']
+    assert o['strategy'].iloc[1] == 'low_temp' and o['temperature'].iloc[1] == 0.3
+    assert o['strategy'].isna().sum() == len(o) - 1
+
+
+def test_rows_without_a_finite_score_or_cost_are_refused_with_a_count(tmp_path):
+    copy_fixture(tmp_path)
+    spoil(tmp_path, 'gpqa', 'train', 7, lambda l: {**l, 'score': float('nan')})        # the scorer's NaN
+    spoil(tmp_path, 'gpqa', 'train', 9, lambda l: {**l, 'cost': None, 'usage': {**l['usage'], 'cost': None}})
+    spoil(tmp_path, 'drop-800', 'test', 4, lambda l: {k: v for k, v in l.items() if k != 'score'})
+    with pytest.raises(ReleaseError) as e: read_release(tmp_path)
+    assert str(e.value) == ("3 row(s) without a finite score or cost (drop-800/test_scored_generations.jsonl: 1, "
+                            "gpqa/train_scored_generations.jsonl: 2; the first is drop-800/test_scored_generations.jsonl "
+                            "line 4); drop_incomplete=True (dars: --drop-incomplete) drops them")
+    said = []
+    o = read_release(tmp_path, drop_incomplete=True, log=said.append)
+    assert len(o) == 3 * 1044 - 3
+    assert said == ["dropped 3 row(s) without a finite score or cost (drop-800/test_scored_generations.jsonl: 1, "
+                    "gpqa/train_scored_generations.jsonl: 2)"]
+
+
+def test_folders_and_files_that_are_not_a_release(tmp_path):
+    with pytest.raises(ReleaseError, match='no release folder at'): read_release(tmp_path / 'nope')
+    with pytest.raises(ReleaseError, match='no train_scored_generations.jsonl or test_scored_generations.jsonl in'):
+        read_release(tmp_path)
+    (tmp_path / 'gpqa').mkdir()
+    (tmp_path / 'gpqa' / RELEASE_FILES['train']).write_text('\n\n')
+    with pytest.raises(ReleaseError, match='gpqa/train_scored_generations.jsonl holds no rows'): read_release(tmp_path)
+
+
+def test_any_subset_reads(obs):
+    part = read_release(FIXTURE, datasets=['gpqa', 'drop-800'], splits=('train',))
+    assert sorted(part['dataset'].unique()) == ['drop-800', 'gpqa'] and set(part['view']) == {'grid'}
+    assert len(part) == 2 * 900
+    one = read_release(FIXTURE / 'math-500')                 # pointed at one dataset's folder
+    assert len(one) == 1044 and set(one['dataset']) == {'math-500'}
+
+
+def test_simulator_round_trip(tmp_path):
+    "A simulated table written in the release layout reads back with the same keys, scores and costs."
+    from dars_nb.simulate import simulate
+    sim, _, _ = simulate('drop_like', n_train=12, n_test=6, seed=3)
+    back = read_release(write_release(sim, tmp_path))
+    cols = KEY + ['view', 'score', 'cost']
+    srt = lambda o: o[cols].astype(str).sort_values(KEY).reset_index(drop=True)
+    pd.testing.assert_frame_equal(srt(back), srt(load_observations(sim)))
+
+
+@pytest.fixture
+def dars(capsys):
+    "Run the `dars` command in this process: (exit code, stdout, stderr)."
+    from dars_nb.cli import main
+    def run(*args):
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def test_dars_diagnose_reads_a_release_folder(tmp_path, dars):
+    code, out, err = dars('diagnose', FIXTURE, '--quiet')
+    assert code == 0, err
+    assert all(f'| {d} |' in out for d in RELEASE_DATASETS)
+    copy_fixture(tmp_path, ['gpqa'])
+    spoil(tmp_path, 'gpqa', 'train', 2, lambda l: {**l, 'score': float('nan')})
+    code, out, err = dars('diagnose', tmp_path)
+    assert code == 1 and 'Traceback' not in err
+    assert err.strip().splitlines() == [
+        'dars diagnose: error: 1 row(s) without a finite score or cost (gpqa/train_scored_generations.jsonl: 1; '
+        'the first is gpqa/train_scored_generations.jsonl line 2); drop_incomplete=True (dars: --drop-incomplete) drops them']
+    code, out, err = dars('diagnose', tmp_path, '--drop-incomplete')
+    assert code == 0 and '| gpqa |' in out
+    assert 'dropped 1 row(s) without a finite score or cost' in err
+
+
+def test_dars_train_reads_a_release_folder(tmp_path, dars):
+    config = tmp_path / 'router.toml'
+    config.write_text(f'observations = "{FIXTURE}"\n\n[router]\nfamily = "kNN"\nn_neighbors = 5\n\n'
+                      '[features]\nkind = "tfidf"\n')
+    code, out, err = dars('train', config, '--out', tmp_path / 'router.zip')
+    assert code == 0, err
+    assert 'trained kNN on 18 training queries × 6 models' in out
+    code, out, err = dars('route', tmp_path / 'router.zip', 'Which organelle makes most of the ATP?')
+    assert code == 0 and out.strip() in RELEASE_MODELS
+
+
+def test_reproduce_reads_a_release_folder(tmp_path):
+    "The data stage of `dars reproduce --data FOLDER`: the protocol's datasets, with their test views."
+    from dars_nb.experiments.inputs import load_data
+    datasets, whole = load_data(FIXTURE, log=lambda m: None)
+    assert [d.name for d in datasets] == sorted(RELEASE_DATASETS)
+    assert len(whole) == 3 * 1044

@@ -1,0 +1,259 @@
+"""The routing endpoint at its boundaries: the daily spend limit under concurrency, a model's concurrency under a burst,
+slow and broken clients on raw sockets, request bodies that used to end in a 500, malformed upstream streams, and
+secrets in the access log.
+
+Each test starts `dars_nb.serve` under uvicorn on a free loopback port (`BackgroundServer`) in front of
+`FixedEndpoint`s and `FaultProxy`s from `dars_nb.testing`, and sends it what a careless or hostile client would.
+"""
+import asyncio
+import json
+import logging
+import socket
+import time
+from contextlib import contextmanager
+
+import httpx2
+import pytest
+
+from dars_nb.pool.models import Limits, ModelSpec, Pool
+from dars_nb.pool.server import BackgroundServer
+from dars_nb.pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
+from dars_nb.serve.app import create_app
+from dars_nb.serve.requests import ServeSettings
+from dars_nb.testing import FaultProxy, FixedEndpoint
+
+KEY = 'client-key-0123456789abcdef'
+USER = [{'role': 'user', 'content': 'What is 2 + 2?'}]
+
+
+@contextmanager
+def serving(pool, rank=None, header_timeout_s=10.0, body_timeout_s=30.0, **settings):
+    "The endpoint (routing to the pool's first model unless `rank` says otherwise) and an HTTP client on its root."
+    rank = rank or (lambda texts, lam=None: [list(pool.models)] * len(texts))
+    app = create_app(rank, pool, ServeSettings(port=0, **settings))
+    with BackgroundServer(app, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s) as srv, \
+         httpx2.Client(base_url=srv.base_url.removesuffix('/v1'), timeout=60) as http:
+        yield srv, http
+
+
+def burst(base_url, bodies, headers=None):
+    "Send every body at once (one connection each); the responses, in order."
+    async def go():
+        limits = httpx2.Limits(max_connections=len(bodies), max_keepalive_connections=0)
+        async with httpx2.AsyncClient(timeout=120, limits=limits) as c:
+            return await asyncio.gather(*[c.post(base_url + '/chat/completions', json=b, headers=headers)
+                                          for b in bodies])
+    return asyncio.run(go())
+
+
+# --- the daily spend limit is a guarantee ------------------------------------------------------------------------
+
+PRICE_IN, PRICE_OUT = 5.0, 15.0   # $ per million tokens
+IMAGE = {'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,' + 'A' * 400}}
+LONG = 'Explain, step by step: ' + 'why is the sky blue? ' * 140   # 2,963 bytes
+
+
+def case(kind):
+    "(request body, the usage its upstream reports) for a request whose usage passes the typical estimate."
+    if kind == 'image':   # a picture billed at the provider's worst case, one completion token
+        text = 'What is in this picture?'
+        body = {'max_tokens': 1, 'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': text}, IMAGE]}]}
+        return body, dict(prompt_tokens=IMAGE_TOKENS + len(text), completion_tokens=1)
+    if kind == 'long_prompt':   # a prompt reported at one token per byte, four times the typical estimate
+        return {'max_tokens': 1, 'messages': [{'role': 'user', 'content': LONG}]}, \
+            dict(prompt_tokens=len(LONG.encode()), completion_tokens=1)
+    if kind == 'no_usage':   # an upstream that reports no usage at all
+        return {'max_tokens': 64, 'messages': [{'role': 'user', 'content': LONG}]}, dict(usage=False)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize('kind', ['image', 'long_prompt', 'no_usage'])
+def test_the_daily_limit_holds_under_50_concurrent_requests_that_cost_more_than_estimated(kind):
+    body, usage = case(kind)
+    typical = estimate_prompt_tokens(body['messages'], 'typical')
+    if 'prompt_tokens' in usage: assert usage['prompt_tokens'] > 3 * typical   # usage well past the typical estimate
+    limit = 0.05
+    with FixedEndpoint('ok', delay_s=0.2, **usage) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, price_in=PRICE_IN, price_out=PRICE_OUT, concurrency=50)}),
+                 daily_spend_usd=limit) as (srv, http):
+        codes = [r.status_code for r in burst(srv.base_url, [body] * 50)]
+        m = http.get('/metrics').json()
+    assert set(codes) == {200, 429} and codes.count(200) == up.requests > 0
+    assert m['spend_today_usd'] <= limit                                  # the guarantee
+    assert m['in_flight_reserved_usd'] == 0 and m['models']['m']['answered'] == up.requests
+    if 'prompt_tokens' in usage:   # charged what the upstream reported, nothing invented
+        each = (usage['prompt_tokens'] * PRICE_IN + usage['completion_tokens'] * PRICE_OUT) / 1e6
+        assert m['spend_today_usd'] == pytest.approx(up.requests * each, rel=1e-9)
+    else:   # no usage reported: charged the worst case it reserved, said to be estimated
+        assert m['models']['m']['usage_estimated'] == up.requests
+
+
+def test_an_upstream_reporting_more_than_a_request_can_cost_is_charged_as_reported_and_named(capfd):
+    with FixedEndpoint('ok', delay_s=0, prompt_tokens=1_000_000) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, price_in=PRICE_IN, price_out=PRICE_OUT)})) as (srv, http):
+        assert http.post('/v1/chat/completions', json={'messages': USER}).status_code == 200
+        m = http.get('/metrics').json()['models']['m']
+    assert m['spend_usd'] == pytest.approx((1_000_000 * PRICE_IN + 5 * PRICE_OUT) / 1e6)
+    assert m['usage_over_reservation'] == 1
+    err = capfd.readouterr().err
+    assert err.count("model 'm' reported usage") == 1 and 'Traceback' not in err
+
+
+# --- a burst: one timeout for the wait, another for the call -------------------------------------------------------
+
+def test_a_burst_never_exceeds_a_models_concurrency_and_every_request_sent_is_charged():
+    with FixedEndpoint('ok', delay_s=0.1) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, price_in=PRICE_IN, price_out=PRICE_OUT, concurrency=4)},
+                      limits=Limits(timeout_s=2.0))) as (srv, http):
+        codes = [r.status_code for r in burst(srv.base_url, [{'messages': USER}] * 200)]
+        m = http.get('/metrics').json()
+    # 200 requests, 4 at a time, 0.1 s each: 5 s in all, more than the 2 s one upstream call may take
+    assert up.max_in_flight <= 4
+    assert codes == [200] * 200 and up.requests == 200
+    charged = m['models']['m']['answered'] + m['models']['m']['lost']
+    assert charged == up.requests
+    assert m['spend_today_usd'] == pytest.approx(200 * (10 * PRICE_IN + 5 * PRICE_OUT) / 1e6, rel=1e-9)
+
+
+def test_a_request_whose_answer_is_lost_is_charged_its_worst_case():
+    with FixedEndpoint('ok', delay_s=0) as up, FaultProxy(up.base_url, plan=['slow'], slow_s=3) as proxy, \
+         serving(Pool({'m': ModelSpec('m', proxy.base_url, price_in=PRICE_IN, price_out=PRICE_OUT)},
+                      limits=Limits(timeout_s=0.5)), max_tokens=100) as (srv, http):
+        r = http.post('/v1/chat/completions', json={'messages': USER})
+        m = http.get('/metrics').json()
+    assert r.status_code == 502
+    body = {'messages': USER, 'max_tokens': 100}
+    worst = (estimate_prompt_tokens(body) * PRICE_IN + 100 * PRICE_OUT) / 1e6
+    assert (m['models']['m']['lost'], m['models']['m']['answered']) == (1, 0)
+    assert m['spend_today_usd'] == pytest.approx(worst, rel=1e-9)
+
+
+def test_a_model_that_stays_busy_is_a_503_and_nothing_is_sent():
+    with FixedEndpoint('ok', delay_s=1.5) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, concurrency=1)}), queue_timeout_s=0.3) as (srv, http):
+        codes = sorted(r.status_code for r in burst(srv.base_url, [{'messages': USER}] * 3))
+        m = http.get('/metrics').json()
+    assert codes == [200, 503, 503] and up.requests == 1
+    assert m['refused'] == {'503': 2} and m['models']['m']['lost'] == 0
+
+
+# --- slow and broken clients ------------------------------------------------------------------------------------
+
+def raw(port, data=b'', then_close=False, wait_s=15):
+    "Send `data` on a new connection; (what came back, whether the server closed the connection)."
+    s = socket.create_connection(('127.0.0.1', port))
+    s.settimeout(wait_s)
+    if data: s.sendall(data)
+    if then_close: s.close(); return b'', True
+    got = b''
+    try:
+        while chunk := s.recv(65536): got += chunk
+    except TimeoutError: return got, False
+    finally: s.close()
+    return got, True
+
+
+def post_head(length, extra=b''):
+    return (b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n'
+            b'content-length: %d\r\n' % length + extra + b'\r\n')
+
+
+@pytest.mark.parametrize('keys', [(), (KEY,)])
+def test_idle_half_sent_and_unfinished_requests_are_closed(keys):
+    with FixedEndpoint('ok', delay_s=0) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url)}), header_timeout_s=1, body_timeout_s=1,
+                 client_keys=keys) as (srv, http):
+        port = srv.port
+        idle = raw(port)
+        half_headers = raw(port, b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n')
+        half_body = raw(port, post_head(200) + b'{"messages": [')
+        assert http.post('/v1/chat/completions', json={'messages': USER},
+                         headers={'authorization': f'Bearer {KEY}'}).status_code == 200   # the server still serves
+    assert idle == (b'', True) and half_headers == (b'', True)
+    got, closed = half_body
+    assert closed and got.startswith(b'HTTP/1.1 401' if keys else b'HTTP/1.1 408'), got[:200]
+    assert up.requests == 1
+
+
+def test_a_client_hanging_up_mid_body_is_one_log_line(capfd):
+    with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)})) as (srv, http):
+        raw(srv.port, post_head(500) + b'{"messages": [{"role": "user", "content": "hel', then_close=True)
+        deadline, err = time.monotonic() + 10, ''
+        while 'hung up' not in err and time.monotonic() < deadline:
+            time.sleep(0.05); err += capfd.readouterr().err
+        assert http.get('/metrics').json()['refused'] == {}   # nothing to answer: no one is listening
+    assert [l for l in err.splitlines() if l.strip()] == [l for l in err.splitlines() if 'hung up' in l]
+    assert err.count('hung up') == 1 and 'Traceback' not in err and 'internal error' not in err.lower()
+
+
+# --- bodies that used to end in a 500 ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize('raw_body, says', [
+    (b'{"messages": ' + b'[' * 5000 + b']' * 5000 + b'}', 'nested'),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 'surrogate'),
+    (json.dumps({'model': ['dars-router'], 'messages': USER}).encode(), 'model'),
+    (json.dumps({'model': {'name': 'x'}, 'messages': USER}).encode(), 'model'),
+])
+def test_bodies_that_break_parsers_are_400s_with_one_log_line(raw_body, says, capfd):
+    with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)})) as (srv, http):
+        r = http.post('/v1/chat/completions', content=raw_body, headers={'content-type': 'application/json'})
+    assert r.status_code == 400, r.text
+    assert says in r.json()['error']['message']
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err and 'internal error' not in err and up.requests == 0
+
+
+# --- malformed upstream streams ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('fault', ['malformed', 'broken_stream'])
+def test_a_malformed_stream_falls_back_to_the_next_model(fault):
+    with FixedEndpoint('four', delay_s=0) as good, FixedEndpoint('bad', delay_s=0) as bad, \
+         FaultProxy(bad.base_url, plan=[fault]) as proxy, \
+         serving(Pool({'big': ModelSpec('big', proxy.base_url), 'small': ModelSpec('small', good.base_url)})) as (_, http):
+        with http.stream('POST', '/v1/chat/completions', json={'messages': USER, 'stream': True}) as r:
+            lines = [l for l in r.iter_lines() if l.startswith('data:')]
+        m = http.get('/metrics').json()
+    assert r.status_code == 200 and r.headers['x-dars-model'] == 'small' and r.headers['x-dars-fallback-from'] == 'big'
+    text = ''.join(c['choices'][0]['delta'].get('content', '') for c in map(lambda l: json.loads(l[5:]), lines[:-1])
+                   if c.get('choices'))
+    assert text == 'four' and lines[-1] == 'data: [DONE]'
+    assert (m['models']['big']['failures'], m['models']['big']['answered'], m['models']['small']['answered']) == (1, 0, 1)
+
+
+def test_a_stream_that_breaks_after_its_first_event_ends_in_an_error_event():
+    with FixedEndpoint('bad', delay_s=0) as bad, FaultProxy(bad.base_url, plan=['cut_stream']) as proxy, \
+         serving(Pool({'m': ModelSpec('m', proxy.base_url)})) as (_, http):
+        with http.stream('POST', '/v1/chat/completions', json={'messages': USER, 'stream': True}) as r:
+            lines = [l for l in r.iter_lines() if l.startswith('data:')]
+        m = http.get('/metrics').json()
+    last = json.loads(lines[-1][5:])
+    assert 'error' in last and 'malformed' in last['error']['message'], lines
+    assert (m['models']['m']['failures'], m['models']['m']['answered']) == (1, 0)
+
+
+def test_a_malformed_stream_from_the_only_model_is_a_502():
+    with FixedEndpoint('bad', delay_s=0) as bad, FaultProxy(bad.base_url, plan=['malformed']) as proxy, \
+         serving(Pool({'m': ModelSpec('m', proxy.base_url)})) as (_, http):
+        r = http.post('/v1/chat/completions', json={'messages': USER, 'stream': True})
+    assert r.status_code == 502 and r.headers['content-type'].startswith('application/json')
+
+
+# --- the access log ---------------------------------------------------------------------------------------------
+
+def test_a_key_in_a_query_string_never_reaches_the_access_log():
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record): records.append(record.getMessage())
+    log, keep = logging.getLogger('uvicorn.access'), Keep()
+    with FixedEndpoint('ok', delay_s=0) as up:
+        app = create_app(lambda texts, lam=None: [['m']] * len(texts), Pool({'m': ModelSpec('m', up.base_url)}),
+                         ServeSettings(port=0, client_keys=(KEY,)))
+        with BackgroundServer(app, quiet=False) as srv:
+            log.addHandler(keep)
+            try:
+                root = srv.base_url.removesuffix('/v1')
+                assert httpx2.post(root + f'/v1/chat/completions?api_key={KEY}&x=1', json={'messages': USER}).status_code == 401
+                assert httpx2.get(root + f'/v1/models?key={KEY}', headers={'authorization': f'Bearer {KEY}'}).status_code == 200
+            finally: log.removeHandler(keep)
+    assert len(records) == 2 and all(KEY not in r for r in records), records
+    assert '/v1/chat/completions?' in records[0] and ' 401' in records[0]
