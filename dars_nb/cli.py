@@ -15,35 +15,32 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from fastcore.docments import docments
 from . import __version__
 from .extras import check_extra
 
 # %% auto #0
-__all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'Command', 'summary', 'entry_function', 'add_parameters', 'build_parser',
-           'exit_code', 'main']
+__all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'Command', 'summary', 'entry_function', 'command_parser', 'build_parser',
+           'parse_args', 'exit_code', 'main']
 
 # %% ../nbs/90_cli.ipynb #9635f99c
 @dataclass(frozen=True)
 class Command:
-    "One subcommand: the entry function it runs and how the command line spells its parameters."
+    "One subcommand: the entry function it runs and the extra it needs."
     entry: str # 'module:function' of the entry function
     extra: str | None = None # the extra it needs beyond the core install
-    options: tuple = () # parameters without a default spelled as required `--options`
-    positional: tuple = () # parameters with a default spelled as optional positional arguments
 
 # %% ../nbs/90_cli.ipynb #7227f040
 COMMANDS = {
-    'reproduce': Command('dars_nb.experiments.reproduce:reproduce_main', 'torch', options=('out',)),
+    'reproduce': Command('dars_nb.experiments.reproduce:reproduce_main', 'torch'),
     'collect': Command('dars_nb.collect.command:collect_main', 'collect'),
     'status': Command('dars_nb.collect.store:status_main'),
     'store': Command('dars_nb.collect.store:store_main'),
     'cache': Command('dars_nb.cache:cache_main'),
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
-    'train': Command('dars_nb.training:train_main', options=('out',)),
-    'route': Command('dars_nb.bundle:route_main', positional=('question',)),
+    'train': Command('dars_nb.training:train_main'),
+    'route': Command('dars_nb.bundle:route_main'),
     'calibrate': Command('dars_nb.calibrate:calibrate_main'),
-    'serve': Command('dars_nb.serve:serve_main', 'serve', options=('router', 'pool')),
+    'serve': Command('dars_nb.serve:serve_main', 'serve'),
     'local': Command('dars_nb.collect.local:serve_main', 'local'),
 }
 
@@ -55,57 +52,51 @@ def summary(cmd: Command) -> str:
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
     return (ast.get_docstring(node) or '').splitlines()[0].rstrip('.')
 
-# %% ../nbs/90_cli.ipynb #e44c6815
-def _arg_type(anno):
-    "The type argparse converts a value to: the annotation without `None` (str when there is none)."
-    if anno in (inspect.Parameter.empty, None): return str
-    args = [a for a in typing.get_args(anno) if a is not type(None)]
-    return args[0] if args else anno
-
-# %% ../nbs/90_cli.ipynb #397ee5b5
-def _argument(name: str, param, cmd: Command) -> tuple[list, dict]:
-    "How one parameter is spelled (`['config']`, `['--dry-run']`) and its `add_argument` keywords."
-    flag, help = '--' + name.replace('_', '-'), param.docment or ''
-    if param.anno is bool: return [flag], dict(action='store_true', help=help)
-    kw = dict(type=_arg_type(param.anno), help=help)
-    if param.default is inspect.Parameter.empty:
-        return ([flag], kw | dict(required=True)) if name in cmd.options else ([name], kw)
-    if param.default is not None: kw['help'] = f'{help} (default: {param.default})'
-    if name in cmd.positional: return [name], kw | dict(nargs='?', default=param.default)
-    return [flag], kw | dict(default=param.default)
-
 # %% ../nbs/90_cli.ipynb #540e3a6a
-QUIET_HELP = 'no progress bars and no chatter (results and errors only)'
-
 def entry_function(cmd: Command):
     "The entry function of `cmd` (imports its module)."
     module, name = cmd.entry.split(':')
     return getattr(importlib.import_module(module), name)
 
 # %% ../nbs/90_cli.ipynb #47f02530
-def add_parameters(p: argparse.ArgumentParser, # a subcommand's parser
-                   cmd: Command, # the subcommand
-                  ):
-    "Add an argument for every parameter of `cmd`'s entry (its docment is the help), and `--quiet`."
-    params = docments(entry_function(cmd), full=True, returns=False, eval_str=True)
-    for name, param in params.items():
-        names, kw = _argument(name, param, cmd)
-        p.add_argument(*names, **kw)
-    if 'quiet' not in params: p.add_argument('--quiet', action='store_true', help=QUIET_HELP)
+QUIET_HELP = 'no progress bars and no chatter (results and errors only)'
+
+def _optional_types(p: argparse.ArgumentParser, fn):
+    "Give each option annotated `X | None` the type X (fastcore tries each member, with an opaque name)."
+    hints = typing.get_type_hints(fn)
+    for action in p._actions:
+        args = [a for a in typing.get_args(hints.get(action.dest)) if a is not type(None)]
+        if len(args) == 1 and action.type is not None: action.type = args[0]
+
+def command_parser(name: str, # a key of `COMMANDS`
+                  ) -> argparse.ArgumentParser:
+    "The parser of `dars <name>`: fastcore's `anno_parser` over its entry, with `--quiet` on every command."
+    from fastcore.script import anno_parser   # here: `dars --help` stays free of fastcore's imports
+    fn = entry_function(COMMANDS[name])
+    p = anno_parser(fn, prog=f'dars {name}')
+    _optional_types(p, fn)
+    if 'quiet' not in inspect.signature(fn).parameters:
+        p.add_argument('--quiet', action='store_true', help=QUIET_HELP)
+    return p
 
 # %% ../nbs/90_cli.ipynb #98fdd5e6
 DESCRIPTION = 'Distribution-aware routing supervision for LLM routers.'
 
-def build_parser(command: str | None = None, # the subcommand whose arguments are built (None: none)
-                ) -> argparse.ArgumentParser:
-    "The `dars` argument parser, with the arguments of `command` (only its module is imported)."
+def build_parser() -> argparse.ArgumentParser:
+    "The `dars` parser: `--version`, and one subcommand named with its help (its arguments are not built)."
     p = argparse.ArgumentParser(prog='dars', description=DESCRIPTION)
     p.add_argument('--version', action='version', version=f'dars {__version__}')
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
     for name, cmd in COMMANDS.items():
-        s = sub.add_parser(name, help=summary(cmd), description=summary(cmd) + '.')
-        if name == command: add_parameters(s, cmd)
+        sub.add_parser(name, help=summary(cmd), add_help=False)
     return p
+
+# %% ../nbs/90_cli.ipynb #3a9e7c42
+def parse_args(argv: list[str], # the arguments after `dars`
+              ) -> tuple[str, argparse.Namespace]:
+    "The subcommand and its parsed arguments; SystemExit for `--help`, `--version` (0) or a usage error (2)."
+    top, rest = build_parser().parse_known_args(argv)
+    return top.command, command_parser(top.command).parse_args(rest)
 
 # %% ../nbs/90_cli.ipynb #666dbef5
 def _one_line(e: BaseException) -> str:
@@ -154,29 +145,22 @@ def _command_stderr(command: str, quiet: bool):
         elif quiet: os.environ['TQDM_DISABLE'] = saved_env
 
 # %% ../nbs/90_cli.ipynb #7f465827
-def _call(args: argparse.Namespace) -> int:
+def _call(command: str, args: argparse.Namespace) -> int:
     "Run one subcommand's entry with the parsed arguments, by name; its exit code."
-    fn = entry_function(COMMANDS[args.command])
+    fn = entry_function(COMMANDS[command])
     return fn(**{k: getattr(args, k) for k in inspect.signature(fn).parameters if hasattr(args, k)})
-
-# %% ../nbs/90_cli.ipynb #4275460e
-def _command_in(argv: list[str]) -> str | None:
-    "The subcommand named in `argv` (the first word that is not an option), if it is one."
-    word = next((a for a in argv if not a.startswith('-')), None)
-    return word if word in COMMANDS else None
 
 # %% ../nbs/90_cli.ipynb #b3e97d88
 def main(argv: list[str] | None = None, # arguments (default: sys.argv[1:])
         ) -> int:
     "Entry point of the `dars` console command (and `python -m dars_nb`); returns the exit code."
     argv = sys.argv[1:] if argv is None else argv
-    command = _command_in(argv)
-    with _command_stderr(command or '', '--quiet' in argv):
+    command = argv[0] if argv and argv[0] in COMMANDS else ''
+    with _command_stderr(command, '--quiet' in argv):
         try:
-            if command and COMMANDS[command].extra:
-                check_extra(COMMANDS[command].extra, f'dars {command}')
-            args = build_parser(command).parse_args(argv)
-            code = _call(args)
+            command, args = parse_args(argv)
+            if COMMANDS[command].extra: check_extra(COMMANDS[command].extra, f'dars {command}')
+            code = _call(command, args)
         except SystemExit as e:   # --help and --version (0) or a usage error (2)
             return e.code if isinstance(e.code, int) else 2
         except (Exception, KeyboardInterrupt) as e:

@@ -9,7 +9,8 @@ import importlib.util
 from types import ModuleType
 
 # %% auto #0
-__all__ = ['EXTRAS', 'EXTRA_MODULES', 'MissingExtra', 'install_hint', 'missing_extra', 'require', 'check_extra']
+__all__ = ['EXTRAS', 'TORCH_CPU', 'TORCH_EXTRAS', 'EXTRA_MODULES', 'MissingExtra', 'install_hint', 'missing_extra', 'require',
+           'check_extra']
 
 # %% ../nbs/08_extras.ipynb #2da97eee
 EXTRAS = {  # extra -> what it adds
@@ -34,10 +35,14 @@ def _known(extra: str) -> str:
     return extra
 
 # %% ../nbs/08_extras.ipynb #e87a51a9
+TORCH_CPU = 'pip install torch --index-url https://download.pytorch.org/whl/cpu'  # PyTorch's CPU-only wheels
+TORCH_EXTRAS = ('torch', 'embed')  # the extras that bring torch
+
 def install_hint(extra: str, # a key of `EXTRAS`
                 ) -> str:
-    "The command that installs `extra`."
-    return f"pip install 'dars_nb[{_known(extra)}]'"
+    "The command that installs `extra`; for an extra that brings torch, how to get the CPU-only build first."
+    hint = f"pip install 'dars_nb[{_known(extra)}]'"
+    return hint + (f" (for a CPU-only torch, first: {TORCH_CPU})" if extra in TORCH_EXTRAS else '')
 
 # %% ../nbs/08_extras.ipynb #e8fea3c2
 def missing_extra(what: str, # what needs the modules, as the message's subject, e.g. 'MIRTRouter'
@@ -58,7 +63,7 @@ def require(module: str, # the module to import, e.g. 'torch' or 'math_verify'
     except ModuleNotFoundError as e:
         # a missing part of this library is a bug, not an extra
         if (e.name or '').split('.')[0] == 'dars_nb': raise
-        raise missing_extra(what, [module.split('.')[0]], extra) from e
+        raise missing_extra(what, [module.split('.')[0]], extra) from None   # one line, no chained traceback
 
 # %% ../nbs/08_extras.ipynb #8dfe3700
 EXTRA_MODULES = {  # extra -> the top-level modules it must make importable

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from typing import Annotated
 from .features import make_featurizer
 from .observations import router_texts
 from .release import load_observations
@@ -186,7 +187,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
 
 # %% ../nbs/25d_training.ipynb #421df77a
 def train_main(config: str, # path of the training TOML file
-               out: str, # file to write the router bundle to
+               out: Annotated[str, {'opt': True, 'required': True}], # file to write the router bundle to
                quiet: bool = False, # print nothing
               ) -> int:
     "Train a router from a TOML config and save it as one file."

@@ -1,4 +1,5 @@
-"""The docs and README builder (`tools/docs.py`): pages, failure reports, links, math, the site, the README, saved outputs.
+"""The docs and README builder (`tools/docs.py` and its modules): pages, failure reports, links, math, the site,
+the README, saved outputs.
 
 Each test builds what it needs in a temporary folder: a toy notebook, or a toy project with an index and two pages."""
 import contextlib
@@ -13,11 +14,14 @@ from fastcore.nbio import mk_cell, new_nb, read_nb, write_nb
 from fastcore import test as fc
 from fastcore.xtras import working_directory
 
-from tools.docs import (_EXPORT_CALL, _README_NO_IMAGE, _anchor_headings, _joined, _relink, assertion_message,
-                        build_docs, build_readme, doc_notebooks, docs_main, error_box, failing_line, failure_text,
-                        feature_table, markdown_ready, math_to_mathml, mkdocs_config, notebook_page,
-                        notebook_summary, page_path, processed_notebook, readme_link, resolve_doc_links,
-                        runs_in_tests, save_outputs, site_link, static_outputs, to_markdown)
+from tools.docs_notebooks import (EXPORT_CALL, assertion_message, doc_notebooks, failing_line, failure_text, joined,
+                                  page_path, processed_notebook, runs_in_tests)
+from tools.docs_pages import (anchor_headings, error_box, legible_svg, markdown_ready, math_to_mathml, notebook_page,
+                              page_anchors, relink, resolve_doc_links, site_link, to_markdown, unique_anchors)
+from tools.docs_site import build_docs, docs_main, mkdocs_config
+from tools.docs_readme import (build_readme, chart_alt, docs_url, feature_table, notebook_summary, readme_link,
+                               readme_snippets)
+from tools.docs_outputs import save_outputs, static_outputs
 
 DOC = 'https://docs.example.org/toy/'
 
@@ -101,7 +105,7 @@ def test_runs_in_tests():
     assert not runs_in_tests(_cell('x = 1', slow=''), skip_flags=['notest', 'slow'])
     assert runs_in_tests(_cell('x = 1', slow=''), skip_flags=['notest'])     # flag forced on
     assert not runs_in_tests(_cell('x = 1', eval='false'))
-    assert not runs_in_tests(_cell('import nbdev; nbdev.' + _EXPORT_CALL + ')'))
+    assert not runs_in_tests(_cell('import nbdev; nbdev.' + EXPORT_CALL + ')'))
     assert not runs_in_tests(mk_cell('# Title', cell_type='markdown'))
 
 
@@ -112,10 +116,35 @@ def test_processed_notebook(toy):
     assert not any('secret = 41' in s for s in srcs)                     # hidden cell gone
     assert not any('return 2 * x' in s for s in srcs)                    # exported source gone
     sd = [c for c in nb.cells if 'show_doc(double)' in c.source][0]      # show_doc added and run
-    assert '### double' in _joined(sd.outputs[0]['data']['text/markdown'])
-    fc.test_eq(_joined([c for c in nb.cells if 'double(secret' in c.source][0].outputs[0]['data']['text/plain']), '84')
+    assert '### double' in joined(sd.outputs[0]['data']['text/markdown'])
+    fc.test_eq(joined([c for c in nb.cells if 'double(secret' in c.source][0].outputs[0]['data']['text/plain']), '84')
     fc.test_eq([c for c in nb.cells if 'print("slow")' in c.source][0].get('outputs', []), [])
     assert 'image/svg+xml' in [c for c in nb.cells if 'alt.Chart' in c.source][0].outputs[0]['data']
+
+
+def test_patched_method_documented_once(tmp_path):
+    "A `@patch`-ed method documented by its own `show_doc(Class.method)` gets no second entry from nbdev."
+    path = tmp_path/'03_patch.ipynb'
+    write_nb(new_nb([mk_cell('#| default_exp patched'),
+                     mk_cell('#| export\nfrom fastcore.basics import patch'),
+                     mk_cell('# Patched\n> One entry per method', cell_type='markdown'),
+                     mk_cell('#| export\nclass Store:\n    "A store."'),
+                     mk_cell('#| export\n@patch\ndef insert(self: Store, x: int):\n    "Insert `x`."\n    return x'),
+                     mk_cell('show_doc(Store.insert)'),
+                     mk_cell('#| export\n@patch\ndef __call__(self: Store, x: int):\n    "Call with `x`."\n    return x')]), path)
+    nb = processed_notebook(path)
+    docs = [l for c in nb.cells for l in c.source.splitlines() if l.startswith('show_doc(')]
+    fc.test_eq(sorted(docs), ['show_doc(Store)', 'show_doc(Store.__call__)', 'show_doc(Store.insert)'])
+    md, _ = to_markdown(markdown_ready(nb), 'patched', 'patched_files')
+    fc.test_eq(md.count('### Store.insert'), 1)
+
+
+def test_charts_stay_legible():
+    svg = '<svg xmlns="x" width="600" height="200"><text font-size="10px">a</text><text style="font-size: 12px">b</text></svg>'
+    fc.test_eq(legible_svg(svg), svg.replace('<svg ', '<svg style="min-width: 540px" ', 1))   # 600 × 9/10: its 10 px text at 9 px
+    fc.test_eq(legible_svg('<svg width="600"></svg>'), '<svg width="600"></svg>')                # no text: nothing to keep legible
+    titled = '<g class="mark-group role-title"><g><text font-size="13px">Two bars</text></g></g>'
+    fc.test_eq((chart_alt(titled), chart_alt('<svg/>')), ('Chart: Two bars', 'Chart'))
 
 
 def test_failing_notebook_stops_and_names_the_line(tmp_path):
@@ -149,11 +178,15 @@ def test_links():
     fc.test_eq(site_link('https://example.org/a.html', Path('index.md'), DOC), 'https://example.org/a.html')
     fc.test_eq(site_link('#section', Path('index.md'), DOC), '#section')
     index_link = lambda t: site_link(t, Path('index.md'), DOC)
-    fc.test_eq(_relink('see [a](01_stats.ipynb) and [b](https://x.org)', index_link), 'see [a](stats.md) and [b](https://x.org)')
-    fc.test_eq(_relink('[`grid_stats`](01_stats.ipynb), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```', index_link),
+    fc.test_eq(relink('see [a](01_stats.ipynb) and [b](https://x.org)', index_link), 'see [a](stats.md) and [b](https://x.org)')
+    fc.test_eq(relink('[`grid_stats`](01_stats.ipynb), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```', index_link),
             '[`grid_stats`](stats.md), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```')   # code untouched
-    fc.test_eq(_anchor_headings('---\n\n### Supervision.labels\n\ntext'),
+    fc.test_eq(anchor_headings('---\n\n### Supervision.labels\n\ntext'),
             '---\n\n### Supervision.labels { #supervision.labels }\n\ntext')
+    fc.test_eq(anchor_headings('### RankBatcher.__call__'), r'### `RankBatcher.__call__` { #rankbatcher.\_\_call\_\_ }')
+    two = anchor_headings('### Supervision\n\n### supervision\n\n### RankBatcher.__call__')
+    fc.test_eq(unique_anchors(two).count('{ #supervision-2 }'), 1)                      # one id per heading on a page
+    fc.test_eq(page_anchors(unique_anchors(two)), {'supervision', 'supervision-2', 'rankbatcher.__call__'})
     have = {Path('stats.md'): {'supervision', 'supervision.soft'}, Path('index.md'): set()}
     made = {t: DOC + t.replace('../', '').replace('.md', '.html') for t in
             ['../stats.md#supervision.labels', '../stats.md#supervision.soft', '../stats.md#_helper', '../store.md#pool']}
@@ -171,9 +204,6 @@ def test_markdown_and_page(toy):
     assert '```python\ndouble(secret + 1)\n```' in md
     assert 'show_doc(' not in md                                     # echo: false
     assert '### double' in md
-    md_r, files_r = to_markdown(markdown_ready(processed_notebook(toy_nb(folder))), 'toy', 'docs_assets', readme=True)
-    fc.test_eq(files_r, {})                                             # no image file: the README is read without the repository
-    assert _README_NO_IMAGE in md_r and '<svg' not in md_r and '![' not in md_r
     p = notebook_page(folder/'01_toy.ipynb', folder, doc_url=DOC)
     fc.test_eq((p['page'], p['title']), (Path('toy.md'), 'Toy'))
     assert p['markdown'].startswith('# Toy\n\nA notebook to test the docs build\n{: .subtitle }')
@@ -228,15 +258,33 @@ def test_readme(tmp_path):
     proj = toy_project(tmp_path/'proj')
     (proj/'nbs'/'index.ipynb').unlink()
     toy_nb(proj/'nbs').rename(proj/'nbs'/'index.ipynb')
+    (proj/'docs_assets').mkdir(); (proj/'docs_assets'/'index_9_0.svg').write_text('<svg/>')   # an older build's chart
     text = build_readme(proj).read_text()
     assert text.startswith('# Toy\n\n<!-- WARNING')
     assert '> A notebook to test the docs build' in text
-    assert _README_NO_IMAGE in text and '![' not in text                 # the chart is named, not linked
-    assert not list((proj/'docs_assets').glob('index_*'))
+    fc.test_eq([p.name for p in (proj/'docs_assets').glob('index_*')], ['index_5_0.svg'])   # the chart, as a committed file
+    assert '![Chart: Two bars](docs_assets/index_5_0.svg)' in text and '<svg' not in text
     assert 'secret = 41' not in text
-    assert '[the next page](nbs/02_next.ipynb)' in text
-    fc.test_eq(readme_link('tutorials/01_a.ipynb#x', Path('nbs')), 'nbs/tutorials/01_a.ipynb#x')
-    fc.test_eq(readme_link('https://x.org/a.ipynb', Path('nbs')), 'https://x.org/a.ipynb')
+    assert 'the next page (`nbs/02_next.ipynb`)' in text and '](' not in text.replace('](docs_assets/', '')
+    # with a declared docs site, links and the chart are absolute addresses on it
+    (proj/'pyproject.toml').write_text((proj/'pyproject.toml').read_text().replace(
+        '[tool.nbdev]', f'[project.urls]\nDocumentation = "{DOC}"\n[tool.nbdev]'))
+    fc.test_eq(docs_url(proj), DOC.rstrip('/'))
+    text = build_readme(proj).read_text()
+    assert f'[the next page]({DOC}next.html)' in text and f'![Chart: Two bars]({DOC}docs_assets/index_5_0.svg)' in text
+
+
+def test_readme_links():
+    nbs = Path('nbs')
+    fc.test_eq(readme_link('glossary', 'reference/02_glossary.ipynb', nbs), 'glossary (`nbs/reference/02_glossary.ipynb`)')
+    fc.test_eq(readme_link('router', 'reference/02_glossary.ipynb#router', nbs), 'router')   # a word: its page is named elsewhere
+    fc.test_eq(readme_link('results', '../bench/RESULTS.md', nbs), 'results (`bench/RESULTS.md`)')
+    fc.test_eq(readme_link('x', 'https://x.org/a.ipynb', nbs), '[x](https://x.org/a.ipynb)')
+    fc.test_eq(readme_link('up', '#reproduce-test', nbs), '[up](#reproduce-test)')
+    fc.test_eq(readme_link('router', 'reference/02_glossary.ipynb#router', nbs, 'https://d.org/x'),
+               '[router](https://d.org/x/reference/glossary.html#router)')
+    fc.test_eq(readme_snippets('text\n```python\nx = 1\n```\n```bash\nmake\n```\n```python\ny = 2\nz = 3\n```\n'),
+               ['x = 1\n', 'y = 2\nz = 3\n'])
 
 
 def test_saved_outputs(tmp_path):
@@ -256,7 +304,7 @@ def test_saved_outputs(tmp_path):
     fc.test_eq(sorted(outs[0][0]['data']), ['image/svg+xml', 'text/plain'])                 # the chart as SVG, no Vega-Lite
     fc.test_eq(sorted(outs[1][0]['data']), ['text/html', 'text/plain'])                     # the table
     fc.test_eq(sorted(outs[2][0]['data']), ['text/plain'])                                  # HTML with a script is dropped
-    fc.test_eq(_joined(outs[3][0]['text']), 'slow, yet run\n')                             # slow cells are forced on
+    fc.test_eq(joined(outs[3][0]['text']), 'slow, yet run\n')                             # slow cells are forced on
     fc.test_eq(outs[4], [])                                                                 # notest cells are not
     text = (proj/'nbs'/'index.ipynb').read_text()
     fc.test_eq(('vegalite' in text, '<script' in str(outs), '"execution_count": null' in text), (False, False, True))
@@ -302,7 +350,8 @@ def test_command_reports_broken_pages_and_builds_the_rest(tmp_path):
 def test_home_page_lists_every_notebook():
     "The home page's tables of tutorials and modules are the current ones (`make readme` rewrites them)."
     import json
-    from tools.docs import ROOT, index_tables
+    from tools.docs_notebooks import ROOT
+    from tools.docs_readme import index_tables
     cells = json.loads((ROOT/'nbs'/'index.ipynb').read_text())['cells']
     text = '\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
     for name, table in index_tables(ROOT/'nbs').items():
@@ -311,10 +360,41 @@ def test_home_page_lists_every_notebook():
 
 def test_benchmark_figures_come_from_results(tmp_path):
     "The home page's benchmark table is RESULTS.md from its machine line on; a file without one is refused."
-    from tools.docs import benchmark_figures
+    from tools.docs_readme import benchmark_figures
     f = tmp_path/'RESULTS.md'
     assert 'has not written RESULTS.md' in benchmark_figures(f)
     f.write_text("# Benchmark figures\n\nWritten by make bench.\n\nmeasured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
     fc.test_eq(benchmark_figures(f), "measured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
     f.write_text("# Benchmark figures\n| a |\n")
     fc.test_fail(lambda: benchmark_figures(f), contains="no 'measured on' line")
+
+
+def _readme():
+    from tools.docs_notebooks import ROOT
+    return ROOT, (ROOT/'README.md').read_text(encoding='utf-8')
+
+
+def test_readme_reads_without_the_repository():
+    """Every link of README.md works on a code host and in a package description: web addresses only, no relative link;
+    its charts are committed image files (relative: no docs site is declared in pyproject.toml)."""
+    root, text = _readme()
+    prose = re.sub(r'```.*?```', '', text, flags=re.S)
+    links = re.findall(r'(?<!!)\[[^\]]+\]\(([^)\s]+)\)', prose)
+    assert all(re.match(r'https?://|#', t) for t in links), [t for t in links if not re.match(r'https?://|#', t)]
+    images = re.findall(r'!\[([^\]]+)\]\(([^)\s]+)\)', prose)
+    assert images and images[0][0].startswith('Chart: '), images          # the headline chart, described in words
+    site = docs_url(root)
+    for _, src in images:
+        if site: assert src.startswith(site + '/'), src
+        else: assert (root/src).is_file(), f'{src} is not committed beside the README'
+
+
+@pytest.mark.parametrize('i', range(2))
+def test_readme_snippets_run_alone(i, tmp_path):
+    "Each Python block of README.md runs in a fresh interpreter, outside the repository, with nothing defined before it."
+    import subprocess, sys
+    snippets = readme_snippets(_readme()[1])
+    assert len(snippets) == 2, 'the README has another number of Python blocks: update this test'
+    env = {k: v for k, v in __import__('os').environ.items() if k != 'PYTHONPATH'}
+    res = subprocess.run([sys.executable, '-c', snippets[i]], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]

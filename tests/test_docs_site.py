@@ -1,6 +1,9 @@
 """The docs site in a real browser: every page opens in headless Chromium with no console error, every
 internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
-column at 1280 px, and no page links to the hosts the project never published.
+column at 1280 px and whose text stays at least 9 px at 400 px, every code block fits its column at
+1280 px (these two open the pages with the widest code and three chart pages; every page with
+DARS_TEST_FLAGS=slow), no heading id appears twice on a page, API headings show dunder names as written, and no page
+links to the hosts the project never published.
 
 The site is built once per session with `tools.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
@@ -174,6 +177,63 @@ def test_charts_fit_the_text_column(site, base_url, browser):
             if shown > room + 0.5 or scroll > room + 0.5:
                 offenders.append(f'{page}: chart {i} is {shown:.0f} px wide (drawn {drawn} px) in a {room} px column')
     assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
+
+
+ALL_PAGES = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()   # else the checks below open a few pages each
+
+def _widest_code(site, k=4):
+    "The `k` pages whose longest code line is longest (every page with code when DARS_TEST_FLAGS has slow)."
+    width = {}
+    for page in _pages(site):
+        blocks = re.findall(r'<pre[^>]*>(.*?)</pre>', (site / page).read_text(encoding='utf-8'), re.S)
+        lines = [unescape(re.sub('<[^>]+>', '', b)).splitlines() for b in blocks]
+        if blocks: width[page] = max((len(l) for ls in lines for l in ls), default=0)
+    return sorted(width, key=width.get, reverse=True)[:None if ALL_PAGES else k]
+
+
+def test_code_blocks_fit_the_text_column(site, base_url, browser):
+    "At a 1280 px window no code block (input or printed output) scrolls sideways: long lines wrap."
+    offenders = []
+    for page in _widest_code(site):
+        _open(browser, base_url + page)
+        wide = browser.execute_script("""
+            return Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth])
+                        .filter(([i, s, w]) => s > w + 1);""")
+        offenders += [f'{page}: code block {i} is {s} px wide in {w} px' for i, s, w in wide]
+    assert not offenders, f'{len(offenders)} code block(s) scroll sideways:\n' + '\n'.join(offenders[:40])
+
+
+def test_chart_text_legible_on_a_narrow_screen(site, base_url, browser):
+    "At a 400 px window every chart's smallest text is drawn at 9 px or more (the chart scrolls instead of shrinking)."
+    small = []
+    browser.set_window_size(400, 1000)
+    try:
+        charts = [p for p in _pages(site) if '<div class="chart-output">' in (site / p).read_text(encoding='utf-8')]
+        for page in charts if ALL_PAGES else charts[:3]:
+            _open(browser, base_url + page)
+            sizes = browser.execute_script("""
+                return Array.from(document.querySelectorAll('.chart-output svg'), s => {
+                    const scale = s.getBoundingClientRect().width / s.viewBox.baseVal.width;
+                    const px = Array.from(s.querySelectorAll('text'), t => parseFloat(getComputedStyle(t).fontSize) * scale);
+                    return px.length ? Math.min(...px) : null;
+                });""")
+            small += [f'{page}: chart {i} has text at {px:.1f} px' for i, px in enumerate(sizes) if px is not None and px < 8.99]
+    finally:
+        browser.set_window_size(1280, 1000)
+    assert not small, f'{len(small)} chart(s) shrink their text below 9 px at 400 px:\n' + '\n'.join(small[:40])
+
+
+def test_headings_unique_and_dunders_as_code(site):
+    "No page has two headings with one id (a method documented twice would); `__call__` is shown, not read as bold."
+    problems = []
+    for page in _pages(site):
+        html = (site / page).read_text(encoding='utf-8')
+        ids = re.findall(r'<h[1-6][^>]*\sid="([^"]+)"', html)
+        problems += [f'{page}: id {i!r} appears {ids.count(i)} times' for i in sorted(set(ids)) if ids.count(i) > 1]
+        for hid, inner in re.findall(r'<h[2-4][^>]*\sid="([^"]*__[^"]*)"[^>]*>(.*?)</h[2-4]>', html, re.S):
+            if '<strong>' in inner or '__' not in unescape(re.sub('<[^>]+>', '', inner)):
+                problems.append(f'{page}: heading {hid!r} shows {inner[:80]!r}')
+    assert not problems, f'{len(problems)} problem(s):\n' + '\n'.join(problems[:40])
 
 
 _MISSING_HOSTS = re.compile(r'<a\s[^>]*href=["\']?(?:https?:)?//(?:www\.)?(?:dars-nb\.github\.io|github\.com/dars-nb)(?:[/?#"\'\s>]|$)', re.I)

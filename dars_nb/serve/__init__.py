@@ -8,6 +8,7 @@ import dataclasses
 import signal
 import threading
 from pathlib import Path
+from typing import Annotated
 from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
 from ..pool.server import listening_socket, stop_signals, server_config
@@ -32,8 +33,8 @@ def _run_until_signal(server, sock):
         if main: signal.signal(signal.SIGHUP, hup)
 
 # %% ../../nbs/36e_serve.ipynb #6e20b2fd
-def serve_main(router, # a router bundle file (`dars train --out`)
-               pool, # the pool TOML file: [models] and an optional [serve] table
+def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a router bundle file (`dars train --out`)
+               pool: Annotated[str, {'opt': True, 'required': True}], # the pool TOML file: [models] and an optional [serve] table
                host: str = ServeSettings.host, # address to listen on (beyond loopback: set client keys)
                port: int = ServeSettings.port, # port to listen on
                lam: float | None = None, # λ of a request that sets none (default: [serve] lam, else the router's)
