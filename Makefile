@@ -15,8 +15,8 @@ setup:            ## (re)create .venv: the library with every extra, its tests a
 reproduce: $(VENV) ## the main job on the embedded simulator default
 	.venv/bin/dars reproduce --out report
 
-test: $(VENV)     ## every notebook (through nbdev's runner, honouring tst_flags) and tests/
-	.venv/bin/python -m pytest
+test: $(VENV)     ## every notebook (through nbdev's runner, honouring tst_flags) and tests/, on two workers
+	.venv/bin/python -m pytest -n 2 --dist loadgroup
 
 export: $(VENV)   ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean

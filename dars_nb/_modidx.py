@@ -1363,6 +1363,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                        'dars_nb/routers/knn.py'),
                                      'dars_nb.routers.knn.KNNRouter._weights': ( 'router_knn.html#knnrouter._weights',
                                                                                  'dars_nb/routers/knn.py'),
+                                     'dars_nb.routers.knn._nearest': ('router_knn.html#_nearest', 'dars_nb/routers/knn.py'),
                                      'dars_nb.routers.knn.cosine_neighbours': ( 'router_knn.html#cosine_neighbours',
                                                                                 'dars_nb/routers/knn.py'),
                                      'dars_nb.routers.knn.euclidean_neighbours': ( 'router_knn.html#euclidean_neighbours',

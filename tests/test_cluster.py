@@ -20,16 +20,17 @@ cores), as the notebooks' slow cells — starting the processes and importing th
 import json, os, signal, subprocess, sys, threading, time, warnings
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
+
+pytestmark = pytest.mark.xdist_group('cluster')   # one worker builds the session's fixture once
 
 distributed = pytest.importorskip('distributed')
 
 from dars_nb.experiments import protocol, cluster as cluster_module
 from dars_nb.experiments.cluster import Shipped, SHARE_BYTES
-from dars_nb.experiments.protocol import run_experiments, simulated_datasets, scalars, Spec, ARRAY_COLUMNS
+from dars_nb.experiments.protocol import run_experiments, simulated_datasets, Spec
 from dars_nb.routers import MeanRouter, KNNRouter, MLPRouter
+from sweeps import sweep, same_tables
 
 BIN = Path(sys.executable).parent
 # a lost scheduler is given up after this long (Dask's default is 30 s)
@@ -91,27 +92,10 @@ def own_cluster(tmp_path, request):
     made.stop()
 
 
-def _sweep(**kw):
-    datasets = simulated_datasets({'gpqa_like': 30, 'drop_like': 30}, n_train=30, seed=3)
-    routers = {'kNN': KNNRouter(n_neighbors=5), 'MLP': MLPRouter(hidden_layer_sizes=(16,), max_iter=40),
-               'mean': MeanRouter()}
-    specs = (Spec('single'), Spec('dars'), Spec('no_risk'), Spec('dars', grid=(2, 2)))
-    return run_experiments(datasets, routers, specs, n_draws=4, n_boot=200, progress=False, **kw)
-
-
-def _same(a: pd.DataFrame, b: pd.DataFrame):
-    # Exact equality holds by construction: every unit runs alone in its process pinned to one thread (BLAS and
-    # torch), with seeds derived from the run's seed and the unit's names, so neither the machine's scheduling nor
-    # the process a unit lands in changes a sum's order. Both sides are computed here.
-    pd.testing.assert_frame_equal(scalars(a), scalars(b), check_exact=True)
-    for c in ARRAY_COLUMNS:
-        for x, y in zip(a[c], b[c]): assert np.array_equal(x, y)
-
-
 @pytest.fixture(scope='module')
 def reference():
     "The sweep on this machine."
-    return _sweep()
+    return sweep()
 
 
 @pytest.mark.slow
@@ -121,8 +105,8 @@ def test_sweep_on_cluster_matches_local_and_ships_data_once(cluster, reference, 
     monkeypatch.setattr(protocol, 'run_calls', lambda *a, **k: inner(*a, shipped=shipped, **k))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        on_cluster = _sweep(scheduler=cluster.address)
-    _same(reference, on_cluster)
+        on_cluster = sweep(scheduler=cluster.address)
+    same_tables(reference, on_cluster)
     assert not [w for w in caught if 'large graph' in str(w.message)]
     units = 2 * 3 * 4                                                 # datasets × routers × specs
     assert (shipped.workers, shipped.tasks) == (2, units)
@@ -185,7 +169,7 @@ def test_lost_worker_costs_its_units_lost_scheduler_ends_the_run(own_cluster):
         watcher.join(5)
     assert own_cluster.procs['w1'].returncode == -signal.SIGKILL, 'w1 was not killed mid-run'
     assert not on_cluster.duplicated(['router', 'supervision', 'view']).any() and len(on_cluster) == len(local)
-    _same(local, on_cluster)
+    same_tables(local, on_cluster)
     assert not [w for w in caught if 'large graph' in str(w.message)] and shipped.largest_task < SHARE_BYTES
     # the scheduler goes away mid-sweep: one line naming it
     watcher = _when_running(own_cluster, 'w0', kill='scheduler')
@@ -209,14 +193,14 @@ def test_lost_workers_cost_only_their_units(own_cluster, reference, monkeypatch)
         kills.append(_kill_when_busy(own_cluster, 'w0', then=lambda: own_cluster.add_worker('w2')))
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    on_cluster = _sweep(scheduler=own_cluster.address)
+    on_cluster = sweep(scheduler=own_cluster.address)
     thread.join(10)
     assert kills == [True, True], 'the workers were not killed mid-run'
     assert [own_cluster.procs[w].returncode for w in ('w0', 'w1')] == [-signal.SIGKILL] * 2
     keys = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view']
     assert not on_cluster.duplicated(keys).any() and len(on_cluster) == len(reference)
     assert sent[-1] > sent[0] and shipped.tasks > 2 * 3 * 4        # data sent again, some units submitted again
-    _same(reference, on_cluster)
+    same_tables(reference, on_cluster)
 
 
 def _reproduce(*args, env=None) -> subprocess.Popen:

@@ -5,7 +5,7 @@ column at 1280 px and whose text stays at least 9 px at 400 px, every code block
 DARS_TEST_FLAGS=slow), no heading id appears twice on a page, API headings show dunder names as written, and no page
 links to the hosts the project never published.
 
-The site is built once per session with `tools.docs.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
+The site is built once per session with `tools.docs_site.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
 system's chromium and chromedriver (Debian packages `chromium`, `chromium-driver`; `make setup`
 installs them). Screenshots of the home page and a tutorial go to `test-artifacts/`.
@@ -26,6 +26,8 @@ from urllib.request import urlopen
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the session's fixture once
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / 'test-artifacts'
 LOCAL_HOSTS = {'127.0.0.1', 'localhost'}
@@ -45,9 +47,11 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 def site(tmp_path_factory):
     "The built site: `DARS_DOCS_SITE` if set, else built once for this session."
     if os.environ.get('DARS_DOCS_SITE'): return Path(os.environ['DARS_DOCS_SITE'])
-    from tools.docs import build_docs
+    from tools.docs_site import build_docs
     t = time.time()
-    out = build_docs(tmp_path_factory.mktemp('docs') / '_site', root=ROOT, quiet=True)
+    # the pages as they render, from the notebooks' stored outputs (the home page and tutorials keep theirs):
+    # running every cell again is tests/test_notebooks.py's job, and `make docs` does it for the published site
+    out = build_docs(tmp_path_factory.mktemp('docs') / '_site', execute=False, root=ROOT, quiet=True)
     print(f'docs site built in {time.time() - t:.0f}s')
     return out
 
@@ -119,7 +123,7 @@ def _has_anchor(page_html, frag):
 
 def test_one_page_per_notebook(site):
     from nbdev.config import get_config
-    from tools.docs import doc_notebooks, page_path
+    from tools.docs_notebooks import doc_notebooks, page_path
     nbs = get_config(ROOT).nbs_path
     expected = sorted(page_path(p.relative_to(nbs)).with_suffix('.html').as_posix() for p in doc_notebooks(nbs))
     assert _pages(site) == expected

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group('core_venv')   # one worker builds the session's fixture once
+
 ROOT = Path(__file__).resolve().parents[1]
 CORE_LIMIT_MB = 700   # well above the core's own size; an extra leaking into the core (torch alone) is several times more
 GRID = ROOT / 'data' / 'local_grid' / 'local_grid.jsonl'   # 32 training questions × 2 local models, with their texts
@@ -110,8 +112,12 @@ def test_core_trains_and_routes_knn(core_venv, tmp_path):
     assert 'trained kNN on 32 training queries × 2 models' in res.stdout and 'held-out utility' in res.stdout
     res = _dars(core_venv, 'route', tmp_path / 'r.dars', 'What is 7 + 5?', '--explain')
     assert res.returncode == 0, res.stderr[-2000:]
-    chosen, table = res.stdout.splitlines()[0], res.stdout.splitlines()[1:]
-    assert chosen in ('smollm2', 'gemma3') and len(table) == 3, res.stdout   # a header and one row per model
+    lines = res.stdout.splitlines()
+    chosen, table, verdict = lines[0], lines[1:4], lines[4:]
+    assert chosen in ('smollm2', 'gemma3'), res.stdout
+    assert table[0].split() == ['μ_q', 'μ_c', 'σ', 'U'], res.stdout             # a header and one row per model
+    assert sorted(row.lstrip('→ ').split()[0] for row in table[1:]) == ['gemma3', 'smollm2'], res.stdout
+    assert len(verdict) == 1 and chosen in verdict[0], res.stdout               # what the guard did, in one line
 
 
 @pytest.mark.slow

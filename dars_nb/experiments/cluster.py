@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fastcore.basics import patch
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, parallel_config
 from .. import __version__
 from ..extras import require
 
@@ -165,9 +165,11 @@ def _alone() -> threading.Lock:
     return globals().setdefault('_ALONE', threading.Lock())
 
 def _call(preload: tuple, fn, *args):
-    "`fn(*args)` once the modules `preload` are imported, alone in its process."
+    "`fn(*args)` once the modules `preload` are imported, alone in its process, its own joblib calls in turn."
     for module in preload: importlib.import_module(module)
-    with _alone(): return fn(*args)
+    # a unit is one thread's work: a router's own joblib call (MLP's regressors) runs sequentially inside it.
+    # Under joblib's Dask backend it would otherwise go back to the cluster, whose threads wait on this lock
+    with _alone(), parallel_config(backend='sequential'): return fn(*args)
 
 # %% ../../nbs/21_cluster.ipynb #b00f161d
 class _ClusterRun:

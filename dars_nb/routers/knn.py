@@ -15,6 +15,22 @@ from .base import Router, stats_by_query
 __all__ = ['NEIGHBOURS', 'cosine_neighbours', 'euclidean_neighbours', 'KNNRouter']
 
 # %% ../../nbs/12_router_knn.ipynb #413e94dc
+def _nearest(distances, # distances(start, stop) -> the (stop - start, Q) distances of those query rows
+             n: int, # query rows
+             n_train: int, # training rows (Q)
+             n_neighbors: int, # k
+             eps: float, # ε added to every distance before inverting
+            ) -> tuple[np.ndarray, np.ndarray]:
+    "The k smallest distances per query row and their inverse-distance weights (sum 1)."
+    k, rows = min(n_neighbors, n_train), max(1, 2**22 // n_train)   # blocks of about 32 MB, not one (n, Q) matrix
+    idx, dk = np.empty((n, k), np.int64), np.empty((n, k))
+    for s in range(0, n, rows):
+        d = distances(s, s + rows)
+        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
+        dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
+    w = 1.0 / (dk + eps)
+    return idx, w / w.sum(1, keepdims=True)
+
 def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
                       X: np.ndarray, # query features (n, d)
                       n_neighbors: int, # k
@@ -22,15 +38,7 @@ def cosine_neighbours(X_train: np.ndarray, # training features (Q, d)
                      ) -> tuple[np.ndarray, np.ndarray]:
     "The k nearest training rows (n, k) by cosine distance, and inverse-distance weights (sum 1)."
     Z, Zt = normalize(X), normalize(X_train).T
-    k = min(n_neighbors, Zt.shape[1])
-    rows = max(1, 2**22 // Zt.shape[1])     # distance blocks of about 32 MB, not one (n, Q) matrix
-    idx, dk = np.empty((len(Z), k), np.int64), np.empty((len(Z), k))
-    for s in range(0, len(Z), rows):
-        d = np.clip(1.0 - Z[s:s + rows] @ Zt, 0.0, None)
-        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
-        dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
-    w = 1.0 / (dk + eps)
-    return idx, w / w.sum(1, keepdims=True)
+    return _nearest(lambda s, e: np.clip(1.0 - Z[s:e] @ Zt, 0.0, None), len(Z), Zt.shape[1], n_neighbors, eps)
 
 # %% ../../nbs/12_router_knn.ipynb #a1202313
 def euclidean_neighbours(X_train: np.ndarray, # training features (Q, d)
@@ -39,15 +47,7 @@ def euclidean_neighbours(X_train: np.ndarray, # training features (Q, d)
                          eps: float = 1e-6, # ε added to every distance before inverting
                         ) -> tuple[np.ndarray, np.ndarray]:
     "The k nearest training rows (n, k) by Euclidean distance, and inverse-distance weights (sum 1)."
-    k = min(n_neighbors, len(X_train))
-    rows = max(1, 2**22 // len(X_train))
-    idx, dk = np.empty((len(X), k), np.int64), np.empty((len(X), k))
-    for s in range(0, len(X), rows):
-        d = euclidean_distances(X[s:s + rows], X_train)
-        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
-        dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
-    w = 1.0 / (dk + eps)
-    return idx, w / w.sum(1, keepdims=True)
+    return _nearest(lambda s, e: euclidean_distances(X[s:e], X_train), len(X), len(X_train), n_neighbors, eps)
 
 # %% ../../nbs/12_router_knn.ipynb #864da50b
 NEIGHBOURS = {'cosine': cosine_neighbours, 'euclidean': euclidean_neighbours}
