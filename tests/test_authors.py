@@ -89,6 +89,8 @@ def test_costs_are_min_max_per_dataset_over_train_and_test(authors_datasets):
         np.testing.assert_allclose(np.sort(c.to_numpy()), np.sort(_lines(name)['routing_cost'].to_numpy()), atol=1e-12)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason='a minute: run with DARS_TEST_FLAGS=slow (tutorial 08 runs the preset on the fixture)')
 def test_reproduce_authors_on_a_held_out_release(tmp_path):
     "A release written from the simulator goes through `reproduce(protocol='authors')`; the report says what it is."
     from dars_nb.simulate import simulate
