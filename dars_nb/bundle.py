@@ -4,10 +4,10 @@
 
 # %% ../nbs/25c_bundle.ipynb #75ea0cbf
 from __future__ import annotations
+import copy
 import dataclasses
 import hashlib
 import json
-import math
 import warnings
 from pathlib import Path
 import numpy as np
@@ -15,7 +15,6 @@ import pandas as pd
 from typing import Annotated
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
-from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.utils.validation import check_is_fitted
 from . import __version__
 from .encoder import check_texts
@@ -25,11 +24,12 @@ from .features import TfidfFeaturizer, SentenceFeaturizer
 from .guard import GuardCV, guarded_choice
 from .routers import FAMILIES
 from .stats import MODES
-from .bundle_format import BundleError, encode, decode, write_archive, read_archive
+from .bundle_format import BundleError, encode, decode, write_archive, read_archive, short_repr
+from .pool.config import is_finite_number, is_integer
 
 # %% auto #0
-__all__ = ['ROUTER_CLASSES', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bundle', 'load_bundle',
-           'read_questions', 'route_main']
+__all__ = ['ROUTER_CLASSES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bundle',
+           'load_bundle', 'read_questions', 'route_main']
 
 # %% ../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
@@ -156,9 +156,7 @@ def choose(self: RouterBundle, X: np.ndarray, # feature rows, from `features(tex
           ) -> np.ndarray:
     "Index of the chosen model per feature row at λ, after the guard."
     lam = self.lam if lam is None else float(lam)
-    U = self.router.utility(X, lam)
-    margin = self._margin(lam)
-    return U.argmax(1) if margin is None else guarded_choice(U, self.best_fixed(lam), margin)
+    return self._ranking(self.router.utility(X, lam), lam)[:, 0]
 
 @patch
 def guard_margin(self: RouterBundle, lam: float | None = None, # cost weight λ (default: the bundle's)
@@ -179,7 +177,7 @@ def guard_note(self: RouterBundle, U, # predicted utility of one text, one value
     fixed = self.best_fixed(lam)
     if best == fixed: return f"{self.models[fixed]} is the router's best and the best fixed model {at}"
     gain, fixed_name, best_name = U[best] - U[fixed], self.models[fixed], self.models[best]
-    if gain > margin:
+    if guarded_choice(U[None], fixed, margin)[0] == best:   # the rule the route itself follows
         return (f"guard: routed away from the best fixed model {fixed_name}: {best_name} is higher by "
                 f"{gain:.4f} in U, above the margin {margin:.4f} {at}")
     return (f"guard: kept the best fixed model {fixed_name}: the router's best, {best_name}, is higher by "
@@ -220,19 +218,12 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
     return write_archive(path, manifest, arrays)
 
 # %% ../nbs/25c_bundle.ipynb #357c37b5
-def _shown(x, n: int = 60) -> str:
-    "`repr(x)` cut to `n` characters."
-    r = repr(x)
-    return r if len(r) <= n else r[:n - 1] + '…'
-
-def _number(x) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
 ROUTER_CLASSES = frozenset({'MeanRouter', *(f.class_name for f in FAMILIES)})
 
 _PLAIN_FIELDS = (  # manifest field, its check, what it must be
     ('models', lambda x: isinstance(x, list) and len(x) >= 2 and all(isinstance(s, str) for s in x)
      and len(set(x)) == len(x), 'a list of two or more distinct model names'),
-    ('lam', _number, 'a finite number'), ('beta', _number, 'a finite number'),
+    ('lam', is_finite_number, 'a finite number'), ('beta', is_finite_number, 'a finite number'),
     ('mode', lambda x: isinstance(x, str) and x in MODES, f"one of {', '.join(MODES)}"),
     ('fingerprint', lambda x: isinstance(x, str), 'a string'),
     ('library_version', lambda x: isinstance(x, str), 'a string'))
@@ -240,7 +231,7 @@ _PLAIN_FIELDS = (  # manifest field, its check, what it must be
 def _field(m: dict, key: str, ok, what: str, path):
     "`m[key]` when `ok` accepts it, else a one-line BundleError naming the field."
     if key not in m: raise BundleError(f"{path} is damaged: the manifest lacks '{key}'")
-    if not ok(m[key]): raise BundleError(f"{path} is damaged: manifest field '{key}' must be {what}, got {_shown(m[key])}")
+    if not ok(m[key]): raise BundleError(f"{path} is damaged: manifest field '{key}' must be {what}, got {short_repr(m[key])}")
     return m[key]
 
 # %% ../nbs/25c_bundle.ipynb #1a96d3f9
@@ -268,8 +259,8 @@ def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
         _float_array(parts['policy'], (G, Q, K), "parts['policy']")
     else: raise BundleError("damaged bundle: guard_cv parts must hold quality and mu_c, or lams and policy")
     q = cv.quantiles
-    if not (isinstance(q, (tuple, list)) and q and all(_number(x) and 0 <= x <= 1 for x in q)):
-        raise BundleError(f"damaged bundle: guard_cv quantiles must be numbers in [0, 1], got {_shown(q)}")
+    if not (isinstance(q, (tuple, list)) and q and all(is_finite_number(x) and 0 <= x <= 1 for x in q)):
+        raise BundleError(f"damaged bundle: guard_cv quantiles must be numbers in [0, 1], got {short_repr(q)}")
     return cv
 
 def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
@@ -283,17 +274,22 @@ def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
         raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
 
 # %% ../nbs/25c_bundle.ipynb #a1a358fa
+MAX_NGRAM = 3   # longest word n-gram a loaded TF-IDF featurizer may count (the paper 1, the authors' code 2)
+
 def _check_vectorizer(featurizer: TfidfFeaturizer, path):
-    "A BundleError unless the featurizer's vectorizer has the settings `TfidfFeaturizer.fit` gives it."
+    "A BundleError unless the featurizer's vectorizer has the settings its own `vectorizer()` gives it."
     v = getattr(featurizer, 'vectorizer_', None)
     if v is None: return
-    try: got = v.get_params()
+    n = featurizer.ngram_range
+    if not (isinstance(n, (tuple, list)) and len(n) == 2 and all(is_integer(k) for k in n) and 1 <= n[0] <= n[1] <= MAX_NGRAM):
+        raise BundleError(f"{path} is damaged: the TF-IDF n-gram range must be two whole numbers from 1 to {MAX_NGRAM}, got {short_repr(n)}")
+    try: got, want = v.get_params(), featurizer.vectorizer().get_params()
     except AttributeError as e: raise BundleError(f"{path} is damaged: the TF-IDF vectorizer lacks {e.name}") from None
-    want = TfidfVectorizer(max_features=got.get('max_features'), sublinear_tf=True).get_params()
+    except (TypeError, ValueError) as e: raise BundleError(f"{path} is damaged: the TF-IDF settings ({e})") from None
     wrong = [k for k in want if type(got[k]) is not type(want[k]) or got[k] != want[k]]
     if wrong:
         k = wrong[0]
-        raise BundleError(f"{path} is damaged: the TF-IDF vectorizer's {k} is {_shown(got[k])}, not {_shown(want[k])}")
+        raise BundleError(f"{path} is damaged: the TF-IDF vectorizer's {k} is {short_repr(got[k])}, not {short_repr(want[k])}")
 
 # %% ../nbs/25c_bundle.ipynb #0a415524
 PROBE = 'Which model should answer this question?'   # what a loaded bundle must rank
@@ -307,14 +303,17 @@ def _decoded(m: dict, arrays: dict, path) -> dict:
     if type(router).__name__ not in ROUTER_CLASSES:
         raise BundleError(f"{path} is damaged: manifest field 'router' holds a {type(router).__name__}, not a router")
     if guard is not None and not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and guard >= 0):
-        raise BundleError(f"{path} is damaged: manifest field 'guard' must be null or a margin ≥ 0, got {_shown(guard)}")
+        raise BundleError(f"{path} is damaged: manifest field 'guard' must be null or a margin ≥ 0, got {short_repr(guard)}")
     if not isinstance(meta, dict): raise BundleError(f"{path} is damaged: manifest field 'meta' must be a table")
     if isinstance(featurizer, TfidfFeaturizer): _check_vectorizer(featurizer, path)
     guard_cv = _guard_cv(tree('guard_cv'), len(m['models']))
     return dict(featurizer=featurizer, router=router, guard=guard, guard_cv=guard_cv, meta=meta)
 
 def _probe(bundle: RouterBundle, path):
-    "A BundleError unless `bundle` ranks a question, every model once."
+    "A BundleError unless `bundle` ranks a question, every model once (nothing written to an embedding cache)."
+    if getattr(bundle.featurizer, 'cache', False):
+        bundle = dataclasses.replace(bundle, featurizer=copy.copy(bundle.featurizer))
+        bundle.featurizer.cache = False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
@@ -322,9 +321,9 @@ def _probe(bundle: RouterBundle, path):
     # the boundary of a file from elsewhere: whatever its state makes the router raise is damage
     except Exception as e:
         raise BundleError(f"{path} is damaged: its router fails on a question ({type(e).__name__}: "
-                          f"{_shown(str(e).splitlines()[0] if str(e) else '', 100)})") from None
+                          f"{short_repr(str(e).splitlines()[0] if str(e) else '', 100)})") from None
     if len(ranked) != 1 or sorted(ranked[0]) != sorted(bundle.models):
-        raise BundleError(f"{path} is damaged: its router ranks {_shown(ranked)}, not each of its models once")
+        raise BundleError(f"{path} is damaged: its router ranks {short_repr(ranked)}, not each of its models once")
 
 # %% ../nbs/25c_bundle.ipynb #817dbd9d
 def load_bundle(path, # a file written by `save_bundle`
@@ -340,7 +339,7 @@ def load_bundle(path, # a file written by `save_bundle`
     except BundleError as e: raise BundleError(f"{path} is damaged: {e}") from None
     except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
         raise BundleError(f"{path} is damaged: its router and featurizer do not fit ({type(e).__name__}: "
-                          f"{_shown(str(e), 100)})") from None
+                          f"{short_repr(str(e), 100)})") from None
     _probe(bundle, path)
     return bundle
 

@@ -21,7 +21,8 @@ from .routers import FAMILIES
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'MAX_DEPTH', 'DEFAULT_MAX_MB', 'MAX_MB_ENV',
-           'BundleError', 'encode', 'decode', 'write_archive', 'BundleLimits', 'bundle_limits', 'read_archive']
+           'BundleError', 'encode', 'short_repr', 'decode', 'write_archive', 'BundleLimits', 'bundle_limits',
+           'read_archive']
 
 # %% ../nbs/25a_bundle_format.ipynb #f89f4b3d
 class BundleError(ValueError):
@@ -102,7 +103,7 @@ def encode(obj, # a value to save
 # %% ../nbs/25a_bundle_format.ipynb #3247718d
 MAX_DEPTH = 64   # nesting of a manifest tree (a saved router's is about 10)
 
-def _short(x, n: int = 60) -> str:
+def short_repr(x, n: int = 60) -> str:
     "`repr(x)` cut to `n` characters, for a one-line message."
     r = repr(x)
     return r if len(r) <= n else r[:n - 1] + '…'
@@ -110,13 +111,13 @@ def _short(x, n: int = 60) -> str:
 def _reason(e: BaseException) -> str:
     "The first line of an exception's message (its type when it has none), cut to 120 characters."
     lines = str(e).strip().splitlines()
-    return _short(lines[0], 120).strip("'\"") if lines else type(e).__name__
+    return short_repr(lines[0], 120).strip("'\"") if lines else type(e).__name__
 
 def _plain_dtype(v, where: str) -> np.dtype:
     "The dtype a manifest names: numbers, booleans or short strings only."
     dt = np.dtype(v) if isinstance(v, str) and len(v) <= 16 else None
     if dt is None or dt.kind not in 'biufcUS' or not 0 < dt.itemsize <= 4096 or dt.fields or dt.subdtype:
-        raise BundleError(f"damaged bundle: {where} names dtype {_short(v)} (numbers, booleans or strings only)")
+        raise BundleError(f"damaged bundle: {where} names dtype {short_repr(v)} (numbers, booleans or strings only)")
     return dt
 
 def _strings(v, where: str) -> np.ndarray:
@@ -130,7 +131,7 @@ def _strings(v, where: str) -> np.ndarray:
 # %% ../nbs/25a_bundle_format.ipynb #a69490a8
 def _array(key, arrays: dict, where: str) -> np.ndarray:
     if not isinstance(key, str) or key not in arrays:
-        raise BundleError(f"damaged bundle: array {_short(key)} is missing (in {where})")
+        raise BundleError(f"damaged bundle: array {short_repr(key)} is missing (in {where})")
     return arrays[key]
 
 def _float(v, where: str) -> float:
@@ -160,7 +161,7 @@ _TAGS = {  # tag -> reader(value, arrays, where, depth)
     '$float': lambda v, a, w, d: _float(v, w),
     '$tuple': lambda v, a, w, d: tuple(decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)),
     '$set': lambda v, a, w, d: {decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)},
-    '$dict': lambda v, a, w, d: {decode(k, a, w, d): decode(x, a, f'{w}[{_short(k, 30)}]', d) for k, x in v},
+    '$dict': lambda v, a, w, d: {decode(k, a, w, d): decode(x, a, f'{w}[{short_repr(k, 30)}]', d) for k, x in v},
     '$strings': lambda v, a, w, d: _strings(v, w),
     '$ndarray': lambda v, a, w, d: _array(v, a, w),
     '$tensor': lambda v, a, w, d: _tensor(v, a, w),
@@ -183,7 +184,7 @@ def decode(node, # a tree written by `encode`
     if not isinstance(node, dict) or len(node) != 1:
         raise BundleError(f"damaged bundle: {where} is not a tagged value")
     (tag, v), = node.items()
-    if tag not in _TAGS: raise BundleError(f"damaged bundle: unknown tag {_short(tag)} in {where}")
+    if tag not in _TAGS: raise BundleError(f"damaged bundle: unknown tag {short_repr(tag)} in {where}")
     try: return _TAGS[tag](v, arrays, where, depth + 1)
     except BundleError: raise
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as e:
@@ -242,7 +243,7 @@ def bundle_limits(max_mb: float | None = None, # cap in MiB (None: $DARS_BUNDLE_
     try: mb = float(max_mb)
     except (TypeError, ValueError): mb = float('nan')
     if not (math.isfinite(mb) and mb > 0):
-        raise BundleError(f"{source} must be a positive number of MiB, got {_short(max_mb)}")
+        raise BundleError(f"{source} must be a positive number of MiB, got {short_repr(max_mb)}")
     cap = int(mb * 2**20)
     return BundleLimits(cap, max_manifest_bytes=cap // 32)
 
@@ -293,7 +294,7 @@ def _npy_header(head: io.BytesIO, name: str) -> tuple[tuple, bool, np.dtype]:
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = read(head)
     _plain_dtype(dtype.str, name)
-    if len(shape) > 32 or any(d < 0 for d in shape): raise ValueError(f"shape {_short(shape)}")
+    if len(shape) > 32 or any(d < 0 for d in shape): raise ValueError(f"shape {short_repr(shape)}")
     return shape, fortran, dtype
 
 # %% ../nbs/25a_bundle_format.ipynb #1720e19b
@@ -308,7 +309,7 @@ def _read_array(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Pa
         except ValueError as e: raise BundleError(f"{path} is damaged: {name} has a bad .npy header ({_reason(e)})") from None
         start, nbytes = head.tell(), math.prod(shape) * dtype.itemsize
         if start + nbytes != info.file_size:
-            raise BundleError(f"{path} is damaged: {name} claims shape {_short(shape)} of {dtype} "
+            raise BundleError(f"{path} is damaged: {name} claims shape {short_repr(shape)} of {dtype} "
                               f"({nbytes:,} bytes) in a member of {info.file_size - start:,}")
         out = np.empty(nbytes, np.uint8)
         got = head.getvalue()[start:]
@@ -337,7 +338,7 @@ def _read_zip(f, path: Path, limits: BundleLimits) -> tuple[dict, dict]:
             raise BundleError(f"{path} has {len(infos):,} members; a router bundle has at most {limits.max_members:,}")
         if len(set(names)) != len(names):
             twice = next(n for n in names if names.count(n) > 1)
-            raise BundleError(f"{path} is damaged: {_short(twice)} appears twice")
+            raise BundleError(f"{path} is damaged: {short_repr(twice)} appears twice")
         if 'manifest.json' not in names: raise BundleError(f"{path} is not a router bundle (no manifest.json)")
         info = z.getinfo('manifest.json')
         manifest = _manifest_json(_read_member(z, info, limits.max_manifest_bytes, path))

@@ -38,17 +38,23 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
         words = len(self.vectorizer_.vocabulary_)
         return f'tfidf({words} words)' if self.basis_ is None else f'tfidf({words} words → {self.n_features_out_} SVD dims)'
 
+# %% ../nbs/09c_features.ipynb #1d31b892
+@patch
+def vectorizer(self: TfidfFeaturizer) -> 'TfidfVectorizer':
+    "The unfitted scikit-learn vectorizer `fit` learns: this featurizer's vocabulary size, n-grams and tf."
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    return TfidfVectorizer(max_features=int(self.max_features), ngram_range=tuple(self.ngram_range),
+                           sublinear_tf=bool(self.sublinear_tf))
+
 # %% ../nbs/09c_features.ipynb #0ca617da
 @patch
 def fit(self: TfidfFeaturizer, texts, # training texts
         y=None, # ignored (scikit-learn's signature)
        ) -> 'TfidfFeaturizer':
     "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
-    from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.decomposition import TruncatedSVD
     texts = check_texts(texts)
-    vec = TfidfVectorizer(max_features=int(self.max_features), ngram_range=tuple(self.ngram_range),
-                          sublinear_tf=bool(self.sublinear_tf)).fit(texts)
+    vec = self.vectorizer().fit(texts)
     # plain ints: a saved vocabulary is plain JSON
     vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
     self.vectorizer_, self.basis_ = vec, None

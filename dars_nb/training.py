@@ -20,7 +20,8 @@ from .guard import cross_validate
 from .bundle import RouterBundle, observations_fingerprint, save_bundle
 
 # %% auto #0
-__all__ = ['TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'train', 'train_main']
+__all__ = ['CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'kept_texts', 'train',
+           'train_main']
 
 # %% ../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -156,6 +157,18 @@ def _print_training(bundle: RouterBundle, settings: TrainConfig, held_out: dict,
     print(f"held-out utility ({settings.folds}-fold CV on the training queries): {best_fixed}, {router}, {guarded}"
           + ('' if settings.guard else ' — guard disabled: routes follow the router'))
 
+# %% ../nbs/25d_training.ipynb #bd325296
+CALIBRATION_TEXTS = 2000   # training questions a bundle keeps for `dars calibrate`
+
+def kept_texts(texts: list, # the training questions, in training order
+               seed: int = 0, # seed of the sample
+               n: int = CALIBRATION_TEXTS, # how many to keep at most
+              ) -> list:
+    "`texts` when there are at most `n`, else a seeded sample of `n` of them in their order."
+    if len(texts) <= n: return list(texts)
+    keep = np.sort(np.random.default_rng(seed).choice(len(texts), n, replace=False))
+    return [texts[i] for i in keep]
+
 # %% ../nbs/25d_training.ipynb #6bb78f25
 def train(config, # a TOML path, a dict of the same layout (see above), or a `TrainConfig`
           quiet: bool = False, # print nothing
@@ -177,7 +190,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     held_out = guard_cv.report(float(settings.lam))
     meta = dict(family=settings.family, params=settings.router_params, features=featurizer.name,
                 folds=settings.folds, n_train_queries=len(texts), held_out=held_out,
-                train_texts=list(texts), **dollar_scale(obs, list(sup.models)))
+                train_texts=kept_texts(list(texts), settings.seed), **dollar_scale(obs, list(sup.models)))
     bundle = RouterBundle(models=list(sup.models), lam=float(settings.lam), beta=float(settings.beta),
                           mode=settings.mode, featurizer=featurizer, router=router,
                           guard=held_out['margin'] if settings.guard else None, guard_cv=guard_cv,

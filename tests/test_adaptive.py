@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from dars_nb.adaptive import (adaptive_allocation, adaptive_allocation_pairs, allocation_summary, allocation_frontier,
-                              first_stage_stops, stage_statistics, PAPER_QUANTILES)
+                              first_stage_stops, stage_statistics)
 
 ONES, ZEROS = np.ones((5, 5)), np.zeros((5, 5))
 ODD = ZEROS.copy(); ODD[0, 0] = 1          # one success in the 2×2 corner: risk at the 2×2 ceiling

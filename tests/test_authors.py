@@ -124,11 +124,11 @@ def test_reproduce_authors_on_a_held_out_release(tmp_path):
     assert results['cost'].between(0, 1).all()
 
 
-def test_unknown_protocol_is_one_line():
-    done = subprocess.run([sys.executable, '-m', 'dars_nb', 'reproduce', '--out', 'unused', '--protocol', 'nope'],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert done.stderr.strip() == "dars reproduce: error: unknown protocol 'nope' (expected one of paper, authors)"
+def test_unknown_protocol_is_one_line(tmp_path, capsys):
+    from dars_nb.cli import main
+    assert main(['reproduce', '--out', str(tmp_path / 'out'), '--protocol', 'nope']) == 1
+    assert capsys.readouterr().err == "dars reproduce: error: unknown protocol 'nope' (expected one of paper, authors)\n"
+    assert not list(tmp_path.iterdir())                                      # nothing written
 
 
 @pytest.mark.slow

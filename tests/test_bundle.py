@@ -6,7 +6,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from dars_nb.bundle import RouterBundle, load_bundle, route_main, save_bundle
@@ -137,7 +136,8 @@ def test_train_save_load_route(small, tmp_path, capsys):
     assert [l['model'] for l in lines] == back.route(texts[:2]) and lines[0]['id'] == 'x' and lines[1]['id'] == 2
     assert route_main(str(tmp_path / 'r.zip'), texts[0], explain=True) == 0
     shown = capsys.readouterr().out.splitlines()
-    assert shown[0] == back.route(texts[:1])[0] and 'μ_q' in shown[1] and len(shown) == 2 + len(back.models)
+    assert shown[0] == back.route(texts[:1])[0] and 'μ_q' in shown[1] and len(shown) == 3 + len(back.models)
+    assert shown[0] in shown[-1] and 'λ = 0.05' in shown[-1]       # the last line says what the guard did
     with pytest.raises(ValueError, match='give one question or --file'): route_main(str(tmp_path / 'r.zip'))
     (tmp_path / 'bad.jsonl').write_text('{"id": 1}\n')
     with pytest.raises(ValueError, match='line 1: no "question"'): route_main(str(tmp_path / 'r.zip'), file=str(tmp_path / 'bad.jsonl'))

@@ -25,7 +25,7 @@ from dars_nb.testing import simulated_texts
 MiB = 2**20
 DARS = [str(Path(sys.executable).with_name('dars'))]
 CAP_MB = 2            # the fuzzed loads' cap: a fuzzed bundle holds 50 kB
-FUZZ = settings(max_examples=300 if os.environ.get('DARS_SLOW') else 20, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=300 if 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split() else 20, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -60,16 +60,17 @@ def zeros_stream(mib: int, byte: bytes = b'\0', head: bytes = b'') -> bytes:
 
 def craft_zip(path: Path, members: list) -> Path:
     "A zip of (name, compressed bytes, declared size, CRC) members; sizes over 4 GiB in a zip64 extra field."
-    body, directory = b'', b''
+    body, directory, offset = [], [], 0
     for name, data, declared, crc in members:
         name = name.encode()
         big = declared >= 0xFFFFFFFF
         extra = struct.pack('<HHQQ', 1, 16, declared, len(data)) if big else b''
         sizes = (0xFFFFFFFF, 0xFFFFFFFF) if big else (len(data), declared)
         local = struct.pack('<4sHHHHHIIIHH', b'PK\x03\x04', 45, 0, 8, 0, 33, crc, *sizes, len(name), len(extra))
-        directory += struct.pack('<4sHHHHHHIIIHHHHHII', b'PK\x01\x02', 45, 45, 0, 8, 0, 33, crc, *sizes,
-                                 len(name), len(extra), 0, 0, 0, 0, len(body)) + name + extra
-        body += local + name + extra + data
+        directory.append(struct.pack('<4sHHHHHHIIIHHHHHII', b'PK\x01\x02', 45, 45, 0, 8, 0, 33, crc, *sizes,
+                                     len(name), len(extra), 0, 0, 0, 0, offset) + name + extra)
+        body.append(local + name + extra + data); offset += len(body[-1])
+    body, directory = b''.join(body), b''.join(directory)
     end = struct.pack('<4sHHHHIIH', b'PK\x05\x06', 0, 0, len(members), len(members), len(directory), len(body), 0)
     path.write_bytes(body + directory + end)
     return path
@@ -120,9 +121,14 @@ def make_bombs(valid_one: dict, folder: Path) -> dict:
     return {k: craft_zip(folder / f'{k}.zip', v) for k, v in files.items()}
 
 
-def test_bombs_refused_in_bounded_memory(valid, tmp_path):
+@pytest.fixture(scope='module')
+def bombs(valid, tmp_path_factory) -> dict:
+    "The files of `BOMBS`, made once for the module."
+    return make_bombs(valid['kNN'], tmp_path_factory.mktemp('bombs'))
+
+
+def test_bombs_refused_in_bounded_memory(valid, bombs):
     "Each bomb is one line at load, and the loading process's peak RSS grows by less than 64 MiB over all of them."
-    bombs = make_bombs(valid['kNN'], tmp_path)
     assert all(p.stat().st_size < 6e6 for p in bombs.values())
     script = f"""
 import json, resource, sys
@@ -144,9 +150,9 @@ print(json.dumps(out))
     assert out['growth_kib'] < 64 * 1024, out['growth_kib']
 
 
-def test_route_and_serve_refuse_a_bomb_at_start(valid, tmp_path):
+def test_route_and_serve_refuse_a_bomb_at_start(valid, bombs, tmp_path):
     "`dars route` exits 1 with one line on a 1 GiB bomb, `dars serve` on a bundle over the cap of $DARS_BUNDLE_MAX_MB."
-    bomb = make_bombs(valid['kNN'], tmp_path)['array_1gib']
+    bomb = bombs['array_1gib']
     pool = tmp_path / 'pool.toml'
     pool.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n' for m in valid['kNN']['models']))
     for args, env in [(['route', str(bomb), 'a question'], {}),

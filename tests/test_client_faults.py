@@ -198,7 +198,7 @@ def test_cap_holds_across_three_runs_sharing_a_ledger(llama_server):
     spec = pool_at(llama_server).models[MODEL]
     worst = spec.cost(estimate_prompt_tokens(MESSAGES), MAX_TOKENS)
     # the reservation is an upper bound (a token per byte sent) and a short answer costs far less, so a cap of
-    # 2.5 worst cases admits two requests at a time and stops the third of every run
+    # 2.5 worst cases admits at most two requests in flight at a time
     pool, ledger, stops = pool_at(llama_server, spend_cap_usd=2.5 * worst), MemoryLedger(), []
     for _ in range(3):
         async def one():
@@ -207,10 +207,11 @@ def test_cap_holds_across_three_runs_sharing_a_ledger(llama_server):
                                      return_exceptions=True)
             return client.stopped
         stops.append(run(one()))
-    requests, dollars = ledger.spent()
-    assert dollars <= 2.5 * worst + worst                    # the store's total stays within the cap (+ one request)
+    _, dollars = ledger.spent()
+    assert dollars <= 2.5 * worst                            # a request is sent only if its worst case still fits
     assert all(e['status'] in ('ok', 'failed', 'lost') for e in ledger.entries)
-    assert stops[-1] and 'raise [limits] spend_cap_usd in the pool configuration' in stops[-1]
+    # a run whose calls settle before its third reserves may finish under the cap; the last run cannot
+    assert stops[-1] and all('raise [limits] spend_cap_usd in the pool configuration' in s for s in stops if s)
     assert 'again' not in stops[-1]
 
 

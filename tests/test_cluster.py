@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group('cluster')   # one worker builds the session's fixture once
+pytestmark = pytest.mark.xdist_group('cluster')   # one worker starts the module's scheduler and workers
 
 distributed = pytest.importorskip('distributed')
 

@@ -5,7 +5,6 @@ Each test builds what it needs in a temporary folder: a toy notebook, or a toy p
 import contextlib
 import io
 import re
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 

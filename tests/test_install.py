@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dars_nb.pool.server import free_port
+
 pytestmark = pytest.mark.xdist_group('core_venv')   # one worker builds the session's fixture once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,12 +199,6 @@ def test_python_m_and_version(core_venv):
     assert res.returncode == 0 and res.stdout.startswith('dars ')
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> tuple[dict, dict]:
     req = urllib.request.Request(url, json.dumps(body).encode(), {'content-type': 'application/json'})
     with urllib.request.urlopen(req, timeout=30) as r: return json.loads(r.read()), dict(r.headers)
@@ -220,7 +216,7 @@ def test_serve_extra_routes_a_request(core_venv, wheel, tmp_path):
     with FixedEndpoint(text='Final Answer: 12', delay_s=0) as fixed:
         pool = tmp_path / 'pool.toml'
         pool.write_text(''.join(f'[models.{m}]\nbase_url = "{fixed.base_url}"\n' for m in ('smollm2', 'gemma3')))
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
         proc = subprocess.Popen([core_venv / 'bin' / 'dars', 'serve', '--router', tmp_path / 'r.dars', '--pool', pool,
                                  '--port', str(port), '--quiet'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

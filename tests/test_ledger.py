@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from dars_nb.collect.command import EXIT_BUDGET
 from dars_nb.collect.config import load_config

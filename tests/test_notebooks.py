@@ -1,6 +1,5 @@
 "Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/."
 import os
-from pathlib import Path
 
 import pytest
 from nbdev.config import get_config

@@ -7,8 +7,13 @@ distributed = pytest.importorskip('distributed')
 joblib = pytest.importorskip('joblib')
 
 
-def test_dask_backend_matches_default():
-    reference = sweep()
+@pytest.fixture(scope='module')
+def reference():
+    "The sweep in this process, one unit after another."
+    return sweep(n_jobs=1)
+
+
+def test_dask_backend_matches_default(reference):
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
          distributed.Client(cluster) as client, joblib.parallel_config('dask'):
         assert type(joblib.parallel.get_active_backend()[0]).__name__ == 'DaskDistributedBackend'
@@ -17,5 +22,5 @@ def test_dask_backend_matches_default():
     same_tables(reference, on_dask)
 
 
-def test_two_processes_match_one():
-    same_tables(sweep(n_jobs=1), sweep(n_jobs=2))
+def test_two_processes_match_one(reference):
+    same_tables(reference, sweep(n_jobs=2))

@@ -1,6 +1,5 @@
 "`reproduce --quick` end to end, and bad observation files through `reproduce_main`."
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest

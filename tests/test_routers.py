@@ -1,5 +1,4 @@
 "The seven router families of `dars_nb.routers` against one contract (`check_router`), and beating random."
-import numpy as np
 import pandas as pd
 import pytest
 

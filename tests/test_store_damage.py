@@ -9,7 +9,6 @@ import random
 import shutil
 from pathlib import Path
 
-import pytest
 
 from dars_nb.collect.command import collect_main
 from dars_nb.collect.store import Store, store_main, status_main, salvage_store

@@ -2,9 +2,10 @@
 
 Every notebook becomes a page of a static mkdocs site (navigation, offline search, charts as SVG, math
 as MathML), `nbs/index.ipynb` becomes `README.md` (its charts as image files in `docs_assets/`), and the
-home page and tutorials keep static outputs. A notebook is run the way the tests run it (nbdev's runner,
-honouring `tst_flags`); a failing cell names the notebook, the failing line and the assertion, the other
-pages are still built, and the build exits 1.
+home page and tutorials keep static outputs. A notebook's cells are run with execnb's shell under the
+flag rules of nbdev's test runner (`tst_flags`, as the tests run them), or not at all with
+`build_docs(execute=False)`, which renders the stored outputs; a failing cell names the notebook, the
+failing line and the assertion, the other pages are still built, and the build exits 1.
 
     python tools/docs.py --out _site        # the site (`make docs`)
     python tools/docs.py --readme           # README.md from nbs/index.ipynb (`make readme`)
@@ -31,5 +32,7 @@ def main(out: str = '_site', # folder for the site
         ):
     "Build the offline docs site (default), the README, or the saved outputs of the home page and tutorials."
     if readme: return print(build_readme())
-    if outputs: return save_outputs(quiet=quiet) and None
+    if outputs:
+        save_outputs(quiet=quiet)
+        return
     sys.exit(docs_main(out, quiet))

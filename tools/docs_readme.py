@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastcore.nbio import read_nb
 from nbdev.config import get_config
 from tools.docs_notebooks import DocsError, doc_notebooks, failure_text, joined, page_path, processed_notebook, project_skip_flags
-from tools.docs_pages import CODE_INPUT, markdown_ready, relink, to_markdown
+from tools.docs_pages import CODE_INPUT, markdown_ready, to_markdown
 
 # The home page's tables
 _re_default_exp = re.compile(r'^\s*#\|\s*default_exp\s+(\S+)', re.M)

@@ -8,10 +8,11 @@ import json
 import re
 from collections.abc import Mapping
 import numpy as np
+from ..release import format_options
 
 # %% auto #0
 __all__ = ['KINDS', 'SYSTEM_INSTRUCTION', 'LETTERS', 'REWRITE_SYSTEM', 'REWRITE_RULES', 'task_field', 'task_kind', 'choice_list',
-           'format_choices', 'user_prompt', 'generation_messages', 'rewrite_messages', 'parse_rewrites']
+           'user_prompt', 'generation_messages', 'rewrite_messages', 'parse_rewrites']
 
 # %% ../../nbs/33_prompts.ipynb #c751acf1
 KINDS = ('choice', 'math', 'reading')
@@ -62,12 +63,6 @@ def choice_list(row, # a multiple-choice task row
                          f"(expected 2 to {len(LETTERS)})")
     return ch
 
-# %% ../../nbs/33_prompts.ipynb #c50c6e2f
-def format_choices(choices: list[str], # option texts in order
-                  ) -> str:
-    "The lettered option block, one option per line."
-    return '\n'.join(f'{LETTERS[i]}. {c}' for i, c in enumerate(choices))
-
 # %% ../../nbs/33_prompts.ipynb #8e208a0e
 def user_prompt(row, # a task row
                 question_text: str | None = None, # the wording to ask (a rewrite); None = the original
@@ -78,7 +73,7 @@ def user_prompt(row, # a task row
     if kind == 'choice':
         ch = choice_list(row)
         return (f"Answer the following multiple-choice question.\n\nQuestion: {q}\n\n"
-                f"Options:\n{format_choices(ch)}\n\n"
+                f"Options:\n{format_options(ch)}\n\n"
                 "Choose exactly one option. "
                 f"End with the line `Final Answer: X`, where X is a single letter from {LETTERS[0]} to {LETTERS[len(ch) - 1]}.")
     if kind == 'math':
@@ -135,7 +130,7 @@ def rewrite_messages(row, # a task row
         parts += [f"Passage (do not rewrite):\n{str(task_field(row, 'context', '')).strip()}", '']
     parts += [f"{label} to rewrite:\n{q}", '']
     if kind == 'choice':
-        parts += [f"Options (for reference only, keep as they are):\n{format_choices(choice_list(row))}", '']
+        parts += [f"Options (for reference only, keep as they are):\n{format_options(choice_list(row))}", '']
     parts += [f"Write {n} different rewrite{'s' if n > 1 else ''} of the {label.lower()}. "
               "Put each one between <rewrite> and </rewrite> tags, one after another, and write nothing else."]
     return [{'role': 'system', 'content': REWRITE_SYSTEM},

@@ -21,7 +21,8 @@ from ..observations import KEY_COLUMNS, write_observations
 from ..pool.config import ConfigError
 from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
-from .prompts import generation_messages, format_choices, choice_list
+from .prompts import generation_messages, choice_list
+from ..release import format_options
 from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
 from .config import load_config
 from .tasks import load_tasks
@@ -262,7 +263,7 @@ def with_query_columns(table: pd.DataFrame, # an observation table
     rows = tasks.drop_duplicates(['dataset', 'query_id']).set_index(['dataset', 'query_id'])
     kind = rows['kind'].to_numpy()
     passage = np.where(kind == 'reading', rows['context'].fillna('').astype(str), '')
-    options = [format_choices(choice_list(r)) if k == 'choice' else '' for k, (_, r) in zip(kind, rows.iterrows())]
+    options = [format_options(choice_list(r)) if k == 'choice' else '' for k, (_, r) in zip(kind, rows.iterrows())]
     per = pd.DataFrame(dict(original_text=rows['question'].astype(str), passage=passage, options=options),
                        index=rows.index.map(lambda k: (str(k[0]), str(k[1])))).replace('', None)
     at = per.reindex(pd.MultiIndex.from_arrays([table['dataset'].astype(str), table['query_id'].astype(str)]))

@@ -164,12 +164,14 @@ def _alone() -> threading.Lock:
     "This process's lock for units (made at first use: no lock is pickled with `_call`)."
     return globals().setdefault('_ALONE', threading.Lock())
 
-def _call(preload: tuple, fn, *args):
-    "`fn(*args)` once the modules `preload` are imported, alone in its process, its own joblib calls in turn."
+def _unit(preload: tuple, fn, *args):
+    "`fn(*args)` once the modules `preload` are imported, its own joblib calls run in turn."
     for module in preload: importlib.import_module(module)
-    # a unit is one thread's work: a router's own joblib call (MLP's regressors) runs sequentially inside it.
-    # Under joblib's Dask backend it would otherwise go back to the cluster, whose threads wait on this lock
-    with _alone(), parallel_config(backend='sequential'): return fn(*args)
+    with parallel_config(backend='sequential'): return fn(*args)
+
+def _call(preload: tuple, fn, *args):
+    "`_unit` alone in its process: a cluster task."
+    with _alone(): return _unit(preload, fn, *args)
 
 # %% ../../nbs/21_cluster.ipynb #b00f161d
 class _ClusterRun:
@@ -261,7 +263,7 @@ def run_calls(fn, # the function of every call (importable on the workers)
     calls, preload = [tuple(args) for args in calls], tuple(preload)
     if scheduler is None:
         results = Parallel(n_jobs=n_jobs, return_as='generator')(
-            delayed(_call)(preload, fn, *args) for args in calls)
+            delayed(_unit)(preload, fn, *args) for args in calls)
         yield from enumerate(results)
         return
     with cluster_client(scheduler) as client:

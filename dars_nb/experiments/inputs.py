@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..observations import validate, select, router_texts
+from ..observations import validate, select, router_texts, PASSAGE_CHARS
 from ..release import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
@@ -48,7 +48,7 @@ def authors_texts(obs: pd.DataFrame, # observations with the query columns
     per = obs.groupby([obs['dataset'], obs['query_id']], observed=True)['passage'].first()
     per.index = per.index.map(lambda k: (str(k[0]), str(k[1])))
     passages = per.reindex(question.index)
-    text = [q.strip() if pd.isna(p) or not str(p).strip() else f"{str(p).strip()[:1200]}\nQuestion: {q.strip()}"
+    text = [q.strip() if pd.isna(p) or not str(p).strip() else f"{str(p).strip()[:PASSAGE_CHARS]}\nQuestion: {q.strip()}"
             for q, p in zip(question, passages)]
     return pd.Series(text, index=question.index, name='text')
 

@@ -160,7 +160,7 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
                       f'{n} test queries' for p, n in settings.test_sizes.items())
     source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
     one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
-    protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', 'paper') != 'paper'
+    protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', PAPER_PROTOCOL.name) != PAPER_PROTOCOL.name
                 else "Protocol: `paper` — the paper's formulas (`--protocol authors` follows the authors' released code where it differs).")
     lines = [
         '# DARS reproduction report', '', protocol, '',

@@ -144,8 +144,7 @@ def data_stage(run: Run, # the run
     run.log(f"[1/8] data: {f'simulator ({sizes} test queries)' if data is None else data}")
     routers, p = resolve_routers(routers), run.protocol
     if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
-    text = (dict(method=p.features, text=p.text, **p.tfidf)
-            if (p.features, p.text) != ('auto', 'router') or p.tfidf else None)
+    text = dict(method=p.features, text=p.text, **p.tfidf)
     datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     routers = sized_to_data(routers, datasets, run.log)
