@@ -276,11 +276,15 @@ def _check_directory(f, size: int, limits: BundleLimits, path: Path):
                           f"a router bundle has at most {limits.max_members:,}")
 
 # %% ../nbs/25a_bundle_format.ipynb #018e6773
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Path) -> bytes:
-    "The bytes of one member: its declared size checked against `budget` first, never more read."
+def _check_declared_size(info: zipfile.ZipInfo, budget: int, path: Path):
+    "Refuse a member whose declared size is over the `budget` left, before any of it is read."
     if info.file_size > budget:
         raise BundleError(f"{path}: {info.filename} declares {_mib(info.file_size)}, over the "
                           f"{_mib(budget)} left of the bundle size cap ({_RAISE})")
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Path) -> bytes:
+    "The bytes of one member: its declared size checked against `budget` first, never more read."
+    _check_declared_size(info, budget, path)
     with z.open(info) as f: data = f.read(info.file_size + 1)
     if len(data) != info.file_size:
         raise BundleError(f"{path} is damaged: {info.filename} holds {len(data):,} bytes, "
@@ -301,7 +305,7 @@ def _npy_header(head: io.BytesIO, name: str) -> tuple[tuple, bool, np.dtype]:
 def _read_array(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Path) -> np.ndarray:
     "One .npy member: its header's shape × dtype checked against its declared size and `budget`, then read."
     name = info.filename
-    if info.file_size > budget: _read_member(z, info, budget, path)   # the same one-line refusal
+    _check_declared_size(info, budget, path)
     with z.open(info) as f:
         head = io.BytesIO(f.read(min(info.file_size, 10_000 + 12)))
         try: shape, fortran, dtype = _npy_header(head, name)

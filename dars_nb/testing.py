@@ -6,6 +6,7 @@
 from __future__ import annotations
 import asyncio
 import json
+import os
 import random
 import time
 from fastcore.basics import patch
@@ -14,7 +15,7 @@ from .pool.server import BackgroundServer, relay
 
 # %% auto #0
 __all__ = ['error_body', 'LoopbackEndpoint', 'chat_completion_body', 'chat_completion_events', 'FixedEndpoint', 'FaultProxy',
-           'KeyEchoEndpoint', 'simulated_texts']
+           'KeyEchoEndpoint', 'simulated_texts', 'forced_test_flags']
 
 # %% ../nbs/39_testing.ipynb #f7de1743
 def error_body(status: int, # the HTTP status
@@ -297,3 +298,9 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
     text = pd.Series([' '.join(w) for w in np.hstack([words, filler])], index=features.index.astype(str))
     per_row = obs['query_id'].astype(str).map(text).to_numpy()
     return obs.assign(query_text=per_row, original_text=per_row)
+
+# %% ../nbs/39_testing.ipynb #ca22e833
+def forced_test_flags(value: str | None = None, # the flags, space-separated (default: $DARS_TEST_FLAGS)
+                     ) -> frozenset:
+    "The test flags forced to run: the words of `value`, else of `DARS_TEST_FLAGS` (e.g. `slow`)."
+    return frozenset((os.environ.get('DARS_TEST_FLAGS', '') if value is None else value).split())

@@ -5,7 +5,6 @@ release written from the simulator and on the shipped fixture.
 The fixture (`data/authors_release`) is synthetic; these tests check that we compute what the authors' code computes
 from such files, whatever the rows say."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +17,11 @@ from dars_nb.release import read_release, write_release
 from dars_nb.experiments.inputs import load_data
 from dars_nb.experiments.presets import AUTHORS_PROTOCOL
 from dars_nb.experiments.protocol import Spec, supervise
+from dars_nb.testing import forced_test_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / 'data' / 'authors_release'
-SLOW = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()
+SLOW = 'slow' in forced_test_flags()
 
 
 def _lines(dataset: str) -> pd.DataFrame:

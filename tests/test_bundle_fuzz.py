@@ -20,12 +20,12 @@ from dars_nb.guard import cross_validate
 from dars_nb.routers import ROUTERS
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
-from dars_nb.testing import simulated_texts
+from dars_nb.testing import forced_test_flags, simulated_texts
 
 MiB = 2**20
 DARS = [str(Path(sys.executable).with_name('dars'))]
 CAP_MB = 2            # the fuzzed loads' cap: a fuzzed bundle holds 50 kB
-FUZZ = settings(max_examples=300 if 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split() else 20, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=300 if 'slow' in forced_test_flags() else 20, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 

@@ -1,6 +1,5 @@
 "`dars calibrate` on the shipped LLMRouter table: a bundle trained with `dars train`, targets on its 450 test questions."
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,12 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dars_nb.testing import forced_test_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 DARS = str(Path(sys.executable).with_name('dars'))
 NEMOTRON, GEMMA = 'llama-3.1-nemotron-51b-instruct', 'gemma-2-9b-it'
 # about 2 minutes on 2 cores (the training alone, 5,160 questions): run with DARS_TEST_FLAGS=slow; the notebook
 # nbs/25e_calibrate.ipynb checks the same properties on a hand-made and a simulated router in `make test`
-pytestmark = [pytest.mark.slow, pytest.mark.skipif('slow' not in os.environ.get('DARS_TEST_FLAGS', ''),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif('slow' not in forced_test_flags(),
                                                    reason='slow: set DARS_TEST_FLAGS=slow')]
 
 

@@ -30,12 +30,13 @@ from dars_nb.experiments import protocol, cluster as cluster_module
 from dars_nb.experiments.cluster import Shipped, SHARE_BYTES
 from dars_nb.experiments.protocol import run_experiments, simulated_datasets, Spec
 from dars_nb.routers import MeanRouter, KNNRouter, MLPRouter
+from dars_nb.testing import forced_test_flags
 from sweeps import sweep, same_tables
 
 BIN = Path(sys.executable).parent
 # a lost scheduler is given up after this long (Dask's default is 30 s)
 ENV = {**os.environ, 'DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT': '5s', 'PYTHONUNBUFFERED': '1'}
-SLOW = pytest.mark.skipif('slow' not in os.environ.get('DARS_TEST_FLAGS', '').split(),
+SLOW = pytest.mark.skipif('slow' not in forced_test_flags(),
                           reason="minutes on two cores: run with DARS_TEST_FLAGS=slow")
 
 

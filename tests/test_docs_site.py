@@ -26,6 +26,8 @@ from urllib.request import urlopen
 
 import pytest
 
+from dars_nb.testing import forced_test_flags
+
 pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the session's fixture once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +185,7 @@ def test_charts_fit_the_text_column(site, base_url, browser):
     assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
 
 
-ALL_PAGES = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()   # else the checks below open a few pages each
+ALL_PAGES = 'slow' in forced_test_flags()   # else the checks below open a few pages each
 
 def _widest_code(site, k=4):
     "The `k` pages whose longest code line is longest (every page with code when DARS_TEST_FLAGS has slow)."

@@ -16,6 +16,7 @@ from dars_nb.collect.command import EXIT_BUDGET
 from dars_nb.collect.config import load_config
 from dars_nb.collect.plan import plan_calls
 from dars_nb.collect.store import Store
+from dars_nb.testing import forced_test_flags
 from test_collect import pool_toml, collection_toml, MMLU
 
 RUNNER = 'import sys; from dars_nb.collect.command import collect_main; sys.exit(collect_main(sys.argv[1], quiet=True))'
@@ -82,7 +83,7 @@ def test_kills_mid_run_rebuy_at_most_what_was_in_flight(fault_proxy, tmp_path):
     plan = plan_calls(load_config(cfg))
     flying, opens = [], []
     # make test kills at the first and the last moment; DARS_TEST_FLAGS=slow at all five
-    moments = MOMENTS if 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split() else [MOMENTS[0], MOMENTS[-1]]
+    moments = MOMENTS if 'slow' in forced_test_flags() else [MOMENTS[0], MOMENTS[-1]]
     for i, (moment, ready) in enumerate(moments):
         proc = start(cfg, tmp_path / f'run{i}.log')
         try: wait_for(proc, db, ready)

@@ -1,9 +1,9 @@
 "Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/."
-import os
-
 import pytest
 from nbdev.config import get_config
 from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
+
+from dars_nb.testing import forced_test_flags
 
 CFG = get_config()
 NBS_PATH = CFG.path('nbs_path')
@@ -13,7 +13,7 @@ NOTEBOOKS = sorted(p for p in NBS_PATH.rglob('*.ipynb')
 
 def _flags():
     "Skip the `tst_flags` cells unless `DARS_TEST_FLAGS` (space-separated) forces them."
-    forced = os.environ.get('DARS_TEST_FLAGS', '').split()
+    forced = sorted(forced_test_flags())
     return [f for f in CFG.tst_flags.split() if f not in forced], forced
 
 

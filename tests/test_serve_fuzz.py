@@ -6,7 +6,6 @@ for the parser and 60 over HTTP in `make test` (21 s on a 2-core machine at load
 DARS_TEST_FLAGS=slow.
 """
 import json
-import os
 
 import httpx2
 import pytest
@@ -17,9 +16,9 @@ from dars_nb.pool.server import BackgroundServer
 from dars_nb.serve.app import create_app
 from dars_nb.serve.requests import ChatRequest, RequestError, ServeSettings, parse_chat_request
 from dars_nb.serve.upstreams import Upstreams
-from dars_nb.testing import FixedEndpoint
+from dars_nb.testing import FixedEndpoint, forced_test_flags
 
-SLOW = 'slow' in os.environ.get('DARS_TEST_FLAGS', '').split()
+SLOW = 'slow' in forced_test_flags()
 MODELS = ['small', 'big']
 SETTINGS = ServeSettings(max_tokens=64, daily_spend_usd=1.0)
 FIELDS = ['model', 'messages', 'max_tokens', 'max_completion_tokens', 'n', 'stream', 'stream_options', 'dars_lambda',

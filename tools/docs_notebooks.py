@@ -10,6 +10,7 @@ from nbdev.config import nbpath2html
 from nbdev.frontmatter import nb_frontmatter
 from nbdev.process import NBProcessor, Processor
 from nbdev.processors import FilterDefaults, add_show_docs, exec_show_docs
+from dars_nb.testing import forced_test_flags
 
 ROOT = Path(__file__).resolve().parents[1]   # the project folder: `tools` is importable from it
 IMPORT_SELF = f"import sys; sys.path.insert(0, {str(ROOT)!r}); "   # how a child process imports `tools`
@@ -176,7 +177,7 @@ class DocFilter(FilterDefaults):
 
 def project_skip_flags(cfg, force=None) -> list:
     "`tst_flags` of the project less the forced ones (`DARS_TEST_FLAGS`, as in the test suite)."
-    force = (os.environ.get('DARS_TEST_FLAGS', '') if force is None else force).split()
+    force = forced_test_flags(force)
     return [f for f in str(cfg.get('tst_flags', '')).split() if f not in force]
 
 def processed_notebook(nb_path: Path, # the notebook

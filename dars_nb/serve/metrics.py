@@ -32,7 +32,7 @@ class ServeMetrics:
                 ):
         self.daily_spend_usd, self.clock = daily_spend_usd, clock
         self.started = clock()
-        self.day, self._day_index = _utc_day(self.started), int(self.started // 86400)
+        self._day_index = int(self.started // 86400)
         self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
         self.requests, self.fallbacks, self.refused, self._open = 0, 0, {}, 0
         self.models = {m: dict(answered=0, failures=0, lost=0, prompt_tokens=0, completion_tokens=0,
@@ -43,7 +43,12 @@ class ServeMetrics:
         "Start a new day's spend when the UTC day has changed (a UTC day is 86,400 s of Unix time)."
         now = self.clock()
         if int(now // 86400) != self._day_index:
-            self.day, self._day_index, self.spend_today_usd = _utc_day(now), int(now // 86400), 0.0
+            self._day_index, self.spend_today_usd = int(now // 86400), 0.0
+
+    @property
+    def day(self) -> str:
+        "The UTC date whose spend `spend_today_usd` counts, e.g. '2026-05-01'."
+        return _utc_day(self._day_index * 86400)
 
     def reserve(self, worst_case_usd: float) -> float:
         "Hold `worst_case_usd` of today's limit for one request, or raise a 429 `RequestError`."

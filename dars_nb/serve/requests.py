@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
-from ..calibrate import lambda_from_model_name
+from ..calibrate import ROUTER_MODEL, lambda_from_model_name
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -58,7 +58,7 @@ class ServeSettings:
     # completion tokens per request; a larger or missing `max_tokens` gets this
     max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
-    router_model: str = 'dars-router' # the model name that asks the endpoint to route
+    router_model: str = ROUTER_MODEL # the model name that asks the endpoint to route
     image_tokens: int = IMAGE_TOKENS # prompt tokens reserved per image part (the provider's most)
     queue_timeout_s: float = 30.0 # seconds a request may wait for a free slot of its model
     header_timeout_s: float = 10.0 # seconds for a request's line and headers to arrive
