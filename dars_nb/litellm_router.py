@@ -10,22 +10,19 @@ from pathlib import Path
 from fastcore.basics import patch
 from .bundle import RouterBundle, load_bundle
 from .calibrate import ROUTER_MODEL, lambda_from_model_name
+from .observations import chat_text
 
 # %% auto #0
 __all__ = ['routing_text', 'request_lambda', 'deployments_of', 'DarsRoutingPlugin']
 
 # %% ../nbs/37_litellm_router.ipynb #5567a937
 def routing_text(messages) -> str:
-    "The text of the last user message (text parts joined by new lines); a ValueError if there is none."
+    "The text of the last user message (`chat_text`, as `dars serve` reads it); a ValueError if there is none."
     users = [m for m in messages or [] if isinstance(m, dict) and m.get('role') == 'user']
     if not users: raise ValueError("dars-router: the request has no user message to route on")
-    content = users[-1].get('content')
-    if isinstance(content, list):
-        parts = [p.get('text') for p in content if isinstance(p, dict) and p.get('type') == 'text']
-        content = '\n'.join(t for t in parts if isinstance(t, str)) if parts else None
-    if not isinstance(content, str):
-        raise ValueError("dars-router: the last user message has no text to route on")
-    return content
+    text = chat_text(users[-1].get('content'))
+    if text is None: raise ValueError("dars-router: the last user message has no text to route on")
+    return text
 
 # %% ../nbs/37_litellm_router.ipynb #898762a2
 def request_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.metadata`)

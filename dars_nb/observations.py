@@ -13,7 +13,7 @@ import pandas as pd
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
            'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated', 'model_order',
            'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'select', 'router_text',
-           'router_texts', 'write_observations', 'read_observations']
+           'router_texts', 'chat_text', 'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -377,6 +377,15 @@ def router_texts(obs: pd.DataFrame, # an observation table
               "column (its rows hold only rewrites)")
     texts = [router_text(q, p, o) for q, p, o in per[QUERY_COLUMNS].itertuples(index=False)]
     return pd.Series(texts, index=per.index, name='text')
+
+# %% ../nbs/00_observations.ipynb #dcfba0ea
+def chat_text(content, # a chat message's `content`: a string, or a list of typed parts
+             ) -> str | None:
+    "The text a router sees in one chat message: the string, or its text parts joined by new lines; else None."
+    if isinstance(content, str): return content
+    if not isinstance(content, list): return None
+    parts = [p.get('text') for p in content if isinstance(p, dict) and p.get('type') == 'text']
+    return '\n'.join(parts) if parts and all(isinstance(t, str) for t in parts) else None
 
 # %% ../nbs/00_observations.ipynb #a4efccad
 def write_observations(obs: pd.DataFrame, # observation table

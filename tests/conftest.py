@@ -2,6 +2,8 @@
 
 `local_server`  the running `dars_nb.collect.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
 `llama_server`  its OpenAI-compatible base URL, e.g. http://127.0.0.1:PORT/v1
+`quick_report`  (report folder, finished process) of one `dars reproduce --quick --quiet`, run as a user runs it;
+                tests that read it carry `xdist_group('quick_report')`, so one worker runs it once
 `fault_proxy`   a factory: fault_proxy(plan=[...], probabilities={...}, retry_after=..., slow_s=...) -> a started
                 `dars_nb.testing.FaultProxy` in front of `llama_server` (stopped when the test ends)
 
@@ -9,6 +11,9 @@
 the reason, when they are missing; under CI (the `CI` environment variable set) a missing local LLM is a failure.
 """
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +50,12 @@ def fault_proxy(llama_server):
     yield make
     for proxy in made:
         proxy.stop()
+
+
+@pytest.fixture(scope='session')
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp('reproduce') / 'report'
+    dars = str(Path(sys.executable).with_name('dars'))
+    res = subprocess.run([dars, 'reproduce', '--out', str(out), '--quick', '--quiet'],
+                         capture_output=True, text=True, timeout=900)
+    return out, res

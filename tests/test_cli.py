@@ -85,12 +85,7 @@ def test_diagnose_a_real_file(tmp_path):
     assert (tmp_path / 'diag2' / 'instability.svg').exists()
 
 
-@pytest.fixture(scope='module')
-def quick_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp('reproduce') / 'report'
-    return out, run('reproduce', '--out', str(out), '--quick', '--quiet')
-
-
+@pytest.mark.xdist_group('quick_report')
 def test_reproduce_quick_end_to_end(quick_report):
     out, res = quick_report
     assert res.returncode == 0, res.stderr[-2000:]
@@ -100,6 +95,7 @@ def test_reproduce_quick_end_to_end(quick_report):
     assert list(out.glob('*.png')) and list(out.glob('*.svg')) and list(out.glob('*.csv'))
 
 
+@pytest.mark.xdist_group('quick_report')
 def test_reproduce_quiet_shows_no_progress_bar(quick_report):
     _, res = quick_report
     assert '%|' not in res.stderr    # no progress bar: stderr is not a terminal, and --quiet

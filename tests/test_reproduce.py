@@ -8,41 +8,45 @@ from dars_nb.experiments.protocol import available_routers
 from dars_nb.experiments.reproduce import reproduce_main
 
 
-@pytest.fixture(scope='module')
-def quick_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp('quick')
-    assert reproduce_main(str(out), quick=True) == 0
+pytestmark = pytest.mark.xdist_group('quick_report')   # one worker makes the quick report (conftest), once
+
+
+@pytest.fixture
+def report(quick_report):
+    "The folder of the session's `dars reproduce --quick` report (which must have succeeded)."
+    out, res = quick_report
+    assert res.returncode == 0, res.stderr[-2000:]
     return out
 
 
-def test_quick_writes_the_report(quick_report):
-    files = {p.name for p in quick_report.iterdir()}
+def test_quick_writes_the_report(report):
+    files = {p.name for p in report.iterdir()}
     for stem in ('table1', 'table1_vs_best_fixed', 'baselines', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
                  'beta_sweep', 'temperature', 'adaptive_sampling', 'score_cost', 'table1_vs_paper'):
         assert {f'{stem}.csv', f'{stem}.md'} <= files, stem
     for chart in ('fig2ab_diagnostics', 'fig2c_router_variance', 'fig_protocol', 'fig_ablations', 'fig3_sensitivity'):
         assert {f'{chart}.png', f'{chart}.svg'} <= files, chart
-        assert (quick_report / f'{chart}.png').read_bytes()[:4] == b'\x89PNG'
-        assert (quick_report / f'{chart}.png').stat().st_size > 1000
+        assert (report / f'{chart}.png').read_bytes()[:4] == b'\x89PNG'
+        assert (report / f'{chart}.png').stat().st_size > 1000
 
 
-def test_report_mentions_every_router(quick_report):
-    report = (quick_report / 'report.md').read_text()
+def test_report_mentions_every_router(report):
+    text = (report / 'report.md').read_text()
     routers = list(available_routers())
     assert len(routers) == 7
-    for name in routers: assert name in report, name
-    assert 'True regret' in report and 'DARS beats single-shot in' in report
+    for name in routers: assert name in text, name
+    assert 'True regret' in text and 'DARS beats single-shot in' in text
     for label in ('beats the best fixed model (chosen on training data, interval above 0)',
                   'best fixed model chosen on training data', 'chosen on test, optimistic', 'oracle', 'random'):
-        assert label in report, label
+        assert label in text, label
     # the paper's protocol by default, and the paper's Table 1 beside the simulator's, said to be the simulator
-    assert 'Protocol: `paper`' in report and "### The authors' printout" not in report
-    assert 'On the embedded simulator (simulated data, not the paper\'s models), DARS improves' in report
-    assert 'of the 42 router–dataset–view settings' in report
+    assert 'Protocol: `paper`' in text and "### The authors' printout" not in text
+    assert 'On the embedded simulator (simulated data, not the paper\'s models), DARS improves' in text
+    assert 'of the 42 router–dataset–view settings' in text
 
 
-def test_quick_tables_are_complete(quick_report):
-    res = pd.read_csv(quick_report / 'protocol_results.csv')
+def test_quick_tables_are_complete(report):
+    res = pd.read_csv(report / 'protocol_results.csv')
     assert len(res) == 3 * 7 * 2 * 2                     # datasets × routers × {single, dars} × views
     assert res['utility'].notna().all() and res['true_regret'].notna().all()
     assert (res['ci_low'] <= res['utility']).all() and (res['utility'] <= res['ci_high']).all()
@@ -50,7 +54,7 @@ def test_quick_tables_are_complete(quick_report):
     # every row against the best fixed model chosen on training data: one model per dataset, a paired interval
     assert res['vs_best_fixed'].notna().all() and (res.groupby('dataset')['best_fixed'].nunique() == 1).all()
     assert ((res['vs_best_fixed_low'] <= res['vs_best_fixed']) & (res['vs_best_fixed'] <= res['vs_best_fixed_high'])).all()
-    base = pd.read_csv(quick_report / 'baselines.csv').set_index(['dataset', 'view', 'policy'])['utility']
+    base = pd.read_csv(report / 'baselines.csv').set_index(['dataset', 'view', 'policy'])['utility']
     fixed = base.xs('best fixed model (training)', level='policy')
     expected = res['utility'].to_numpy() - fixed.loc[list(zip(res['dataset'], res['view']))].to_numpy()
     assert abs(res['vs_best_fixed'].to_numpy() - expected).max() < 1e-9   # mean of differences = difference of means (CSV keeps 15+ digits)

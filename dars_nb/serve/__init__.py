@@ -61,7 +61,7 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
         keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
         daily = settings.daily_spend_usd
         limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
-        lam_used = bundle.lam if settings.lam is None else settings.lam
+        lam_used = app.state.lam   # create_app resolved it: [serve] lam, else the bundle's
         page = f"; chat page at {url.removesuffix('/v1')}/chat" if chat else ''
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
               f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page} (Ctrl-C to stop)", flush=True)

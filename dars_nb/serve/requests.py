@@ -13,6 +13,7 @@ from ..pool.config import ConfigError, is_finite_number, is_integer, from_table,
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
 from ..calibrate import ROUTER_MODEL, lambda_from_model_name
+from ..observations import chat_text
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
@@ -156,14 +157,6 @@ def _json_body(raw: bytes) -> dict:
     return body
 
 # %% ../../nbs/36a_serve_requests.ipynb #225cc851
-def _message_text(content) -> str | None:
-    "A message's text: the string, or its `text` parts joined by new lines (None if it has none)."
-    if isinstance(content, str): return content
-    if isinstance(content, list):
-        parts = [p.get('text') for p in content if isinstance(p, dict) and p.get('type') == 'text']
-        if all(isinstance(t, str) for t in parts) and parts: return '\n'.join(parts)
-    return None
-
 def _routing_text(messages) -> str:
     "The text of the last user message, which the router ranks on; or a 400 `RequestError`."
     if not isinstance(messages,
@@ -172,7 +165,7 @@ def _routing_text(messages) -> str:
                            'messages')
     users = [m for m in messages if m.get('role') == 'user']
     if not users: raise RequestError(400, "messages has no user message to route on", 'messages')
-    text = _message_text(users[-1].get('content'))
+    text = chat_text(users[-1].get('content'))
     if text is None:
         raise RequestError(400, "the last user message has no text content", 'messages')
     return text
