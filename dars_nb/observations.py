@@ -97,8 +97,11 @@ def _present(s: pd.Series) -> list[str]:
 # %% ../nbs/00_observations.ipynb #d957965b
 def _check_query_columns(df: pd.DataFrame):
     "Raise unless every query has at most one value of each query column present."
-    for col in [c for c in QUERY_COLUMNS if c in df.columns]:
-        n = df.groupby([df['dataset'], df['query_id']], observed=True)[col].nunique()
+    cols = [c for c in QUERY_COLUMNS if c in df.columns]
+    if not cols: return
+    counts = df.groupby([df['dataset'], df['query_id']], observed=True)[cols].nunique()   # one pass
+    for col in cols:
+        n = counts[col]
         if (n > 1).any():
             dataset, query = n.index[int(np.argmax(n.to_numpy() > 1))]
             _fail(f"query {query!r} of dataset {dataset!r} has {int(n.max())} different {col} values "
