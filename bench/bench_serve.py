@@ -18,7 +18,7 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    HTTP server, ASGI framework, the endpoint's own code, event loop), and the heaviest lines.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
 """
-import argparse, asyncio, importlib.util, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
+import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
 from pathlib import Path
 
 import numpy as np
@@ -135,19 +135,23 @@ def wait_up(url):
     raise RuntimeError(f'{url} did not start')
 
 
+def _stat_cpu_seconds(stat: str) -> float:
+    "User + system CPU seconds from the text of a /proc `stat` file."
+    fields = stat.rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
 def cpu_seconds(pid):
     "User + system CPU seconds of process `pid` so far (Linux /proc)."
-    with open(f'/proc/{pid}/stat') as f: fields = f.read().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+    return _stat_cpu_seconds(Path(f'/proc/{pid}/stat').read_text())
 
 
 def thread_cpu_seconds(pid):
     "{thread id: user + system CPU seconds so far} of every thread of process `pid` (Linux /proc)."
     out = {}
     for task in Path(f'/proc/{pid}/task').iterdir():
-        try: fields = (task / 'stat').read_text().rsplit(')', 1)[1].split()
+        try: out[task.name] = _stat_cpu_seconds((task / 'stat').read_text())
         except OSError: continue   # the thread ended
-        out[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
     return out
 
 
@@ -242,8 +246,9 @@ def main(argv=None):
                         cpu.append((cpu_seconds(router.pid) - c0) / n * 1e3); n_routed += n
                         for tid, sec in thread_cpu_seconds(router.pid).items():
                             by_thread[tid] = by_thread.get(tid, 0.0) + sec - t0.get(tid, 0.0)
-                    if who == 'direct' and c == 32: cpu_client.append((time.process_time() - me0) / n * 1e3)
-                    if who == 'direct' and c == 32: cpu_fixed.append((cpu_seconds(fixed.pid) - f0) / n * 1e3)
+                    if who == 'direct' and c == 32:
+                        cpu_client.append((time.process_time() - me0) / n * 1e3)
+                        cpu_fixed.append((cpu_seconds(fixed.pid) - f0) / n * 1e3)
                     results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
         if a.profile:
             bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]
@@ -271,8 +276,6 @@ def main(argv=None):
     if a.profile:
         print(f"where the endpoint's time goes at concurrency 32 (py-spy, samples while it holds the GIL, {a.calls} requests):")
         print('\n'.join(profile))
-    for name in ('litellm', 'routellm'):
-        if importlib.util.find_spec(name) is None: print(f"  ({name} is not installed: no figures for it)")
     emit(f"routing endpoint vs direct, concurrency 32, {a.delay * 1e3:.0f} ms upstream",
          f"{med[('routed', 32)][0]:.0f} vs {med[('direct', 32)][0]:.0f} req/s ({ratio:.2f}x)", '>= 0.9x direct', bool(ratio >= 0.9))
     emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)

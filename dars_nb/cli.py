@@ -68,6 +68,14 @@ def _optional_types(p: argparse.ArgumentParser, fn):
         args = [a for a in typing.get_args(hints.get(action.dest)) if a is not type(None)]
         if len(args) == 1 and action.type is not None: action.type = args[0]
 
+def _without_fastcore_options(p: argparse.ArgumentParser):
+    "Drop fastcore's hidden `--pdb` and `--xtra` (an entry never reads them); options show argparse's `OUT`, not `(str)`."
+    for action in list(p._actions):
+        if action.dest in ('pdb', 'xtra'):
+            p._remove_action(action)
+            for s in action.option_strings: p._option_string_actions.pop(s, None)
+        elif action.option_strings and action.nargs != 0: action.metavar = None
+
 def command_parser(name: str, # a key of `COMMANDS`
                   ) -> argparse.ArgumentParser:
     "The parser of `dars <name>`: fastcore's `anno_parser` over its entry, with `--quiet` on every command."
@@ -75,6 +83,7 @@ def command_parser(name: str, # a key of `COMMANDS`
     fn = entry_function(COMMANDS[name])
     p = anno_parser(fn, prog=f'dars {name}')
     _optional_types(p, fn)
+    _without_fastcore_options(p)
     if 'quiet' not in inspect.signature(fn).parameters:
         p.add_argument('--quiet', action='store_true', help=QUIET_HELP)
     return p

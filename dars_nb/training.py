@@ -190,7 +190,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     held_out = guard_cv.report(float(settings.lam))
     meta = dict(family=settings.family, params=settings.router_params, features=featurizer.name,
                 folds=settings.folds, n_train_queries=len(texts), held_out=held_out,
-                train_texts=kept_texts(list(texts), settings.seed), **dollar_scale(obs, list(sup.models)))
+                train_texts=kept_texts(texts, settings.seed), **dollar_scale(obs, list(sup.models)))
     bundle = RouterBundle(models=list(sup.models), lam=float(settings.lam), beta=float(settings.beta),
                           mode=settings.mode, featurizer=featurizer, router=router,
                           guard=held_out['margin'] if settings.guard else None, guard_cv=guard_cv,

@@ -5,7 +5,7 @@ such a file at start (exit 1, one line). Hypothesis then fuzzes the reader — a
 changed, a manifest with any field replaced, an array member replaced — and every input either loads a bundle that
 routes or raises one `BundleError` line, within memory bounded by the cap (traced with tracemalloc).
 
-`make test` runs 20 examples per fuzz test (about 10 s); `DARS_SLOW=1` runs 300."""
+`make test` runs 20 examples per fuzz test (about 10 s); `DARS_TEST_FLAGS=slow` runs 300."""
 import io, json, os, struct, subprocess, sys, tracemalloc, zipfile, zlib
 from pathlib import Path
 

@@ -129,6 +129,9 @@ def test_one_page_per_notebook(site):
     nbs = get_config(ROOT).nbs_path
     expected = sorted(page_path(p.relative_to(nbs)).with_suffix('.html').as_posix() for p in doc_notebooks(nbs))
     assert _pages(site) == expected
+    # the README's chart images are published where its links point once a docs site is declared
+    readme_images = sorted(f.name for f in (ROOT / 'docs_assets').iterdir())
+    assert readme_images and sorted(f.name for f in (site / 'docs_assets').iterdir()) == readme_images
 
 
 def test_every_page_in_the_browser(site, base_url, browser):

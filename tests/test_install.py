@@ -9,11 +9,12 @@ Last, it adds the `serve` extra and routes a chat request through `dars serve` t
 The size of the core install is a benchmark figure, not a test: this only catches a heavy extra
 leaking into the core. Marked `slow` (a heavier check, run by `make test` like the others).
 """
-import json, os, shutil, signal, subprocess, sys, tempfile, textwrap, time, urllib.request, venv
+import json, os, shutil, signal, subprocess, sys, tempfile, textwrap, time, urllib.error, urllib.request, venv
 from pathlib import Path
 
 import pytest
 
+from dars_nb.cli import COMMANDS
 from dars_nb.pool.server import free_port
 
 pytestmark = pytest.mark.xdist_group('core_venv')   # one worker builds the session's fixture once
@@ -21,13 +22,16 @@ pytestmark = pytest.mark.xdist_group('core_venv')   # one worker builds the sess
 ROOT = Path(__file__).resolve().parents[1]
 CORE_LIMIT_MB = 700   # well above the core's own size; an extra leaking into the core (torch alone) is several times more
 GRID = ROOT / 'data' / 'local_grid' / 'local_grid.jsonl'   # 32 training questions × 2 local models, with their texts
-COMMANDS = ('reproduce', 'collect', 'status', 'store', 'cache', 'diagnose', 'train', 'route', 'serve', 'local')
 
 
-def _run(*cmd, cwd=None, env=None):
-    "Run `cmd` as a user would: no PYTHONPATH (it would show pip and Python this checkout), outside the checkout."
-    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1200, env=env,
+def _user_env() -> dict:
+    "The environment a user has: no PYTHONPATH or PYTHONHOME (they would show pip and Python this checkout)."
+    return {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
+
+
+def _run(*cmd, cwd=None):
+    "Run `cmd` as a user would: the user's environment, outside the checkout."
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1200, env=_user_env(),
                           cwd=cwd or tempfile.gettempdir())
 
 
@@ -212,22 +216,24 @@ def test_serve_extra_routes_a_request(core_venv, wheel, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     res = _dars(core_venv, 'train', _train_config(tmp_path, 'kNN', n_neighbors=5), '--out', tmp_path / 'r.dars', '--quiet')
     assert res.returncode == 0, res.stderr[-2000:]
-    chosen = _dars(core_venv, 'route', tmp_path / 'r.dars', 'What is 7 + 5?', '--quiet').stdout.strip()
+    routed = _dars(core_venv, 'route', tmp_path / 'r.dars', 'What is 7 + 5?', '--quiet')
+    assert routed.returncode == 0, routed.stderr[-2000:]
+    chosen = routed.stdout.strip()
     with FixedEndpoint(text='Final Answer: 12', delay_s=0) as fixed:
         pool = tmp_path / 'pool.toml'
         pool.write_text(''.join(f'[models.{m}]\nbase_url = "{fixed.base_url}"\n' for m in ('smollm2', 'gemma3')))
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
         proc = subprocess.Popen([core_venv / 'bin' / 'dars', 'serve', '--router', tmp_path / 'r.dars', '--pool', pool,
                                  '--port', str(port), '--quiet'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, cwd=tmp_path)
+                                text=True, env=_user_env(), cwd=tmp_path)
         try:
             url, deadline = f'http://127.0.0.1:{port}/v1/chat/completions', time.monotonic() + 120
             ask = {'model': 'dars-router', 'messages': [{'role': 'user', 'content': 'What is 7 + 5?'}]}
             while True:
                 assert proc.poll() is None, proc.communicate()[1][-1000:]
                 try: body, headers = _post(url, ask); break
-                except OSError: pass
+                except urllib.error.HTTPError: raise         # it answered, with an error: no point waiting
+                except OSError: pass                         # not listening yet
                 assert time.monotonic() < deadline, 'dars serve did not answer within 120 s'
                 time.sleep(0.3)
         finally:

@@ -8,9 +8,6 @@ from dars_nb.experiments.protocol import available_routers
 from dars_nb.experiments.reproduce import reproduce_main
 
 
-pytestmark = pytest.mark.xdist_group('quick_report')   # one worker makes the quick report (conftest), once
-
-
 @pytest.fixture
 def report(quick_report):
     "The folder of the session's `dars reproduce --quick` report (which must have succeeded)."
@@ -19,6 +16,7 @@ def report(quick_report):
     return out
 
 
+@pytest.mark.xdist_group('quick_report')   # one worker makes the quick report (conftest), once
 def test_quick_writes_the_report(report):
     files = {p.name for p in report.iterdir()}
     for stem in ('table1', 'table1_vs_best_fixed', 'baselines', 'table5', 'table3', 'diagnostics', 'true_regret', 'router_variance', 'sample_efficiency',
@@ -30,6 +28,7 @@ def test_quick_writes_the_report(report):
         assert (report / f'{chart}.png').stat().st_size > 1000
 
 
+@pytest.mark.xdist_group('quick_report')   # one worker makes the quick report (conftest), once
 def test_report_mentions_every_router(report):
     text = (report / 'report.md').read_text()
     routers = list(available_routers())
@@ -45,6 +44,7 @@ def test_report_mentions_every_router(report):
     assert 'of the 42 router–dataset–view settings' in text
 
 
+@pytest.mark.xdist_group('quick_report')   # one worker makes the quick report (conftest), once
 def test_quick_tables_are_complete(report):
     res = pd.read_csv(report / 'protocol_results.csv')
     assert len(res) == 3 * 7 * 2 * 2                     # datasets × routers × {single, dars} × views

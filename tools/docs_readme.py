@@ -141,9 +141,11 @@ def _readme_cells(cfg, execute: bool, site: str) -> tuple:
             if 'text/markdown' in d: d['text/markdown'] = readme_links(_re_attrs.sub(r'\1', joined(d['text/markdown'])), nbdir, site)
     return cells, getattr(nb, 'frontmatter_', {}) or {}
 
+README_ASSETS = 'docs_assets'   # the README's chart images: committed, and published by the site at the same path
+
 def build_readme(root: str | Path | None = None, # project folder (default: found from the working directory)
                  execute: bool = True, # run the notebook's cells for their outputs
-                 assets: str = 'docs_assets', # folder (in the project, committed) for the README's chart images
+                 assets: str = README_ASSETS, # folder (in the project, committed) for the README's chart images
                 ) -> Path:
     "Write README.md, and its chart images under `assets`, from the project's index notebook; return its path."
     cfg = get_config(Path(root) if root else None)
@@ -152,7 +154,7 @@ def build_readme(root: str | Path | None = None, # project folder (default: foun
     site = docs_url(cfg.config_path)
     cells, fm = _readme_cells(cfg, execute, site)
     key = Path(cfg.readme_nb).stem
-    image_url = lambda f: f'{site}/{f}' if site else f       # the site publishes the same folder
+    image_url = lambda f: f'{site}/{f}' if site else f       # build_docs publishes the same folder
     body, files = to_markdown(cells, key, assets, template=_README_TEMPLATE, extract=('image/svg+xml', 'image/png'),
                               filters=dict(chart_alt=chart_alt, image_url=image_url))
     for old in (cfg.config_path/assets).glob(f'{key}_*'): old.unlink()

@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..observations import validate, select, router_texts, PASSAGE_CHARS
+from ..observations import validate, select, router_texts
 from ..release import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
 
 # %% auto #0
-__all__ = ['FULL', 'QUICK', 'TEXTS', 'Settings', 'authors_texts', 'features_from_text', 'read_features', 'load_data']
+__all__ = ['FULL', 'QUICK', 'AUTHORS_PASSAGE_CHARS', 'TEXTS', 'Settings', 'authors_texts', 'features_from_text', 'read_features',
+           'load_data']
 
 # %% ../../nbs/24a_inputs.ipynb #cbd81ac7
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ QUICK = Settings(n_train=60, test_sizes={'gpqa_like': 60, 'math_like': 60, 'drop
                  temperatures=(0.3, 0.7), temperature_n_train=60)
 
 # %% ../../nbs/24a_inputs.ipynb #cb07c7d8
+AUTHORS_PASSAGE_CHARS = 1200   # characters of a passage the authors' encoder reads (their code's number, not ours)
+
 def authors_texts(obs: pd.DataFrame, # observations with the query columns
                  ) -> pd.Series: # index (dataset, query_id)
     "The text the authors' encoder reads: the passage's first 1,200 characters, then 'Question: ' and the question."
@@ -48,7 +51,7 @@ def authors_texts(obs: pd.DataFrame, # observations with the query columns
     per = obs.groupby([obs['dataset'], obs['query_id']], observed=True)['passage'].first()
     per.index = per.index.map(lambda k: (str(k[0]), str(k[1])))
     passages = per.reindex(question.index)
-    text = [q.strip() if pd.isna(p) or not str(p).strip() else f"{str(p).strip()[:PASSAGE_CHARS]}\nQuestion: {q.strip()}"
+    text = [q.strip() if pd.isna(p) or not str(p).strip() else f"{str(p).strip()[:AUTHORS_PASSAGE_CHARS]}\nQuestion: {q.strip()}"
             for q, p in zip(question, passages)]
     return pd.Series(text, index=question.index, name='text')
 

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/10_routers_base.ipynb #9461ff18
 from __future__ import annotations
-from functools import wraps
+from functools import cache, wraps
 from inspect import signature
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ from ..stats import Supervision, utility
 
 # %% auto #0
 __all__ = ['check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'training_settings',
-           'with_training_settings', 'align', 'family_targets', 'stats_by_query']
+           'with_training_settings', 'align', 'family_targets', 'stats_by_query', 'native_thread_pools']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -239,3 +239,10 @@ def stats_by_query(sup: Supervision, # supervision in any mode
     out = np.empty((Q, 3, R, K))
     for i, a in enumerate((sup.mu_q, sup.mu_c, sup.sigma)): out[:, i] = a.transpose(1, 0, 2)
     return out
+
+# %% ../../nbs/10_routers_base.ipynb #95df31fa
+@cache
+def native_thread_pools():
+    "This process's native (BLAS, OpenMP) thread pools as a threadpoolctl `ThreadpoolController`, found once."
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()

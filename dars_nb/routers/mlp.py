@@ -11,9 +11,7 @@ from joblib import Parallel, delayed
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
-import functools
-from threadpoolctl import ThreadpoolController
-from .base import Router, family_targets
+from .base import Router, family_targets, native_thread_pools
 
 # %% auto #0
 __all__ = ['MLPRouter']
@@ -59,11 +57,6 @@ class MLPRouter(Router):
                     early_stopping=self.early_stopping, random_state=self.random_state)
 
 # %% ../../nbs/11_router_mlp.ipynb #52402bb1
-@functools.cache
-def _native_pools() -> ThreadpoolController:
-    "This process's native thread pools, found once: a scan of the loaded libraries costs more than a small fit."
-    return ThreadpoolController()
-
 @patch
 def _fit(self: MLPRouter, X, sup):
     self.scaler_ = StandardScaler().fit(X)
@@ -75,7 +68,7 @@ def _fit(self: MLPRouter, X, sup):
         jobs = [(s, T[s].transpose(1, 0, 2).reshape(Q, R * K)) for s in _STATISTICS]
     else: jobs = [(s, T[s][r]) for s in _STATISTICS for r in range(R)]
     params = self._network_params()
-    with _native_pools().limit(limits=1, user_api='blas'):    # small products: a second thread only waits
+    with native_thread_pools().limit(limits=1, user_api='blas'):    # small products: a second thread only waits
         fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_regressor)(params, Z, y) for _, y in jobs)
     self.regressors_ = {s: [f for (name, _), f in zip(jobs, fitted) if name == s] for s in _STATISTICS}
 
@@ -85,7 +78,7 @@ def _predict_stats(self: MLPRouter, X) -> dict:
     Z = self.scaler_.transform(X)
     n, R, K = len(X), self.n_draws_, len(self.models_)
     out = {}
-    with _native_pools().limit(limits=1, user_api='blas'):
+    with native_thread_pools().limit(limits=1, user_api='blas'):
         for s, regs in self.regressors_.items():
             if self.batched_:
                 out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)

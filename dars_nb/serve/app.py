@@ -19,6 +19,7 @@ from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_reque
 from .metrics import ServeMetrics
 from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
+from ..routers.base import native_thread_pools
 
 # %% auto #0
 __all__ = ['RankBatcher', 'ClientKeyCheck', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
@@ -28,19 +29,14 @@ class RankBatcher:
     "Rankings for concurrent requests, computed together (on the loop, or in a worker thread if slow)."
     def __init__(self, rank, # rank(texts, lam) -> one list of model names per text, best first
                  inline_s: float = 0.002, # a call that cost less than this last time runs on the event loop
-                 threads: int | None = 1, # native (BLAS, OpenMP) threads a ranking may use (None: the libraries' own)
                 ):
-        from threadpoolctl import ThreadpoolController
         self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
-        self.threads, self._pools = threads, ThreadpoolController() if threads is not None else None
         self._pending, self._task = [], None
 
     def _timed(self, texts: list, lam) -> tuple:
         "(rankings, the call's cost in seconds: its thread's CPU time or a quarter of its clock time, the larger)."
         t0, w0 = time.thread_time(), time.perf_counter()
-        if self._pools is None: ranks = self.rank(texts, lam)
-        else:
-            with self._pools.limit(limits=self.threads): ranks = self.rank(texts, lam)
+        with native_thread_pools().limit(limits=1): ranks = self.rank(texts, lam)   # one native thread
         return ranks, max(time.thread_time() - t0, (time.perf_counter() - w0) / 4)
 
 # %% ../../nbs/36d_serve_app.ipynb #d173cfa9

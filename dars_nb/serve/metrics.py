@@ -20,8 +20,7 @@ def _utc_day(t: float) -> str:
 
 def _seconds_to_utc_midnight(t: float) -> int:
     "Whole seconds from `t` to the next 00:00 UTC."
-    now = datetime.fromtimestamp(t, timezone.utc)
-    return 86400 - (now.hour * 3600 + now.minute * 60 + now.second)
+    return 86400 - int(t) % 86400   # Unix time has no leap seconds: a UTC day is 86,400 of them
 
 # %% ../../nbs/36b_serve_metrics.ipynb #e40eedec
 class ServeMetrics:
@@ -41,9 +40,8 @@ class ServeMetrics:
 
     def _roll(self):
         "Start a new day's spend when the UTC day has changed (a UTC day is 86,400 s of Unix time)."
-        now = self.clock()
-        if int(now // 86400) != self._day_index:
-            self._day_index, self.spend_today_usd = int(now // 86400), 0.0
+        today = int(self.clock() // 86400)
+        if today != self._day_index: self._day_index, self.spend_today_usd = today, 0.0
 
     @property
     def day(self) -> str:
