@@ -246,8 +246,9 @@ def _float_array(a, shape: tuple, name: str) -> np.ndarray:
 def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
     "`cv` if its arrays have the shapes and values the guard reads, else a BundleError naming the first one."
     folds = cv.folds
+    numbered = lambda u: u[0] == 0 and u[-1] == len(u) - 1 >= 1   # 0, 1, …, n - 1: no array as large as the max
     if not (isinstance(folds, np.ndarray) and folds.ndim == 1 and folds.dtype.kind in 'iu' and len(folds) >= 2
-            and np.array_equal(np.unique(folds), np.arange(folds.max() + 1)) and folds.max() >= 1):
+            and numbered(np.unique(folds))):
         raise BundleError("damaged bundle: guard_cv folds must number the training queries' folds 0, 1, …")
     Q, K = len(folds), n_models
     _float_array(cv.mu_q, (Q, K), 'mu_q'); _float_array(cv.mu_c, (Q, K), 'mu_c')

@@ -160,14 +160,15 @@ def _infer(compiled, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def _infer_batches(compiled, batches: list, # (ids, mask) pairs
                   ) -> list:
     "The model's rows for each batch, the batches run side by side on OpenVINO's own streams."
-    import openvino as ov
-    # OpenVINO's queue, not Python threads: two threads each calling `infer` at once can deadlock in the
-    # binding (seen: both stuck resizing their input tensors, the process idle for good)
-    queue, out = ov.AsyncInferQueue(compiled), [None] * len(batches)
-    queue.set_callback(lambda request, i: out.__setitem__(i, request.get_output_tensor(0).data.copy()))
+    # one request per stream, started from this thread and waited for here: no Python callback that an
+    # OpenVINO thread would have to run (see the note above)
+    n = min(len(batches), compiled.get_property('OPTIMAL_NUMBER_OF_INFER_REQUESTS'))
+    requests, out = [compiled.create_infer_request() for _ in range(n)], []
+    def finish(request): request.wait(); out.append(request.get_output_tensor(0).data.copy())
     for i, (ids, mask) in enumerate(batches):
-        queue.start_async({'input_ids': ids, 'attention_mask': mask}, userdata=i)
-    queue.wait_all()
+        if i >= n: finish(requests[i % n])          # batch i - n, in order
+        requests[i % n].start_async({'input_ids': ids, 'attention_mask': mask})
+    for i in range(max(len(batches) - n, 0), len(batches)): finish(requests[i % n])
     return out
 
 # %% ../nbs/09a_encoder.ipynb #e9e73667
