@@ -16,7 +16,7 @@ reproduce: $(VENV) ## the main job on the embedded simulator default
 	.venv/bin/dars reproduce --out report
 
 test: $(VENV)     ## every notebook (through nbdev's runner, honouring tst_flags) and tests/, on two workers
-	.venv/bin/python -m pytest -n 2 --dist loadgroup --durations=25
+	.venv/bin/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 --durations=25
 
 export: $(VENV)   ## regenerate dars_nb/ from the notebooks and clean them
 	.venv/bin/nbdev-export && .venv/bin/nbdev-clean

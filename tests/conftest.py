@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ['harness']   # time limits with stacks, a crash that names its test, the memory report, a fresh cache
+
 
 @pytest.fixture(scope='session')
 def local_server():

@@ -155,6 +155,16 @@ def test_failing_notebook_stops_and_names_the_line(tmp_path):
     fc.test_eq(processed_notebook(bad, skip_flags=(), execute=False).failure_, None)   # saved outputs only: no run
 
 
+def test_a_cell_out_of_time_fails_with_every_threads_stack(tmp_path, capfd):
+    slow = tmp_path/'03_slow.ipynb'
+    write_nb(new_nb([mk_cell('import time'), mk_cell('def wait(): time.sleep(60)'), mk_cell('wait()'),
+                     mk_cell('print("after")')]), slow)
+    nb = processed_notebook(slow, timeout=2)
+    fc.test_eq(failure_text(nb.failure_), '03_slow.ipynb: cell 2: TimeoutError: Timed out after 2s')
+    err = capfd.readouterr().err
+    assert 'a cell ran out of time; every thread' in err and 'in wait' in err, err[-2000:]   # where it waited
+
+
 def test_markdown_ready(toy):
     cells = markdown_ready(toy[1])
     sd = [c for c in cells if 'show_doc(double)' in c.source][0]

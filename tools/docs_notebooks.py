@@ -1,7 +1,7 @@
 """Running a notebook the way the tests run it, for the docs: nbdev's processors, every tested cell executed,
 the first failure kept as one line naming the notebook, the cell, the line and what failed."""
 from __future__ import annotations
-import os, re
+import faulthandler, os, re, sys, threading, traceback
 from pathlib import Path
 from execnb.shell import CaptureShell
 from fastcore.nbio import read_nb
@@ -113,6 +113,20 @@ def runs_in_tests(cell, # a notebook cell (directives parsed by `NBProcessor` in
     if ev in ('false', 'False') or (ev is None and not default_eval): return False
     return not (set(skip_flags) & d.keys())
 
+HARD_GRACE_S = 30   # after a cell's time limit: every thread's stack, then the end of the process
+
+def _watchdog(timeout: int | None):
+    """A C thread that, `HARD_GRACE_S` after a cell's limit, writes every thread's stack and ends the process: the one
+    way out of a hang in native code that holds the interpreter lock. Under the test suite, its own watchdog does this."""
+    if timeout and not os.environ.get('DARS_TEST_RUN_DIR'):
+        faulthandler.dump_traceback_later(timeout + HARD_GRACE_S, exit=True)
+
+def thread_stacks() -> str:
+    "Every thread's Python stack, innermost call last."
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return '\n'.join(f'Thread {names.get(i, i)}:\n' + ''.join(traceback.format_stack(f))
+                     for i, f in sys._current_frames().items())
+
 class ExecCells(Processor):
     "Run the cells `nbdev-test` runs in one `CaptureShell`, keeping outputs; the first failure stops the run and is kept as `nb.failure_`."
     def __init__(self, nb, # the notebook being processed
@@ -133,9 +147,15 @@ class ExecCells(Processor):
 
     def __call__(self, cell):
         if self.failure or self.off or not runs_in_tests(cell, self.flags, self.default_eval): return
-        self.k.cell(cell, timeout=self.timeout)
+        _watchdog(self.timeout)
+        try: self.k.cell(cell, timeout=self.timeout)
+        finally:
+            if not os.environ.get('DARS_TEST_RUN_DIR'): faulthandler.cancel_dump_traceback_later()
         if self.k.exc is not None:                     # the first failure is kept; later cells do not run
             e = self.k.exc
+            if isinstance(e, TimeoutError):            # where each thread was when the cell ran out of time
+                print(f"{getattr(self.nb, 'path_', 'notebook')}: a cell ran out of time; every thread:\n{thread_stacks()}",
+                      file=sys.__stderr__, flush=True)   # the cell still running holds sys.stderr
             line, code = failing_line(e, cell.source)
             self.failure = self.nb.failure_ = dict(notebook=Path(getattr(self.nb, 'path_', 'notebook')).name,
                                                    cell=cell.get('src_idx_'), line=line, code=code,
