@@ -366,7 +366,7 @@ def mutated_array(a: np.ndarray, how: str, at: int, value) -> np.ndarray:
         out.flat[at % a.size] = value
         return out
     if how == 'drop' and a.ndim: return a[:-1] if at % 2 else a[..., :-1]
-    if how == 'grow' and a.ndim: return np.concatenate([a, a[:1]], axis=at % a.ndim)
+    if how == 'grow' and a.ndim: return np.concatenate([a, np.take(a, [0], axis=at % a.ndim)], axis=at % a.ndim)
     if how == 'transpose': return a.T
     if how == 'flatten': return a.ravel()
     if how == 'dtype': return a.astype([np.float32, np.int64, np.uint8, np.bool_, np.complex128][at % 5])
@@ -423,9 +423,12 @@ def test_vocabulary_column_out_of_range(every_family, route_worker, column, tmp_
         for n, b in {**one['members'], 'manifest.json': json.dumps(manifest).encode()}.items(): z.writestr(n, b)
     result = route_worker.outcome(path)
     assert result.startswith(f'refused: {path} is damaged:') and str(column) in result, result
-    res = subprocess.run(DARS + ['route', str(path), 'What is a word of its own?'], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 1 and 'Traceback' not in res.stderr and res.stderr.strip().count('\n') == 0, (res.returncode, res.stderr)
-    assert 'is damaged' in res.stderr, res.stderr
+    pool = tmp_path / 'pool.toml'
+    pool.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n' for m in one['manifest']['models']))
+    for args in (['route', str(path), 'What is a word of its own?'], ['serve', '--router', str(path), '--pool', str(pool)]):
+        res = subprocess.run(DARS + args, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 1 and 'Traceback' not in res.stderr and res.stderr.strip().count('\n') == 0, (args, res.returncode, res.stderr)
+        assert 'is damaged' in res.stderr, res.stderr
 
 
 def test_every_family_routes_every_word(every_family, route_worker):
