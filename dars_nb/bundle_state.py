@@ -146,8 +146,9 @@ def check_sentence(featurizer: SentenceFeaturizer, # a rebuilt sentence featuriz
     state_value(featurizer, 'cache_dir', (lambda x: x is None or isinstance(x, str), 'null or a folder name'), where)
     runtime = state_value(featurizer, 'runtime', one_of(*RUNTIMES), where)
     state_value(featurizer, 'precision', one_of(*PRECISIONS) if runtime == 'openvino' else one_of('auto', 'f32'), where)
-    width = (lambda v: True, '') if sentence_model_path() is None else one_of(sentence_model_width())
-    return state_value(featurizer, 'n_features_out_', (lambda v: whole(1)[0](v) and width[0](v), 'the encoder\'s width'), where)
+    width = None if sentence_model_path() is None else sentence_model_width()   # None: the encoder is not installed
+    rule = (lambda v: whole(1)[0](v) and width in (None, v), "the encoder's width" + ('' if width is None else f' ({width})'))
+    return state_value(featurizer, 'n_features_out_', rule, where)
 
 # %% ../nbs/25c_bundle_state.ipynb #4b6a9776
 _MODELS = (lambda x: isinstance(x, list) and len(x) >= 2 and all(isinstance(m, str) for m in x) and len(set(x)) == len(x),
