@@ -25,11 +25,12 @@ from .guard import GuardCV, guarded_choice
 from .routers import FAMILIES
 from .stats import MODES
 from .bundle_format import BundleError, encode, decode, write_archive, read_archive, short_repr
+from .bundle_state import check_state
 from .pool.config import is_finite_number, is_integer
 
 # %% auto #0
-__all__ = ['ROUTER_CLASSES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint', 'save_bundle',
-           'load_bundle', 'read_questions', 'route_main']
+__all__ = ['ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint',
+           'save_bundle', 'load_bundle', 'read_questions', 'route_main']
 
 # %% ../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
@@ -235,12 +236,14 @@ def _field(m: dict, key: str, ok, what: str, path):
     return m[key]
 
 # %% ../nbs/25c_bundle.ipynb #1a96d3f9
+MAX_QUANTILES = 100   # candidate margins the guard tries at each λ (its default: 9)
+
 def _float_array(a, shape: tuple, name: str) -> np.ndarray:
     "`a` if it is a finite float array of `shape`, else a BundleError naming it."
     ok = isinstance(a, np.ndarray) and a.dtype.kind in 'fiub' and a.shape == shape and bool(np.isfinite(a).all())
     if not ok:
         got = f"shape {a.shape} of {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
-        raise BundleError(f"damaged bundle: guard_cv {name} must be finite numbers of shape {shape}, got {got}")
+        raise BundleError(f"guard_cv {name} must be finite numbers of shape {shape}, got {got}")
     return a
 
 def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
@@ -249,7 +252,7 @@ def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
     numbered = lambda u: u[0] == 0 and u[-1] == len(u) - 1 >= 1   # 0, 1, …, n - 1: no array as large as the max
     if not (isinstance(folds, np.ndarray) and folds.ndim == 1 and folds.dtype.kind in 'iu' and len(folds) >= 2
             and numbered(np.unique(folds))):
-        raise BundleError("damaged bundle: guard_cv folds must number the training queries' folds 0, 1, …")
+        raise BundleError("guard_cv folds must number the training queries' folds 0, 1, …")
     Q, K = len(folds), n_models
     _float_array(cv.mu_q, (Q, K), 'mu_q'); _float_array(cv.mu_c, (Q, K), 'mu_c')
     parts = cv.parts
@@ -258,10 +261,10 @@ def _check_guard_cv(cv: GuardCV, n_models: int) -> GuardCV:
     elif isinstance(parts, dict) and set(parts) == {'lams', 'policy'} and isinstance(parts['lams'], np.ndarray):
         G = len(_float_array(parts['lams'], parts['lams'].shape[:1], "parts['lams']"))
         _float_array(parts['policy'], (G, Q, K), "parts['policy']")
-    else: raise BundleError("damaged bundle: guard_cv parts must hold quality and mu_c, or lams and policy")
+    else: raise BundleError("guard_cv parts must hold quality and mu_c, or lams and policy")
     q = cv.quantiles
-    if not (isinstance(q, (tuple, list)) and q and all(is_finite_number(x) and 0 <= x <= 1 for x in q)):
-        raise BundleError(f"damaged bundle: guard_cv quantiles must be numbers in [0, 1], got {short_repr(q)}")
+    if not (isinstance(q, (tuple, list)) and 0 < len(q) <= MAX_QUANTILES and all(is_finite_number(x) and 0 <= x <= 1 for x in q)):
+        raise BundleError(f"guard_cv quantiles must be 1 to {MAX_QUANTILES} numbers in [0, 1], got {short_repr(q)}")
     return cv
 
 def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
@@ -269,10 +272,10 @@ def _guard_cv(fields, # the saved fields of a `GuardCV`, or None
              ) -> GuardCV | None:
     "The guard's CV predictions from their saved fields (plain data: the file names no class), checked."
     if fields is None: return None
-    if not isinstance(fields, dict): raise BundleError("damaged bundle: guard_cv must be a table of arrays")
+    if not isinstance(fields, dict): raise BundleError("guard_cv must be a table of arrays")
     try: return _check_guard_cv(GuardCV(**fields), n_models)
     except TypeError as e:
-        raise BundleError(f"damaged bundle: guard fields do not match ({e})") from None
+        raise BundleError(f"guard fields do not match ({e})") from None
 
 # %% ../nbs/25c_bundle.ipynb #a1a358fa
 MAX_NGRAM = 3   # longest word n-gram a loaded TF-IDF featurizer may count (the paper 1, the authors' code 2)
@@ -295,9 +298,17 @@ def _check_vectorizer(featurizer: TfidfFeaturizer, path):
 # %% ../nbs/25c_bundle.ipynb #0a415524
 PROBE = 'Which model should answer this question?'   # what a loaded bundle must rank
 
+def _damaged(e: BundleError, path) -> BundleError:
+    "The one line of `e`, naming the file: '<path> is damaged: …' for damage, '<path>: …' for anything else."
+    reason = str(e)
+    return BundleError(f"{path} is damaged: {reason.removeprefix('damaged bundle: ')}" if reason.startswith('damaged bundle: ')
+                       else f"{path}: {reason}")
+
 def _decoded(m: dict, arrays: dict, path) -> dict:
     "The bundle's objects from the manifest's trees, each checked to be what the bundle expects."
-    tree = lambda key: decode(_field(m, key, lambda x: True, '', path), arrays, f"manifest field '{key}'")
+    def tree(key):
+        try: return decode(_field(m, key, lambda x: True, '', path), arrays, f"manifest field '{key}'")
+        except BundleError as e: raise _damaged(e, path) from None
     featurizer, router, guard, meta = tree('featurizer'), tree('router'), tree('guard'), tree('meta')
     if not isinstance(featurizer, (TfidfFeaturizer, SentenceFeaturizer)):
         raise BundleError(f"{path} is damaged: manifest field 'featurizer' holds a {type(featurizer).__name__}, not a featurizer")
@@ -306,8 +317,12 @@ def _decoded(m: dict, arrays: dict, path) -> dict:
     if guard is not None and not (isinstance(guard, (int, float)) and not isinstance(guard, bool) and guard >= 0):
         raise BundleError(f"{path} is damaged: manifest field 'guard' must be null or a margin ≥ 0, got {short_repr(guard)}")
     if not isinstance(meta, dict): raise BundleError(f"{path} is damaged: manifest field 'meta' must be a table")
+    guard_fields = tree('guard_cv')
+    try:
+        check_state(featurizer, router, meta)   # every array and index against what the code relies on
+        guard_cv = _guard_cv(guard_fields, len(m['models']))
+    except BundleError as e: raise BundleError(f"{path} is damaged: {e}") from None
     if isinstance(featurizer, TfidfFeaturizer): _check_vectorizer(featurizer, path)
-    guard_cv = _guard_cv(tree('guard_cv'), len(m['models']))
     return dict(featurizer=featurizer, router=router, guard=guard, guard_cv=guard_cv, meta=meta)
 
 def _probe(bundle: RouterBundle, path):

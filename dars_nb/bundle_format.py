@@ -6,6 +6,7 @@
 from __future__ import annotations
 import dataclasses
 import importlib
+import inspect
 import io
 import json
 import math
@@ -134,6 +135,15 @@ def _array(key, arrays: dict, where: str) -> np.ndarray:
         raise BundleError(f"damaged bundle: array {short_repr(key)} is missing (in {where})")
     return arrays[key]
 
+def _table(pairs, arrays: dict, where: str, depth: int) -> dict:
+    "A table from its [key, value] pairs; a key given twice is damage (a saved table holds each key once)."
+    out = {}
+    for k, x in pairs:
+        key = decode(k, arrays, where, depth)
+        if key in out: raise BundleError(f"damaged bundle: {where} holds the key {short_repr(key, 40)} twice")
+        out[key] = decode(x, arrays, f'{where}[{short_repr(key, 30)}]', depth)
+    return out
+
 def _float(v, where: str) -> float:
     "A float written as a number or as 'inf', '-inf' or 'nan'."
     if isinstance(v, bool) or not isinstance(v, (str, int, float)):
@@ -147,12 +157,21 @@ def _tensor(key, arrays: dict, where: str):
         raise BundleError(f"this bundle holds torch tensors and torch is not installed ({hint})") from None
     return torch.from_numpy(np.array(_array(key, arrays, where)))
 
+def _shadows(cls: type, name: str) -> bool:
+    "Whether an attribute `name` would hide a method, property or special name of `cls`."
+    if name.startswith('__') or not name.isidentifier(): return True
+    attr = inspect.getattr_static(cls, name, None)
+    return callable(attr) or hasattr(type(attr), '__get__')
+
 def _object(v, arrays: dict, where: str, depth: int):
     "A whitelisted class rebuilt from its attribute dictionary, without calling its constructor."
     cls = _saved_class(v['class'])
     state = decode(v['state'], arrays, f"{where}.state", depth)
     if not (isinstance(state, dict) and all(isinstance(k, str) for k in state)):
         raise BundleError(f"damaged bundle: the state of {where} is not a dict of attribute names")
+    hides = next((k for k in state if _shadows(cls, k)), None)
+    if hides is not None:
+        raise BundleError(f"damaged bundle: the state of {where} sets {short_repr(hides, 40)}, a method or special name of {cls.__name__}")
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
@@ -161,7 +180,7 @@ _TAGS = {  # tag -> reader(value, arrays, where, depth)
     '$float': lambda v, a, w, d: _float(v, w),
     '$tuple': lambda v, a, w, d: tuple(decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)),
     '$set': lambda v, a, w, d: {decode(x, a, f'{w}[{i}]', d) for i, x in enumerate(v)},
-    '$dict': lambda v, a, w, d: {decode(k, a, w, d): decode(x, a, f'{w}[{short_repr(k, 30)}]', d) for k, x in v},
+    '$dict': _table,
     '$strings': lambda v, a, w, d: _strings(v, w),
     '$ndarray': lambda v, a, w, d: _array(v, a, w),
     '$tensor': lambda v, a, w, d: _tensor(v, a, w),
@@ -328,9 +347,15 @@ def _read_array(z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, path: Pa
 
 # %% ../nbs/25a_bundle_format.ipynb #febca320
 def _manifest_json(raw: bytes) -> dict:
-    "The manifest's JSON (strict: no NaN or Infinity)."
+    "The manifest's JSON (strict: no NaN or Infinity, no key twice in one object)."
     def constant(name): raise ValueError(f"{name} is not JSON")
-    return json.loads(raw, parse_constant=constant)
+    def table(pairs):
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            keys = [k for k, _ in pairs]
+            raise ValueError(f"manifest.json gives the key {short_repr(next(k for k in keys if keys.count(k) > 1), 40)} twice in one object")
+        return out
+    return json.loads(raw, parse_constant=constant, object_pairs_hook=table)
 
 def _read_zip(f, path: Path, limits: BundleLimits) -> tuple[dict, dict]:
     "The manifest and arrays of an open bundle file, every size checked before it is read."

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import sys
 from array import array
 from pathlib import Path
 import numpy as np
@@ -15,10 +17,10 @@ import pandas as pd
 from .observations import ObservationError, KEY_COLUMNS, validate, read_observations
 
 # %% auto #0
-__all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
-           'NUMBER_COLUMNS', 'TEXT_COLUMNS', 'SCORE_TYPES', 'MAX_TOKENS', 'ReleaseError', 'format_options',
-           'parse_options', 'release_files', 'is_release', 'read_release', 'load_observations', 'generation_key',
-           'dataset_kind', 'write_release']
+__all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS', 'MAX_ID',
+           'MAX_TOKEN_COUNT', 'NUMBER_COLUMNS', 'TEXT_COLUMNS', 'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV', 'SCORE_TYPES',
+           'MAX_TOKENS', 'ReleaseError', 'format_options', 'parse_options', 'release_line_limit', 'release_files',
+           'is_release', 'read_release', 'load_observations', 'generation_key', 'dataset_kind', 'write_release']
 
 # %% ../nbs/07_release.ipynb #7f86b085
 RELEASE_DATASETS = ('gpqa', 'math-500', 'drop-800')   # the release's dataset folders
@@ -35,16 +37,24 @@ class ReleaseError(ObservationError):
     "A release file or line that cannot be read, stated in one line."
 
 # %% ../nbs/07_release.ipynb #7bcc3c8d
+MAX_ID = 2**31 - 2   # largest prompt_variant_id or decode_id: the table keeps its ids as 32-bit integers
+
+def _shown(v, n: int = 40) -> str:
+    "`repr(v)` cut to `n` characters, for a one-line message."
+    r = repr(v)
+    return r if len(r) <= n else f"{r[:n - 1]}… ({len(r):,} characters)"
+
 def _bad(where: str, field: str, what: str):
     raise ReleaseError(f"{where}: field {field!r} {what}")
 
-def _integer(rec: dict, field: str, where: str, low: int) -> int:
-    "A whole-number field (an int, or a float with no fraction) at least `low`."
+def _integer(rec: dict, field: str, where: str, low: int, high: int = MAX_ID) -> int:
+    "A whole-number field (an int, or a float with no fraction) from `low` to `high`."
     v = rec.get(field)
     if v is None: _bad(where, field, "is missing")
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v % 1:
-        _bad(where, field, f"must be an integer, got {v!r}")
-    if v < low: _bad(where, field, f"must be at least {low}, got {v!r}")
+        _bad(where, field, f"must be an integer, got {_shown(v)}")
+    if v < low: _bad(where, field, f"must be at least {low}, got {_shown(v)}")
+    if v > high: _bad(where, field, f"must be at most {high:,}, got {_shown(v)}")
     return int(v)
 
 def _key(rec: dict, field: str, where: str) -> str:
@@ -67,12 +77,22 @@ def _cell(rec: dict, split: str, where: str) -> tuple[str, int, int]:
     return OBSERVATION_TYPES[kind], rewrite, sample
 
 # %% ../nbs/07_release.ipynb #761e2a66
+MAX_TOKEN_COUNT = 2**31 - 1   # the most tokens one call's prompt or answer may count
+
 def _number(v, where: str, field: str) -> float:
     "A numeric field as a float (NaN when missing); an error for a value that is not a number."
     if v is None: return math.nan
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        _bad(where, field, f"must be a number, got {v!r}")
-    return float(v)
+        _bad(where, field, f"must be a number, got {_shown(v)}")
+    try: return float(v)
+    except OverflowError: _bad(where, field, f"must be a number a float can hold, got {_shown(v)}")
+
+def _count(v, where: str, field: str) -> float:
+    "A token count: a whole number from 0 to `MAX_TOKEN_COUNT`, as a float (NaN when missing)."
+    n = _number(v, where, field)
+    if n == n and not (n % 1 == 0 and 0 <= n <= MAX_TOKEN_COUNT):
+        _bad(where, field, f"must be a whole number from 0 to {MAX_TOKEN_COUNT:,}, got {_shown(v)}")
+    return n
 
 def _object(rec: dict, field: str, where: str) -> dict:
     "A nested object field ({} when missing)."
@@ -91,7 +111,7 @@ def _measures(rec: dict, where: str) -> tuple:
     if math.isfinite(score) and not 0 <= score <= 1:
         _bad(where, 'score', f"must lie in [0, 1], got {score!r}")
     if cost < 0: _bad(where, 'cost', f"must not be negative, got {cost!r}")
-    counts = [_number(usage.get(k), where, f'usage.{k}') for k in ('prompt_tokens', 'completion_tokens')]
+    counts = [_count(usage.get(k), where, f'usage.{k}') for k in ('prompt_tokens', 'completion_tokens')]
     decoding = [_number(config.get(k), where, f'request_config.{k}') for k in ('temperature', 'top_p')]
     return (score, cost, *counts, *decoding)
 
@@ -157,7 +177,7 @@ class _Columns:
         self.numbers = {c: array('d') for c in NUMBER_COLUMNS}
         self.texts = {c: array('i') for c in TEXT_COLUMNS + (('response',) if responses else ())}
         self.values = {c: {} for c in self.texts}
-        self.lines = array('i')
+        self.lines = array('q')
 
     def add(self, line: int, numbers: tuple, texts: tuple):
         "Append one row: its line number, then its numbers and texts in the columns' order."
@@ -187,8 +207,77 @@ def _frame(cols: _Columns, dataset: str, split: str) -> pd.DataFrame:
     df = pd.DataFrame(out)
     for c in ('rewrite_id', 'sample_id'): df[c] = df[c].astype(np.int32)
     for c in ('prompt_tokens', 'completion_tokens'): df[c] = df[c].astype('Int64')
-    df['line'] = np.frombuffer(cols.lines, np.int32)
+    df['line'] = np.frombuffer(cols.lines, np.int64)
     return df
+
+# %% ../nbs/07_release.ipynb #993033b2
+DEFAULT_MAX_LINE_MB = 16    # MiB: the longest line the reader takes (the release's longest: a few kB)
+MAX_LINE_MB_ENV = 'DARS_RELEASE_MAX_LINE_MB'
+
+def release_line_limit(max_line_mb: float | None = None, # longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
+                      ) -> int:
+    "The longest line the reader takes, in bytes: `max_line_mb`, else `$DARS_RELEASE_MAX_LINE_MB`, else the default."
+    source = 'the line limit'
+    if max_line_mb is None and os.environ.get(MAX_LINE_MB_ENV):
+        max_line_mb, source = os.environ[MAX_LINE_MB_ENV], f'${MAX_LINE_MB_ENV}'
+    if max_line_mb is None: return DEFAULT_MAX_LINE_MB * 2**20
+    try: mb = float(max_line_mb)
+    except (TypeError, ValueError): mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
+        raise ReleaseError(f"{source} must be a positive number of MiB, got {_shown(max_line_mb)}")
+    return max(1, int(mb * 2**20))
+
+# %% ../nbs/07_release.ipynb #c9b764f6
+def _lines(path: Path, name: str, limit: int):
+    "(line number, text) of each non-blank line: read in binary, at most `limit` + 1 bytes at a time, decoded as UTF-8."
+    with open(path, 'rb') as f:
+        for i, raw in enumerate(iter(lambda: f.readline(limit + 1), b''), 1):
+            if len(raw) > limit and not raw.endswith(b'\n'):
+                raise ReleaseError(f"{name} line {i}: longer than {limit:,} bytes, the line limit (raise it with "
+                                   f"max_line_mb= or ${MAX_LINE_MB_ENV})")
+            try: text = raw.decode('utf-8')
+            except UnicodeDecodeError as e:
+                raise ReleaseError(f"{name} line {i}: not UTF-8 (byte {e.start + 1} is {raw[e.start]:#04x})") from None
+            if text.strip(): yield i, text
+
+# %% ../nbs/07_release.ipynb #95981f4b
+class _RepeatedKey(Exception): "A key given twice in one JSON object."
+
+def _unique_keys(pairs: list) -> dict:
+    "A JSON object's pairs as a dict; a key given twice raises `_RepeatedKey` (json would keep the last)."
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen = set()
+        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+_SURROGATE_ESCAPE = re.compile(r'\\u[dD][89a-fA-F]')   # a line that may hold one: then its texts are checked
+
+def _lone_surrogate(value) -> str | None:
+    "The first text (key or value) of a parsed line that holds an unpaired UTF-16 surrogate, else None."
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try: v.encode('utf-8')
+            except UnicodeEncodeError: return v
+        elif isinstance(v, dict): stack += [*v.keys(), *v.values()]
+        elif isinstance(v, list): stack += v
+    return None
+
+def _parse_line(text: str, where: str):
+    "The JSON value of one line; a ReleaseError naming `where` for anything that is not a JSON text a table can hold."
+    try: value = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e: raise ReleaseError(f"{where}: not valid JSON ({e.msg})") from None
+    except _RepeatedKey as e:
+        raise ReleaseError(f"{where}: the key {_shown(e.args[0])} appears twice in one object") from None
+    except RecursionError: raise ReleaseError(f"{where}: JSON nested too deep") from None
+    except ValueError as e:   # Python reads no integer of more than sys.get_int_max_str_digits() digits
+        if 'integer string conversion' not in str(e): raise
+        raise ReleaseError(f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits") from None
+    if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(value)) is not None:
+        raise ReleaseError(f"{where}: the text {_shown(bad)} holds an unpaired UTF-16 surrogate, which no file can store")
+    return value
 
 # %% ../nbs/07_release.ipynb #5f8dd67b
 def _row(rec, dataset: str, split: str, where: str) -> tuple[tuple, tuple]:
@@ -202,19 +291,17 @@ def _row(rec, dataset: str, split: str, where: str) -> tuple[tuple, tuple]:
     return ((rewrite, sample, *_measures(rec, where)),
             (view, qid, model, *_texts(rec, where), *_labels(rec)))
 
-def _read_file(path: Path, dataset: str, split: str, responses: bool) -> pd.DataFrame:
+def _read_file(path: Path, dataset: str, split: str, responses: bool,
+               line_limit: int | None = None, # longest line in bytes (None: `release_line_limit()`)
+              ) -> pd.DataFrame:
     "Every line of one release file as rows (with their line numbers), read one line at a time."
     cols, name = _Columns(responses), f"{path.parent.name}/{path.name}"
-    with open(path, encoding='utf-8') as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip(): continue
-            where = f"{name} line {i}"
-            try: rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ReleaseError(f"{where}: not valid JSON ({e.msg})") from None
-            numbers, texts = _row(rec, dataset, split, where)
-            if responses: texts += (_optional_text(rec, 'output_text', where),)
-            cols.add(i, numbers, texts)
+    for i, text in _lines(path, name, release_line_limit() if line_limit is None else line_limit):
+        where = f"{name} line {i}"
+        rec = _parse_line(text, where)
+        numbers, texts = _row(rec, dataset, split, where)
+        if responses: texts += (_optional_text(rec, 'output_text', where),)
+        cols.add(i, numbers, texts)
     if not len(cols.lines): raise ReleaseError(f"{name} holds no rows")
     return _frame(cols, dataset, split)
 
@@ -304,12 +391,13 @@ def read_release(folder, # the release folder (`<folder>/<dataset>/<split>_score
                  drop_incomplete: bool = False, # drop rows without a finite score or cost (and say how many)
                  responses: bool = False, # keep each answer's text as a `response` column
                  log=print, # where the count of dropped rows goes
+                 max_line_mb: float | None = None, # longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
                 ) -> pd.DataFrame:
     "The authors' scored generations in `folder` as one validated observation table."
-    parts = {}
+    parts, limit = {}, release_line_limit(max_line_mb)
     for dataset, split, path in release_files(folder, datasets, splits):
         name = f"{dataset}/{path.name}"
-        parts[name] = _check_rows(_read_file(path, dataset, split, responses), name)
+        parts[name] = _check_rows(_read_file(path, dataset, split, responses, limit), name)
     parts = _drop_or_refuse(parts, drop_incomplete, log)
     obs = _concat(parts).drop(columns='line')
     if obs['strategy'].isna().all(): obs = obs.drop(columns='strategy')
@@ -320,10 +408,12 @@ def read_release(folder, # the release folder (`<folder>/<dataset>/<split>_score
 def load_observations(source, # a DataFrame, an observation file (.parquet, .jsonl, .csv), or a release folder
                       drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
                       log=print, # where a release folder's count of dropped rows goes
+                      max_line_mb: float | None = None, # a release folder: longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
                      ) -> pd.DataFrame:
     "A validated observation table from a table, a file, or a folder in the authors' release layout."
     if isinstance(source, pd.DataFrame): return validate(source)
-    if Path(source).is_dir(): return read_release(source, drop_incomplete=drop_incomplete, log=log)
+    if Path(source).is_dir():
+        return read_release(source, drop_incomplete=drop_incomplete, log=log, max_line_mb=max_line_mb)
     return read_observations(source)
 
 # %% ../nbs/07_release.ipynb #d69c5dc5

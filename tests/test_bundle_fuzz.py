@@ -268,3 +268,169 @@ def test_changed_member(valid, family, which, data, tmp_path, traced):
 def test_valid_bundles_load_under_the_fuzz_cap(valid, traced):
     "The fuzzed bundles themselves load and route within the cap the fuzz uses (so 'ok' outcomes are reachable)."
     for v in valid.values(): assert outcome(v['path']) == 'ok'
+
+
+# ---- Hypothesis on the fitted state: indices and arrays a file can lie about --------------------------------------
+# numpy, scipy, scikit-learn and torch trust the indices and shapes they are given: a TF-IDF vocabulary that maps a
+# word to column -1 made scipy write outside its buffer at the first question with that word (glibc aborts the
+# process), after a load whose probe question did not hold that word. Each mutated bundle below is loaded and then
+# made to route a text for every word of its vocabulary in a separate process, so an abort fails the test instead of
+# ending the test run.
+
+SMALL_FAMILIES = {'MLP': dict(hidden_layer_sizes=(4,), max_iter=5, random_state=0), 'kNN': dict(n_neighbors=3),
+                  'MIRT': dict(epochs=2, random_state=0), 'EmbedLLM': dict(epochs=2, random_state=0),
+                  'RM-Softmax': dict(epochs=2, random_state=0), 'GraphRouter': dict(epochs=2, random_state=0),
+                  'AvengersPro': dict(n_clusters=4, n_init=1, random_state=0)}
+
+ROUTE_WORKER = f"""
+import json, sys, warnings
+warnings.simplefilter('ignore')
+from dars_nb.bundle import load_bundle
+from dars_nb.bundle_format import BundleError
+for line in sys.stdin:
+    try: bundle = load_bundle(line.strip(), {CAP_MB})
+    except BundleError as e:
+        print(json.dumps('refused: ' + str(e)), flush=True); continue
+    words = list(getattr(getattr(bundle.featurizer, 'vectorizer_', None), 'vocabulary_', {{}}))
+    texts = [f'What is {{w}}?' for w in words] + [' '.join(words), 'a question of no known word']
+    try:
+        ranked = bundle.rank(texts)
+        out = 'ok' if all(sorted(r) == sorted(bundle.models) for r in ranked) else f'BAD RANKING {{ranked[0]}}'
+    except Exception as e: out = f'LOADED, THEN FAILED ON A QUESTION: {{type(e).__name__}}: {{e}}'
+    print(json.dumps(out), flush=True)
+"""
+
+
+class RouteWorker:
+    "One Python process that loads bundles and routes every vocabulary word, a path per line; its death is a finding."
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, '-c', ROUTE_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def outcome(self, path: Path, timeout: float = 60) -> str:
+        "'ok', or 'refused: <one line>'; an abort, a hang or any other failure fails the calling test."
+        import select
+        self.proc.stdin.write(f'{path}\n'); self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ''
+        if not line:
+            self.proc.kill(); err = self.proc.stderr.read()[-2000:]
+            code = self.proc.wait(timeout=10)
+            self.__init__()   # a fresh process for the next example
+            pytest.fail(f'the routing process {"hung" if not ready else f"died (exit {code})"} on {path}: {err}')
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close(); self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope='module')
+def route_worker():
+    worker = RouteWorker()
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope='module')
+def every_family(tmp_path_factory) -> dict:
+    "A bundle of each of the seven families on TF-IDF (AvengersPro on an SVD basis): path, manifest and members."
+    pytest.importorskip('torch')
+    obs, feats, _ = simulate('gpqa_like', n_train=30, n_test=5, seed=0)
+    obs = simulated_texts(obs, feats)
+    sup = supervision(obs, 'dars')
+    texts = obs.drop_duplicates('query_id').set_index('query_id')['query_text'].loc[sup.query_ids].tolist()
+    out, folder = {}, tmp_path_factory.mktemp('families')
+    for family, params in SMALL_FAMILIES.items():
+        tf = TfidfFeaturizer(n_components=6 if family == 'AvengersPro' else None).fit(texts)
+        router = ROUTERS[family](**params).fit(tf.transform(texts), sup)
+        bundle = RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
+        path = save_bundle(bundle, folder / f'{family}.zip')
+        with zipfile.ZipFile(path) as z: members = {n: z.read(n) for n in z.namelist()}
+        out[family] = dict(path=path, manifest=json.loads(members['manifest.json']), members=members)
+    return out
+
+
+def whole_number_slots(tree) -> list:
+    "Every (container, key) of a manifest tree that holds a whole number: sizes, counts, and vocabulary columns."
+    return [(p, k) for p, k in slots(tree) if type(p[k]) is int]
+
+
+def npy(a: np.ndarray) -> bytes:
+    b = io.BytesIO(); np.save(b, a, allow_pickle=False); return b.getvalue()
+
+
+def mutated_array(a: np.ndarray, how: str, at: int, value) -> np.ndarray:
+    "`a` with one value changed, its shape changed or its dtype changed."
+    if how == 'value' and a.size:
+        out = a.astype(float) if a.dtype.kind in 'iub' and isinstance(value, float) else a.copy()
+        out.flat[at % a.size] = value
+        return out
+    if how == 'drop' and a.ndim: return a[:-1] if at % 2 else a[..., :-1]
+    if how == 'grow' and a.ndim: return np.concatenate([a, np.take(a, [0], axis=at % a.ndim)], axis=at % a.ndim)
+    if how == 'transpose': return a.T
+    if how == 'flatten': return a.ravel()
+    if how == 'dtype': return a.astype([np.float32, np.int64, np.uint8, np.bool_, np.complex128][at % 5])
+    return a
+
+
+WHOLE = st.sampled_from([-1, 0, 1, 2, 3, 5, 17, 18, 19, 10**6, 10**12, 2**63]) | st.integers(-2**70, 2**70)
+ARRAY_VALUE = st.sampled_from([np.nan, np.inf, -np.inf, -1.0, 0.0, 1e308, -1e308, -1, 10**6, 2**40])
+MUTATION = (st.tuples(st.just('whole'), st.integers(0, 10**6), WHOLE)
+            | st.tuples(st.just('array'), st.integers(0, 10**6), st.tuples(
+                st.sampled_from(['value', 'value', 'drop', 'grow', 'transpose', 'flatten', 'dtype']), st.integers(0, 10**6),
+                ARRAY_VALUE)))
+
+
+@FUZZ
+@given(family=st.sampled_from(list(SMALL_FAMILIES)), mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_changed_state(every_family, route_worker, family, mutations, tmp_path):
+    "Indices, sizes and arrays of the fitted state changed: each load is refused in one line, or routes every word."
+    one = every_family[family]
+    manifest, members = json.loads(json.dumps(one['manifest'])), dict(one['members'])
+    arrays = sorted(n for n in members if n.startswith('arrays/'))
+    for kind, at, change in mutations:
+        if kind == 'whole':
+            where = whole_number_slots({k: manifest[k] for k in ('featurizer', 'router', 'guard_cv')})
+            parent, key = where[at % len(where)]
+            parent[key] = change
+        else:
+            name = arrays[at % len(arrays)]
+            how, pos, value = change
+            with zipfile.ZipFile(one['path']) as z: a = np.load(io.BytesIO(z.read(name)), allow_pickle=False)
+            members[name] = npy(mutated_array(a, how, pos, value))
+    members['manifest.json'] = json.dumps(manifest).encode()
+    path = tmp_path / 'state.zip'
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
+        for n, b in members.items(): z.writestr(n, b)
+    result = route_worker.outcome(path)
+    assert result == 'ok' or (result.startswith('refused: ') and '\n' not in result), result
+
+
+@pytest.mark.parametrize('column', [-1, 10**6])
+def test_vocabulary_column_out_of_range(every_family, route_worker, column, tmp_path):
+    "A word sent to column -1 or 1,000,000: the load is refused in one line (it was an abort, or a 500 per question)."
+    one = every_family['kNN']
+    manifest = json.loads(json.dumps(one['manifest']))
+    pairs = next(p[k] for p, k in slots(manifest) if k == 1 and isinstance(p, list) and p[0] == 'vocabulary_')['$dict']
+    word = pairs[0][0]
+    pairs.append([word, column])      # the last of a key given twice was the one kept
+    path = tmp_path / 'vocabulary.zip'
+    with zipfile.ZipFile(path, 'w') as z:
+        for n, b in {**one['members'], 'manifest.json': json.dumps(manifest).encode()}.items(): z.writestr(n, b)
+    assert route_worker.outcome(path).startswith(f'refused: {path} is damaged:')
+    pairs[-1] = ['a word of its own', column]   # a new word, not a repeated key
+    with zipfile.ZipFile(path, 'w') as z:
+        for n, b in {**one['members'], 'manifest.json': json.dumps(manifest).encode()}.items(): z.writestr(n, b)
+    result = route_worker.outcome(path)
+    assert result.startswith(f'refused: {path} is damaged:') and str(column) in result, result
+    pool = tmp_path / 'pool.toml'
+    pool.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n' for m in one['manifest']['models']))
+    for args in (['route', str(path), 'What is a word of its own?'], ['serve', '--router', str(path), '--pool', str(pool)]):
+        res = subprocess.run(DARS + args, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 1 and 'Traceback' not in res.stderr and res.stderr.strip().count('\n') == 0, (args, res.returncode, res.stderr)
+        assert 'is damaged' in res.stderr, res.stderr
+
+
+def test_every_family_routes_every_word(every_family, route_worker):
+    "The unchanged bundles load and route every word of their vocabulary (so 'ok' outcomes are reachable)."
+    for one in every_family.values(): assert route_worker.outcome(one['path']) == 'ok'

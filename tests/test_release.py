@@ -242,3 +242,74 @@ def test_reproduce_reads_a_release_folder(tmp_path):
     datasets, whole = load_data(FIXTURE, log=lambda m: None)
     assert [d.name for d in datasets] == sorted(RELEASE_DATASETS)
     assert len(whole) == 3 * 1044
+
+
+# ---- lines an attacker writes: each refused in one line naming the file and the line -------------------------------
+
+def spoil_raw(tmp_path, dataset, split, line_no, change) -> Path:
+    "Rewrite one line of a copied file as bytes through `change(line bytes) -> bytes`."
+    path = tmp_path / dataset / RELEASE_FILES[split]
+    raw = path.read_bytes().split(b'\n')
+    raw[line_no - 1] = change(raw[line_no - 1])
+    path.write_bytes(b'\n'.join(raw))
+    return path
+
+
+def with_field(name: bytes, value: bytes):
+    "A change that writes `name` with the raw JSON `value` right after the line's opening brace."
+    return lambda line: b'{"' + name + b'": ' + value + b', ' + line[1:]
+
+
+RAW_REFUSALS = [  # (change of line 5's bytes, message after "math-500/train_scored_generations.jsonl line 5: ")
+    (lambda l: l.replace(b'"decode_id": ', b'"decode_id": ' + b'9' * 4000 + b', "x": '),
+     "field 'decode_id' must be at most 2,147,483,646, got 9999"),
+    (lambda l: l.replace(b'"decode_id": ', b'"decode_id": ' + b'9' * 5000 + b', "x": '), "a number of more than 4,300 digits"),
+    (lambda l: l.replace(b'"decode_id": ', b'"decode_id": 3000000000, "x": '),
+     "field 'decode_id' must be at most 2,147,483,646, got 3000000000"),
+    (lambda l: l.replace(b'"prompt_tokens": ', b'"prompt_tokens": 1e300, "x": '),
+     "field 'usage.prompt_tokens' must be a whole number from 0 to 2,147,483,647, got 1e+300"),
+    (lambda l: l.replace(b'"prompt_tokens": ', b'"prompt_tokens": 12.5, "x": '), "field 'usage.prompt_tokens' must be a whole number"),
+    (lambda l: (b'"cost": 1' + b'0' * 400 + b', "x": ').join(l.rsplit(b'"cost": ', 1)),   # the top-level cost, read first
+     "field 'cost' must be a number a float can hold"),
+    (lambda l: l.replace(b'"model": "', b'"model": "\xff', 1), "not UTF-8 (byte"),
+    (lambda l: l.replace(b'"query_id": "', b'"query_id": "\\ud800', 1), "the text '\\ud800"),
+    (with_field(b'model', b'"google/gemma-3-12b-it"'), "the key 'model' appears twice in one object"),
+    (lambda l: l.replace(b'"usage": {', b'"usage": {"cost": 1, ', 1), "the key 'cost' appears twice in one object"),
+    (with_field(b'deep', b'[' * 100_000 + b']' * 100_000), "JSON nested too deep"),
+    (lambda l: l + b' ' * 2**20, "longer than 1,048,576 bytes, the line limit"),
+]
+
+
+@pytest.mark.parametrize('change,message', RAW_REFUSALS, ids=[m[:40] for _, m in RAW_REFUSALS])
+def test_crafted_lines_are_refused_with_file_and_line(tmp_path, change, message):
+    "Huge or wrapping numbers, bad bytes, lone surrogates, repeated keys, deep nesting, long lines: one line each."
+    copy_fixture(tmp_path, ['math-500'])
+    spoil_raw(tmp_path, 'math-500', 'train', 5, change)
+    with pytest.raises(ReleaseError) as e: read_release(tmp_path, max_line_mb=1)
+    assert f"math-500/train_scored_generations.jsonl line 5: {message}" in str(e.value), str(e.value)
+    assert '\n' not in str(e.value)
+
+
+def test_a_line_is_read_no_further_than_the_limit(tmp_path, monkeypatch):
+    "A line of 64 MiB under a 1 MiB limit: refused having read about 1 MiB of it (traced allocations stay under 8 MiB)."
+    import tracemalloc
+    copy_fixture(tmp_path, ['math-500'])
+    spoil_raw(tmp_path, 'math-500', 'train', 2, lambda l: l.replace(b'"output_text": "', b'"output_text": "' + b'x' * 2**26, 1))
+    monkeypatch.setenv('DARS_RELEASE_MAX_LINE_MB', '1')
+    tracemalloc.start()
+    try:
+        with pytest.raises(ReleaseError, match='line 2: longer than 1,048,576 bytes'): read_release(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally: tracemalloc.stop()
+    assert peak < 8 * 2**20, peak
+    assert len(read_release(tmp_path, max_line_mb=65)) == 6 * 6 * 25 + 4 * 6 * 6   # the argument raises the limit
+
+
+@pytest.mark.parametrize('change,message', [RAW_REFUSALS[i] for i in (0, 3, 6, 7, 8)], ids=['digits', 'tokens', 'bytes', 'surrogate', 'key'])
+def test_dars_reproduce_refuses_a_crafted_line_in_one_line(tmp_path, dars, change, message):
+    "`dars reproduce --data DIR` on a crafted line: exit 1, one line naming file and line, no traceback."
+    copy_fixture(tmp_path / 'release', ['math-500'])
+    spoil_raw(tmp_path / 'release', 'math-500', 'train', 5, change)
+    code, out, err = dars('reproduce', '--data', tmp_path / 'release', '--out', tmp_path / 'report', '--quick', '--quiet')
+    assert code == 1 and 'Traceback' not in err, err
+    assert err.strip().splitlines() == [err.strip()] and message in err and 'train_scored_generations.jsonl line 5' in err, err
