@@ -29,8 +29,8 @@ from .bundle_state import check_state
 from .pool.config import is_finite_number, is_integer
 
 # %% auto #0
-__all__ = ['ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle', 'observations_fingerprint',
-           'save_bundle', 'load_bundle', 'read_questions', 'route_main']
+__all__ = ['MARGINS_KEPT', 'ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle',
+           'observations_fingerprint', 'save_bundle', 'load_bundle', 'read_questions', 'route_main']
 
 # %% ../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
@@ -104,6 +104,8 @@ def features(self: RouterBundle, texts, # question texts
     return X
 
 # %% ../nbs/25c_bundle.ipynb #45bb2428
+MARGINS_KEPT = 256   # margins remembered per bundle: a server asked for ever new λ values stays bounded
+
 @patch
 def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
@@ -117,7 +119,9 @@ def _margin(self: RouterBundle, lam: float) -> float | None:
     if self.guard is None: return None
     if lam == self.lam or self.guard_cv is None: return self.guard
     # 30 ms on 5,000 queries: once per λ
-    if lam not in self._margins: self._margins[lam] = self.guard_cv.margin(lam)
+    if lam not in self._margins:
+        if len(self._margins) >= MARGINS_KEPT: self._margins.pop(next(iter(self._margins)))   # the oldest λ
+        self._margins[lam] = self.guard_cv.margin(lam)
     return self._margins[lam]
 
 # %% ../nbs/25c_bundle.ipynb #5350d0d6
@@ -207,14 +211,16 @@ def save_bundle(bundle: RouterBundle, # the bundle to save
                ) -> Path:
     "Write `bundle` as one file: manifest.json and arrays/*.npy. Returns the path."
     check_bundle(bundle)
-    arrays = {}
+    arrays, featurizer = {}, bundle.featurizer
+    if getattr(featurizer, 'cache_dir', None) is not None:   # a folder of this machine: not the bundle's business
+        featurizer = copy.copy(featurizer); featurizer.cache_dir = None
     guard_cv = None if bundle.guard_cv is None else vars(bundle.guard_cv)
     manifest = dict(library_version=bundle.version, models=list(bundle.models), lam=float(bundle.lam),
                     beta=float(bundle.beta), mode=bundle.mode, guard=encode(bundle.guard, arrays),
                     fingerprint=bundle.fingerprint, featurizer_kind=bundle.featurizer.kind,
                     n_features=int(bundle.featurizer.n_features_out_),
                     router_class=type(bundle.router).__name__, meta=encode(bundle.meta, arrays),
-                    featurizer=encode(bundle.featurizer, arrays), router=encode(bundle.router, arrays),
+                    featurizer=encode(featurizer, arrays), router=encode(bundle.router, arrays),
                     guard_cv=encode(guard_cv, arrays))
     return write_archive(path, manifest, arrays)
 
@@ -323,6 +329,7 @@ def _decoded(m: dict, arrays: dict, path) -> dict:
         guard_cv = _guard_cv(guard_fields, len(m['models']))
     except BundleError as e: raise BundleError(f"{path} is damaged: {e}") from None
     if isinstance(featurizer, TfidfFeaturizer): _check_vectorizer(featurizer, path)
+    if isinstance(featurizer, SentenceFeaturizer): featurizer.cache_dir = None   # this machine's cache, never the file's
     return dict(featurizer=featurizer, router=router, guard=guard, guard_cv=guard_cv, meta=meta)
 
 def _probe(bundle: RouterBundle, path):

@@ -185,6 +185,14 @@ def test_sentence_bundle_round_trip(small, tmp_path):
     back = load_bundle(p)
     assert back.featurizer.kind == 'sentence' and back.featurizer.n_features_out_ == 384
     assert back.route(texts) == bundle.route(texts)
+    # the trainer's cache folder is the trainer's: not saved, and a file that names one does not choose where this
+    # machine writes its embeddings
+    man = json.loads(zipfile.ZipFile(p).read('manifest.json'))
+    assert str(tmp_path) not in json.dumps(man) and back.featurizer.cache_dir is None
+    state = man['featurizer']['$object']['state']['$dict']
+    named = [[k, str(tmp_path / 'elsewhere') if k == 'cache_dir' else v] for k, v in state]
+    featurizer = {'$object': {**man['featurizer']['$object'], 'state': {'$dict': named}}}
+    assert load_bundle(_rewritten(p, tmp_path / 'named.zip', featurizer=featurizer)).featurizer.cache_dir is None
     tf = TfidfFeaturizer().fit(texts)
     bundle.featurizer = tf                                    # a router fitted on sentence features fed TF-IDF columns
     msg = _one_line_bundle_error(lambda: bundle.route(texts[:1]))
