@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
@@ -14,8 +15,8 @@ from .bundle import RouterBundle, load_bundle, read_questions
 from .pool.usage import fmt_usd
 
 # %% auto #0
-__all__ = ['ROUTER_MODEL', 'router_model_name', 'lambda_from_model_name', 'predicted_dollars', 'RouteOutcomes', 'Outcome',
-           'Target', 'lambda_grid', 'Calibration', 'calibrate', 'describe_calibration', 'calibrate_main']
+__all__ = ['ROUTER_MODEL', 'router_model_name', 'check_lambda', 'lambda_from_model_name', 'predicted_dollars', 'RouteOutcomes',
+           'Outcome', 'Target', 'lambda_grid', 'Calibration', 'calibrate', 'describe_calibration', 'calibrate_main']
 
 # %% ../nbs/25e_calibrate.ipynb #78933304
 ROUTER_MODEL = 'dars-router'
@@ -27,6 +28,24 @@ def router_model_name(lam: float, # cost weight λ
     "The model name that asks the router for λ, RouteLLM-style: `dars-router-0.08`."
     return f"{base}-{float(lam):.6g}"
 
+# %% ../nbs/25e_calibrate.ipynb #39449efe
+def _shown(value) -> str:
+    "A short, one-line view of a value for an error message (an int past a float's range is not printed)."
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        return 'an integer too large for a float'
+    return reprlib.repr(value)
+
+def check_lambda(value, # a λ as it arrived: a number is kept, anything else refused
+                 what: str = 'lam', # how the message names it, e.g. 'dars_lambda'
+                ) -> float:
+    "`value` as a float if it is a finite number >= 0 (a bool is not a number); else a one-line ValueError."
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try: lam = float(value) if number else math.nan
+    except OverflowError: lam = math.inf   # an int past a float's range, e.g. 10**400
+    if not (math.isfinite(lam) and lam >= 0):
+        raise ValueError(f"{what} must be a finite number >= 0, got {_shown(value)}")
+    return lam
+
 # %% ../nbs/25e_calibrate.ipynb #b2838fcf
 def lambda_from_model_name(name, # a request's model name
                            base: str = ROUTER_MODEL, # the router's model name
@@ -36,10 +55,7 @@ def lambda_from_model_name(name, # a request's model name
     if name == base: return True, None
     rest = name[len(base):]
     if not rest.startswith('-') or not _NUMBER.fullmatch(rest[1:]): return False, None
-    lam = float(rest[1:])
-    if not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"the λ in model name {name!r} must be a finite number >= 0")
-    return True, lam
+    return True, check_lambda(float(rest[1:]), f"the λ in model name {name!r}")
 
 # %% ../nbs/25e_calibrate.ipynb #d24c1518
 def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in its meta (`dars train` writes it)

@@ -5,11 +5,10 @@
 # %% ../nbs/37_litellm_router.ipynb #6ab22f10
 from __future__ import annotations
 import asyncio
-import math
 from pathlib import Path
 from fastcore.basics import patch
 from .bundle import RouterBundle, load_bundle
-from .calibrate import ROUTER_MODEL, lambda_from_model_name
+from .calibrate import ROUTER_MODEL, check_lambda, lambda_from_model_name
 from .observations import chat_text
 
 # %% auto #0
@@ -34,11 +33,10 @@ def request_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.
     if not routed: return False, None
     lam = metadata.get('dars_lambda')
     if lam is not None:
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
-            raise ValueError(f"dars-router: metadata dars_lambda must be a number >= 0, got {lam!r}")
-        if name_lam is not None and float(lam) != name_lam:
+        lam = check_lambda(lam, 'dars-router: metadata dars_lambda')
+        if name_lam is not None and lam != name_lam:
             raise ValueError(f"dars-router: the λ in the model name {group!r} and metadata dars_lambda disagree")
-        return True, float(lam)
+        return True, lam
     return True, name_lam
 
 # %% ../nbs/37_litellm_router.ipynb #d2cc82ef
@@ -59,9 +57,7 @@ class DarsRoutingPlugin:
                  models: dict | None = None, # bundle model -> LiteLLM model, where the names differ
                 ):
         self.bundle, self.router_model, self.models = bundle, router_model, dict(models or {})
-        self.lam = bundle.lam if lam is None else float(lam)
-        if not (math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+        self.lam = check_lambda(bundle.lam if lam is None else lam, 'lam')
 
     @classmethod
     def from_file(cls, path, # a router bundle file (`dars train --out`)
@@ -78,6 +74,12 @@ def _tried(context) -> list:
     prior = (context.metadata.get('routing_plugin_signals') or {}).get('dars')
     return [] if prior is None else list(prior.get('tried', [])) + [prior['model']]
 
+def _refused(message: str, model: str) -> Exception:
+    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, and never retried."
+    try: from litellm.exceptions import BadRequestError
+    except ImportError: return ValueError(message)
+    return BadRequestError(message=message, model=model, llm_provider='dars')
+
 def _pick(plugin: DarsRoutingPlugin, ranking: list, candidates: list) -> tuple:
     "(the first ranked model the group serves, its deployments); a ValueError when it serves none."
     for model in ranking:
@@ -90,10 +92,12 @@ def _pick(plugin: DarsRoutingPlugin, ranking: list, candidates: list) -> tuple:
 async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
              ):
     "LiteLLM's plugin hook: narrow `context.candidate_models` to the router's pick for this request."
-    routed, lam = request_lambda(context.metadata, self.router_model)
-    if not routed: return context
+    try:
+        routed, lam = request_lambda(context.metadata, self.router_model)
+        if not routed: return context
+        text = routing_text(context.structured_messages)
+    except ValueError as e: raise _refused(str(e), self.router_model) from None
     lam = self.lam if lam is None else lam
-    text = routing_text(context.structured_messages)
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     tried = _tried(context)          # a retry goes to the next model of the ranking, as `dars serve` does
     candidates = list(context.candidate_models)

@@ -114,7 +114,8 @@ def test_oversized_body_is_413_and_not_forwarded(fixed):
     with serving(ranked('small'), pool_of(small=fixed.base_url), max_body_bytes=2000) as (_, http):
         big = {**ASK, 'messages': [{'role': 'user', 'content': 'x' * 5000}]}
         assert_openai_error(http.post('/v1/chat/completions', json=big), 413)
-        chunked = http.post('/v1/chat/completions', content=iter([json.dumps(big).encode()[i:i + 500] for i in range(0, 5100, 500)]))
+        chunked = http.post('/v1/chat/completions', content=iter([json.dumps(big).encode()[i:i + 500] for i in range(0, 5100, 500)]),
+                            headers={'content-type': 'application/json'})
         assert 'content-length' not in chunked.request.headers   # sent chunked: the cap holds without a declared length
         assert_openai_error(chunked, 413)
         assert http.post('/v1/chat/completions', json=ASK).status_code == 200   # a small one still goes through
@@ -209,7 +210,7 @@ def test_metrics_count_requests_and_spend(fixed, fixed2):
     with serving(by_lambda, pool_of(small=fixed.base_url, big=fixed2.base_url)) as (_, http):
         for lam in (0.9, 0.9, 0.0):
             assert http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': lam}).status_code == 200
-        http.post('/v1/chat/completions', content=b'nope')
+        http.post('/v1/chat/completions', content=b'nope', headers={'content-type': 'application/json'})
         m = http.get('/metrics').json()
     # FixedEndpoint reports 10 prompt + 5 completion tokens; prices are $ per million tokens
     small, big = (10 * 0.1 + 5 * 0.2) / 1e6, (10 * 1.0 + 5 * 2.0) / 1e6

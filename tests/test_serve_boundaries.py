@@ -9,6 +9,8 @@ import asyncio
 import json
 import logging
 import socket
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 
@@ -20,7 +22,7 @@ from dars_nb.pool.server import BackgroundServer
 from dars_nb.pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
 from dars_nb.serve.app import create_app
 from dars_nb.serve.requests import ServeSettings
-from dars_nb.testing import FaultProxy, FixedEndpoint
+from dars_nb.testing import FaultProxy, FixedEndpoint, LoopbackEndpoint, chat_completion_body, chat_completion_events
 
 KEY = 'client-key-0123456789abcdef'
 USER = [{'role': 'user', 'content': 'What is 2 + 2?'}]
@@ -153,9 +155,9 @@ def raw(port, data=b'', then_close=False, wait_s=15):
     return got, True
 
 
-def post_head(length, extra=b''):
-    return (b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n'
-            b'content-length: %d\r\n' % length + extra + b'\r\n')
+def post_head(port, length, extra=b''):
+    return (b'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n' % port
+            + b'content-length: %d\r\n' % length + extra + b'\r\n')
 
 
 @pytest.mark.parametrize('keys', [(), (KEY,)])
@@ -165,8 +167,8 @@ def test_idle_half_sent_and_unfinished_requests_are_closed(keys):
                  client_keys=keys) as (srv, http):
         port = srv.port
         idle = raw(port)
-        half_headers = raw(port, b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n')
-        half_body = raw(port, post_head(200) + b'{"messages": [')
+        half_headers = raw(port, b'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n' % port)
+        half_body = raw(port, post_head(port, 200) + b'{"messages": [')
         assert http.post('/v1/chat/completions', json={'messages': USER},
                          headers={'authorization': f'Bearer {KEY}'}).status_code == 200   # the server still serves
     assert idle == (b'', True) and half_headers == (b'', True)
@@ -177,7 +179,7 @@ def test_idle_half_sent_and_unfinished_requests_are_closed(keys):
 
 def test_a_client_hanging_up_mid_body_is_one_log_line(capfd):
     with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)})) as (srv, http):
-        raw(srv.port, post_head(500) + b'{"messages": [{"role": "user", "content": "hel', then_close=True)
+        raw(srv.port, post_head(srv.port, 500) + b'{"messages": [{"role": "user", "content": "hel', then_close=True)
         deadline, err = time.monotonic() + 10, ''
         while 'hung up' not in err and time.monotonic() < deadline:
             time.sleep(0.05); err += capfd.readouterr().err
@@ -206,7 +208,13 @@ def logged():
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 'surrogate'),
     (json.dumps({'model': ['dars-router'], 'messages': USER}).encode(), 'model'),
     (json.dumps({'model': {'name': 'x'}, 'messages': USER}).encode(), 'model'),
+    *[pytest.param(b'{"messages": [{"role": "user", "content": "hi"}], "tools": ' + b'[' * n + b']' * n + b'}', 'nested',
+                   id=f'{n + 1} levels')
+      for n in (254, 600, 1023)],   # deeper than orjson writes (254 levels), not than it reads (1,024)
+    pytest.param(b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": ' + b'[' * 300 + b']' * 300
+                 + b'}]}]}', 'nested', id='deep in a content part'),
 ])
+@pytest.mark.timeout(60)
 def test_bodies_that_break_parsers_are_400s_with_one_log_line(raw_body, says, capfd):
     with FixedEndpoint('ok', delay_s=0) as up, serving(Pool({'m': ModelSpec('m', up.base_url)}), quiet=False) as (srv, http), \
          logged() as records:   # attached once the server has configured its loggers
@@ -275,3 +283,193 @@ def test_a_key_in_a_query_string_never_reaches_the_access_log():
             finally: log.removeHandler(keep)
     assert len(records) == 2 and all(KEY not in r for r in records), records
     assert '/v1/chat/completions?' in records[0] and ' 401' in records[0]
+
+
+# --- the daily limit against upstreams that report more than they could bill ----------------------------------------
+
+class LyingEndpoint(LoopbackEndpoint):
+    "An upstream whose i-th answer, plain or streamed (`pause_s` between events), reports `prompt_tokens(i)` prompt tokens."
+    def __init__(self, prompt_tokens, delay_s=0.1, pause_s=0.0):
+        super().__init__()
+        self.prompt_tokens, self.delay_s, self.pause_s, self.requests = prompt_tokens, delay_s, pause_s, 0
+
+    async def handle(self, request):
+        from starlette.responses import Response, StreamingResponse
+        self.requests += 1
+        tokens = dict(prompt_tokens=self.prompt_tokens(self.requests), completion_tokens=5)
+        streamed = json.loads(await request.body()).get('stream') is True
+        await asyncio.sleep(self.delay_s)
+        if not streamed: return Response(chat_completion_body('an answer', **tokens), media_type='application/json')
+        events = [e + b'\n\n' for e in chat_completion_events('a longer answer than one word', **tokens).split(b'\n\n') if e]
+        async def slowly():
+            for e in events:
+                yield e
+                await asyncio.sleep(self.pause_s)
+        return StreamingResponse(slowly(), media_type='text/event-stream')
+
+
+def stream_burst(base_url, n, body, hang_up):
+    "Open `n` streams at once (one connection each); client i closes after the first event if `hang_up(i)`. Statuses."
+    async def one(c, i):
+        async with c.stream('POST', base_url + '/chat/completions', json=body) as r:
+            if r.status_code != 200: await r.aread(); return r.status_code
+            async for line in r.aiter_lines():
+                if line.startswith('data:') and hang_up(i): break
+            return r.status_code
+    async def go():
+        limits = httpx2.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx2.AsyncClient(timeout=120, limits=limits) as c:
+            return await asyncio.gather(*[one(c, i) for i in range(n)])
+    return asyncio.run(go())
+
+
+def settled(http, timeout_s=30):
+    "/metrics once nothing is held any more (streams whose clients hung up settle a moment after)."
+    deadline = time.monotonic() + timeout_s
+    while (m := http.get('/metrics').json())['in_flight_reserved_usd'] > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return m
+
+
+LIE_IN, LIE_OUT = 0.5, 1.5                              # $ per million tokens
+ONE_ANSWER = (100_000 * LIE_IN + 5 * LIE_OUT) / 1e6     # what each answer of the liar reports: $0.05
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize('limit', [0.01, 0.3])
+@pytest.mark.parametrize('mode', ['plain', 'streamed', 'hang_ups'])
+def test_the_daily_limit_holds_when_200_requests_meet_an_upstream_reporting_100k_prompt_tokens(mode, limit):
+    with LyingEndpoint(lambda i: 100_000, delay_s=0.1, pause_s=0.02 if mode == 'hang_ups' else 0.0) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, price_in=LIE_IN, price_out=LIE_OUT, concurrency=200)}),
+                 daily_spend_usd=limit) as (srv, http):
+        if mode == 'plain': codes = [r.status_code for r in burst(srv.base_url, [{'messages': USER}] * 200)]
+        else: codes = stream_burst(srv.base_url, 200, {'messages': USER, 'stream': True},
+                                   hang_up=lambda i: mode == 'hang_ups' and i % 2 == 0)
+        m = settled(http)
+    spent, over, counts = m['spend_today_usd'], m['over_reserved_today_usd'], m['models']['m']
+    assert set(codes) <= {200, 429} and 200 in codes, codes
+    assert spent <= limit + ONE_ANSWER, spent                 # one answer's excess at most (was $0.91 against $0.01)
+    assert spent <= limit + over + 1e-12                      # the guarantee as /metrics states it
+    assert over <= ONE_ANSWER and counts['usage_over_reservation'] <= 1
+    assert m['in_flight_reserved_usd'] == 0 and counts['answered'] + counts['lost'] == up.requests
+    if limit == 0.01 and mode != 'hang_ups': assert codes.count(200) == 1   # the first answer alone: then no room
+    if limit == 0.3: assert codes.count(200) >= 2                            # the learned ratio lets several through
+
+
+@pytest.mark.timeout(180)
+def test_the_guarantee_holds_whatever_an_upstream_reports():
+    with LyingEndpoint(lambda i: 1_000 * (1 + (i * 7919) % 200), delay_s=0.05) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url, price_in=LIE_IN, price_out=LIE_OUT, concurrency=200)}),
+                 daily_spend_usd=0.5) as (srv, http):   # the i-th answer reports 1,000 to 200,000 prompt tokens, in no order
+        codes = [r.status_code for r in burst(srv.base_url, [{'messages': USER}] * 200)]
+        m = settled(http)
+    assert set(codes) <= {200, 429} and codes.count(200) >= 2
+    assert m['spend_today_usd'] <= 0.5 + m['over_reserved_today_usd'] + 1e-12
+    assert m['in_flight_reserved_usd'] == 0 and m['models']['m']['answered'] == up.requests
+
+
+@pytest.mark.timeout(120)
+def test_requests_waiting_for_a_models_first_report_fall_back_or_get_a_503_and_cost_nothing():
+    with FixedEndpoint('slow', delay_s=1.5) as slow, FixedEndpoint('fast', delay_s=0) as fast:
+        pool = Pool({'slow': ModelSpec('slow', slow.base_url, price_in=1.0, price_out=1.0),
+                     'fast': ModelSpec('fast', fast.base_url, price_in=1.0, price_out=1.0)})
+        with serving(pool, daily_spend_usd=1.0, queue_timeout_s=0.3) as (srv, http):
+            routed = burst(srv.base_url, [{'messages': USER}] * 3)
+            m = http.get('/metrics').json()
+        with serving(pool, daily_spend_usd=1.0, queue_timeout_s=0.3) as (srv, http):   # a new endpoint: no report yet
+            named = burst(srv.base_url, [{'messages': USER, 'model': 'slow'}] * 3)   # no other model to go to
+            m2 = http.get('/metrics').json()
+    assert sorted(r.headers.get('x-dars-model', '') for r in routed) == ['fast', 'fast', 'slow']
+    assert all(r.headers['x-dars-fallback-from'] == 'slow' for r in routed if r.headers['x-dars-model'] == 'fast')
+    assert sorted(r.status_code for r in named) == [200, 503, 503]
+    busy = [r.json()['error'] for r in named if r.status_code == 503]   # busy, as a model whose slots are all taken
+    assert all(e['code'] == 'busy' and 'no usage report from its attempt in flight' in e['message'] for e in busy)
+    assert slow.requests == 2 and fast.requests == 2                    # what waited was never sent, nor charged
+    assert (m['models']['slow']['answered'], m['models']['fast']['answered'], m2['models']['slow']['answered']) == (1, 2, 1)
+    assert m2['refused'] == {'503': 2} and m2['spend_today_usd'] == pytest.approx(15 / 1e6)
+
+
+# --- a web page cannot make a key-less endpoint spend -----------------------------------------------------------------
+
+def one_line_error(r) -> dict:
+    "The error of a refusal, checked: a 4xx in OpenAI's JSON shape, its message on one line."
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    error = r.json()['error']
+    assert set(error) == {'message', 'type', 'param', 'code'} and '\n' not in error['message']
+    return error
+
+
+@pytest.mark.timeout(120)
+def test_a_web_page_cannot_make_a_keyless_endpoint_on_loopback_spend():
+    with FixedEndpoint('ok', delay_s=0) as up:
+        pool = Pool({'m': ModelSpec('m', up.base_url, price_in=1.0, price_out=1.0)})
+        app = create_app(lambda texts, lam=None: [['m']] * len(texts), pool, ServeSettings(port=0), chat=True)
+        with BackgroundServer(app) as srv, httpx2.Client(base_url=srv.base_url.removesuffix('/v1'), timeout=30) as http:
+            port, body = srv.port, json.dumps({'messages': USER})
+            evil = {'host': f'evil.example:{port}', 'origin': f'http://evil.example:{port}'}
+            refused = {
+                'rebinding, text/plain': http.post('/v1/chat/completions', content=body,
+                                                   headers={**evil, 'content-type': 'text/plain'}),
+                'rebinding, json': http.post('/v1/chat/completions', content=body,
+                                             headers={**evil, 'content-type': 'application/json'}),
+                'cross-site, text/plain': http.post('/v1/chat/completions', content=body,
+                                                    headers={'origin': 'http://evil.example', 'content-type': 'text/plain'}),
+                'form post': http.post('/v1/chat/completions', content=body,
+                                       headers={'content-type': 'application/x-www-form-urlencoded'}),
+                'no content type': http.post('/v1/chat/completions', content=body),
+                **{f'GET {p}, rebinding': http.get(p, headers=evil) for p in
+                   ('/metrics', '/metrics/prometheus', '/v1/models', '/health', '/chat')},
+                'metrics, foreign host': http.get('/metrics', headers={'host': f'evil.example:{port}'}),
+                'preflight': http.request('OPTIONS', '/v1/chat/completions', headers={
+                    'origin': 'http://evil.example', 'access-control-request-method': 'POST'})}
+            page = http.get('/chat')
+            own = http.post('/v1/chat/completions', json={'messages': USER}, headers={'origin': f'http://127.0.0.1:{port}'})
+            named = http.post('/v1/chat/completions', json={'messages': USER}, headers={'host': f'localhost:{port}'})
+            m = http.get('/metrics').json()
+    statuses = {k: r.status_code for k, r in refused.items()}
+    assert statuses == {'rebinding, text/plain': 421, 'rebinding, json': 421, 'cross-site, text/plain': 403,
+                        'form post': 415, 'no content type': 415, 'metrics, foreign host': 421, 'preflight': 403,
+                        **{f'GET {p}, rebinding': 421 for p in ('/metrics', '/metrics/prometheus', '/v1/models', '/health', '/chat')}}
+    for r in refused.values(): one_line_error(r)
+    assert (page.status_code, own.status_code, named.status_code) == (200, 200, 200)   # the chat page still works
+    assert up.requests == 2 and m['models']['m']['answered'] == 2                      # nothing refused was sent or charged
+    assert m['spend_today_usd'] == pytest.approx(2 * 15 / 1e6)
+    assert m['refused'] == {'421': 8, '403': 2, '415': 2}
+
+
+@pytest.mark.timeout(120)
+def test_allowed_hosts_and_origins_are_let_in():
+    with FixedEndpoint('ok', delay_s=0) as up, \
+         serving(Pool({'m': ModelSpec('m', up.base_url)}), allow_hosts=('dars.internal',),
+                 allow_origins=('https://app.example',)) as (srv, http):
+        ok = [http.post('/v1/chat/completions', json={'messages': USER}, headers=h).status_code for h in (
+            {'host': f'dars.internal:{srv.port}'}, {'host': 'dars.internal'}, {'origin': 'https://app.example'},
+            {'host': 'dars.internal', 'origin': 'https://dars.internal'})]
+        not_ok = [http.post('/v1/chat/completions', json={'messages': USER}, headers=h).status_code for h in (
+            {'host': f'other.internal:{srv.port}'}, {'origin': 'https://app.example.evil'})]
+    assert ok == [200] * 4 and not_ok == [421, 403] and up.requests == 4
+
+
+@pytest.mark.timeout(120)
+def test_dars_serve_help_states_the_spend_guarantee_and_the_door_options():
+    run = subprocess.run([sys.executable, '-m', 'dars_nb', 'serve', '--help'], capture_output=True, text=True, timeout=60)
+    text = ' '.join(run.stdout.split())
+    assert run.returncode == 0, run.stderr
+    for option in ('--daily-spend-usd', '--allow-host', '--allow-origin'): assert option in text
+    assert 'beyond what was held for them' in text
+
+
+# --- model names that cannot go in an HTTP header ------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('toml_name, says', [(r'a\nb', r"model 'a\nb': it holds '\n'"), (r'a\u0000b', r"it holds '\x00'"),
+                                             (r'caf\u00e9', "printable ASCII only"), (r'\u6a21\u578b', "printable ASCII only"),
+                                             (' padded', 'begins or ends with white space')])
+def test_a_model_name_that_cannot_go_in_a_header_is_refused_when_the_pool_is_read(tmp_path, toml_name, says):
+    cfg = tmp_path / 'pool.toml'
+    cfg.write_text(f'[models."{toml_name}"]\nbase_url = "http://127.0.0.1:9/v1"\n', encoding='utf-8')
+    run = subprocess.run([sys.executable, '-m', 'dars_nb', 'serve', '--router', str(tmp_path / 'r.dars'), '--pool', str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    lines = [l for l in run.stderr.splitlines() if l.strip()]
+    assert run.returncode != 0 and len(lines) == 1 and says in lines[0], run.stderr
+    assert 'Traceback' not in run.stderr

@@ -1,10 +1,14 @@
 """Fuzzing the routing endpoint's request parser with Hypothesis: any body gives a checked request or a 4xx, never
 another exception, and the same holds over HTTP, where nothing a client sends gets a 500 or a traceback.
 
+Bodies nest to every depth up to 3,000 levels, around the two limits of orjson (it writes 254 levels, reads 1,024): a
+body it reads but cannot write back is a 400 too.
+
 The examples are bounded in number and size (seeded, no deadline: the bound is the count, not a clock): 200 bodies
-for the parser and 60 over HTTP in `make test` (21 s on a 2-core machine at load average 12), 1,000 and 300 with
-DARS_TEST_FLAGS=slow.
+for the parser, 200 nested ones and 60 over HTTP in `make test` (21 s on a 2-core machine at load average 12), 1,000,
+1,000 and 300 with DARS_TEST_FLAGS=slow.
 """
+import itertools
 import json
 
 import httpx2
@@ -14,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dars_nb.pool.models import ModelSpec, Pool
 from dars_nb.pool.server import BackgroundServer
 from dars_nb.serve.app import create_app
-from dars_nb.serve.requests import ChatRequest, RequestError, ServeSettings, parse_chat_request
+from dars_nb.serve.requests import MAX_DEPTH, ChatRequest, RequestError, ServeSettings, parse_chat_request
 from dars_nb.serve.upstreams import Upstreams
 from dars_nb.testing import FixedEndpoint, forced_test_flags
 
@@ -52,9 +56,15 @@ def dumps(body) -> bytes:
     return json.dumps(body).encode()
 
 
+# nesting anywhere in a body, around the depths where parsers and encoders stop (orjson: writes 254, reads 1,024)
+NESTS = [b'{"messages": @}', b'{"messages": [{"role": "user", "content": "hi"}], "tools": @}',
+         b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": @}]}]}',
+         b'{"messages": [{"role": "user", "content": "hi"}, @]}', b'{"model": @, "messages": [{"role": "user", "content": "hi"}]}']
+depths = st.integers(1, 1100) | st.sampled_from([253, 254, 255, 256, 1022, 1023, 1024, 1025, 3000])
+nested = st.builds(lambda where, n, kind: where.replace(b'@', (b'[' * n + b']' * n) if kind else (b'{"a":' * n + b'1' + b'}' * n)),
+                   st.sampled_from(NESTS), depths, st.booleans())
 raws = near.map(dumps) | st.binary(max_size=300) | bodies.map(dumps) | values.map(dumps) | \
-    st.builds(lambda d, cut: dumps(d)[:cut], near, st.integers(0, 200)) | \
-    st.builds(lambda n: b'{"messages": ' + b'[' * n + b']' * n + b'}', st.integers(900, 3000))
+    st.builds(lambda d, cut: dumps(d)[:cut], near, st.integers(0, 200)) | nested
 
 
 def check(raw: bytes, header):
@@ -73,6 +83,7 @@ def check(raw: bytes, header):
 UPSTREAMS = Upstreams(Pool({m: ModelSpec(m, 'http://127.0.0.1:9/v1') for m in MODELS}))   # builds requests only
 
 
+@pytest.mark.timeout(300)
 @settings(max_examples=1000 if SLOW else 200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=raws, header=st.none() | st.text(max_size=12))
 def test_any_body_is_a_checked_request_or_a_4xx(raw, header):
@@ -92,9 +103,19 @@ def endpoint():
             yield http
 
 
+@pytest.mark.timeout(300)
+@settings(max_examples=1000 if SLOW else 200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=nested, header=st.none() | st.just('0.5'))
+def test_any_nesting_is_a_checked_request_or_a_400(raw, header):
+    levels = max(itertools.accumulate(1 if c in b'[{' else -1 if c in b']}' else 0 for c in raw))   # no brackets in strings here
+    req = check(raw, header)
+    if levels > MAX_DEPTH: assert req is None, levels   # refused, never sent on (nor a TypeError when encoded)
+
+
+@pytest.mark.timeout(300)
 @settings(max_examples=300 if SLOW else 60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(raw=raws)
+@given(raw=raws | nested)
 def test_no_body_gets_a_500_from_the_endpoint(endpoint, raw, capfd):
     r = endpoint.post('/chat/completions', content=raw, headers={'content-type': 'application/json'})
     assert r.status_code == 200 or 400 <= r.status_code < 500, (r.status_code, r.text[:300])

@@ -20,8 +20,10 @@ class ConfigError(ValueError):
 
 # %% ../../nbs/08a_pool_config.ipynb #c2d91285
 def is_finite_number(v) -> bool:
-    "Whether `v` is an int or a float and finite (a bool is not a number here)."
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    "Whether `v` is an int or a float and finite (a bool is not a number here, nor an int past a float's range)."
+    if not isinstance(v, (int, float)) or isinstance(v, bool): return False
+    try: return math.isfinite(v)
+    except OverflowError: return False   # an int too large for a float, e.g. 10**400
 
 # %% ../../nbs/08a_pool_config.ipynb #c89a7cdb
 def is_integer(v) -> bool:

@@ -41,11 +41,19 @@ def _check_counts(who: str, spec):
         if not is_integer(limit) or limit < 1:
             raise ConfigError(f"{who}: max_tokens[{kind!r}] must be a positive integer, got {limit!r}")
 
+def _name_problem(name: str) -> str | None:
+    "What keeps a model name out of an HTTP header value (`dars serve` sends it in one), or None."
+    if name != name.strip(): return 'it begins or ends with white space'
+    bad = next((c for c in name if not ' ' <= c <= '~'), None)
+    if bad is None: return None
+    return f"it holds {bad!r} (U+{ord(bad):04X}): a name goes in HTTP headers, which take printable ASCII only"
+
 def _check_model(spec):
     "Raise `ConfigError` for the first bad setting of a `ModelSpec`."
     who = f"model {spec.name!r}"
     if not isinstance(spec.name, str) or not spec.name.strip():
         raise ConfigError(f"a model needs a non-empty name, got {spec.name!r}")
+    if (problem := _name_problem(spec.name)) is not None: raise ConfigError(f"{who}: {problem}")
     url = spec.base_url
     if not isinstance(url, str) or not url.startswith(('http://', 'https://')):
         raise ConfigError(f"{who}: base_url must start with http:// or https://, got {url!r}")

@@ -38,13 +38,20 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
                host: str = ServeSettings.host, # address to listen on (beyond loopback: set client keys)
                port: int = ServeSettings.port, # port to listen on
                lam: float | None = None, # λ of a request that sets none (default: [serve] lam, else the router's)
+               daily_spend_usd: float | None = None, # dollars per UTC day (default: [serve] daily_spend_usd); spend exceeds it only by what answers report beyond what was held for them (over_reserved_today_usd in /metrics): at most one answer per model that overbills by a steady factor
+               allow_host: str | None = None, # more Host names clients reach it by, comma-separated ('*': any); beside its address and port, and localhost on loopback
+               allow_origin: str | None = None, # web origins whose pages may call it, comma-separated (default: its own page only)
                chat: bool = False, # also serve a chat page at /chat
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
     import uvicorn
     served, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
-    if lam is not None: settings = dataclasses.replace(settings, lam=lam)
+    more = lambda names: tuple(n.strip() for n in (names or '').split(',') if n.strip())
+    settings = dataclasses.replace(settings, allow_hosts=settings.allow_hosts + more(allow_host),
+                                   allow_origins=settings.allow_origins + more(allow_origin),
+                                   **({} if lam is None else {'lam': lam}),
+                                   **({} if daily_spend_usd is None else {'daily_spend_usd': daily_spend_usd}))
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
     if hasattr(bundle.featurizer, 'cache'):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import importlib.util
+import ipaddress
 import json
 import math
 import sys
@@ -15,14 +16,15 @@ from fastcore.basics import patch
 from ..extras import missing_extra
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
-from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
-from .metrics import ServeMetrics
+from ..pool.usage import fmt_usd
+from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, host_values
+from .metrics import ServeMetrics, SLACK
 from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
 from ..routers.base import native_thread_pools
 
 # %% auto #0
-__all__ = ['RankBatcher', 'ClientKeyCheck', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
+__all__ = ['RankBatcher', 'ClientKeyCheck', 'BrowserGuard', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -84,6 +86,13 @@ def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
     return ok
 
 # %% ../../nbs/36d_serve_app.ipynb #dec08db8
+async def _refuse(scope, receive, send, error: RequestError):
+    "Answer a request with `error` before it reaches the application, and count the refusal."
+    from starlette.responses import JSONResponse
+    metrics = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
+    if metrics is not None: metrics.refuse(error.status)
+    await JSONResponse(error.body(), error.status, headers=error.headers)(scope, receive, send)
+
 class ClientKeyCheck:
     "ASGI middleware: 401 unless the request carries a client key (no check when none is set)."
     def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
@@ -93,14 +102,90 @@ class ClientKeyCheck:
         if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
         header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
         if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
-        from starlette.responses import JSONResponse
         msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
                else 'the client key is not valid')
-        err = RequestError(401, msg, kind='authentication_error', code='invalid_api_key')
-        metrics = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
-        if metrics is not None: metrics.refuse(401)
-        await JSONResponse(err.body(), 401,
-                           headers={'www-authenticate': 'Bearer'})(scope, receive, send)
+        await _refuse(scope, receive, send, RequestError(401, msg, kind='authentication_error', code='invalid_api_key',
+                                                         headers={'www-authenticate': 'Bearer'}))
+
+# %% ../../nbs/36d_serve_app.ipynb #d1b78ce0
+def _split_host(value: bytes) -> tuple:
+    "(name, port or b'') of a Host header value: b'[::1]:8000' -> (b'[::1]', b'8000')."
+    cut = value.rfind(b':')
+    if cut < 0 or value.endswith(b']'): return value, b''
+    return value[:cut], value[cut + 1:]
+
+def _is_address(name: bytes) -> bool:
+    "Whether a Host name is an IP address (b'10.0.0.5', b'[::1]'), not a name a DNS server answers for."
+    try: ipaddress.ip_address(name.decode('ascii').removeprefix('[').removesuffix(']')); return True
+    except (ValueError, UnicodeDecodeError): return False
+
+def _is_json(content_type: bytes | None) -> bool:
+    "Whether a content-type header declares JSON (`application/json`, with or without parameters)."
+    if content_type == b'application/json': return True
+    return content_type is not None and content_type.split(b';', 1)[0].strip().lower() == b'application/json'
+
+# %% ../../nbs/36d_serve_app.ipynb #48939c18
+class BrowserGuard:
+    "ASGI middleware: refuse what a web page can make a browser send — a foreign Host, a foreign Origin, a POST not JSON."
+    def __init__(self, app, settings: ServeSettings):
+        self.app, self.settings, self._served = app, settings, {}
+        self.any_host, self.any_origin = '*' in settings.allow_hosts, '*' in settings.allow_origins
+        self.names = frozenset(h.lower().encode() for h in settings.allow_hosts)
+        self.origins = frozenset(o.lower().rstrip('/').encode() for o in settings.allow_origins)
+        self.wildcard = settings.host in ('0.0.0.0', '::')
+
+    def served(self, scope) -> frozenset:
+        "The Host values that name the endpoint `scope` came to (its address and bound port), computed once."
+        server = scope.get('server')
+        values = self._served.get(server)
+        if values is None:
+            port = server[1] if server else self.settings.port
+            values = host_values(self.settings.host, port) | (host_values(server[0], port) if server else frozenset())
+            self._served[server] = values
+        return values
+
+    def host_ok(self, host: bytes, scope) -> bool:
+        "Whether a (lowercase) Host value names this endpoint."
+        if self.any_host or host in self.served(scope): return True
+        name, port = _split_host(host)
+        if name in self.names: return True
+        bound = str(scope['server'][1] if scope.get('server') else self.settings.port).encode()
+        return self.wildcard and _is_address(name) and (port == bound or (not port and bound == b'80'))
+
+# %% ../../nbs/36d_serve_app.ipynb #3e89419b
+def _shown(value: bytes) -> str:
+    "A header value for a message: decoded, quoted, at most 80 characters."
+    return repr(value[:80].decode('latin-1'))
+
+@patch
+def problem(self: BrowserGuard, scope, host: bytes | None, origin: bytes | None,
+            content_type: bytes | None) -> RequestError | None:
+    "Why a request is refused at the door (None: it is let in)."
+    if host is None or not self.host_ok(host, scope):
+        why = 'has no Host header' if host is None else f'is for Host {_shown(host)}'
+        return RequestError(421, f"the request {why}, which is not this endpoint's address "
+                                 "(name more hosts with --allow-host or [serve] allow_hosts)", code='host_not_allowed')
+    if origin is not None and not self.any_origin and origin not in self.origins \
+            and origin != b'http://' + host and origin != b'https://' + host:
+        return RequestError(403, f"requests from web pages at {_shown(origin)} are not allowed "
+                                 "(allow an origin with --allow-origin or [serve] allow_origins)",
+                            code='origin_not_allowed')
+    if scope['method'] == 'POST' and not _is_json(content_type):
+        got = _shown(content_type) if content_type is not None else 'none'
+        return RequestError(415, f"the body must be sent with content-type: application/json, got {got}",
+                            code='unsupported_media_type')
+
+@patch
+async def __call__(self: BrowserGuard, scope, receive, send):
+    if scope['type'] != 'http': return await self.app(scope, receive, send)
+    host = origin = content_type = None
+    for k, v in scope['headers']:
+        if k == b'host': host = v.lower()
+        elif k == b'origin': origin = v.lower()
+        elif k == b'content-type': content_type = v
+    error = self.problem(scope, host, origin, content_type)
+    if error is None: return await self.app(scope, receive, send)
+    await _refuse(scope, receive, send, error)
 
 # %% ../../nbs/36d_serve_app.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
@@ -126,25 +211,64 @@ def _log(message: str):
     "One line on the server's standard error."
     print(f"dars serve: {message}", file=sys.stderr, flush=True)
 
-def _charge(state, spec: ModelSpec, usage, req: ChatRequest, worst: float) -> float:
-    "Count one answer at its reported usage, or at its worst case when it reports none; what it was charged."
+def _wake(state):
+    "Wake the attempts waiting for a model on trial: the ledger has changed."
+    turn, state.turn = state.turn, None
+    if turn is not None: turn.set()
+
+def _settle(state, entry: int, cost_usd: float | None = None) -> float:
+    "Settle a ledger entry (None: at what it held) and wake whoever waits; what it was charged."
+    try: return state.metrics.ledger.settle(entry, cost_usd)
+    finally: _wake(state)
+
+def _release(state, entry: int):
+    "Release a ledger entry that cost nothing, and wake whoever waits."
+    try: state.metrics.ledger.release(entry)
+    finally: _wake(state)
+
+async def _reserve(state, spec: ModelSpec, worst: float) -> tuple:
+    "(entry, held) of one attempt on `spec`, waiting while its model is on trial; a 429, or a busy `UpstreamError`."
+    deadline = None
+    while (reserved := state.metrics.ledger.reserve(spec.name, worst)) is None:
+        loop, wait_s = asyncio.get_running_loop(), state.settings.queue_timeout_s
+        deadline = deadline or loop.time() + wait_s
+        if state.turn is None: state.turn = asyncio.Event()
+        try:
+            async with asyncio.timeout_at(deadline): await state.turn.wait()
+        except TimeoutError:
+            why = (f"no usage report from its attempt in flight within {wait_s:g} s (under the daily limit it takes "
+                   "one attempt at a time until a report shows what its attempts cost)")
+            raise UpstreamError(f"model {spec.name!r}: {why}", busy=True) from None
+    return reserved
+
+def _reported(usage) -> tuple | None:
+    "(prompt tokens, completion tokens) an answer reports, or None if it reports none (or nonsense)."
     pt = ct = None
     if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
-    most = req.max_tokens * req.n
-    if not (is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0):
-        state.metrics.answered(spec.name, req.prompt_tokens, most, worst, estimated=True)
-        return worst
-    over = (pt - req.prompt_tokens) * spec.price_in + (ct - most) * spec.price_out > 0
-    if over: _log(f"model {spec.name!r} reported usage of {pt} prompt and {ct} completion tokens, "
-                  f"more than the {req.prompt_tokens} and {most} reserved: charged as reported")
-    state.metrics.answered(spec.name, pt, ct, spec.cost(pt, ct), over=over)
-    return spec.cost(pt, ct)
+    return (pt, ct) if is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0 else None
 
-def _settle_failure(state, spec: ModelSpec, e: UpstreamError, held: float, worst: float):
-    "Count a failed attempt — lost once sent (its worst case) or free — and give back its reservation."
-    if e.sent: state.metrics.lost(spec.name, worst)
-    else: state.metrics.failed(spec.name)
-    state.metrics.release(held)
+def _charge(state, spec: ModelSpec, usage, req: ChatRequest, entry: int, held: float) -> float:
+    "Settle one answer at its reported usage, or at what was held for it when it reports none; what it was charged."
+    tokens = _reported(usage)
+    if tokens is None:
+        cost = _settle(state, entry)
+        state.metrics.answered(spec.name, req.prompt_tokens, req.max_tokens * req.n, cost, estimated=True)
+        return cost
+    cost = _settle(state, entry, spec.cost(*tokens))
+    over = cost > held * (1 + SLACK)
+    if over:
+        ratio = state.metrics.ledger.ratios[spec.name]
+        _log(f"model {spec.name!r} reported usage of {tokens[0]} prompt and {tokens[1]} completion tokens "
+             f"({fmt_usd(cost)}), more than the {fmt_usd(held)} held for it: charged as reported; "
+             f"its attempts now hold {ratio:.3g} times their worst case")
+    state.metrics.answered(spec.name, *tokens, cost, over=over)
+    return cost
+
+def _settle_failure(state, spec: ModelSpec, e: UpstreamError, entry: int):
+    "Settle a failed attempt: lost once sent (at what it held), or free."
+    if e.sent: state.metrics.lost(spec.name, _settle(state, entry))
+    else:
+        _release(state, entry); state.metrics.failed(spec.name)
 
 # %% ../../nbs/36d_serve_app.ipynb #19d04792
 def _all_failed(errors: list) -> RequestError:
@@ -156,26 +280,28 @@ def _all_failed(errors: list) -> RequestError:
                         code='upstream_failed')
 
 async def _first_answer(state, req: ChatRequest, ranking: list, call, headers: dict):
-    "Try the ranked models in turn, each reserved first: ((spec, result, held, worst), None) or (None, error)."
+    "Try the ranked models in turn, each reserved first: ((spec, result, entry, held), None) or (None, error)."
     errors = []
     for name in ranking:
         spec = state.pool.models[name]
         worst = spec.cost(req.prompt_tokens, req.max_tokens * req.n)
-        try: held = state.metrics.reserve(worst)
+        try: entry, held = await _reserve(state, spec, worst)
         except RequestError as e:
             state.metrics.refuse(e.status); return None, _error_response(e)
+        except UpstreamError as e:   # its model is on trial, and the report of its attempt in flight is slow to come
+            state.metrics.failed(name); errors.append(e); continue
         try: result = await call(spec)
         except UpstreamError as e:
-            _settle_failure(state, spec, e, held, worst); errors.append(e)
+            _settle_failure(state, spec, e, entry); errors.append(e)
             if e.retry_next: continue
             state.metrics.refuse(e.status)
             return None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
         except asyncio.CancelledError:   # the server stops with the request in flight: maybe billed
-            state.metrics.lost(name, worst); state.metrics.release(held); raise
+            state.metrics.lost(name, _settle(state, entry)); raise
         if errors:
             state.metrics.fallbacks += 1
             headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
-        return (spec, result, held, worst), None
+        return (spec, result, entry, held), None
     error = _all_failed(errors)
     state.metrics.refuse(error.status)
     return None, _error_response(error)
@@ -187,11 +313,15 @@ async def _answer(state, req: ChatRequest, ranking: list, headers: dict):
     ask = lambda spec: send(state.upstreams, spec, req.data)
     sent, error = await _first_answer(state, req, ranking, ask, headers)
     if error is not None: return error
-    spec, data, held, worst = sent
-    cost = _charge(state, spec, data.get('usage'), req, worst)
-    state.metrics.release(held)
+    spec, data, entry, held = sent
+    cost = _charge(state, spec, data.get('usage'), req, entry, held)
     data['model'] = spec.name
-    return Response(state.upstreams.orjson.dumps(data), 200, {**headers, 'x-dars-model': spec.name, 'x-dars-cost-usd': f'{cost:.6g}'},
+    try: body = state.upstreams.orjson.dumps(data)
+    except state.upstreams.orjson.JSONEncodeError:   # nested deeper than orjson writes
+        state.metrics.refuse(502)
+        why = f"model {spec.name!r}: its answer is nested too deeply to send on"
+        return _error_response(RequestError(502, why, kind='upstream_error', code='upstream_failed'))
+    return Response(body, 200, {**headers, 'x-dars-model': spec.name, 'x-dars-cost-usd': f'{cost:.6g}'},
                     media_type='application/json')
 
 # %% ../../nbs/36d_serve_app.ipynb #b460fde9
@@ -203,7 +333,10 @@ def _relay_line(line: str, chunk: dict | None, name: str, seen: dict, hide_usage
     if isinstance(chunk.get('usage'), dict): seen['usage'] = chunk['usage']
     if hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
     if hide_usage: chunk.pop('usage', None)
-    return 'data: ' + dumps(chunk).decode()
+    try: return 'data: ' + dumps(chunk).decode()
+    except TypeError:   # orjson's JSONEncodeError: nested deeper than it writes
+        raise UpstreamError(f"model {name!r}: malformed stream: a chunk is nested too deeply to send on",
+                            sent=True) from None
 
 # %% ../../nbs/36d_serve_app.ipynb #d62b7a08
 async def _stream_answer(state, req: ChatRequest, ranking: list, headers: dict):
@@ -212,11 +345,11 @@ async def _stream_answer(state, req: ChatRequest, ranking: list, headers: dict):
     open_stream = lambda spec: send(state.upstreams, spec, req.data, stream=True)
     sent, error = await _first_answer(state, req, ranking, open_stream, headers)
     if error is not None: return error
-    spec, events, held, worst = sent
-    return StreamingResponse(_relay(state, req, spec, events, held, worst), 200,
+    spec, events, entry, held = sent
+    return StreamingResponse(_relay(state, req, spec, events, entry, held), 200,
                              {**headers, 'x-dars-model': spec.name}, media_type='text/event-stream')
 
-async def _relay(state, req, spec, events, held, worst):
+async def _relay(state, req, spec, events, entry, held):
     "The lines of an upstream stream, relayed; the answer charged and the reservation released at the end."
     seen, dumps = {'usage': None, 'error': False}, state.upstreams.orjson.dumps
     try:
@@ -229,9 +362,8 @@ async def _relay(state, req, spec, events, held, worst):
     # bookkeeping before the last await: a client hanging up cancels this task, and the reservation
     # must still go back
     finally:
-        if seen['error']: state.metrics.lost(spec.name, worst)
-        else: _charge(state, spec, seen['usage'], req, worst)
-        state.metrics.release(held)
+        if seen['error']: state.metrics.lost(spec.name, _settle(state, entry))
+        else: _charge(state, spec, seen['usage'], req, entry, held)
         await events.aclose()
 
 # %% ../../nbs/36d_serve_app.ipynb #da46dc13
@@ -341,9 +473,11 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
               Route('/v1/models', list_models, methods=['GET']),
               Route('/metrics', show_metrics, methods=['GET'])] + page_routes(chat)
     app = Starlette(routes=routes,
-                    middleware=[Middleware(ClientKeyCheck, keys=settings.client_keys)],
+                    middleware=[Middleware(BrowserGuard, settings=settings),
+                                Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.lam, app.state.chat = pool, settings, lam, chat
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
+    app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app

@@ -11,9 +11,9 @@ from ..pool.usage import fmt_usd
 from .requests import RequestError
 
 # %% auto #0
-__all__ = ['ServeMetrics']
+__all__ = ['SLACK', 'DailyLedger', 'ServeMetrics']
 
-# %% ../../nbs/36b_serve_metrics.ipynb #d1f0e302
+# %% ../../nbs/36b_serve_metrics.ipynb #6beff8ef
 def _utc_day(t: float) -> str:
     "The UTC date of a time, e.g. '2026-05-01'."
     return datetime.fromtimestamp(t, timezone.utc).strftime('%Y-%m-%d')
@@ -22,69 +22,120 @@ def _seconds_to_utc_midnight(t: float) -> int:
     "Whole seconds from `t` to the next 00:00 UTC."
     return 86400 - int(t) % 86400   # Unix time has no leap seconds: a UTC day is 86,400 of them
 
-# %% ../../nbs/36b_serve_metrics.ipynb #e40eedec
+# %% ../../nbs/36b_serve_metrics.ipynb #ccb058bf
+SLACK = 1e-9   # a cost within this fraction of what was held is within it (floating-point rounding)
+
+class DailyLedger:
+    "The daily spend limit: each attempt reserved before it is sent, then settled at its cost or released."
+    def __init__(self, limit_usd: float | None = None, # dollars per UTC day (None: no limit, spend only counted)
+                 clock=time.time, # seconds since the epoch (tests move the day with it)
+                ):
+        self.limit_usd, self.clock = limit_usd, clock
+        self._day_index = int(clock() // 86400)
+        self.spent_usd = self.over_usd = self.held_usd = 0.0   # today: charged, charged beyond holds; held now
+        self.ratios = {}                # model -> largest reported cost / worst case (absent: no report yet)
+        self._trusted = set()           # models that may have several attempts in flight
+        self._open, self._in_flight, self._last = {}, {}, 0   # entry -> (model, worst, held); model -> count
+
+    def _roll(self):
+        "Start a new day's spend when the UTC day has changed (a UTC day is 86,400 s of Unix time)."
+        today = int(self.clock() // 86400)
+        if today != self._day_index: self._day_index, self.spent_usd, self.over_usd = today, 0.0, 0.0
+
+    @property
+    def day(self) -> str:
+        "The UTC date whose spend `spent_usd` counts, e.g. '2026-05-01'."
+        return _utc_day(self._day_index * 86400)
+
+# %% ../../nbs/36b_serve_metrics.ipynb #5c0c21f9
+def _limit_reached(ledger: DailyLedger, held: float) -> RequestError:
+    "The 429 of an attempt that today's limit cannot cover; it says when the day ends."
+    spent, flying, lim = fmt_usd(ledger.spent_usd), fmt_usd(ledger.held_usd), fmt_usd(ledger.limit_usd)
+    msg = (f"daily spend limit of {lim} reached (spent {spent} today, {flying} in flight, "
+           f"this request may cost up to {fmt_usd(held)}); it resets at 00:00 UTC")
+    return RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
+                        headers={'retry-after': str(_seconds_to_utc_midnight(ledger.clock()))})
+
+@patch
+def reserve(self: DailyLedger, model: str, # the model the attempt goes to
+            worst_usd: float, # its worst case: one token per byte sent, `max_tokens` per choice
+           ) -> tuple | None:
+    "(entry, dollars held) for one attempt; None while `model` is on trial with one in flight; a 429 past the limit."
+    self._roll()
+    held, limited = worst_usd * max(1.0, self.ratios.get(model, 1.0)), self.limit_usd is not None
+    if limited and self.spent_usd + self.held_usd + held > self.limit_usd: raise _limit_reached(self, held)
+    if limited and model not in self._trusted and self._in_flight.get(model, 0): return None
+    self._last += 1
+    self._open[self._last] = (model, worst_usd, held)
+    self._in_flight[model] = self._in_flight.get(model, 0) + 1
+    self.held_usd += held
+    return self._last, held
+
+# %% ../../nbs/36b_serve_metrics.ipynb #a1f3a915
+@patch
+def _close(self: DailyLedger, entry: int) -> tuple:
+    "(model, worst case, held) of an open entry, closed (with none left open, nothing is held: no rounding residue)."
+    if entry not in self._open: raise ValueError(f"ledger entry {entry!r} is not open")
+    model, worst, held = self._open.pop(entry)
+    self._in_flight[model] -= 1
+    self.held_usd = max(0.0, self.held_usd - held) if self._open else 0.0
+    return model, worst, held
+
+@patch
+def settle(self: DailyLedger, entry: int, # an entry from `reserve`
+           cost_usd: float | None = None, # what the reported usage costs (None: no report; charged what was held)
+          ) -> float:
+    "Close an attempt at its cost and return what it was charged; a report teaches its model's ratio."
+    model, worst, held = self._close(entry)
+    charged = held if cost_usd is None else cost_usd
+    if cost_usd is not None:
+        first, fits = model not in self.ratios, cost_usd <= held * (1 + SLACK)
+        self.ratios[model] = max(self.ratios.get(model, 0.0), cost_usd / worst if worst > 0 else 0.0)
+        if first or fits: self._trusted.add(model)
+        else: self._trusted.discard(model)   # one attempt at a time until a report fits again
+    self._roll()
+    self.spent_usd += charged
+    if charged > held * (1 + SLACK): self.over_usd += charged - held
+    return charged
+
+@patch
+def release(self: DailyLedger, entry: int, # an entry from `reserve`
+           ):
+    "Close an attempt that cost nothing: it was never sent, or the upstream refused it."
+    self._close(entry)
+
+# %% ../../nbs/36b_serve_metrics.ipynb #6ab60493
 class ServeMetrics:
-    "Requests, failures, tokens and spend per model, and the daily spend limit."
+    "Requests, failures, tokens and spend per model, and the daily spend limit (its `ledger`)."
     def __init__(self, models, # the pool's model names
                  daily_spend_usd: float | None = None, # dollars per UTC day (None: no limit)
                  clock=time.time, # seconds since the epoch (tests move the day with it)
                 ):
         self.daily_spend_usd, self.clock = daily_spend_usd, clock
-        self.started = clock()
-        self._day_index = int(self.started // 86400)
-        self.spend_today_usd, self.reserved_usd, self.spend_total_usd = 0.0, 0.0, 0.0
-        self.requests, self.fallbacks, self.refused, self._open = 0, 0, {}, 0
+        self.ledger = DailyLedger(daily_spend_usd, clock)
+        self.started, self.spend_total_usd = clock(), 0.0
+        self.requests, self.fallbacks, self.refused = 0, 0, {}
         self.models = {m: dict(answered=0, failures=0, lost=0, prompt_tokens=0, completion_tokens=0,
                                spend_usd=0.0, usage_estimated=0, usage_over_reservation=0)
                        for m in models}
 
-    def _roll(self):
-        "Start a new day's spend when the UTC day has changed (a UTC day is 86,400 s of Unix time)."
-        today = int(self.clock() // 86400)
-        if today != self._day_index: self._day_index, self.spend_today_usd = today, 0.0
-
     @property
-    def day(self) -> str:
-        "The UTC date whose spend `spend_today_usd` counts, e.g. '2026-05-01'."
-        return _utc_day(self._day_index * 86400)
+    def spend_today_usd(self) -> float:
+        "Dollars charged since 00:00 UTC (the ledger's)."
+        return self.ledger.spent_usd
 
-    def reserve(self, worst_case_usd: float) -> float:
-        "Hold `worst_case_usd` of today's limit for one request, or raise a 429 `RequestError`."
-        self._roll()
-        lim = self.daily_spend_usd
-        if lim is not None and self.spend_today_usd + self.reserved_usd + worst_case_usd > lim:
-            spent, held = fmt_usd(self.spend_today_usd), fmt_usd(self.reserved_usd)
-            msg = (f"daily spend limit of {fmt_usd(lim)} reached "
-                   f"(spent {spent} today, {held} in flight, "
-                   f"this request may cost up to {fmt_usd(worst_case_usd)}); "
-                   "it resets at 00:00 UTC")
-            raise RequestError(429, msg, kind='insufficient_quota', code='daily_spend_limit',
-                               headers={'retry-after': str(_seconds_to_utc_midnight(self.clock()))})
-        self.reserved_usd += worst_case_usd; self._open += 1
-        return worst_case_usd
-
-# %% ../../nbs/36b_serve_metrics.ipynb #8e5a5e51
-@patch
-def release(self: ServeMetrics, reserved_usd: float, # what `reserve` held
-           ):
-    "Give back a reservation (with none left open, nothing is held: no rounding residue)."
-    self._open -= 1
-    self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd) if self._open > 0 else 0.0
-
-# %% ../../nbs/36b_serve_metrics.ipynb #6ce26f79
+# %% ../../nbs/36b_serve_metrics.ipynb #8d08ade4
 def _spend(self: ServeMetrics, model: str, cost_usd: float):
-    "Add dollars to a model's spend, today's and the total."
-    self._roll()
-    self.models[model]['spend_usd'] += cost_usd
-    self.spend_today_usd += cost_usd; self.spend_total_usd += cost_usd
+    "Add dollars to a model's spend and the total (today's is the ledger's)."
+    self.models[model]['spend_usd'] += cost_usd; self.spend_total_usd += cost_usd
 
 @patch
 def answered(self: ServeMetrics, model: str, # the model that answered
              prompt_tokens: int, # its usage
              completion_tokens: int,
-             cost_usd: float, # the dollars it cost
+             cost_usd: float, # the dollars it was charged
              estimated: bool = False, # whether the usage is the worst case, for want of a report
-             over: bool = False, # whether the reported usage costs more than was reserved
+             over: bool = False, # whether the reported usage cost more than was held for it
             ):
     "Count one answer and its spend."
     counts = self.models[model]
@@ -93,7 +144,6 @@ def answered(self: ServeMetrics, model: str, # the model that answered
     counts['usage_estimated'] += int(estimated); counts['usage_over_reservation'] += int(over)
     _spend(self, model, cost_usd)
 
-# %% ../../nbs/36b_serve_metrics.ipynb #bb94c8ac
 @patch
 def failed(self: ServeMetrics, model: str): # the model whose upstream failed
     "Count one upstream failure that cost nothing (nothing sent, or an HTTP error back)."
@@ -101,26 +151,27 @@ def failed(self: ServeMetrics, model: str): # the model whose upstream failed
 
 @patch
 def lost(self: ServeMetrics, model: str, # the model whose answer was lost in flight
-         worst_case_usd: float, # what the attempt reserved: what it may have cost
+         cost_usd: float, # what it was charged: what was held for it
         ):
-    "Count one attempt lost once sent, charged at its worst case."
+    "Count one attempt lost once sent."
     self.models[model]['failures'] += 1; self.models[model]['lost'] += 1
-    _spend(self, model, worst_case_usd)
+    _spend(self, model, cost_usd)
 
 @patch
 def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
     "Count one refused request."
     self.refused[str(status)] = self.refused.get(str(status), 0) + 1
 
-# %% ../../nbs/36b_serve_metrics.ipynb #93f489bf
+# %% ../../nbs/36b_serve_metrics.ipynb #031eaa9e
 @patch
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
-    self._roll()
+    ledger = self.ledger
+    ledger._roll()
     return {'since': (datetime.fromtimestamp(self.started, timezone.utc)
                       .isoformat(timespec='seconds')),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
-            'day': self.day, 'spend_today_usd': self.spend_today_usd,
-            'daily_spend_usd': self.daily_spend_usd,
-            'in_flight_reserved_usd': self.reserved_usd, 'spend_total_usd': self.spend_total_usd,
-            'models': {k: dict(v) for k, v in self.models.items()}}
+            'day': ledger.day, 'spend_today_usd': ledger.spent_usd,
+            'daily_spend_usd': self.daily_spend_usd, 'over_reserved_today_usd': ledger.over_usd,
+            'in_flight_reserved_usd': ledger.held_usd, 'spend_total_usd': self.spend_total_usd,
+            'models': {k: {**v, 'usage_ratio': ledger.ratios.get(k)} for k, v in self.models.items()}}

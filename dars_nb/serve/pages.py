@@ -27,6 +27,8 @@ _TOTALS = (('requests_total', 'counter', 'Chat completion requests received.', '
            ('spend_usd_total', 'counter', 'Dollars spent since the endpoint started.', 'spend_total_usd'),
            ('spend_today_usd', 'gauge', 'Dollars spent since 00:00 UTC.', 'spend_today_usd'),
            ('in_flight_reserved_usd', 'gauge', 'Dollars held for requests in flight.', 'in_flight_reserved_usd'),
+           ('over_reserved_today_usd', 'gauge', 'Dollars answers reported since 00:00 UTC beyond what was held for them.',
+            'over_reserved_today_usd'),
            ('daily_spend_limit_usd', 'gauge', 'Dollars the endpoint may spend per UTC day.', 'daily_spend_usd'))
 _PER_MODEL = (('model_answered_total', 'Answers per model.', 'answered'),
               ('model_failures_total', 'Failed upstream attempts per model.', 'failures'),

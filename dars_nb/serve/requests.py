@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
-from ..calibrate import ROUTER_MODEL, lambda_from_model_name
+from ..calibrate import ROUTER_MODEL, check_lambda, lambda_from_model_name
 from ..observations import chat_text
 
 # %% auto #0
-__all__ = ['MIN_CLIENT_KEY_CHARS', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'load_serve_config',
-           'RequestError', 'ChatRequest', 'parse_chat_request']
+__all__ = ['MIN_CLIENT_KEY_CHARS', 'MAX_DEPTH', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'host_values',
+           'load_serve_config', 'RequestError', 'ChatRequest', 'parse_chat_request']
 
 # %% ../../nbs/36a_serve_requests.ipynb #ab11fe30
 def is_loopback(host: str, # an address or host name to listen on
@@ -47,6 +47,18 @@ def _check_listen(host, port, keys):
                           "(set [serve] client_keys_env to a variable holding them, "
                           "or listen on 127.0.0.1)")
 
+# %% ../../nbs/36a_serve_requests.ipynb #db8e7e63
+def _checked_names(key: str, names) -> tuple:
+    "`allow_hosts` or `allow_origins` as a tuple of names, or a `ConfigError` naming the bad one."
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise ConfigError(f"serve: {key} must be a list of names, got {names!r}")
+    for n in names:
+        plain = isinstance(n, str) and n and all('!' <= c <= '~' for c in n)
+        if not plain or (key == 'allow_origins' and n != '*' and not n.startswith(('http://', 'https://'))):
+            what = "a host name, or '*'" if key == 'allow_hosts' else "an origin such as https://app.example, or '*'"
+            raise ConfigError(f"serve: {key} must hold {what} (printable ASCII, no spaces), got {n!r}")
+    return tuple(names)
+
 # %% ../../nbs/36a_serve_requests.ipynb #30b5db01
 @dataclass(frozen=True)
 class ServeSettings:
@@ -66,10 +78,15 @@ class ServeSettings:
     body_timeout_s: float = 30.0 # seconds for a request's body to arrive, after its headers
     idle_timeout_s: float = 5.0 # seconds an idle connection stays open after a response
     lam: float | None = None # λ of a request that sets none (None: the router's own; `dars calibrate` finds one)
+    # more names clients reach it by (the Host header: a proxy's, a DNS name), any port; '*': any name
+    allow_hosts: tuple = ()
+    # web origins (`https://app.example`) whose pages may call it, besides its own; '*': any
+    allow_origins: tuple = ()
 
     def __post_init__(self):
         _check_listen(self.host, self.port, self.client_keys)
         object.__setattr__(self, 'client_keys', tuple(self.client_keys))
+        for k in ('allow_hosts', 'allow_origins'): object.__setattr__(self, k, _checked_names(k, getattr(self, k)))
         for k in ('max_body_bytes', 'max_tokens', 'image_tokens'):
             v = getattr(self, k)
             if not is_integer(v) or v < 1:
@@ -84,8 +101,19 @@ class ServeSettings:
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
-        if self.lam is not None and (not is_finite_number(self.lam) or self.lam < 0):
-            raise ConfigError(f"serve: lam must be a finite number >= 0, got {self.lam!r}")
+        if self.lam is not None:
+            try: check_lambda(self.lam, 'serve: lam')
+            except ValueError as e: raise ConfigError(str(e)) from None
+
+# %% ../../nbs/36a_serve_requests.ipynb #54867208
+def host_values(host: str, # the address it listens on
+                port: int, # the port it listens on
+               ) -> frozenset:
+    "The `Host` header values (lowercase bytes) that name an endpoint listening on `host`:`port`."
+    names = {host.lower()} | ({'localhost', '127.0.0.1', '::1'} if is_loopback(host) else set())
+    names = {f'[{n}]' if ':' in n else n for n in names}   # an IPv6 address goes in brackets
+    values = {f'{n}:{port}' for n in names} | (names if port == 80 else set())
+    return frozenset(v.encode() for v in values)
 
 # %% ../../nbs/36a_serve_requests.ipynb #c479df6a
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
@@ -120,6 +148,7 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
     return pool, from_table(ServeSettings, serve, '[serve]', given, other_keys=('client_keys_env',))
 
 # %% ../../nbs/36a_serve_requests.ipynb #0504e077
+MAX_DEPTH = 254   # the deepest nesting orjson encodes: a body is sent on as orjson writes it
 FORBIDDEN_FIELDS = ('base_url', 'api_base', 'api_key', 'api_type', 'api_version', 'organization',
                     'project', 'extra_headers', 'extra_query', 'extra_body', 'headers',
                     'default_headers', 'url', 'endpoint', 'deployment_id')
@@ -183,26 +212,20 @@ def _asked_model(model, settings: ServeSettings, models) -> str | None:
     return model
 
 # %% ../../nbs/36a_serve_requests.ipynb #adb659d6
+def _header_number(value: str):
+    "A header's text as a float where it reads as one, else the text itself (for `check_lambda` to refuse)."
+    try: return float(value)
+    except ValueError: return value
+
 def _parse_lambda(body_value, header_value) -> float | None:
     "The request's λ from the body or the header (None: neither), or a 400 `RequestError`."
-    vals = []
-    if body_value is not None:
-        if not is_finite_number(body_value):
-            raise RequestError(400, f"dars_lambda must be a number, got {json.dumps(body_value)}",
-                               'dars_lambda')
-        vals.append(float(body_value))
-    if header_value is not None:
-        try: vals.append(float(header_value))
-        except ValueError:
-            message = f"the x-dars-lambda header must be a number, got {header_value!r}"
-            raise RequestError(400, message, 'dars_lambda') from None
-    if not vals: return None
+    try:
+        vals = ([check_lambda(body_value, 'dars_lambda')] if body_value is not None else []) + \
+               ([check_lambda(_header_number(header_value), 'the x-dars-lambda header')] if header_value is not None else [])
+    except ValueError as e: raise RequestError(400, str(e), 'dars_lambda') from None
     if len(vals) == 2 and vals[0] != vals[1]:
         raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
-    if not math.isfinite(vals[0]) or vals[0] < 0:
-        raise RequestError(400, f"dars_lambda must be a finite number >= 0, got {vals[0]:g}",
-                           'dars_lambda')
-    return vals[0]
+    return vals[0] if vals else None
 
 # %% ../../nbs/36a_serve_requests.ipynb #d3654d0c
 def _stream_and_n(body: dict) -> tuple:
@@ -281,6 +304,9 @@ def parse_chat_request(raw: bytes, # the request body
                                 "so it is refused under a daily spend limit", 'messages')
     hide_usage = stream and 'stream_options' not in body
     if hide_usage: body['stream_options'] = {'include_usage': True}
-    data = orjson.dumps(body)
+    try: data = orjson.dumps(body)
+    except orjson.JSONEncodeError as e:   # the one way a parsed body fails to encode: too deep
+        why = f"it is nested more than {MAX_DEPTH} levels deep" if 'ecursion' in str(e) else str(e)
+        raise RequestError(400, f"the body cannot be sent on: {why}") from None
     return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n, data,
                        estimate_prompt_tokens(data, 'upper', settings.image_tokens), hide_usage)
