@@ -10,7 +10,7 @@ import argparse, gc, statistics, time, tracemalloc
 
 import numpy as np
 
-from dars_nb.bootstrap import bootstrap_ci
+from dars_nb.evaluate.bootstrap import bootstrap_ci
 
 from summary import emit
 

@@ -1,5 +1,5 @@
 """The largest router bundle the seven families make at RouterBench size: the figure the bundle reader's
-default cap (`dars_nb.bundle_format.DEFAULT_MAX_MB`) is set from.
+default cap (`dars_nb.bundle.format.DEFAULT_MAX_MB`) is set from.
 
 Run: .venv/bin/python bench/bench_bundle_size.py [--train 30000] [--models 11] [--width 384]
 
@@ -18,10 +18,10 @@ from sklearn.exceptions import ConvergenceWarning
 from dars_nb.simulate import simulate, widen
 from dars_nb.stats import supervision
 from dars_nb.routers import ROUTERS
-from dars_nb.guard import cross_validate
+from dars_nb.bundle.guard import cross_validate
 from dars_nb.features import SentenceFeaturizer
 from dars_nb.bundle import RouterBundle, save_bundle
-from dars_nb.bundle_format import DEFAULT_MAX_MB
+from dars_nb.bundle.format import DEFAULT_MAX_MB
 
 QUICK = {'MLP': dict(max_iter=1), 'MIRT': dict(epochs=1), 'EmbedLLM': dict(epochs=1), 'RM-Softmax': dict(epochs=1),
          'GraphRouter': dict(epochs=1), 'AvengersPro': dict(n_init=1), 'kNN': {}}

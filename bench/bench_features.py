@@ -56,7 +56,7 @@ def cpu_seconds() -> float:
 
 def throughput(texts, reps):
     "Questions per wall and per CPU second of each path, alternating; each path's rows in the texts' order."
-    from dars_nb.encoder import sentence_encoder
+    from dars_nb.features.encoder import sentence_encoder
     ref_model = sentence_encoder('torch')._model
     ref = lambda: ref_model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
     paths = {'reference': ref, 'library': lambda: sentence_encoder().encode(texts),
@@ -74,8 +74,8 @@ def throughput(texts, reps):
 
 def cache_runs(texts):
     "Seconds of `sentence_embeddings` with an empty cache and again; texts encoded the second time."
-    from dars_nb.encoder import sentence_encoder
-    from dars_nb.embedding_store import sentence_embeddings
+    from dars_nb.features.encoder import sentence_encoder
+    from dars_nb.features.embedding_store import sentence_embeddings
     enc = sentence_encoder()
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); sentence_embeddings(texts, tmp); first = time.perf_counter() - t
@@ -86,7 +86,7 @@ def cache_runs(texts):
 
 def store_runs(n):
     "Seconds to write and to read back `n` vectors of 384 floats through the embedding store."
-    from dars_nb.embedding_store import EmbeddingStore
+    from dars_nb.features.embedding_store import EmbeddingStore
     rng = np.random.default_rng(0)
     V = rng.standard_normal((n, 384)).astype(np.float32)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
@@ -102,7 +102,7 @@ def store_runs(n):
 
 def export_seconds():
     "Seconds of the one-time ONNX export (to a temporary folder)."
-    from dars_nb.encoder import export_onnx
+    from dars_nb.features.encoder import export_onnx
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); export_onnx(Path(tmp) / 'model.onnx'); return time.perf_counter() - t
 
@@ -116,7 +116,7 @@ def main(argv=None):
                     help="virtualenv with sentence-transformers[openvino]: compare its backend with the library's")
     a = ap.parse_args(argv)
     if a.quick: a.reps, a.store_size = 1, 5000
-    from dars_nb.encoder import sentence_encoder
+    from dars_nb.features.encoder import sentence_encoder
     texts = gsm8k_questions()
     tokens = np.array([len(e.ids) for e in sentence_encoder()._tokenizer.encode_batch(texts)])
     print(f"{len(texts)} GSM8K questions, {tokens.mean():.0f} tokens on average (max {tokens.max()}); {load()}")
@@ -158,7 +158,7 @@ SWAP_RATIO = 0.9   # the library's backend replaces ours when it reaches this sh
 def library_backend(venv: Path, reps: int, n: int = 0):
     "sentence-transformers' OpenVINO backend against the library's encoder, measured in `venv` (one process)."
     import json, subprocess
-    from dars_nb.encoder import onnx_model_path
+    from dars_nb.features.encoder import onnx_model_path
     worker = Path(__file__).with_name('features_backend.py')
     with tempfile.TemporaryDirectory() as cache:   # the library's export, made here: the other virtualenv's transformers
         onnx_model_path(cache)                      # (< 5.6, for optimum-intel) cannot trace it; same torch, same file name
@@ -178,11 +178,11 @@ def library_backend(venv: Path, reps: int, n: int = 0):
     ratio = r['qps'][st] / r['qps']['ours']
     swap = ratio >= SWAP_RATIO
     print(f"  sentence-transformers openvino / ours: {ratio:.2f} of the questions/s -> "
-          + ("within 10 %: use the library" if swap else "more than 10 % slower: keep dars_nb.encoder"))
-    emit("sentence features: sentence-transformers' OpenVINO backend vs dars_nb.encoder",
+          + ("within 10 %: use the library" if swap else "more than 10 % slower: keep dars_nb.features.encoder"))
+    emit("sentence features: sentence-transformers' OpenVINO backend vs dars_nb.features.encoder",
          f"{r['qps'][st]:.0f} vs {r['qps']['ours']:.0f} q/s (x{ratio:.2f}); cosine to the reference "
          f"{r['cosine'][st]:.5f} vs {r['cosine']['ours']:.5f}; "
-         + ("use the library's" if swap else f"under {SWAP_RATIO:.0%} of ours: keep dars_nb.encoder"), '', None)
+         + ("use the library's" if swap else f"under {SWAP_RATIO:.0%} of ours: keep dars_nb.features.encoder"), '', None)
 
 
 if __name__ == '__main__':

@@ -34,7 +34,7 @@ LENGTHS = {'gpqa': (450, 0, 60, 650), 'math-500': (250, 0, 0, 1900), 'drop-800':
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from dars_nb.release import read_release, release_files
+from dars_nb.sources.release import read_release, release_files
 
 def peak():   # this process's peak resident memory (VmHWM: since exec, not inherited from the parent)
     line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))
@@ -66,7 +66,8 @@ def words(n: int, seed: int) -> str:
 def synthetic(name: str, quick: bool) -> pd.DataFrame:
     "One dataset of the release's shape, with texts of realistic length."
     from dars_nb.simulate import simulate
-    from dars_nb.release import RELEASE_MODELS, format_options
+    from dars_nb.sources.release import RELEASE_MODELS
+from dars_nb.observations import format_options
     profile, n_test = PROFILES[name]
     scale = 10 if quick else 1
     obs, _, _ = simulate(profile, n_train=200 // scale, n_test=n_test // scale, seed=0)
@@ -86,7 +87,7 @@ def synthetic(name: str, quick: bool) -> pd.DataFrame:
 
 def write(folder: Path, quick: bool) -> tuple[float, dict]:
     "Write the synthetic release; its seconds and the size of each file."
-    from dars_nb.release import write_release
+    from dars_nb.sources.release_writer import write_release
     t = time.perf_counter()
     for name in PROFILES:
         write_release(synthetic(name, quick), folder, output_chars=LENGTHS[name][3], source='bench_release.py')

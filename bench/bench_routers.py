@@ -32,7 +32,7 @@ from dars_nb.simulate import simulate
 from dars_nb.stats import supervision, normalize_cost
 from dars_nb.observations import select
 from dars_nb.evaluate import per_query_view_utility
-from dars_nb.draws import draw_view_utilities
+from dars_nb.evaluate.draws import draw_view_utilities
 from dars_nb.routers import FAMILIES, align
 
 from summary import emit

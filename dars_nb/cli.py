@@ -35,13 +35,13 @@ COMMANDS = {
     'collect': Command('dars_nb.collect.command:collect_main', 'collect'),
     'status': Command('dars_nb.collect.store:status_main'),
     'store': Command('dars_nb.collect.store:store_main'),
-    'cache': Command('dars_nb.cache:cache_main'),
+    'cache': Command('dars_nb.features.cache:cache_main'),
     'diagnose': Command('dars_nb.diagnostics:diagnose_main'),
-    'train': Command('dars_nb.training:train_main'),
+    'train': Command('dars_nb.bundle.training:train_main'),
     'route': Command('dars_nb.bundle:route_main'),
-    'calibrate': Command('dars_nb.calibrate:calibrate_main'),
+    'calibrate': Command('dars_nb.bundle.calibrate:calibrate_main'),
     'serve': Command('dars_nb.serve:serve_main', 'serve'),
-    'local': Command('dars_nb.collect.local:serve_main', 'local'),
+    'local': Command('dars_nb.pool.local:serve_main', 'local'),
 }
 
 # %% ../nbs/90_cli.ipynb #0b86d361

@@ -234,7 +234,7 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv), or
                  ) -> int:
     "Print the four diagnostics of an observation file per dataset, and write tables and charts."
     import sys
-    from dars_nb.release import load_observations
+    from dars_nb.sources import load_observations
     table = diagnose(load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr)))
     print(markdown_table(table))
     if out is None: return 0

@@ -19,7 +19,7 @@ EXTRAS = {  # extra -> what it adds
     'collect': 'collecting observations from OpenAI-compatible endpoints; math answer checking',
     'serve': 'the OpenAI-compatible routing endpoint',
     'local': 'small local LLMs behind an OpenAI-compatible endpoint',
-    'litellm': 'LiteLLM, for the routing plugin of dars_nb.litellm_router',
+    'litellm': 'LiteLLM, for the routing plugin of dars_nb.bundle.litellm',
     'cluster': 'running the protocol and the ablations on a Dask cluster',
 }
 

@@ -4,6 +4,7 @@
 
 # %% ../nbs/00_observations.ipynb #9e15d5cf
 from __future__ import annotations
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -13,7 +14,7 @@ import pandas as pd
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
            'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated', 'model_order',
            'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'select', 'router_text',
-           'router_texts', 'chat_text', 'write_observations', 'read_observations']
+           'format_options', 'parse_options', 'router_texts', 'chat_text', 'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -348,6 +349,20 @@ def router_text(question: str, # the query's original wording (a multiple-choice
     if not missing(options): text += '\n' + str(options)
     if not missing(passage): text += '\nPassage: ' + str(passage)[:passage_chars]
     return text
+
+# %% ../nbs/00_observations.ipynb #4a046eeb
+def format_options(choices: list, # the options in order
+                  ) -> str:
+    "Options as lettered lines 'A. …', 'B. …' (the form the `options` column holds)."
+    return '\n'.join(f"{chr(65 + i)}. {c}" for i, c in enumerate(choices))
+
+def parse_options(options: str, # lettered lines as `format_options` writes them
+                 ) -> list[str]:
+    "The option texts back from their lettered lines."
+    n = len(re.findall(r'(?:^|\n)[A-Z]\. ', options))
+    letters = [chr(65 + i) for i in range(n)]
+    pattern = r'(?:^|\n)(?:' + '|'.join(letters) + r')\. '
+    return re.split(pattern, options)[1:]
 
 # %% ../nbs/00_observations.ipynb #d9f8432a
 def _originals(obs: pd.DataFrame) -> pd.DataFrame:

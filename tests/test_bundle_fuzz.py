@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dars_nb.bundle import RouterBundle, load_bundle, save_bundle
-from dars_nb.bundle_format import BundleError
+from dars_nb.bundle.format import BundleError
 from dars_nb.features import TfidfFeaturizer
-from dars_nb.guard import cross_validate
+from dars_nb.bundle.guard import cross_validate
 from dars_nb.routers import ROUTERS
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
@@ -133,7 +133,7 @@ def test_bombs_refused_in_bounded_memory(valid, bombs):
     script = f"""
 import json, resource, sys
 from dars_nb.bundle import load_bundle
-from dars_nb.bundle_format import BundleError
+from dars_nb.bundle.format import BundleError
 load_bundle({str(valid['kNN']['path'])!r}).route(['warm up every import and code path'])
 before, out = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, {{}}
 for name, path in {({k: str(v) for k, v in bombs.items()})!r}.items():
@@ -286,7 +286,7 @@ ROUTE_WORKER = f"""
 import json, sys, warnings
 warnings.simplefilter('ignore')
 from dars_nb.bundle import load_bundle
-from dars_nb.bundle_format import BundleError
+from dars_nb.bundle.format import BundleError
 for line in sys.stdin:
     try: bundle = load_bundle(line.strip(), {CAP_MB})
     except BundleError as e:

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif('slow' not in forced_test_fla
 @pytest.fixture(scope='module')
 def llmrouter(tmp_path_factory):
     "A guarded kNN bundle on the LLMRouter training split (TF-IDF, 128 SVD dims), and the test questions."
-    from dars_nb.importers import read_llmrouter
+    from dars_nb.sources.importers import read_llmrouter
     tmp = tmp_path_factory.mktemp('llmrouter')
     read_llmrouter(ROOT / 'data' / 'routing' / 'llmrouter').to_parquet(tmp / 'obs.parquet')
     (tmp / 'train.toml').write_text('observations = "obs.parquet"\n[router]\nfamily = "kNN"\nn_neighbors = 10\n'
@@ -40,7 +40,7 @@ def test_share_within_one_question_wherever_a_lambda_gives_it(llmrouter, model, 
     """The share `calibrate` reaches is within one question of the target, or the target lies in a jump of the
     share: two λ closer than 10⁻⁷ (relative) on either side of it, where many questions move at once."""
     from dars_nb.bundle import load_bundle
-    from dars_nb.calibrate import Target, calibrate, describe_calibration
+    from dars_nb.bundle.calibrate import Target, calibrate, describe_calibration
     path, _, questions = llmrouter
     bundle = load_bundle(path)
     cal = calibrate(bundle, questions, Target(share=share, model=model))

@@ -12,7 +12,7 @@ from tests.test_docs_site import CHROMIUM, CHROMEDRIVER, CHROMIUM_FLAGS
 @pytest.fixture(scope='module')
 def endpoint():
     "`dars serve`'s app with the chat page, a two-model router and two fixed-answer models behind it."
-    from dars_nb.training import train
+    from dars_nb.bundle.training import train
     from dars_nb.pool.models import Pool, ModelSpec
     from dars_nb.pool.server import BackgroundServer
     from dars_nb.serve.app import create_app

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from dars_nb.collect.client import BudgetExceeded, Client, PermanentError
-from dars_nb.collect.local import LOCAL_MODELS
+from dars_nb.pool.local import LOCAL_MODELS
 from dars_nb.pool.models import Limits, ModelSpec, Pool
 from dars_nb.pool.server import free_port
 from dars_nb.pool.usage import estimate_prompt_tokens

@@ -6,7 +6,7 @@ import hashlib, subprocess, sys, textwrap, warnings
 import numpy as np
 import pytest
 
-from dars_nb.embedding_store import EmbeddingStore
+from dars_nb.features.embedding_store import EmbeddingStore
 
 HOLD = textwrap.dedent("""
     import sqlite3, sys
@@ -62,7 +62,7 @@ def test_a_writer_gives_up_past_the_timeout(held):
 
 WRITER = textwrap.dedent("""
     import hashlib, sys, numpy as np
-    from dars_nb.embedding_store import EmbeddingStore
+    from dars_nb.features.embedding_store import EmbeddingStore
     store, seed = EmbeddingStore(sys.argv[1], timeout=60), int(sys.argv[2])
     for batch in range(20):                             # overlapping keys: both processes write 0..1449
         ids = range(batch * 50, batch * 50 + 500)

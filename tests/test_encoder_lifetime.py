@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip('openvino')
-from dars_nb.encoder import sentence_model_path  # noqa: E402
+from dars_nb.features.encoder import sentence_model_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sentence_model_path() is None, reason='the embed extra is not installed')
 
@@ -25,7 +25,7 @@ STRESS = textwrap.dedent('''
     import numpy as np, onnx
     from onnx import helper, TensorProto
     faulthandler.dump_traceback_later(int(sys.argv[1]), exit=True)   # a hang prints every thread's stack
-    from dars_nb.encoder import _compiled, _infer_batches, export_onnx, SentenceEncoder
+    from dars_nb.features.encoder import _compiled, _infer_batches, export_onnx, SentenceEncoder
 
     def tiny_model(path):
         "A graph with the encoder's inputs and output, compiled in milliseconds: embedding = ids + mask."
@@ -67,7 +67,7 @@ def test_compiled_models_made_and_dropped_never_hang(tmp_path):
 
 def test_many_batches_come_back_in_order(tmp_path):
     "More batches than streams: each text's row is the row it gets alone."
-    from dars_nb.encoder import SentenceEncoder
+    from dars_nb.features.encoder import SentenceEncoder
     enc = SentenceEncoder(precision='f32', cache_dir=tmp_path)
     texts = [f'question number {i} about {"long " * (i % 7)}things' for i in range(40)]
     together = enc.encode(texts, batch_size=2)          # 20 batches over the streams

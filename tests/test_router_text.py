@@ -6,10 +6,11 @@ import pytest
 
 from dars_nb.experiments.inputs import features_from_text
 from dars_nb.observations import router_texts, validate
-from dars_nb.release import read_release, write_release
+from dars_nb.sources.release import read_release
+from dars_nb.sources.release_writer import write_release
 from dars_nb.simulate import simulate
 from dars_nb.testing import simulated_texts
-from dars_nb.training import train
+from dars_nb.bundle.training import train
 
 MARK = 'zebra'   # a word only the rewrites hold
 

@@ -388,7 +388,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_dars_local_stops_its_models_and_removes_its_folder(sig):
     import importlib.util
-    from dars_nb.collect.local import LocalModelError, model_path
+    from dars_nb.pool.local import LocalModelError, model_path
     try:
         model_path('smollm2')
         if importlib.util.find_spec('llama_cpp') is None: raise LocalModelError('llama-cpp-python is not installed')

@@ -24,7 +24,7 @@ SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_tr
 class DatasetSpec:
     "One dataset to collect: where its tasks come from and how many train/test queries to draw."
     name: str # the dataset's name in the observation table
-    source: str | None = None # a loader of `dars_nb.datasets` (see SOURCES), or None with `path`
+    source: str | None = None # a loader of `dars_nb.sources.datasets` (see SOURCES), or None with `path`
     path: Path | None = None # a JSONL task file (instead of `source`)
     train: int = 0 # training queries (each gets the N×M grid)
     test: int = 0 # test queries (each gets the rewrite and decode views)

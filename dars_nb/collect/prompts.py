@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 import numpy as np
-from ..release import format_options
+from ..observations import format_options
 
 # %% auto #0
 __all__ = ['KINDS', 'SYSTEM_INSTRUCTION', 'LETTERS', 'REWRITE_SYSTEM', 'REWRITE_RULES', 'task_field', 'task_kind', 'choice_list',

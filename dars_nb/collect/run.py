@@ -22,7 +22,7 @@ from ..pool.config import ConfigError
 from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
 from .prompts import generation_messages, choice_list
-from ..release import format_options
+from ..observations import format_options
 from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
 from .config import load_config
 from .tasks import load_tasks

@@ -61,7 +61,7 @@ def load_task_file(path, # a JSONL file, one task per line
 # %% ../../nbs/35b_collect_tasks.ipynb #71688594
 def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
     if spec.path is not None: return load_task_file(spec.path, spec.name)
-    from dars_nb import datasets
+    from dars_nb.sources import datasets
     loader = getattr(datasets, SOURCES[spec.source])
     kw = dict(spec.options)
     if spec.source == 'gpqa': return loader(kw.pop('path'), dataset=spec.name, **kw)
@@ -89,7 +89,7 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
               ) -> pd.DataFrame:
     "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
-    from dars_nb.datasets import sample_tasks
+    from dars_nb.sources.datasets import sample_tasks
     parts, short = [], {}
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import altair as alt
-from ..draws import router_variance, plot_router_variance
+from ..evaluate.draws import router_variance, plot_router_variance
 from .tables import VIEW_LABELS, compare_supervision
 
 # %% auto #0

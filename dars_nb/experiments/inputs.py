@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from ..observations import validate, select, router_texts
-from ..release import load_observations
+from ..sources import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES

@@ -18,7 +18,7 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from ..observations import as_validated, select, model_order
 from ..stats import PAPER, supervision, normalize_cost, MODES, Supervision, COST_NORMS, DRAWS
-from ..bootstrap import bootstrap_ci
+from ..evaluate.bootstrap import bootstrap_ci
 from ..evaluate import (per_query_view_utility, view_means, true_utility, best_fixed_model,
                               best_fixed_model_from_training)
 from ..routers.base import align

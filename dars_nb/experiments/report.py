@@ -18,7 +18,7 @@ from .tables import VIEW_LABELS, compare_supervision, count_wins, count_verdicts
 from .inputs import Settings
 from .paper import paper_wins_line
 from .presets import PAPER_PROTOCOL
-from ..release import is_release
+from ..sources.release import is_release
 from .stages import Run
 from .cluster import cluster_text
 

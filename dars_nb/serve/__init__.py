@@ -5,6 +5,7 @@
 # %% ../../nbs/36e_serve.ipynb #e5dc4cd2
 from __future__ import annotations
 import dataclasses
+import functools
 import signal
 import threading
 from pathlib import Path
@@ -60,7 +61,8 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
     if missing:
         choices, file = ', '.join(map(repr, missing)), Path(pool).name
         raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
-    app = create_app(bundle.rank, served, settings, lam=bundle.lam, chat=chat)
+    rank = functools.partial(bundle.rank, threads=1)   # small batches: a second native thread only waits
+    app = create_app(rank, served, settings, lam=bundle.lam, chat=chat)
     sock = listening_socket(settings.host, settings.port)
     url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
     if not quiet:

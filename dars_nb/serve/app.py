@@ -21,7 +21,6 @@ from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_reque
 from .metrics import ServeMetrics, SLACK
 from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
-from ..routers.base import native_thread_pools
 
 # %% auto #0
 __all__ = ['RankBatcher', 'ClientKeyCheck', 'BrowserGuard', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
@@ -38,7 +37,7 @@ class RankBatcher:
     def _timed(self, texts: list, lam) -> tuple:
         "(rankings, the call's cost in seconds: its thread's CPU time or a quarter of its clock time, the larger)."
         t0, w0 = time.thread_time(), time.perf_counter()
-        with native_thread_pools().limit(limits=1): ranks = self.rank(texts, lam)   # one native thread
+        ranks = self.rank(texts, lam)
         return ranks, max(time.thread_time() - t0, (time.perf_counter() - w0) / 4)
 
 # %% ../../nbs/36d_serve_app.ipynb #d173cfa9

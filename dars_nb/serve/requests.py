@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
-from ..calibrate import ROUTER_MODEL, check_lambda, lambda_from_model_name
+from ..bundle.model_name import ROUTER_MODEL, check_lambda, lambda_from_model_name
 from ..observations import chat_text
 
 # %% auto #0

@@ -10,7 +10,9 @@ import argparse
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from dars_nb.release import RELEASE_MODELS, MAX_TOKENS, write_release, format_options
+from dars_nb.sources.release import RELEASE_MODELS
+from dars_nb.sources.release_writer import MAX_TOKENS, write_release
+from dars_nb.observations import format_options
 from dars_nb.scoring import score_drop
 
 # USD per million prompt / completion tokens (made-up round figures of the right order)

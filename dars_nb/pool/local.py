@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from fastcore.basics import patch
 from fastcore.meta import delegates
-from ..pool.models import ModelSpec, Pool, Limits
-from ..pool.http import endpoint_client, http_get, EndpointUnreachable
-from ..pool.server import BackgroundServer, free_port, relay, stop_signals
+from .models import ModelSpec, Pool, Limits
+from .http import endpoint_client, http_get, EndpointUnreachable
+from .server import BackgroundServer, free_port, relay, stop_signals
 
 # %% auto #0
 __all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModel', 'LocalModelError', 'sha256_file', 'smollm2_path',
