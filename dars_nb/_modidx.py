@@ -209,6 +209,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'dars_nb.cli._command_stderr': ('cli.html#_command_stderr', 'dars_nb/cli.py'),
                              'dars_nb.cli._one_line': ('cli.html#_one_line', 'dars_nb/cli.py'),
                              'dars_nb.cli._optional_types': ('cli.html#_optional_types', 'dars_nb/cli.py'),
+                             'dars_nb.cli._source_file': ('cli.html#_source_file', 'dars_nb/cli.py'),
                              'dars_nb.cli._without_fastcore_options': ('cli.html#_without_fastcore_options', 'dars_nb/cli.py'),
                              'dars_nb.cli.build_parser': ('cli.html#build_parser', 'dars_nb/cli.py'),
                              'dars_nb.cli.command_parser': ('cli.html#command_parser', 'dars_nb/cli.py'),

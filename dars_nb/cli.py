@@ -45,10 +45,15 @@ COMMANDS = {
 }
 
 # %% ../nbs/90_cli.ipynb #0b86d361
+def _source_file(module: str) -> Path:
+    "The source file of a module of this package, found without importing it or the packages above it."
+    rel, root = Path(*module.split('.')[1:]), Path(importlib.util.find_spec('dars_nb').origin).parent
+    return next(p for p in (root / rel.with_suffix('.py'), root / rel / '__init__.py') if p.exists())
+
 def summary(cmd: Command) -> str:
     "First line of the entry function's docstring, read from the source without importing it."
     module, name = cmd.entry.split(':')
-    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+    tree = ast.parse(_source_file(module).read_text())
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
     return (ast.get_docstring(node) or '').splitlines()[0].rstrip('.')
 

@@ -2,6 +2,11 @@
 `test_eq(bool)`, and how a notebook reads: definitions followed by an example or test, runs of exported cells, cells
 of private helpers only, example cells with an output, files over 500 lines (the package and `tools/`).
 
+The house a newcomer walks: example cells in the library notebooks that keep their output, tests that repeat their
+example's call instead of asserting on it, modules lying flat at the top of the package, imports that cross into
+another chapter for a helper that belongs elsewhere, records that travel as positional tuples, and prose cells over
+200 words. Each is printed with its goal.
+
 Run: python tools/house_metrics.py [--list]   (from the project root)"""
 import ast, json, re, statistics, sys
 from pathlib import Path
@@ -120,6 +125,136 @@ def import_cycles(graph):
         if v not in index: visit(v)
     return out
 
+# The house a newcomer walks
+def library_notebooks():
+    "The numbered notebooks of the library (not the home page, tutorials, how-to or reference pages)."
+    return sorted(p for p in (ROOT/'nbs').glob('[0-9]*.ipynb'))
+
+def _parsed(src):
+    try: return ast.parse('\n'.join(l for l in body(src) if not l.lstrip().startswith(('%', '!'))))
+    except SyntaxError: return None
+
+def _is_test_stmt(n) -> bool:
+    "An assert, or a call of a `test_*` function."
+    if isinstance(n, ast.Assert): return True
+    return (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+            and n.value.func.id.startswith('test_'))
+
+def example_cells(nb):
+    "(cell, its parsed body) of the example cells: code cells neither exported nor hidden, not only imports or tests."
+    for c in json.loads(nb.read_text())['cells']:
+        if c['cell_type'] != 'code': continue
+        src = ''.join(c['source']); first = src.splitlines()[0] if src.splitlines() else ''
+        if EXPORT.match(first) or re.match(r'^#\|\s*hide', first): continue
+        tree = _parsed(src)
+        if tree is None or not tree.body: continue
+        if all(isinstance(n, (ast.Import, ast.ImportFrom)) or _is_test_stmt(n) for n in tree.body): continue
+        yield c, tree
+
+def outputs_kept():
+    "(example cells that keep an output, example cells) over the library notebooks."
+    kept = total = 0
+    for nb in library_notebooks():
+        for c, _ in example_cells(nb): total += 1; kept += bool(c.get('outputs'))
+    return kept, total
+
+def _calls(tree):
+    return {ast.dump(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+
+def repeated_calls():
+    "(notebook, call) where a test cell calls again, with the same arguments, the call its example cell just showed."
+    out = []
+    for nb in library_notebooks():
+        cells = [c for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
+        for a, b in zip(cells, cells[1:]):
+            ta, tb = _parsed(''.join(a['source'])), _parsed(''.join(b['source']))
+            if not (ta and tb and ta.body and isinstance(ta.body[-1], ast.Expr)): continue
+            if not any(_is_test_stmt(n) for n in tb.body): continue
+            shown = ta.body[-1].value
+            shown = shown.elts if isinstance(shown, ast.Tuple) else [shown]
+            again = _calls(tb)
+            out += [(nb.name, ast.unparse(e)) for e in shown if isinstance(e, ast.Call) and ast.dump(e) in again]
+    return out
+
+FLAT_EXEMPT = {'__init__.py', '__main__.py', '_modidx.py'}
+
+def flat_modules():
+    "Modules at the top of `dars_nb/` (the package's own __init__, __main__ and index aside)."
+    return sorted(p.stem for p in (ROOT/'dars_nb').glob('*.py') if p.name not in FLAT_EXEMPT)
+
+# Imports that went into another chapter for a helper that belongs elsewhere (each checked by name)
+CROSS_ROOM = {
+    "serve takes the λ-in-the-model-name convention from calibration": ('dars_nb.serve.requests', 'dars_nb.bundle.calibrate'),
+    "serve takes native thread pools from the routers' base": ('dars_nb.serve.app', 'dars_nb.routers.base'),
+    "format_options from the release reader": (None, 'dars_nb.sources.release', 'format_options'),
+    "load_observations from the release reader": (None, 'dars_nb.sources.release', 'load_observations'),
+    "collect holds a module nothing in collect uses": ('dars_nb.collect.local',),
+}
+
+def _imported_names(path):
+    "(module imported, name) for every `from … import name` of a module, relative imports resolved."
+    name = _module_name(path)
+    pkg = name if path.name == '__init__.py' else name.rsplit('.', 1)[0]
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.ImportFrom):
+            base = n.module or ''
+            if n.level: base = '.'.join(pkg.split('.')[:len(pkg.split('.')) - n.level + 1] + ([base] if base else []))
+            for a in n.names: yield base, a.name
+
+def cross_room_imports():
+    "The named cross-chapter imports still present."
+    files = {_module_name(p): p for p in (ROOT/'dars_nb').rglob('*.py') if p.name != '_modidx.py'}
+    graph = import_graph()
+    found = []
+    for what, rule in CROSS_ROOM.items():
+        if len(rule) == 1:
+            if rule[0] in files: found.append(what)
+        elif rule[0] is not None:
+            if rule[1] in graph.get(rule[0], ()): found.append(what)
+        elif any((rule[1], rule[2]) in set(_imported_names(p)) for m, p in files.items() if m != rule[1]):
+            found.append(what)
+    return found
+
+def positional_records():
+    "Tuples of 4 or more values returned, and calls with 6 or more positional arguments, in the package."
+    out = []
+    for p in (ROOT/'dars_nb').rglob('*.py'):
+        if p.name == '_modidx.py': continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple) and len(n.value.elts) >= 4:
+                out.append((str(p.relative_to(ROOT)), n.lineno, f'returns a {len(n.value.elts)}-tuple'))
+            if isinstance(n, ast.Call) and sum(not isinstance(a, ast.Starred) for a in n.args) >= 6:
+                out.append((str(p.relative_to(ROOT)), n.lineno, f'{ast.unparse(n.func)} with {len(n.args)} positional arguments'))
+    return sorted(out)
+
+def long_prose(limit: int = 200):
+    "(notebook, words) of the markdown cells over `limit` words in the library notebooks."
+    out = []
+    for nb in library_notebooks():
+        for c in json.loads(nb.read_text())['cells']:
+            if c['cell_type'] == 'markdown':
+                words = len(re.findall(r"[\w'’-]+", ''.join(c['source'])))
+                if words > limit: out.append((nb.name, words))
+    return out
+
+def house(listing=False):
+    kept, total = outputs_kept()
+    print(f"example cells in library notebooks that keep an output: {kept / max(total, 1):.0%} of {total} (goal >= 60 %)")
+    rep = repeated_calls()
+    print(f"test cells that repeat their example's call: {len(rep)} (goal: none)"
+          + (''.join(f"\n  {nb}: {call[:80]}" for nb, call in rep) if listing else ''))
+    flat = flat_modules()
+    print(f"modules flat at the top of dars_nb/: {len(flat)} (goal <= 12): {', '.join(flat)}")
+    cross = cross_room_imports()
+    print(f"cross-chapter imports of a helper that belongs elsewhere: {len(cross)} of {len(CROSS_ROOM)} (goal: none)"
+          + ''.join(f"\n  {w}" for w in cross))
+    rec = positional_records()
+    print(f"records as positional tuples (returns of 4+ values, calls with 6+ positional arguments): {len(rec)} (goal: none)"
+          + ''.join(f"\n  {p}:{l} {w}" for p, l, w in rec))
+    prose = long_prose()
+    print(f"prose cells over 200 words in library notebooks: {len(prose)} (goal: none)"
+          + ''.join(f"\n  {nb}: {w} words" for nb, w in prose))
+
 def main(listing=False):
     sizes, defs, long_lines, code_lines, bool_eq, test_lines = [], [], 0, 0, 0, 0
     for nb in notebooks():
@@ -159,4 +294,6 @@ def main(listing=False):
     cycles = import_cycles(import_graph())
     print(f"import cycles in dars_nb: {cycles if cycles else 'none'}")
 
-if __name__ == '__main__': main('--list' in sys.argv)
+if __name__ == '__main__':
+    main('--list' in sys.argv)
+    house('--list' in sys.argv)
