@@ -3,7 +3,8 @@ here (not a LocalCluster inside this process).
 
 In `make test` (a few seconds, in this process):
 - `dars reproduce` stops with one line and exit code 1, leaving no report folder, when the scheduler cannot be reached
-  (`DARS_SCHEDULER`) or the `cluster` extra is missing.
+  (`DARS_SCHEDULER`) or the `cluster` extra is missing; a malformed `--scheduler` address, a refused port or a
+  server that is no Dask scheduler end it within seconds, with no traceback when the process exits.
 (The notebook `21_cluster` runs units on an in-process Dask cluster, checked against joblib, in `make test` too.)
 
 Behind the `slow` flag (`DARS_TEST_FLAGS=slow .venv/bin/python -m pytest tests/test_cluster.py`, minutes on two
@@ -248,6 +249,34 @@ def test_unreachable_scheduler_from_the_environment(tmp_path, monkeypatch, capsy
     stderr = capsys.readouterr().err
     assert code == 1 and stderr.startswith('dars reproduce: error: cannot reach the Dask scheduler at tcp://127.0.0.1:9: ')
     assert len(stderr.strip().splitlines()) == 1 and not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize('address, says', [
+    ('garbage', "'garbage' is not a Dask scheduler address (no port)"),
+    ('http://10.0.0.5:8786', "'http://10.0.0.5:8786' is not a Dask scheduler address (unknown scheme 'http')"),
+    ('tcp://[::1', "'tcp://[::1' is not a Dask scheduler address (invalid IPv6 URL)"),
+    ('inproc://x', "'inproc://x' is not a Dask scheduler address (inproc:// reaches a scheduler only inside its own"),
+    ('tcp://127.0.0.1:9', 'cannot reach the Dask scheduler at tcp://127.0.0.1:9: Connection refused'),   # nothing listens
+    ('web server', 'is not a Dask scheduler (it does not speak'),
+])
+def test_a_scheduler_that_cannot_be_used_is_one_line_at_once(tmp_path, address, says):
+    # the real command in a process of its own, with Dask's default timeouts: it must end within the subprocess
+    # timeout (far under Dask's 30 s connect timeout and its 60 s close at exit), say one line, and leave nothing
+    import socketserver
+    class AnswerHTTP(socketserver.BaseRequestHandler):
+        def handle(self): self.request.recv(1024); self.request.sendall(b'HTTP/1.1 400 Bad Request\r\n\r\n')
+    with socketserver.ThreadingTCPServer(('127.0.0.1', 0), AnswerHTTP) as web:
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        if address == 'web server': address = f'tcp://127.0.0.1:{web.server_address[1]}'
+        out = tmp_path / 'report'
+        res = subprocess.run([str(BIN / 'dars'), 'reproduce', '--quick', '--out', str(out), '--scheduler', address],
+                             capture_output=True, text=True, timeout=20, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+        web.shutdown()
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count('\n') == 1 and 'Traceback' not in res.stderr, res.stderr
+    assert res.stderr.startswith('dars reproduce: error: ') and says in res.stderr, res.stderr
+    assert res.stdout == '' and not out.exists() and not list(tmp_path.iterdir())
 
 
 def test_missing_extra_names_it(tmp_path, monkeypatch, capsys):

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from fastcore.basics import patch
 from ..markdown import markdown_table
@@ -82,11 +84,35 @@ def _damaged(path, detail) -> StoreError:
     detail = str(detail).splitlines()[0][:80] if str(detail).strip() else 'unreadable'
     return StoreError(f"store {path} is damaged ({detail}); {_salvage_hint(path)}")
 
-def _db_error(path, e: sqlite3.DatabaseError) -> StoreError:
-    "A one-line `StoreError` for what sqlite3 raised: a busy or unwritable file, or a damaged one."
-    if isinstance(e, sqlite3.OperationalError) and 'malformed' not in str(e):
-        return StoreError(f"store {path}: {e}")
-    return _damaged(path, e)
+# %% ../../nbs/31_store.ipynb #331b0071
+_KEPT = 'nothing already stored is lost'
+_ADVICE = {   # sqlite's primary result code -> what to do about it
+    'SQLITE_FULL': f"free space on its disk and run again; {_KEPT}",
+    'SQLITE_IOERR': ("its disk refused a read or a write (full, failing, or over a file size limit): "
+                     f"free space or fix the disk and run again; {_KEPT}"),
+    'SQLITE_READONLY': "make the file and its folder writable (or copy the store somewhere writable) and run again",
+    'SQLITE_BUSY': "another process holds it locked: wait for that process to end and run again",
+    'SQLITE_LOCKED': "another process holds it locked: wait for that process to end and run again",
+    'SQLITE_CANTOPEN': "check that its folder exists and can be written, and run again",
+    'SQLITE_PERM': "check the permissions of the file and its folder, and run again",
+    'SQLITE_NOLFS': "its file system cannot hold a file this large: move the store to another disk",
+}
+_BY_TEXT = [('malformed', 'SQLITE_CORRUPT'), ('not a database', 'SQLITE_NOTADB'), ('disk is full', 'SQLITE_FULL'),
+            ('disk I/O', 'SQLITE_IOERR'), ('readonly', 'SQLITE_READONLY'), ('locked', 'SQLITE_BUSY'),
+            ('unable to open', 'SQLITE_CANTOPEN')]
+
+def _error_code(e: sqlite3.Error) -> str:
+    "sqlite's primary result code of `e` ('SQLITE_FULL', ...), from its message when sqlite3 did not set it."
+    name = getattr(e, 'sqlite_errorname', None)
+    if name: return '_'.join(name.split('_')[:2])
+    return next((code for text, code in _BY_TEXT if text in str(e)), 'SQLITE_ERROR')
+
+def _db_error(path, e: sqlite3.Error) -> StoreError:
+    "A one-line `StoreError` for what sqlite3 raised: what happened to the store, and what to do."
+    code = _error_code(e)
+    if code in ('SQLITE_CORRUPT', 'SQLITE_NOTADB'): return _damaged(path, e)
+    advice = _ADVICE.get(code)
+    return StoreError(f"store {path}: {str(e).strip() or code}" + (f"; {advice}" if advice else ''))
 
 # %% ../../nbs/31_store.ipynb #0276d995
 def _plain(v):
@@ -96,20 +122,48 @@ def _plain(v):
     if isinstance(v, bool): return int(v)
     return v
 
+# %% ../../nbs/31_store.ipynb #858961b4
+def _holder_named(f) -> str | None:
+    "The writer an open lock file names, if it names a live process (a killed writer's text outlives it)."
+    f.seek(0)
+    text = f.read().strip()
+    m = re.search(r'\(pid (\d+) on (\S+),', text)
+    if m is None: return None
+    if m[2] != socket.gethostname(): return text      # another machine's process: taken at its word
+    try: os.kill(int(m[1]), 0)
+    except ProcessLookupError: return None
+    except PermissionError: pass                      # alive, and another user's
+    return text
+
+def _writer_of(path) -> str | None:
+    "Who holds the writer lock of the store at `path` right now (None: nobody)."
+    import fcntl
+    try: f = open(f'{path}.lock')
+    except OSError: return None
+    with f:
+        try: fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError: return _holder_named(f) or 'another process'
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
 # %% ../../nbs/31_store.ipynb #691055e3
 def _check_file(path: Path, readonly: bool) -> bool:
-    "Whether a store file exists; one line if it cannot be a store (empty, or not SQLite)."
-    if not path.exists():
-        if readonly: raise StoreError(f"no store at {path}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return False
-    if not path.is_file(): raise StoreError(f"store {path} is not a file")
-    if path.stat().st_size == 0:
-        wal = Path(f'{path}-wal')             # a young store can live in its WAL file alone
-        if wal.exists() and wal.stat().st_size > 0: return True
-        raise StoreError(f"store {path} is an empty file (0 bytes), not a store: "
-                         "restore it from a copy, or delete it to start a new store")
-    with open(path, 'rb') as f: head = f.read(16)
+    "Whether a store file exists; one line if it cannot be a store (a folder, empty, or not SQLite)."
+    try:
+        if not path.exists():
+            if readonly: raise StoreError(f"no store at {path}")
+            return False
+        if path.is_dir(): raise StoreError(f"store {path} is a folder, not a store file")
+        if not path.is_file(): raise StoreError(f"store {path} is not a file")
+        if path.stat().st_size == 0:
+            wal = Path(f'{path}-wal')             # a young store can live in its WAL file alone
+            if wal.exists() and wal.stat().st_size > 0: return True
+            holder = _writer_of(path)
+            if holder: raise StoreError(f"store {path} is an empty file held by {holder}; wait for it to end")
+            raise StoreError(f"store {path} is an empty file (0 bytes), not a store: "
+                             "restore it from a copy, or delete it to start a new store")
+        with open(path, 'rb') as f: head = f.read(16)
+    except OSError as e: raise StoreError(f"cannot read store {path}: {e.strerror}") from None
     if head != b'SQLite format 3\x00':
         raise StoreError(f"{path} is not a store, or its first page is damaged; {_salvage_hint(path)}")
     return True
@@ -137,6 +191,18 @@ def _create_schema(conn, path):
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (v,))
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version' AND value != ?", (v, v))
 
+def _check_version(conn, path):
+    "Refuse a store written by a newer dars_nb (a schema version above `SCHEMA_VERSION`)."
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone(): return
+    got = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if got is None: return
+    try: v = json.loads(got[0])
+    except (TypeError, ValueError): v = None
+    if not isinstance(v, int) or isinstance(v, bool): raise _damaged(path, f"schema version {got[0]!r}")
+    if v > SCHEMA_VERSION:
+        raise StoreError(f"store {path} was written by a newer dars_nb (store schema {v}, this version reads up "
+                         f"to {SCHEMA_VERSION}): upgrade dars_nb (pip install -U dars_nb) to open it")
+
 def _check_columns(conn, path):
     cols = [r[1] for r in conn.execute('PRAGMA table_info(observations)')]
     missing = [c for c in STORE_COLUMNS if c not in cols]
@@ -151,6 +217,35 @@ def _empty_tables(conn):
         if name and name not in have:
             conn.execute(stmt.replace('CREATE TABLE', 'CREATE TEMP TABLE'))
 
+# %% ../../nbs/31_store.ipynb #891e0000
+def _make_folder(path: Path):
+    "The folder of a new store, created if missing; one line when it cannot be."
+    try: path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = 'a file has that name' if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+        raise StoreError(f"cannot create the folder of store {path}: {why} ({e.filename})") from None
+
+def _link(made: Path, path: Path):
+    "Give the finished file `made` the name `path`, unless another process got there first."
+    try: os.link(made, path)
+    except FileExistsError: pass                       # theirs is kept
+    except OSError:                                    # a file system without hard links
+        if not path.exists(): os.replace(made, path)
+
+def _create_store(path: Path, timeout_s: float):
+    "A new, empty store at `path`: made whole under a temporary name, then linked into place."
+    _make_folder(path)
+    made = path.with_name(f'.{path.name}.{os.getpid()}-{threading.get_ident()}.new')
+    try:
+        conn = _connect(made, timeout_s, readonly=False)
+        try: _create_schema(conn, path)
+        finally: conn.close()
+        _link(made, path)
+    except sqlite3.Error as e: raise _db_error(path, e) from None
+    except OSError as e: raise StoreError(f"cannot create store {path}: {e.strerror}") from None
+    finally:
+        for p in (made, Path(f'{made}-wal'), Path(f'{made}-shm')): p.unlink(missing_ok=True)
+
 # %% ../../nbs/31_store.ipynb #f8ce81ca
 class Store:
     "Observations, rewrites, the spend ledger and run metadata in one SQLite file (WAL)."
@@ -160,32 +255,43 @@ class Store:
                 ):
         self.path, self.readonly = Path(path), readonly
         self._lock, self._conn, self._writer, self._ledger = threading.Lock(), None, None, None
-        existed = _check_file(self.path, readonly)
+        if not _check_file(self.path, readonly): _create_store(self.path, timeout_s)
         try:
             self._conn = _connect(self.path, timeout_s, readonly)
-            if existed: _check_pages(self._conn, self.path)
+            _check_pages(self._conn, self.path)
+            _check_version(self._conn, self.path)
             if readonly: _empty_tables(self._conn)
             else: _create_schema(self._conn, self.path)
             _check_columns(self._conn, self.path)
         except BaseException as e:
             self.close()
-            if isinstance(e, sqlite3.DatabaseError): raise _db_error(self.path, e) from None
+            if isinstance(e, sqlite3.Error): raise _db_error(self.path, e) from None
             raise
 
     def __repr__(self): return f"Store({str(self.path)!r}, {self.count()} observations)"
     def close(self):
         "Close the connection and give up the writer lock (idempotent)."
         with self._lock:
-            if self._conn is not None: self._conn.close(); self._conn = None
-            if self._writer is not None: self._writer.close(); self._writer = None
+            if self._conn is not None:
+                # a close that cannot write its checkpoint loses nothing: the WAL file keeps the commits
+                try: self._conn.close()
+                except sqlite3.Error: pass
+                self._conn = None
+            if self._writer is not None: _release(self._writer); self._writer = None
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-    def _q(self, sql, args=()):
-        try:
-            with self._lock: return self._conn.execute(sql, args).fetchall()
-        except sqlite3.IntegrityError: raise
-        except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
+    @contextmanager
+    def _sql(self):
+        "The connection, held; whatever sqlite3 raises in the block is a one-line `StoreError`."
+        with self._lock:
+            if self._conn is None: raise StoreError(f"store {self.path} is closed")
+            try: yield self._conn
+            except sqlite3.Error as e: raise _db_error(self.path, e) from None
+
+    def _q(self, sql, args=()) -> list:
+        "The rows of one statement."
+        with self._sql() as conn: return conn.execute(sql, args).fetchall()
 
 # %% ../../nbs/31_store.ipynb #4f506028
 def _check_row(row: dict) -> dict:
@@ -228,30 +334,34 @@ def insert(self: Store, row: dict, # one observation: key fields, score, cost, a
     "Store one observation in its own transaction; idempotent on the natural key."
     r = _check_row(row)
     cols = list(r)
-    try:
-        with self._lock:
-            cur = self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
-    except sqlite3.IntegrityError as e:
-        raise StoreError(f"observation rejected by the store: {e}") from None
-    except sqlite3.DatabaseError as e: raise _db_error(self.path, e) from None
+    with self._sql() as conn:
+        try: cur = conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()])
+        except sqlite3.IntegrityError as e:
+            raise StoreError(f"observation rejected by the store: {e}") from None
     return cur.rowcount == 1
 
 # %% ../../nbs/31_store.ipynb #be450c45
+def _rollback(conn):
+    "Roll back the open transaction, if any (one a failed write left; SQLite may have ended it)."
+    if not conn.in_transaction: return
+    try: conn.execute('ROLLBACK')
+    except sqlite3.Error: pass      # closing the connection rolls it back all the same
+
 @patch
 def insert_many(self: Store, rows, # observations (dicts), e.g. `obs.to_dict('records')`
                ) -> int: # how many were new
     "Store many observations in one transaction (all or none); keys already stored are skipped."
     checked = [_check_row(r) for r in rows]
     new = 0
-    with self._lock:
-        self._conn.execute('BEGIN IMMEDIATE')
+    with self._sql() as conn:
+        conn.execute('BEGIN IMMEDIATE')
         try:
             for r in checked:
                 cols = list(r)
-                new += self._conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()]).rowcount
-            self._conn.execute('COMMIT')
+                new += conn.execute(_insert_sql(cols), [r[c] for c in cols] + [time.time()]).rowcount
+            conn.execute('COMMIT')
         except BaseException as e:
-            self._conn.execute('ROLLBACK')
+            _rollback(conn)
             if isinstance(e, sqlite3.IntegrityError):
                 raise StoreError(f"observation rejected by the store: {e}") from None
             raise
@@ -283,11 +393,9 @@ def count(self: Store) -> int:
 # %% ../../nbs/31_store.ipynb #ceee7483
 def _frame(store, sql) -> pd.DataFrame:
     "A query's rows as a DataFrame (read through the store, so a damaged page is one line)."
-    with store._lock:
-        try:
-            cur = store._conn.execute(sql)
-            return pd.DataFrame(cur.fetchall(), columns=[d[0] for d in cur.description])
-        except sqlite3.DatabaseError as e: raise _db_error(store.path, e) from None
+    with store._sql() as conn:
+        cur = conn.execute(sql)
+        return pd.DataFrame(cur.fetchall(), columns=[d[0] for d in cur.description])
 
 # %% ../../nbs/31_store.ipynb #b076fb58
 @patch
@@ -329,7 +437,7 @@ def put_rewrite(self: Store, dataset: str, # dataset name
            'VALUES (?, ?, ?, ?, ?, ?) '
            'ON CONFLICT (dataset, query_id, rewrite_id) DO NOTHING')
     args = (str(dataset), str(query_id), rid, text, model, time.time())
-    with self._lock: cur = self._conn.execute(sql, args)
+    with self._sql() as conn: cur = conn.execute(sql, args)
     return cur.rowcount == 1
 
 # %% ../../nbs/31_store.ipynb #7699e048
@@ -381,10 +489,10 @@ def put_rewriter_answer(self: Store, dataset: str, # dataset name
     "Store one raw rewriter answer in its own transaction."
     args = (str(dataset), str(query_id), int(round), json.dumps([int(s) for s in slots]), str(text),
             model, time.time())
-    with self._lock:
-        cur = self._conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, '
-                                 'text, model, created_at) '
-                                 'VALUES (?, ?, ?, ?, ?, ?, ?)', args)
+    with self._sql() as conn:
+        cur = conn.execute('INSERT INTO rewriter_answers (dataset, query_id, round, slots, '
+                           'text, model, created_at) '
+                           'VALUES (?, ?, ?, ?, ?, ?, ?)', args)
     return cur.lastrowid
 
 # %% ../../nbs/31_store.ipynb #6eb8add9
@@ -438,10 +546,10 @@ def reserve(self: StoreLedger, model: str, # the pool's name of the model called
         raise StoreError(f"unknown ledger kind {kind!r} (expected one of {', '.join(LEDGER_KINDS)})")
     m = _money(max_usd, 'max_usd')
     s = self.store
-    with s._lock:
-        cur = s._conn.execute("INSERT INTO ledger (model, kind, max_usd, status, reserved_at) "
-                              "VALUES (?, ?, ?, 'open', ?)",
-                              (str(model), kind, m, time.time()))
+    with s._sql() as conn:
+        cur = conn.execute("INSERT INTO ledger (model, kind, max_usd, status, reserved_at) "
+                           "VALUES (?, ?, ?, 'open', ?)",
+                           (str(model), kind, m, time.time()))
     self._n, self._usd, self._open[cur.lastrowid] = self._n + 1, self._usd + m, m
     return cur.lastrowid
 
@@ -469,7 +577,7 @@ def settle_lost(self: StoreLedger) -> int: # how many entries were settled
     mine = list(self._open) or [-1]
     sql = (f"UPDATE ledger SET status = 'lost', cost_usd = max_usd, settled_at = ? "
            f"WHERE status = 'open' AND id NOT IN ({', '.join('?' * len(mine))})")
-    with self.store._lock: return self.store._conn.execute(sql, [time.time(), *mine]).rowcount
+    with self.store._sql() as conn: return conn.execute(sql, [time.time(), *mine]).rowcount
 
 # %% ../../nbs/31_store.ipynb #f6661db5
 @patch
@@ -484,22 +592,40 @@ def totals(self: StoreLedger) -> pd.DataFrame:
     return out.join(counts.reindex(columns=cols, fill_value=0))[['requests', *cols, 'usd']]
 
 # %% ../../nbs/31_store.ipynb #d85851c8
+def _release(f):
+    "Give up a writer lock, leaving its file blank (a name in it would outlive the writer)."
+    try: f.seek(0); f.truncate()
+    except OSError: pass
+    f.close()
+
 @patch
 def lock_writer(self: Store,
                 command: str = 'dars collect', # the holder, as named to a refused writer
+                wait_s: float = 2.0, # how long a refused writer waits for the holder's name (or the lock)
                ) -> None:
     "Become the only writer of this store, or a one-line `StoreError` naming the one that is."
     import fcntl
     if self._writer is not None: return
-    f = open(f'{self.path}.lock', 'a+')
-    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0); holder = f.read().strip() or 'another process'; f.close()
-        raise StoreError(f"store {self.path} is being written by {holder}; "
-                         "wait for it to end or stop it") from None
+    try: f = open(f'{self.path}.lock', 'a+')
+    except OSError as e:
+        raise StoreError(f"cannot take the writer lock of store {self.path}: {e.strerror}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB); break
+        except BlockingIOError:
+            holder = _holder_named(f)
+            if holder is None and time.monotonic() < deadline: time.sleep(0.05); continue
+            f.close()
+            raise StoreError(f"store {self.path} is being written by {holder or 'another process'}; "
+                             "wait for it to end or stop it") from None
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
-    f.seek(0); f.truncate(); f.write(f"{command} (pid {os.getpid()} on {socket.gethostname()}, started {started})\n")
-    f.flush()
+    try:
+        f.seek(0); f.truncate()
+        f.write(f"{command} (pid {os.getpid()} on {socket.gethostname()}, started {started})\n"); f.flush()
+    except OSError as e:
+        f.close()
+        raise StoreError(f"cannot write the writer lock of store {self.path}: {e.strerror}; "
+                         f"free space and run again; {_KEPT}") from None
     self._writer = f
 
 # %% ../../nbs/31_store.ipynb #eceffe08
@@ -540,6 +666,9 @@ _COPY_COLS = {'rewrites': ['dataset', 'query_id', 'rewrite_id', 'text', 'model',
                          'settled_at'],
               'meta': ['key', 'value']}
 
+# what one row can make a fresh store refuse; a full disk or an I/O error stops the copy instead
+_ROW_REFUSED = (StoreError, sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, TypeError, ValueError)
+
 def _copy_rows(new: Store, table: str, rows: list) -> int:
     "Insert the rows one by one into `new`; a row the fresh store refuses is skipped."
     done = 0
@@ -554,10 +683,14 @@ def _copy_rows(new: Store, table: str, rows: list) -> int:
             else:
                 sql = f"INSERT OR IGNORE INTO {table} ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})"
                 done += new._conn.execute(sql, list(r.values())).rowcount
-        except (StoreError, sqlite3.DatabaseError, TypeError, ValueError): pass
+        except _ROW_REFUSED: pass
     return done
 
 # %% ../../nbs/31_store.ipynb #f23ddf13
+def _remove_store(path: Path):
+    "Delete a store this process made and could not finish, with its WAL and shared-memory files."
+    for p in (path, Path(f'{path}-wal'), Path(f'{path}-shm')): p.unlink(missing_ok=True)
+
 def salvage_store(path, # the damaged store
                   out, # a new store file to create (it must not exist)
                  ) -> dict: # rows read and rows copied, per table
@@ -575,9 +708,13 @@ def salvage_store(path, # the damaged store
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
                 # one commit per table, not one per row
-                new._q('BEGIN')
-                report[table] = (len(rows), _copy_rows(new, table, rows))
-                new._q('COMMIT')
+                with new._sql() as c:
+                    c.execute('BEGIN')
+                    try: report[table] = (len(rows), _copy_rows(new, table, rows)); c.execute('COMMIT')
+                    finally: _rollback(c)
+    except StoreError:
+        _remove_store(out)       # a half-made copy is no store: the same command can run again
+        raise
     finally: conn.close()
     return report
 

@@ -10,7 +10,9 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import threading
+import urllib.parse
 import uuid
 import asyncio
 import concurrent.futures
@@ -23,21 +25,14 @@ from .. import __version__
 from ..extras import require
 
 # %% auto #0
-__all__ = ['SCHEDULER_ENV', 'SHARE_BYTES', 'scheduler_address', 'ClusterError', 'connect', 'cluster_client', 'payload_bytes',
-           'shared_arguments', 'Shipped', 'run_calls', 'cluster_text']
+__all__ = ['SCHEDULER_ENV', 'SCHEMES', 'CONNECT_TIMEOUT_S', 'SHARE_BYTES', 'ClusterError', 'check_scheduler_address',
+           'scheduler_address', 'connect', 'cluster_client', 'payload_bytes', 'shared_arguments', 'Shipped',
+           'run_calls', 'cluster_text']
 
 # %% ../../nbs/21_cluster.ipynb #58f75cc0
 SCHEDULER_ENV = 'DARS_SCHEDULER'
+SCHEMES = ('tcp', 'tls', 'ws', 'wss', 'ucx')   # what a Dask client reaches a scheduler over
 
-def scheduler_address(given: str | None = None, # an address from the command line ('local': this machine)
-                      environ: Mapping | None = None, # where `DARS_SCHEDULER` is read (default: os.environ)
-                     ) -> str | None:
-    "The Dask scheduler to run on: `given`, else `$DARS_SCHEDULER`; None (or 'local') is this machine."
-    environ = os.environ if environ is None else environ
-    address = (environ.get(SCHEDULER_ENV, '') if given is None else given).strip()
-    return None if address in ('', 'local') else address
-
-# %% ../../nbs/21_cluster.ipynb #c337c7bb
 class ClusterError(ConnectionError):
     "The Dask cluster cannot be reached, has no worker, or went away; the message names its address."
 
@@ -45,6 +40,40 @@ def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 
+def _listening_here(address: str) -> bool:
+    "Whether a Dask scheduler of this process listens at the inproc:// `address`."
+    inproc = sys.modules.get('distributed.comm.inproc')      # not imported: nothing listens
+    try: return inproc is not None and inproc.global_manager.get_listener_for(address.partition('://')[2]) is not None
+    except (ValueError, TypeError): return False
+
+def check_scheduler_address(address: str, # e.g. 'tcp://10.0.0.5:8786' (a bare 'HOST:PORT' is tcp)
+                           ) -> str: # the address with its scheme
+    "`address` if a Dask client can reach a scheduler there (SCHEME://HOST:PORT); else a one-line `ClusterError`."
+    scheme, sep, rest = address.partition('://')
+    if not sep: scheme, rest = 'tcp', address
+    def bad(why): return ClusterError(f"{address!r} is not a Dask scheduler address ({why}); expected SCHEME://HOST:PORT "
+                                      f"with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://10.0.0.5:8786")
+    if scheme == 'inproc':
+        if _listening_here(address): return address
+        raise bad('inproc:// reaches a scheduler only inside its own process, and none listens there')
+    if scheme not in SCHEMES: raise bad(f'unknown scheme {scheme!r}')
+    try: parts = urllib.parse.urlsplit(f'//{rest}'); port = parts.port
+    except ValueError as e: raise bad(str(e)[:1].lower() + str(e)[1:]) from None
+    if parts.path or parts.query or parts.fragment or '@' in parts.netloc: raise bad('more than a host and a port')
+    if not parts.hostname: raise bad('no host')
+    if not port: raise bad('no port' if port is None else 'port 0')
+    return f'{scheme}://{rest}'
+
+# %% ../../nbs/21_cluster.ipynb #204325ed
+def scheduler_address(given: str | None = None, # an address from the command line ('local': this machine)
+                      environ: Mapping | None = None, # where `DARS_SCHEDULER` is read (default: os.environ)
+                     ) -> str | None:
+    "The Dask scheduler to run on, checked: `given`, else `$DARS_SCHEDULER`; None (or 'local') is this machine."
+    environ = os.environ if environ is None else environ
+    address = (environ.get(SCHEDULER_ENV, '') if given is None else given).strip()
+    return None if address in ('', 'local') else check_scheduler_address(address)
+
+# %% ../../nbs/21_cluster.ipynb #c337c7bb
 # what a cancelled Dask future raises (concurrent.futures'), and asyncio's own
 _CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
 
@@ -56,6 +85,40 @@ def _answers(address: str, timeout: float = 2) -> bool:
     try: socket.create_connection((host, port), timeout=timeout).close()
     except OSError: return False
     return True
+
+def _reach(address: str, timeout: float):
+    "A one-line `ClusterError` unless something accepts a TCP connection at `address` within `timeout` s."
+    scheme, rest = address.split('://', 1)
+    if scheme in ('ucx', 'inproc'): return          # not TCP: Dask's own connect finds out
+    parts = urllib.parse.urlsplit(f'//{rest}')
+    try: socket.create_connection((parts.hostname, parts.port), timeout=timeout).close()
+    except TimeoutError:
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: nothing answered within "
+                           f"{timeout:g} s") from None
+    except OSError as e:
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: {e.strerror or _first_line(e)}") from None
+
+def _handshake(address: str, timeout: float):
+    "A one-line `ClusterError` unless what answers at `address` completes Dask's handshake within `timeout` s."
+    from distributed.comm import connect as dask_connect
+    from distributed.security import Security
+    async def shake():
+        args = Security().get_connection_args('client')
+        comm = await asyncio.wait_for(dask_connect(address, timeout=timeout, **args), timeout)
+        await comm.close()
+    # Dask waits for the handshake's answer without a limit; here it has `timeout`, on a loop of its own
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try: pool.submit(asyncio.run, shake()).result()
+        except TimeoutError:
+            raise ClusterError(f"what answers at {address} did not complete Dask's handshake within {timeout:g} s: "
+                               "check the address and port") from None
+        except OSError as e:
+            raise ClusterError(f"cannot reach the Dask scheduler at {address}: {_first_line(e)}") from None
+        except MemoryError:    # it answers in another protocol (a web server, say): its bytes read as a huge frame
+            raise ClusterError(f"what answers at {address} is not a Dask scheduler (it does not speak Dask's "
+                               "protocol): check the address and port") from None
+        except Exception as e:  # e.g. tls:// without this client's TLS settings, ucx:// without ucx
+            raise ClusterError(f"cannot connect to the Dask scheduler at {address}: {_first_line(e)[:200]}") from None
 
 def _scheduler_gone(client, e: BaseException) -> bool:
     "Whether `e` (a cancellation, a timeout, an OSError) means the scheduler went away."
@@ -72,17 +135,38 @@ def _check_workers(client, address: str):
                                f"this process dars_nb {__version__}: install the same on every worker")
 
 # %% ../../nbs/21_cluster.ipynb #cd9f65e9
+CONNECT_TIMEOUT_S = 5.0   # seconds for something to answer at a scheduler's address
+
+def _client(distributed, address: str, timeout: float):
+    "A `distributed.Client` of `address`; one that fails to connect is closed before the error goes on."
+    client = distributed.Client.__new__(distributed.Client)
+    try: client.__init__(address, timeout=timeout, set_as_default=False)
+    except BaseException:
+        try: client.close(timeout=timeout)
+        except Exception: pass     # closing what never connected: the connect error is the one to tell
+        raise
+    return client
+
 def connect(address: str, # the scheduler, e.g. 'tcp://10.0.0.5:8786'
-            timeout: float | None = None, # seconds to reach it and to wait for a worker (None: Dask's)
+            timeout: float | None = None, # seconds for Dask's handshake and to wait for a worker (None: Dask's)
+            connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for something to answer at `address`
            ):
     "A `distributed.Client` of the scheduler at `address`, once a worker with this dars_nb has joined."
+    address = check_scheduler_address(address)
+    if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < float('inf')):
+        raise ValueError(f"the connect timeout must be a positive number of seconds, got {connect_timeout!r}")
     distributed = require('distributed', 'cluster', 'running units on a Dask cluster')
     from dask import config
     from dask.utils import parse_timedelta
     if timeout is None: timeout = parse_timedelta(config.get('distributed.comm.timeouts.connect'))
-    try: client = distributed.Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, ValueError, TypeError) as e:
+    if not address.startswith('inproc://'):      # one of this process's schedulers is there, listening
+        _reach(address, connect_timeout)
+        _handshake(address, connect_timeout)
+    try: client = _client(distributed, address, timeout)
+    except OSError as e:
         raise ClusterError(f"cannot reach the Dask scheduler at {address}: {_first_line(e)}") from None
+    except Exception as e:
+        raise ClusterError(f"cannot connect to the Dask scheduler at {address}: {_first_line(e)[:200]}") from None
     try:
         try: client.wait_for_workers(1, timeout=timeout)
         except TimeoutError:
@@ -108,12 +192,13 @@ def _quiet(prefix: str = 'distributed'):
 
 @contextmanager
 def cluster_client(scheduler, # an address, a connected `distributed.Client`, or None
+                   connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for something to answer at an address
                   ):
     "A client of `scheduler` for the block: an address is connected here and closed after it."
     if not isinstance(scheduler, str):
         yield scheduler
         return
-    client = connect(scheduler)
+    client = connect(scheduler, connect_timeout=connect_timeout)
     try:
         with _quiet(): yield client
     except (*_CANCELLED, TimeoutError, OSError) as e:

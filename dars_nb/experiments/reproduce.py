@@ -22,7 +22,7 @@ from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
                                         adaptive_stage)
 from .report import run_summary, report_text, summary_text
 from .presets import get_protocol
-from .cluster import cluster_client, cluster_text, scheduler_address
+from .cluster import CONNECT_TIMEOUT_S, cluster_client, cluster_text, scheduler_address
 
 # %% auto #0
 __all__ = ['TORCH_ROUTERS', 'staged_folder', 'reproduce', 'reproduce_main']
@@ -83,6 +83,7 @@ def reproduce(out, # folder for the report (created if needed)
               drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
               protocol='paper', # 'paper' (the paper's formulas), 'authors' (their released code), or a `Protocol`
               scheduler=None, # a Dask scheduler's address or `distributed.Client` (None: joblib here)
+              connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for something to answer at the scheduler's address
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
     protocol = get_protocol(protocol)
@@ -91,7 +92,7 @@ def reproduce(out, # folder for the report (created if needed)
     if seed is None: seed = 0 if protocol.seed is None else protocol.seed
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
-    with cluster_client(scheduler) as client, staged_folder(Path(out)) as folder:
+    with cluster_client(scheduler, connect_timeout) as client, staged_folder(Path(out)) as folder:
         run = Run(folder, settings or (QUICK if quick else FULL), seed, n_jobs, verbose, client, protocol=protocol)
         if client is not None:
             run.log(f"units on {cluster_text(client)}; dashboard {client.dashboard_link}")
@@ -110,10 +111,12 @@ def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # repor
                    protocol: str = 'paper', # 'paper' (the paper's formulas) or 'authors' (their released code where it differs)
                    # a Dask scheduler's address for the units (default: $DARS_SCHEDULER; 'local': here)
                    scheduler: str | None = None,
+                   connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for anything to answer at the scheduler's address
                   ) -> int:
     "Run the whole experiment and write its report: tables, charts and report.md."
     try: reproduce(out, data=data, quick=quick, features=features, verbose=not quiet,
-                   drop_incomplete=drop_incomplete, protocol=protocol, scheduler=scheduler_address(scheduler))
+                   drop_incomplete=drop_incomplete, protocol=protocol, scheduler=scheduler_address(scheduler),
+                   connect_timeout=connect_timeout)
     except (ValueError, OSError, MissingExtra) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f'dars reproduce: error: {message}', file=sys.stderr)
