@@ -31,5 +31,5 @@ bench: $(VENV)    ## benchmarks: figures and ratios, written with date and machi
 	.venv/bin/python bench/run_all.py --markdown bench/RESULTS.md
 	.venv/bin/python tools/docs.py --readme
 
-outputs: $(VENV)  ## run index.ipynb and the tutorials and keep their static outputs (SVG/PNG/text/tables) in the notebooks
-	.venv/bin/python tools/docs.py --outputs
+outputs: $(VENV)  ## run every notebook and keep its static outputs (SVG/PNG/text/tables) in it; NBS=a.ipynb,b.ipynb for some
+	.venv/bin/python tools/docs.py --outputs $(if $(NBS),--only $(NBS))

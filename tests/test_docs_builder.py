@@ -20,7 +20,7 @@ from tools.docs_pages import (anchor_headings, error_box, legible_svg, markdown_
 from tools.docs_site import _Collect, build_docs, docs_main, mkdocs_config
 from tools.docs_readme import (build_readme, chart_alt, docs_url, feature_table, notebook_summary, readme_link,
                                readme_snippets)
-from tools.docs_outputs import save_outputs, static_outputs
+from tools.docs_outputs import compare_outputs, forced_flags, same_text, save_outputs, static_outputs
 
 DOC = 'https://docs.example.org/toy/'
 
@@ -419,3 +419,29 @@ def test_a_broken_anchor_fails_the_build_unless_it_names_a_dunder_heading():
                                       "but the doc 'app.md' does not contain an anchor '#x'.", None, None))
     fc.test_eq(len(keep.records), 1)
     assert 'no-such-heading' in keep.records[0]
+
+
+def test_kept_outputs_are_compared_as_a_reader_sees_them():
+    out = lambda text, kind='execute_result': [dict(output_type=kind, data={'text/plain': text}, metadata={})]
+    cell = lambda i, text, first='x': dict(id=i, source=first, outputs=out(text) if text is not None else [])
+    # numbers may differ in their last digits (another CPU's kernels), nothing else may
+    assert same_text('mu 0.30000000000000004 and 2', 'mu 0.3 and 2') and not same_text('mu 0.31', 'mu 0.3')
+    assert not same_text('mu 0.3 and 2', 'mu 0.3 or 2') and not same_text('0.3', '0.3 1')
+    fc.test_eq(compare_outputs([cell('a', '1.0'), cell('b', 'x')], [cell('a', '1.0000000001'), cell('b', 'x')], {'a', 'b'}), [])
+    diffs = compare_outputs([cell('a', 'kept'), cell('b', None)], [cell('a', 'now'), cell('b', 'new')], {'a', 'b'})
+    fc.test_eq([d.split(':')[0] for d in diffs], ['code cell 0 (a)', 'code cell 1 (b)'])     # changed, and newly shown
+    fc.test_eq(compare_outputs([cell('a', 'kept')], [cell('a', 'now')], set()), [])          # a cell the tests skip
+    fc.test_eq(compare_outputs([cell('a', 'took 1.2 s', '#| varies')], [cell('a', 'took 3 s')], {'a'}), [])
+    fc.test_eq(len(compare_outputs([cell('a', 'took 1.2 s', '#| varies')], [cell('a', None)], {'a'})), 1)
+    # temporary paths, addresses and loopback ports are masked; a picture is a picture
+    import tempfile
+    t = tempfile.gettempdir()
+    fc.test_eq(compare_outputs([cell('a', f"{t}/tmpab12/x.zip at 0x7f3a2b1c9d00 on 127.0.0.1:51234")],
+                               [cell('a', f"{t}/tmpzz99/x.zip at 0x7f00aa11bb22 on 127.0.0.1:40001")], {'a'}), [])
+    svg = lambda s: [dict(output_type='display_data', data={'image/svg+xml': s, 'text/plain': 'chart'}, metadata={})]
+    fc.test_eq(compare_outputs([dict(id='a', source='', outputs=svg('<svg>1</svg>'))],
+                               [dict(id='a', source='', outputs=svg('<svg>2</svg>'))], {'a'}), [])
+    # library notebooks save with no flag forced (what the tests check); the pages with `slow` forced
+    nbs = Path('/p/nbs')
+    fc.test_eq([forced_flags(nbs / n, nbs) for n in ('01b_stats.ipynb', 'index.ipynb')], ['', 'slow'])
+    fc.test_eq(forced_flags(nbs / 'tutorials' / '01_a.ipynb', nbs), 'slow')

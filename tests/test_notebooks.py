@@ -1,9 +1,15 @@
-"Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/."
+"""Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/; and check that
+the outputs a notebook keeps are the ones its code produces now (`tools.docs_outputs.compare_outputs`)."""
+import json
+
 import pytest
 from nbdev.config import get_config
+import nbdev.test
 from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
 
 from dars_nb.testing import forced_test_flags
+from tools.docs_notebooks import runs_in_tests
+from tools.docs_outputs import compare_outputs
 
 CFG = get_config()
 NBS_PATH = CFG.path('nbs_path')
@@ -18,9 +24,20 @@ def _flags():
 
 
 @pytest.mark.parametrize('nb', NOTEBOOKS, ids=[str(p.relative_to(NBS_PATH)) for p in NOTEBOOKS])
-def test_notebook(nb):
+def test_notebook(nb, monkeypatch):
+    import altair as alt
+    alt.renderers.enable('svg')            # charts as the saved outputs hold them (`make outputs`)
     skip, force = _flags()
+    ran = []                               # nbdev's runner hands the notebook it ran to `write_nb` when asked to save
+    monkeypatch.setattr(nbdev.test, 'write_nb', lambda executed, path: ran.append(executed))
     # no limit per cell: the test's own limit (pytest-timeout) fails a notebook that hangs, with every thread's stack,
     # the cell's own thread included
-    ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None)
+    ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None,
+                         save=True)
     assert ok, f'{nb.name} failed (see the cell error above)'
+    executed = [c for c in ran[0].cells if c.cell_type == 'code']
+    ids = {c.get('id') for c in executed if runs_in_tests(c, skip) and 'outputs' in c}
+    saved = [c for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
+    diffs = compare_outputs(saved, executed, ids)
+    assert not diffs, (f"{nb.name}: {len(diffs)} kept output(s) differ from what the code shows now "
+                       f"(make outputs saves them again):\n" + '\n'.join(diffs[:10]))
