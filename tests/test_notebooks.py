@@ -35,6 +35,7 @@ def test_notebook(nb, monkeypatch):
     ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None,
                          save=True)
     assert ok, f'{nb.name} failed (see the cell error above)'
+    if nb.parent != NBS_PATH or not nb.name[:1].isdigit(): return   # the pages keep outputs of their slow cells too
     executed = [c for c in ran[0].cells if c.cell_type == 'code']
     ids = {c.get('id') for c in executed if runs_in_tests(c, skip) and 'outputs' in c}
     saved = [c for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']

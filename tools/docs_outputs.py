@@ -2,7 +2,7 @@
 text; run as the tests run them (the home page and the tutorials with their `slow` cells forced on). `compare_outputs`
 is how the tests check that the kept outputs are the ones the code produces now."""
 from __future__ import annotations
-import json, math, re, tempfile, time
+import json, math, re, socket, tempfile, time
 from pathlib import Path
 from fastcore.nbio import read_nb
 from fastcore.xtras import working_directory
@@ -81,8 +81,13 @@ def save_outputs(paths=None, # notebooks to run (default: every notebook that be
 VARIES = 'varies'   # a cell flagged `#| varies` (timings, a live server's port): only that it shows something is checked
 _NUMBER = re.compile(r'[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?')
 _MASKS = [(re.compile(re.escape(tempfile.gettempdir()) + r'/[^\s\'"),\]]+'), '<temporary path>'),
+          (re.compile(r' at 0x[0-9a-fA-F]{6,}'), ''),              # nbdev-clean drops an object's address from its repr
           (re.compile(r'0x[0-9a-fA-F]{6,}'), '<address>'),
-          (re.compile(r'(127\.0\.0\.1|localhost|\[::1\]):\d+'), r'\1:<port>')]
+          (re.compile(r'(127\.0\.0\.1|localhost|\[::1\]):\d+'), r'\1:<port>'),
+          (re.compile(r'inproc://[\d.]+/\d+/\d+'), 'inproc://<address>'),
+          (re.compile(r'\bpid \d+'), 'pid <pid>'),
+          (re.compile(r'\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?'), '<time>'),
+          (re.compile(r'\bon ' + re.escape(socket.gethostname()) + r'\b'), 'on <host>')]
 RTOL, ATOL = 1e-6, 1e-9   # numbers printed in full may differ in their last digits between CPUs' kernels
 
 def _shown(outputs: list) -> list:
@@ -100,7 +105,7 @@ def _shown(outputs: list) -> list:
         elif kind == 'error': out.append(f"<error: {o.get('ename')}>")
     text = ''.join(out)
     for pattern, repl in _MASKS: text = pattern.sub(repl, text)
-    return text
+    return ' '.join(text.split())   # a line wrapped at another terminal width is the same text
 
 def same_text(a: str, b: str) -> bool:
     "Equal up to the numbers in them, which may differ by `RTOL` (relative) or `ATOL`."
@@ -122,5 +127,7 @@ def compare_outputs(saved: list, # the code cells as kept in the notebook (nbfor
         if first and re.match(rf'#\|\s*{VARIES}\s*$', first[0]): ok = bool(a) == bool(b)
         else: ok = same_text(a, b)
         if not ok:
-            diffs.append(f"code cell {i} ({keep.get('id')}): kept {a[:120]!r}, now {b[:120]!r}")
+            at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            at = max(at - 40, 0)
+            diffs.append(f"code cell {i} ({keep.get('id')}): kept …{a[at:at + 120]!r}, now …{b[at:at + 120]!r}")
     return diffs
