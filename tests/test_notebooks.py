@@ -8,7 +8,7 @@ import nbdev.test
 from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
 
 from dars_nb.testing import forced_test_flags
-from tools.docs_notebooks import runs_in_tests
+from tools.docs_notebooks import processed_notebook, runs_in_tests
 from tools.docs_outputs import compare_outputs
 
 CFG = get_config()
@@ -35,6 +35,10 @@ def test_notebook(nb, monkeypatch):
     ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None,
                          save=True)
     assert ok, f'{nb.name} failed (see the cell error above)'
+    # the docs build renders kept outputs and runs only what `show_doc` needs: exported cells and every cell with an
+    # import (nbdev's `exec_show_docs`), so a cell that mixes imports with code must run on those alone
+    try: processed_notebook(nb, execute=False)
+    except Exception as e: pytest.fail(f"the docs build cannot render {nb.name}: {str(e)[:1500]}")
     if nb.parent != NBS_PATH or not nb.name[:1].isdigit(): return   # the pages keep outputs of their slow cells too
     executed = [c for c in ran[0].cells if c.cell_type == 'code']
     ids = {c.get('id') for c in executed if runs_in_tests(c, skip) and 'outputs' in c}
