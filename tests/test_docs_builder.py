@@ -438,6 +438,9 @@ def test_kept_outputs_are_compared_as_a_reader_sees_them():
     t = tempfile.gettempdir()
     fc.test_eq(compare_outputs([cell('a', f"{t}/tmpab12/x.zip at 0x7f3a2b1c9d00 on 127.0.0.1:51234")],
                                [cell('a', f"{t}/tmpzz99/x.zip at 0x7f00aa11bb22 on 127.0.0.1:40001")], {'a'}), [])
+    from tools.docs_outputs import PROJECT     # a path inside the checkout, wherever it was cloned
+    fc.test_eq(compare_outputs([cell('a', "Path('/home/me/dars_nb/examples/x.toml')".replace('/home/me/dars_nb', str(PROJECT)))],
+                               [cell('a', "Path('<project>/examples/x.toml')")], {'a'}), [])
     svg = lambda s: [dict(output_type='display_data', data={'image/svg+xml': s, 'text/plain': 'chart'}, metadata={})]
     fc.test_eq(compare_outputs([dict(id='a', source='', outputs=svg('<svg>1</svg>'))],
                                [dict(id='a', source='', outputs=svg('<svg>2</svg>'))], {'a'}), [])

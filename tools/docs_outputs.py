@@ -80,7 +80,11 @@ def save_outputs(paths=None, # notebooks to run (default: every notebook that be
 # Are the kept outputs the ones the code produces now?
 VARIES = 'varies'   # a cell flagged `#| varies` (timings, a live server's port): only that it shows something is checked
 _NUMBER = re.compile(r'[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?')
+PROJECT = Path(__file__).resolve().parents[1]   # where this checkout lies: a path under it is shown relative to it
+_TOP = '|'.join(sorted(p.name for p in PROJECT.iterdir() if p.is_dir() and not p.name.startswith('.')))
 _MASKS = [(re.compile(re.escape(tempfile.gettempdir()) + r'/[^\s\'"),\]]+'), '<temporary path>'),
+          # a checkout's own folders under whatever path it was cloned to (the outputs may be saved in another)
+          (re.compile(r'(?<![\w.<>])/(?:[\w.+-]+/)*?(?=(?:' + _TOP + r')/)'), '<project>/'),
           (re.compile(r' at 0x[0-9a-fA-F]{6,}'), ''),              # nbdev-clean drops an object's address from its repr
           (re.compile(r'0x[0-9a-fA-F]{6,}'), '<address>'),
           (re.compile(r'(127\.0\.0\.1|localhost|\[::1\]):\d+'), r'\1:<port>'),
