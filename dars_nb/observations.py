@@ -185,8 +185,8 @@ class Dense:
 
     def __getitem__(self, k): return self.values[k]
     @property
-    def shape(self): return (len(self.queries), len(self.models), len(self.rewrite_ids),
-                             len(self.sample_ids))
+    def shape(self):   # a numpy shape, as the arrays' own `.shape`: a plain tuple
+        return (len(self.queries), len(self.models), len(self.rewrite_ids), len(self.sample_ids))
     @property
     def complete(self) -> bool:
         "True when every cell of every grid holds an observation."
