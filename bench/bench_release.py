@@ -67,7 +67,7 @@ def synthetic(name: str, quick: bool) -> pd.DataFrame:
     "One dataset of the release's shape, with texts of realistic length."
     from dars_nb.simulate import simulate
     from dars_nb.sources.release import RELEASE_MODELS
-from dars_nb.observations import format_options
+    from dars_nb.observations import format_options
     profile, n_test = PROFILES[name]
     scale = 10 if quick else 1
     obs, _, _ = simulate(profile, n_train=200 // scale, n_test=n_test // scale, seed=0)

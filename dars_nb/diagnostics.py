@@ -5,6 +5,7 @@
 # %% ../nbs/02_diagnostics.ipynb #4cc76cec
 from __future__ import annotations
 from pathlib import Path
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import altair as alt
@@ -135,16 +136,23 @@ def uncertainty_decomposition(obs: pd.DataFrame, # observations (the training gr
     return {'input': float(inp), 'output': float(out)}
 
 # %% ../nbs/02_diagnostics.ipynb #025f6f4d
-def _block_counts(q, c, lam, eps, tol):
-    "The four diagnostics' (hits, count) of one block: winners and statistics computed once."
+class _BlockCounts(NamedTuple):
+    "The four diagnostics' (hits, count) of one block of queries."
+    unstable: tuple       # (pairs whose score varies, pairs)
+    flips: tuple          # (queries whose winner flips, queries seen)
+    disagreements: tuple  # (cells whose winner is not the DA winner, cells)
+    variances: tuple      # (Σσ_in², Σσ_out²), pairs
+
+def _block_counts(q, c, lam, eps, tol) -> _BlockCounts:
+    "The four diagnostics' counts of one block: winners and statistics computed once."
     s, (winners, seen) = grid_stats(q, c), _cell_winners(q, c, lam, tol)
-    return (_unstable_pairs(q, eps), _flips(winners, seen),
-            _disagreements(winners, seen, s, lam, tol), _variances(s))
+    return _BlockCounts(unstable=_unstable_pairs(q, eps), flips=_flips(winners, seen),
+                        disagreements=_disagreements(winners, seen, s, lam, tol), variances=_variances(s))
 
 def _diagnose_grid(q, c, lam=PAPER.lam, eps=PAPER.eps, tol=TIE_TOL) -> dict:
     "The four diagnostics of one checked grid, in one pass over its blocks of queries."
     parts = [_block_counts(*b, lam, eps, tol) for b in _query_blocks(q, c)]
-    inst, flips, dis, (inp, out) = (_share(p[k] for p in parts) for k in range(4))
+    inst, flips, dis, (inp, out) = (_share(getattr(p, f) for p in parts) for f in _BlockCounts._fields)
     return dict(outcome_instability=float(inst), winner_flip_rate=float(flips),
                 single_vs_da_disagreement=float(dis), input_variance=float(inp),
                 output_variance=float(out))

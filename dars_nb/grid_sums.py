@@ -10,7 +10,7 @@ import pandas as pd
 from .observations import dense_index, model_order, Dense
 
 # %% auto #0
-__all__ = ['PairBlocks', 'pair_blocks', 'block_sums', 'row_sums', 'grid_sums']
+__all__ = ['PairBlocks', 'pair_blocks', 'block_sums', 'GridSums', 'row_sums', 'grid_sums']
 
 # %% ../nbs/01a_grid_sums.ipynb #53b07704
 def _n_codes(obs: pd.DataFrame) -> int:
@@ -135,17 +135,25 @@ def _bin_sums(bins: np.ndarray, # per row, its flat (pair, rewrite) bin
     count, s1 = per_bin(None), per_bin(q)
     return [count, s1, s1 if _zero_one(q) else per_bin(q * q)]
 
-def _compact_row_sums(obs, q, cost, models) -> tuple:
+class GridSums(NamedTuple):
+    "The four sums of every (query, model) pair, and where each pair's row goes."
+    queries: pd.MultiIndex   # (dataset, query_id) per query position
+    models: list             # model names per model position
+    position: np.ndarray     # per pair, its flat (query, model) position in the output
+    sums: list               # [count, Σq, Σq²] per (pair, rewrite), then Σc per pair
+
+def _compact_row_sums(obs, q, cost, models) -> GridSums:
     "`row_sums` through `dense_index`, for category codes too sparse to count over directly."
     d, bins = dense_index(obs, models, level='row')
     Q, K, N, _ = d.shape
     c1 = np.bincount(bins, cost, minlength=Q * K * N).reshape(-1, N).sum(-1)
-    return d.queries, d.models, np.arange(Q * K), _bin_sums(bins, q, N, Q * K * N) + [c1]
+    return GridSums(queries=d.queries, models=d.models, position=np.arange(Q * K),
+                    sums=_bin_sums(bins, q, N, Q * K * N) + [c1])
 
 def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
              cost: np.ndarray, # cost per row
              models: list | None = None, # model order
-            ) -> tuple: # queries, models, output position per pair, [count, Σq, Σq², Σc]
+            ) -> GridSums:
     "Count, Σq, Σq² per (pair, rewrite) and Σc per pair, by `np.bincount` over category codes."
     r, q = obs['rewrite_id'].to_numpy(), obs['score'].to_numpy(float)
     r0, N = int(r.min()), int(r.max()) - int(r.min()) + 1
@@ -156,14 +164,16 @@ def row_sums(obs: pd.DataFrame, # validated observation table, rows in any order
     bins *= N; bins += r; bins -= r0            # now the (pair, rewrite) bin, built in place
     sums = _bin_sums(bins, q, N, n_codes * N) + [c1]
     seen = sums[0].any(-1).reshape(-1, len(obs['model'].cat.categories))
-    return (*_code_axes(obs, seen, models), sums)
+    queries, kept, position = _code_axes(obs, seen, models)
+    return GridSums(queries=queries, models=kept, position=position, sums=sums)
 
 # %% ../nbs/01a_grid_sums.ipynb #f1788fd1
 def grid_sums(obs: pd.DataFrame, # validated observation table, rows in any order
               cost: np.ndarray, # cost per row
               models: list | None = None, # model order (default: sorted names)
-             ) -> tuple: # queries, models, output position per pair, [count, Σq, Σq², Σc]
+             ) -> GridSums:
     "The four sums of every (query, model) pair: reshaped from blocks of rows, else by bincount."
     blocks = pair_blocks(obs, models)
     if blocks is None: return row_sums(obs, cost, models)
-    return blocks.axes.queries, blocks.axes.models, blocks.position, block_sums(obs, blocks, cost)
+    return GridSums(queries=blocks.axes.queries, models=blocks.axes.models, position=blocks.position,
+                    sums=block_sums(obs, blocks, cost))

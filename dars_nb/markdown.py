@@ -10,16 +10,21 @@ import numpy as np
 __all__ = ['markdown_table']
 
 # %% ../nbs/00a_markdown.ipynb #b418375a
+def _text(v) -> str:
+    "A value as one cell's text: `|` escaped and line breaks as spaces, so a cell never breaks its row."
+    return str(v).replace('|', '\\|').replace('\r\n', ' ').replace('\n', ' ').replace('\r', ' ')
+
 def markdown_table(df, # a DataFrame (its named index becomes the first columns)
                    floatfmt: str = '.4f', # format of float cells
+                   right=(), # names of the columns aligned right (`---:`), such as numbers read down a column
                   ) -> str:
     "`df` as a GitHub Markdown table (missing floats left blank)."
     df = df.reset_index() if df.index.name is not None or df.index.nlevels > 1 else df
     def cell(v):
         if isinstance(v, (float, np.floating)):
             return format(float(v), floatfmt) if np.isfinite(v) else ''
-        return str(v)
-    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |',
-             '|' + '|'.join('---' for _ in df.columns) + '|']
+        return _text(v)
+    lines = ['| ' + ' | '.join(map(_text, df.columns)) + ' |',
+             '|' + '|'.join('---:' if c in right else '---' for c in df.columns) + '|']
     return '\n'.join(lines + ['| ' + ' | '.join(cell(v) for v in row) + ' |'
                               for row in df.itertuples(index=False)])

@@ -185,8 +185,8 @@ class Dense:
 
     def __getitem__(self, k): return self.values[k]
     @property
-    def shape(self): return (len(self.queries), len(self.models), len(self.rewrite_ids),
-                             len(self.sample_ids))
+    def shape(self):   # a numpy shape, as the arrays' own `.shape`: a plain tuple
+        return (len(self.queries), len(self.models), len(self.rewrite_ids), len(self.sample_ids))
     @property
     def complete(self) -> bool:
         "True when every cell of every grid holds an observation."
@@ -374,9 +374,11 @@ def _originals(obs: pd.DataFrame) -> pd.DataFrame:
     out = groups[cols].first() if cols else pd.DataFrame(index=groups.size().index)
     out = out.reindex(columns=QUERY_COLUMNS).astype(object)
     if 'query_text' in obs.columns:
-        sent = obs.loc[(obs['rewrite_id'] == 0).to_numpy(), ['dataset', 'query_id', 'query_text']]
-        sent = sent.groupby([sent['dataset'], sent['query_id']], observed=True)['query_text'].first()
-        out['original_text'] = out['original_text'].fillna(sent.astype(object).reindex(out.index))
+        # the first wording sent as rewrite 0, grouped as `out` is: the same index, no reindexing between two
+        # MultiIndexes of categoricals (pandas cannot when their codes are of different widths)
+        sent = obs['query_text'].where((obs['rewrite_id'] == 0).to_numpy())
+        sent = sent.groupby([obs['dataset'], obs['query_id']], observed=True).first()
+        out['original_text'] = out['original_text'].fillna(sent.astype(object))
     return out
 
 # %% ../nbs/00_observations.ipynb #224fd8d4

@@ -174,8 +174,9 @@ def make_world(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a
     Q = n_train + n_test
     ids = np.array([f'{p.name}-{i:05d}' for i in range(Q)])
     split = np.where(np.arange(Q) < n_train, 'train', 'test')
-    return World(p, ids, split, q['topic'], q['difficulty'], q['settled'], q['features'], loadings,
-                 verbosity, q['prompt'], seed)
+    return World(profile=p, query_ids=ids, split=split, topic=q['topic'], difficulty=q['difficulty'],
+                 settled=q['settled'], features=q['features'], loadings=loadings, verbosity=verbosity,
+                 prompt_tokens=q['prompt'], seed=seed)
 
 # %% ../nbs/03_simulate.ipynb #6d0e9d47
 def _blend(values, a, b, w, log=False) -> tuple:
@@ -268,7 +269,8 @@ def observe(world: World, # the latent world
             seed: int = 0, # seed of this sampling run
            ) -> pd.DataFrame:
     "Observation rows (schema of `dars_nb.observations`) for one split and view of `world`."
-    g = sample_grid(world, split, view, n_rewrites, n_decodes, temperature, seed)
+    g = sample_grid(world, split=split, view=view, n_rewrites=n_rewrites, n_decodes=n_decodes,
+                    temperature=temperature, seed=seed)
     ids = world.query_ids[g['query_pos']]
     queries = pd.MultiIndex.from_arrays([np.repeat(world.profile.name, len(ids)), ids],
                                         names=['dataset', 'query_id'])
@@ -334,10 +336,11 @@ def simulate(profile: str | Profile = 'gpqa_like', # a name in `PROFILES` or a `
             ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     "Simulated observations, query features and ground truth for one dataset profile."
     w = make_world(profile, n_train, n_test, seed)
-    parts = [observe(w, 'train', 'grid', n_rewrites, n_decodes, temperature, seed)]
-    if n_test:
-        parts += [observe(w, 'test', 'rewrite', 3, 1, temperature, seed),
-                  observe(w, 'test', 'decode', 1, 3, temperature, seed)]
+    sampling = dict(temperature=temperature, seed=seed)
+    parts = [observe(w, 'train', 'grid', n_rewrites=n_rewrites, n_decodes=n_decodes, **sampling)]
+    if n_test:   # the paper's test views: 3 rewrites decoded once, the original decoded 3 times
+        parts += [observe(w, 'test', 'rewrite', n_rewrites=3, n_decodes=1, **sampling),
+                  observe(w, 'test', 'decode', n_rewrites=1, n_decodes=3, **sampling)]
     obs = validate(_concat(parts))
     features = pd.DataFrame(w.features, index=pd.Index(w.query_ids, name='query_id'),
                             columns=[f'x{i}' for i in range(w.features.shape[1])])

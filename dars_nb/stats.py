@@ -428,11 +428,11 @@ def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are us
     if len(d.models) < 2:
         raise ValueError(f"routing needs two models or more; the training grid has one ({d.models[0]!r})")
     if mode == 'single':
-        mq, mc = _single_shot(obs, d, n_draws, seed, draw, use_all_rows)
+        mq, mc = _single_shot(obs, d, n_draws=n_draws, seed=seed, draw=draw, use_all_rows=use_all_rows)
         sig = np.zeros_like(mq)
     else: mq, mc, sig = _dars_stats(d, mode, ddof)
-    return Supervision(mode, d.queries, d.models, mq, mc, sig, utility(mq, mc, sig, lam, beta), lam,
-                       beta)
+    return Supervision(mode=mode, queries=d.queries, models=d.models, mu_q=mq, mu_c=mc, sigma=sig,
+                       utility=utility(mq, mc, sig, lam, beta), lam=lam, beta=beta)
 
 # %% ../nbs/01b_stats.ipynb #7b9fe8dc
 @patch

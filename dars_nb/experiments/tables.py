@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
+from ..markdown import markdown_table
 from ..stats import noise_tolerance
 from .protocol import BASELINES
 
@@ -137,17 +138,14 @@ def _cell_text(table: Table, i: int, j: int, digits: int) -> str:
 def to_markdown(self: Table, digits: int = 3) -> str:
     "GitHub Markdown, highlighted cells in bold, `mean ± std` where a std is given."
     values, idx = self.values, self.values.index
-    names = [n or '' for n in idx.names]
-    lines = ['| ' + ' | '.join(names + [_header(c) for c in values.columns]) + ' |',
-             '|' + '---|' * len(names) + '---:|' * values.shape[1]]
-    prev = (None,) * len(names)
+    names, headers = [n or '' for n in idx.names], [_header(c) for c in values.columns]
+    rows, prev = [], (None,) * len(names)
     for i, key in enumerate(idx):
         key = key if isinstance(key, tuple) else (key,)
         shown = [('' if key[:j + 1] == prev[:j + 1] else str(k)) for j, k in enumerate(key)]
-        cells = [_cell_text(self, i, j, digits) for j in range(values.shape[1])]
-        lines.append('| ' + ' | '.join(shown + cells) + ' |')
+        rows.append(shown + [_cell_text(self, i, j, digits) for j in range(values.shape[1])])
         prev = key
-    return '\n'.join(lines) + '\n'
+    return markdown_table(pd.DataFrame(rows, columns=names + headers), right=headers) + '\n'
 
 # %% ../../nbs/21b_tables.ipynb #766e9312
 @patch

@@ -6,21 +6,24 @@
 from __future__ import annotations
 import os
 from pathlib import Path
-from .encoder import cache_root
+from ..cache_folder import CACHE_ENV, CACHE_FOLDERS, cache_root, cache_folder
 from .embedding_store import EmbeddingStore, embeddings_dir
 
 # %% auto #0
-__all__ = ['CACHE_PARTS', 'cache_info', 'clear_cache', 'cache_main']
+__all__ = ['CACHE_PARTS', 'CLEARED_PARTS', 'cache_info', 'clear_cache', 'cache_main']
 
 # %% ../../nbs/09d_cache.ipynb #f3fe3e18
-CACHE_PARTS = {  # part -> (its folder in the cache root, the files it owns)
-    'embeddings': ('embeddings', ('embeddings.sqlite*', '*.npy')),   # .npy: one file per text, never read
-    'encoders': ('encoders', ('*.onnx', '*.part')),
+CACHE_PARTS = {  # part of the cache (its folder in the root) -> the files it owns there
+    'embeddings': ('embeddings.sqlite*', '*.npy'),   # .npy: one file per text, never read
+    'encoders': ('*.onnx', '*.part'),
+    'models': ('*.gguf', '*.part'),
 }
+CLEARED_PARTS = ('embeddings', 'encoders')   # what `clear_cache` deletes: the models' weights stay
 
 def _files(root: Path, part: str) -> list:
-    folder, patterns = CACHE_PARTS[part]
-    return sorted({f for p in patterns for f in (root / folder).glob(p) if f.is_file()})
+    "The files `part` owns in the cache root `root`."
+    folder = cache_folder(part, root)
+    return sorted({f for p in CACHE_PARTS[part] for f in folder.glob(p) if f.is_file()})
 
 # %% ../../nbs/09d_cache.ipynb #e65e0752
 def _store_lines(root: Path, files: list) -> list:
@@ -32,16 +35,16 @@ def _store_lines(root: Path, files: list) -> list:
 
 def cache_info(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
               ) -> str:
-    "Where the cache is, its size, and the vectors it holds per encoder."
+    "Where the cache is, the size of each part, and the vectors it holds per encoder."
     root = cache_root(cache_dir)
-    src = ' (from $DARS_CACHE)' if cache_dir is None and os.environ.get('DARS_CACHE') else ''
+    src = f' (from ${CACHE_ENV})' if cache_dir is None and os.environ.get(CACHE_ENV) else ''
     lines = [f"cache folder: {root}{src}"]
     for part in CACHE_PARTS:
         files = _files(root, part)
-        lines.append(f"  {part}: {len(files)} file(s), {sum(f.stat().st_size for f in files) / 1e6:.1f} MB")
+        kept = '' if part in CLEARED_PARTS else ', never cleared'
+        lines.append(f"  {part}: {len(files)} file(s), {sum(f.stat().st_size for f in files) / 1e6:.1f} MB{kept}")
         if part == 'embeddings': lines += _store_lines(root, files)
-    others = sorted(p.name for p in root.iterdir() if p.name not in
-                    {f for f, _ in CACHE_PARTS.values()}) if root.is_dir() else []
+    others = sorted(p.name for p in root.iterdir() if p.name not in CACHE_FOLDERS) if root.is_dir() else []
     if others: lines.append(f"  also in the folder, never cleared: {', '.join(others)}")
     return '\n'.join(lines)
 
@@ -50,10 +53,10 @@ def clear_cache(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/
                 part: str = 'all', # 'embeddings', 'encoders' or 'all'
                ) -> int:
     "Delete the cached embeddings and/or ONNX export (rebuilt when next needed); bytes freed."
-    if part not in (*CACHE_PARTS, 'all'):
-        raise ValueError(f"unknown cache part {part!r} (expected embeddings, encoders or all)")
+    if part not in (*CLEARED_PARTS, 'all'):
+        raise ValueError(f"cannot clear cache part {part!r} (expected embeddings, encoders or all)")
     root, freed = cache_root(cache_dir), 0
-    for p in CACHE_PARTS if part == 'all' else (part,):
+    for p in CLEARED_PARTS if part == 'all' else (part,):
         for f in _files(root, p): freed += f.stat().st_size; f.unlink(missing_ok=True)
     return freed
 
@@ -62,7 +65,7 @@ def cache_main(action: str, # 'info' (where the cache is, what it holds) or 'cle
                part: str = 'all', # clear: 'embeddings', 'encoders' or 'all'
                cache_dir: str | None = None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
               ) -> int:
-    "Show or clear the cache of sentence embeddings and of the encoder's ONNX export."
+    "Show the cache (embeddings, the encoder's ONNX export, local models' weights), or clear what it rebuilds."
     if action == 'info': print(cache_info(cache_dir)); return 0
     if action != 'clear': raise ValueError(f"unknown action {action!r} (expected info or clear)")
     freed = clear_cache(cache_dir, part)

@@ -15,12 +15,13 @@ import os
 import warnings
 from pathlib import Path
 import numpy as np
+from ..cache_folder import cache_root, cache_folder
 from ..extras import install_hint, require
 
 # %% auto #0
 __all__ = ['MODEL_NAME', 'RUNTIMES', 'PRECISIONS', 'EXPORT_FORMAT', 'check_texts', 'sentence_model_path', 'sentence_model_width',
-           'cache_root', 'encoder_identity', 'export_onnx', 'onnx_model_path', 'inference_precision',
-           'encoder_precision', 'SentenceEncoder', 'sentence_encoder']
+           'encoder_identity', 'export_onnx', 'onnx_model_path', 'inference_precision', 'encoder_precision',
+           'SentenceEncoder', 'sentence_encoder']
 
 # %% ../../nbs/09a_encoder.ipynb #8f408330
 def check_texts(texts, # query texts: a list, tuple, array or Series of strings
@@ -53,13 +54,6 @@ def _installed_model_path() -> Path:
 def sentence_model_width() -> int:
     "Width of the installed encoder's rows (384): its config's `hidden_size`."
     return int(json.loads((_installed_model_path() / 'config.json').read_text())['hidden_size'])
-
-# %% ../../nbs/09a_encoder.ipynb #7e503f0e
-def cache_root(cache_dir=None, # a folder (default: $DARS_CACHE, else ~/.cache/dars_nb)
-              ) -> Path:
-    "The folder of what dars_nb can rebuild: embeddings, the encoder's ONNX export, local models."
-    return Path(cache_dir or os.environ.get('DARS_CACHE') or
-                Path.home() / '.cache' / 'dars_nb').expanduser()
 
 # %% ../../nbs/09a_encoder.ipynb #5031f4be
 MODEL_NAME = 'all-MiniLM-L6-v2'
@@ -192,12 +186,12 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
     finally: part.unlink(missing_ok=True)
     return target
 
-def onnx_model_path(cache_dir=None, # the cache folder (default `cache_root()`)
+def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of `dars_nb.cache_folder`)
                    ) -> Path:
     "The ONNX file of the encoder in the cache, exported first if it is not there yet."
     name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}"
             f"-torch{importlib.metadata.version('torch')}.onnx")
-    path = cache_root(cache_dir) / 'encoders' / name
+    path = cache_folder('encoders', cache_dir) / name
     return path if path.exists() else export_onnx(path)
 
 # %% ../../nbs/09a_encoder.ipynb #7f1ad9e8

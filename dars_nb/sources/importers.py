@@ -213,8 +213,8 @@ def from_llmrouter(source, # path (.json/.jsonl), list of records, or DataFrame
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=1, where=where,
-                   default='llmrouter')
+    return _finish(long, split=split, dataset=dataset, prices=prices, models=models,
+                   completion_tokens=completion_tokens, k=1, where=where, default='llmrouter')
 
 # %% ../../nbs/06_importers.ipynb #117fd6bb
 @delegates(from_llmrouter, but=['split', 'prices', 'models'])
@@ -317,7 +317,8 @@ def from_routerbench(table, # DataFrame, or a .pkl/.csv/.parquet/.jsonl file
                              cost=costn.to_numpy(float).ravel()))
     resp = [f'{m}|model_response' for m in models]
     if all(c in t.columns for c in resp): long['response'] = t[resp].to_numpy(dtype=object).ravel()
-    return _finish(long, split, dataset, None, None, 0, k=1, where=where, default='routerbench')
+    return _finish(long, split=split, dataset=dataset, prices=None, models=None, completion_tokens=0, k=1,
+                   where=where, default='routerbench')
 
 # %% ../../nbs/06_importers.ipynb #71d66c35
 def from_routerdc(source, # .json/.jsonl path, records, or DataFrame: question, scores{model: mean}
@@ -335,5 +336,5 @@ def from_routerdc(source, # .json/.jsonl path, records, or DataFrame: question, 
     where = Path(source).name if isinstance(source, (str, Path)) else 'the records'
     prices = prices if prices is None or isinstance(prices, pd.DataFrame) else read_prices(prices)
     long = _llmrouter_long(_records(source), where)
-    return _finish(long, split, dataset, prices, models, completion_tokens, k=int(k), where=where,
-                   default='routerdc', seed=seed)
+    return _finish(long, split=split, dataset=dataset, prices=prices, models=models,
+                   completion_tokens=completion_tokens, k=int(k), where=where, default='routerdc', seed=seed)

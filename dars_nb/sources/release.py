@@ -12,14 +12,15 @@ import re
 import sys
 from array import array
 from pathlib import Path
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from ..observations import ObservationError, KEY_COLUMNS, validate, format_options, parse_options
 
 # %% auto #0
-__all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS', 'MAX_ID',
-           'MAX_TOKEN_COUNT', 'NUMBER_COLUMNS', 'TEXT_COLUMNS', 'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV',
-           'ReleaseError', 'release_line_limit', 'release_files', 'is_release', 'read_release']
+__all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
+           'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'NUMBER_COLUMNS', 'TEXT_COLUMNS', 'DEFAULT_MAX_LINE_MB',
+           'MAX_LINE_MB_ENV', 'ReleaseError', 'release_line_limit', 'release_files', 'is_release', 'read_release']
 
 # %% ../../nbs/07_release.ipynb #7f86b085
 RELEASE_DATASETS = ('gpqa', 'math-500', 'drop-800')   # the release's dataset folders
@@ -31,6 +32,7 @@ OBSERVATION_TYPES = {'prompt_variation': 'rewrite', 'decoding_variation': 'decod
 TASK_TYPES = {'multiple_choice': 'choice', 'free_form_math': 'math', 'reading_comprehension': 'reading'}
 # where a line may name its decoding strategy, at the top level or in request_config (first found wins)
 STRATEGY_FIELDS = ('decode_strategy', 'decoding_strategy', 'strategy', 'temperature_label')
+STRATEGY_KEYS = frozenset(STRATEGY_FIELDS)
 
 class ReleaseError(ObservationError):
     "A release file or line that cannot be read, stated in one line."
@@ -64,16 +66,21 @@ def _key(rec: dict, field: str, where: str) -> str:
     return str(v)
 
 # %% ../../nbs/07_release.ipynb #19832a4f
-def _cell(rec: dict, split: str, where: str) -> tuple[str, int, int]:
-    "(view, rewrite_id, sample_id) of one line."
+class _Cell(NamedTuple):
+    "A line's place in the grid."
+    view: str        # 'grid', 'rewrite' or 'decode'
+    rewrite_id: int  # 0 for the original question
+    sample_id: int   # the decode
+
+def _cell(rec: dict, split: str, where: str) -> _Cell:
+    "The view, rewrite and decode of one line."
     rewrite = _integer(rec, 'prompt_variant_id', where, -1) + 1
     sample = _integer(rec, 'decode_id', where, 0)
-    if split == 'train': return 'grid', rewrite, sample
-    kind = rec.get('observation_type')
-    if kind is None: return ('rewrite' if rewrite > 0 else 'decode'), rewrite, sample
-    if kind not in OBSERVATION_TYPES:
-        _bad(where, 'observation_type', f"is {kind!r} (expected one of {', '.join(OBSERVATION_TYPES)})")
-    return OBSERVATION_TYPES[kind], rewrite, sample
+    if split == 'train': view = 'grid'
+    elif (kind := rec.get('observation_type')) is None: view = 'rewrite' if rewrite > 0 else 'decode'
+    elif kind in OBSERVATION_TYPES: view = OBSERVATION_TYPES[kind]
+    else: _bad(where, 'observation_type', f"is {kind!r} (expected one of {', '.join(OBSERVATION_TYPES)})")
+    return _Cell(view=view, rewrite_id=rewrite, sample_id=sample)
 
 # %% ../../nbs/07_release.ipynb #761e2a66
 MAX_TOKEN_COUNT = 2**31 - 1   # the most tokens one call's prompt or answer may count
@@ -100,8 +107,17 @@ def _object(rec: dict, field: str, where: str) -> dict:
     if not isinstance(v, dict): _bad(where, field, f"must be an object, got {type(v).__name__}")
     return v
 
-def _measures(rec: dict, where: str) -> tuple:
-    "(score, cost, prompt tokens, completion tokens, temperature, top_p) of one line."
+class _Measures(NamedTuple):
+    "The numbers of one line, each named as its column (NaN where missing)."
+    score: float
+    cost: float                 # US dollars
+    prompt_tokens: float
+    completion_tokens: float
+    temperature: float
+    top_p: float
+
+def _measures(rec: dict, where: str) -> _Measures:
+    "The score, cost, token counts and decoding settings of one line."
     usage, config = _object(rec, 'usage', where), _object(rec, 'request_config', where)
     score = _number(rec.get('score'), where, 'score')
     top = rec.get('cost')
@@ -110,9 +126,11 @@ def _measures(rec: dict, where: str) -> tuple:
     if math.isfinite(score) and not 0 <= score <= 1:
         _bad(where, 'score', f"must lie in [0, 1], got {score!r}")
     if cost < 0: _bad(where, 'cost', f"must not be negative, got {cost!r}")
-    counts = [_count(usage.get(k), where, f'usage.{k}') for k in ('prompt_tokens', 'completion_tokens')]
-    decoding = [_number(config.get(k), where, f'request_config.{k}') for k in ('temperature', 'top_p')]
-    return (score, cost, *counts, *decoding)
+    return _Measures(score=score, cost=cost,
+                     prompt_tokens=_count(usage.get('prompt_tokens'), where, 'usage.prompt_tokens'),
+                     completion_tokens=_count(usage.get('completion_tokens'), where, 'usage.completion_tokens'),
+                     temperature=_number(config.get('temperature'), where, 'request_config.temperature'),
+                     top_p=_number(config.get('top_p'), where, 'request_config.top_p'))
 
 # %% ../../nbs/07_release.ipynb #a4ce801d
 def _optional_text(rec: dict, field: str, where: str) -> str | None:
@@ -122,17 +140,26 @@ def _optional_text(rec: dict, field: str, where: str) -> str | None:
     if isinstance(v, (dict, list)): _bad(where, field, f"must be a string, got {type(v).__name__}")
     return str(v)
 
-def _texts(rec: dict, where: str) -> tuple:
-    "(query_text, original_text, passage, options, kind) of one line."
+class _Texts(NamedTuple):
+    "The texts of one line, each named as its column (None where missing)."
+    query_text: str | None     # the wording sent
+    original_text: str | None  # the original question
+    passage: str | None        # DROP's passage
+    options: str | None        # lettered lines `A. …`
+    kind: str | None           # 'choice', 'math' or 'reading'
+
+def _texts(rec: dict, where: str) -> _Texts:
+    "The wording sent, the original question, the passage, the options and the task kind of one line."
     choices = rec.get('choices')
     if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
         _bad(where, 'choices', "must be a list of strings")
     task = rec.get('task_type')
     if task is not None and task not in TASK_TYPES:
         _bad(where, 'task_type', f"is {task!r} (expected one of {', '.join(TASK_TYPES)})")
-    return (_optional_text(rec, 'input_question', where), _optional_text(rec, 'original_question', where),
-            _optional_text(rec, 'context', where), format_options(choices) if choices else None,
-            TASK_TYPES.get(task))
+    return _Texts(query_text=_optional_text(rec, 'input_question', where),
+                  original_text=_optional_text(rec, 'original_question', where),
+                  passage=_optional_text(rec, 'context', where),
+                  options=format_options(choices) if choices else None, kind=TASK_TYPES.get(task))
 
 # %% ../../nbs/07_release.ipynb #2d3cb5e9
 def _label(v) -> str | None:
@@ -141,20 +168,32 @@ def _label(v) -> str | None:
     if isinstance(v, list): return ' | '.join(map(str, v))
     return str(v)
 
-def _labels(rec: dict) -> tuple:
-    "(strategy, parsed, answer, gold, category, finish_reason, generation_key) of one line."
+class _Labels(NamedTuple):
+    "The labels of one line, each named as its column (None where missing)."
+    strategy: str | None
+    parsed: bool | None
+    answer: str | None
+    gold: str | None
+    category: str | None
+    finish_reason: str | None
+    generation_key: str | None
+
+def _labels(rec: dict) -> _Labels:
+    "The decoding strategy, parse flag, answers, category, finish reason and generation key of one line."
     config = rec.get('request_config') if isinstance(rec.get('request_config'), dict) else {}
-    strategy = next((r[f] for r in (rec, config) for f in STRATEGY_FIELDS if r.get(f) is not None), None)
+    strategy = None
+    if not STRATEGY_KEYS.isdisjoint(rec) or not STRATEGY_KEYS.isdisjoint(config):   # most lines name none
+        strategy = next((r[f] for r in (rec, config) for f in STRATEGY_FIELDS if r.get(f) is not None), None)
     parsed = rec.get('parse_success')
-    return (_label(strategy), None if parsed is None else bool(parsed), _label(rec.get('predicted_answer')),
-            _label(rec.get('gold_answer')), _label(rec.get('category')), _label(rec.get('finish_reason')),
-            _label(rec.get('generation_key')))
+    return _Labels(strategy=_label(strategy), parsed=None if parsed is None else bool(parsed),
+                   answer=_label(rec.get('predicted_answer')), gold=_label(rec.get('gold_answer')),
+                   category=_label(rec.get('category')), finish_reason=_label(rec.get('finish_reason')),
+                   generation_key=_label(rec.get('generation_key')))
 
 # %% ../../nbs/07_release.ipynb #267e6812
-NUMBER_COLUMNS = ('rewrite_id', 'sample_id', 'score', 'cost', 'prompt_tokens', 'completion_tokens',
-                  'temperature', 'top_p')
-TEXT_COLUMNS = ('view', 'query_id', 'model', 'query_text', 'original_text', 'passage', 'options', 'kind',
-                'strategy', 'parsed', 'answer', 'gold', 'category', 'finish_reason', 'generation_key')
+# the columns, in the order of the records' fields: a row is appended as the records' values, field by field
+NUMBER_COLUMNS = ('rewrite_id', 'sample_id', *_Measures._fields)
+TEXT_COLUMNS = ('view', 'query_id', 'model', *_Texts._fields, *_Labels._fields)
 
 class _Columns:
     "Growing columns: numbers in `array('d')`, texts as codes into a dict of the values seen."
@@ -163,14 +202,16 @@ class _Columns:
         self.texts = {c: array('i') for c in TEXT_COLUMNS + (('response',) if responses else ())}
         self.values = {c: {} for c in self.texts}
         self.lines = array('q')
+        # per column, looked up once rather than on every row
+        self._append_number = [col.append for col in self.numbers.values()]
+        self._append_text = [(col.append, self.values[c]) for c, col in self.texts.items()]
 
     def add(self, line: int, numbers: tuple, texts: tuple):
-        "Append one row: its line number, then its numbers and texts in the columns' order."
+        "Append one row: its line number, then its numbers and texts in the columns' order (`_row` makes them)."
         self.lines.append(line)
-        for col, v in zip(self.numbers.values(), numbers): col.append(v)
-        for (name, col), v in zip(self.texts.items(), texts):
-            seen = self.values[name]
-            col.append(-1 if v is None else seen.setdefault(v, len(seen)))
+        for append, v in zip(self._append_number, numbers): append(v)
+        for (append, seen), v in zip(self._append_text, texts):
+            append(-1 if v is None else seen.setdefault(v, len(seen)))
 
 # %% ../../nbs/07_release.ipynb #6300322e
 def _categorical(codes: array, values: dict):
@@ -271,10 +312,9 @@ def _row(rec, dataset: str, split: str, where: str) -> tuple[tuple, tuple]:
     for field, want in (('dataset', dataset), ('split', split)):
         if rec.get(field) is not None and str(rec[field]) != want:
             _bad(where, field, f"is {rec[field]!r}, but the file holds {want!r}")
-    view, rewrite, sample = _cell(rec, split, where)
-    qid, model = _key(rec, 'query_id', where), _key(rec, 'model', where)
-    return ((rewrite, sample, *_measures(rec, where)),
-            (view, qid, model, *_texts(rec, where), *_labels(rec)))
+    cell, qid, model = _cell(rec, split, where), _key(rec, 'query_id', where), _key(rec, 'model', where)
+    return ((cell.rewrite_id, cell.sample_id, *_measures(rec, where)),
+            (cell.view, qid, model, *_texts(rec, where), *_labels(rec)))
 
 def _read_file(path: Path, dataset: str, split: str, responses: bool,
                line_limit: int | None = None, # longest line in bytes (None: `release_line_limit()`)
