@@ -16,6 +16,7 @@ Cache. The run uses a cache folder of its own (`DARS_CACHE`, a fresh temporary f
 one), so the encoder's export, the embedding store and the local models are built from nothing on every `make test`, as
 on a new machine.
 """
+import ctypes
 import faulthandler
 import os
 import shutil
@@ -106,6 +107,14 @@ def pytest_report_header(config):
             f"thread's stack and the end of the process {HARD_GRACE_S:g} s later; cache folder: {os.environ.get('DARS_CACHE')}")
 
 
+try: _LIBC = ctypes.CDLL('libc.so.6')   # glibc: hand the heap's freed pages back to the system after each test
+except OSError: _LIBC = None
+
+def _release_freed_memory():
+    "After a test, what it freed goes back to the system (glibc otherwise keeps it for this process)."
+    if _LIBC is not None and hasattr(_LIBC, 'malloc_trim'): _LIBC.malloc_trim(0)
+
+
 def _limit(item) -> float:
     mark = item.get_closest_marker('timeout')
     if mark is not None and (mark.args or 'timeout' in mark.kwargs):
@@ -126,6 +135,7 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+        _release_freed_memory()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,11 +1,15 @@
 """Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/; and check that
 the outputs a notebook keeps are the ones its code produces now (`tools.docs_outputs.compare_outputs`)."""
+import atexit
+import gc
 import json
 
 import pytest
 from nbdev.config import get_config
+import nbdev.processors
 import nbdev.test
 from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
+from execnb.shell import CaptureShell
 
 from dars_nb.testing import forced_test_flags
 from tools.docs_notebooks import processed_notebook, runs_in_tests
@@ -27,9 +31,25 @@ def _flags():
 def test_notebook(nb, monkeypatch):
     import altair as alt
     alt.renderers.enable('svg')            # charts as the saved outputs hold them (`make outputs`)
-    skip, force = _flags()
     ran = []                               # nbdev's runner hands the notebook it ran to `write_nb` when asked to save
     monkeypatch.setattr(nbdev.test, 'write_nb', lambda executed, path: ran.append(executed))
+    shells = []                            # the shell that ran it, so that its namespace is let go afterwards
+    class _Shell(CaptureShell):
+        def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs); shells.append(self)
+    monkeypatch.setattr(nbdev.test, 'CaptureShell', _Shell)
+    monkeypatch.setattr(nbdev.processors, 'CaptureShell', _Shell)     # the docs build's shell (`exec_show_docs`)
+    try: _run_and_compare(nb, ran)
+    finally:
+        # IPython keeps every shell alive until exit (an atexit hook), and with it every object the notebook made:
+        # a worker that runs forty notebooks would hold all of them
+        for shell in shells:
+            atexit.unregister(shell.atexit_operations)
+            shell.reset(new_session=False)
+        gc.collect()
+
+
+def _run_and_compare(nb, ran):
+    skip, force = _flags()
     # no limit per cell: the test's own limit (pytest-timeout) fails a notebook that hangs, with every thread's stack,
     # the cell's own thread included
     ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None,
