@@ -164,7 +164,8 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
                             ) -> pd.DataFrame:
     "One simulated world's training grids at each temperature (sample ids offset per temperature)."
     world = make_world(profile, n_train, 0, seed)
-    parts = [observe(world, 'train', 'grid', n_rewrites, n_decodes, float(t), seed)
+    parts = [observe(world, 'train', 'grid', n_rewrites=n_rewrites, n_decodes=n_decodes, temperature=float(t),
+                     seed=seed)
              for t in temperatures]
     parts = [part.assign(sample_id=part['sample_id'] + k * n_decodes)
              for k, part in enumerate(parts)]

@@ -145,7 +145,8 @@ def data_stage(run: Run, # the run
     routers, p = resolve_routers(routers), run.protocol
     if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
     text = dict(method=p.features, text=p.text, **p.tfidf)
-    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
+    datasets, obs = load_data(data, features=features, settings=settings, seed=run.seed, log=run.log,
+                              drop_incomplete=drop_incomplete, formulas=p.formulas, text_features=text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs
