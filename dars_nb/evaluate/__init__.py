@@ -144,11 +144,12 @@ class FixedModel(NamedTuple):
     position: int   # the model's column in the per-query table
     utility: float  # its mean utility over the queries
 
-def choose_fixed_model(per_query, # utility per query and model: a frame (a column per model) or a (Q, K) array
+def choose_fixed_model(per_query, # utility per query and model: a frame (a column per model) or (Q, K) array
                        complete: bool = True, # only a model observed on every query can be chosen
                       ) -> FixedModel:
-    "The one model to deploy without a router: the highest mean utility over queries (ties → the first)."
-    if isinstance(per_query, pd.DataFrame): means = per_query.mean(skipna=not complete).to_numpy(float)
+    "The model to deploy without a router: the highest mean utility over queries (ties → the first)."
+    if isinstance(per_query, pd.DataFrame):
+        means = per_query.mean(skipna=not complete).to_numpy(float)
     elif complete: means = np.asarray(per_query, dtype=float).mean(0)
     else: means = pd.DataFrame(np.asarray(per_query, dtype=float)).mean().to_numpy(float)
     if np.isnan(means).all():

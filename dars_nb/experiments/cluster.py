@@ -352,8 +352,8 @@ def run_calls(fn, # the function of every call (importable on the workers)
         yield from enumerate(results)
         return
     with cluster_client(scheduler) as client:
-        yield from _on_cluster(client, fn, calls, name=name.replace(' ', '_'), shipped=shipped or Shipped(),
-                               preload=preload)
+        yield from _on_cluster(client, fn, calls, name=name.replace(' ', '_'),
+                               shipped=shipped or Shipped(), preload=preload)
 
 # %% ../../nbs/21_cluster.ipynb #67026ece
 def cluster_text(client, # a connected `distributed.Client`

@@ -217,8 +217,8 @@ def prepare_dataset(ds: ProtocolData, # the dataset
     tables = {v: score - lam * cost for v, (score, cost) in means.items()}
     test_ids = pd.Index([]).append([t.index for t in tables.values()]).unique()
     U = None if ds.truth is None else _true_utility(ds.truth, ds.name, test_ids, models, lam)
-    return Prepared(name=ds.name, models=models, tables=tables, test_ids=test_ids, features=ds.features,
-                    true_utility=U, scores={v: m[0] for v, m in means.items()},
+    return Prepared(name=ds.name, models=models, tables=tables, test_ids=test_ids,
+                    features=ds.features, true_utility=U, scores={v: m[0] for v, m in means.items()},
                     costs={v: m[1] for v, m in means.items()})
 
 # %% ../../nbs/21a_protocol.ipynb #597d7746
@@ -342,7 +342,8 @@ def run_unit(ds: ProtocolData, # the dataset
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
     prep = prepare_dataset(ds, lam, views)
     sup, grid = supervise(ds, spec, n_draws=n_draws, lam=lam, seed=seed, models=prep.models)
-    return score_unit(prep, name, router, spec, sup=sup, grid=grid, seed=seed, n_boot=n_boot, alpha=alpha)
+    return score_unit(prep, name, router, spec, sup=sup, grid=grid, seed=seed, n_boot=n_boot,
+                      alpha=alpha)
 
 # %% ../../nbs/21a_protocol.ipynb #7875ef7d
 RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'score', 'cost', 'ci_low',
@@ -430,7 +431,7 @@ def add_intervals(table: pd.DataFrame, # unit rows with `per_query` values (e.g.
 
 # %% ../../nbs/21a_protocol.ipynb #325eb935
 class UnitCall(NamedTuple):
-    "The arguments of one `score_unit` call, by name and in its order: what a worker needs to run one unit."
+    "The arguments of one `score_unit` call, by name, in its order: what a worker needs for one unit."
     prep: Prepared      # the prepared dataset (one object for all its units)
     name: str           # the router's name in the output
     router: object      # the unfitted router
@@ -461,9 +462,9 @@ def _reusable(reuse, units, n_draws) -> dict:
         if key in groups: found[i] = groups[key].to_dict('records')
     return found
 
-def _unit_calls(units: list, todo: list, *, routers: dict, preps: dict, n_draws: int, lam: float, seed: int,
-                alpha: float) -> list[UnitCall]:
-    "The `score_unit` call of every unit to run (positions `todo`); each supervision built once, shared by its units."
+def _unit_calls(units: list, todo: list, *, routers: dict, preps: dict, n_draws: int, lam: float,
+                seed: int, alpha: float) -> list[UnitCall]:
+    "The `score_unit` call of each unit to run (positions `todo`); each supervision built once, shared."
     sups = {}
     for i in todo:
         ds, _, spec = units[i]
@@ -473,8 +474,8 @@ def _unit_calls(units: list, todo: list, *, routers: dict, preps: dict, n_draws:
     calls = []
     for ds, name, spec in (units[i] for i in todo):
         sup, grid = sups[(ds.name, spec)]
-        calls.append(UnitCall(prep=preps[ds.name], name=name, router=routers[name], spec=spec, sup=sup,
-                              grid=grid, seed=seed, n_boot=0, alpha=alpha))
+        calls.append(UnitCall(prep=preps[ds.name], name=name, router=routers[name], spec=spec,
+                              sup=sup, grid=grid, seed=seed, n_boot=0, alpha=alpha))
     return calls
 
 # %% ../../nbs/21a_protocol.ipynb #2dff9c85
@@ -503,8 +504,8 @@ def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fe
     longest_first = sorted(range(len(units)), key=lambda i: units[i][2].mode != 'single')
     todo = [i for i in longest_first if i not in done]
     preps = {ds.name: prepare_dataset(ds, lam, views) for ds in dss}
-    calls = _unit_calls(units, todo, routers=routers, preps=preps, n_draws=n_draws, lam=lam, seed=seed,
-                        alpha=alpha)
+    calls = _unit_calls(units, todo, routers=routers, preps=preps, n_draws=n_draws, lam=lam,
+                        seed=seed, alpha=alpha)
     modules = tuple(m for m in dict.fromkeys(type(r).__module__ for r in routers.values())
                     if m != '__main__')
     results = run_calls(score_unit, calls, n_jobs, scheduler, desc, preload=modules) if todo else []

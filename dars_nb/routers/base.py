@@ -39,7 +39,7 @@ def check_features(X, # query features, (n, d)
 def align(features: pd.DataFrame, # features indexed by query id
           query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
          ) -> np.ndarray:
-    "Rows of `features` for `query_ids`, in that order, as a float array (ids as strings); missing or repeated ids fail."
+    "Rows of `features` for `query_ids` (as strings), in that order, as floats; missing or repeated ids fail."
     index = features.index.astype(str)
     if index.has_duplicates:
         repeated = index[index.duplicated()][0]
