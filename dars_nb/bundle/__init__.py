@@ -23,6 +23,7 @@ from ..observations import router_text
 from ..observations import format_options
 from ..features import TfidfFeaturizer, SentenceFeaturizer
 from .guard import GuardCV, guarded_choice
+from ..evaluate import choose_fixed_model
 from ..routers import FAMILIES
 from ..routers.base import native_thread_pools
 from ..stats import MODES
@@ -113,7 +114,7 @@ def best_fixed(self: RouterBundle, lam: float) -> int:
     "Index of the best fixed model at λ: argmax of the mean training μ_q − λμ_c."
     if self.guard_cv is None:
         raise ValueError("this bundle has no training statistics to choose a best fixed model")
-    return int((self.guard_cv.mu_q - lam * self.guard_cv.mu_c).mean(0).argmax())
+    return choose_fixed_model(self.guard_cv.mu_q - lam * self.guard_cv.mu_c).position
 
 @patch
 def _margin(self: RouterBundle, lam: float) -> float | None:

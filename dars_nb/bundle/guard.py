@@ -10,6 +10,7 @@ import pandas as pd
 from fastcore.basics import patch
 from sklearn.base import clone
 from ..stats import Supervision, normalize_cost
+from ..evaluate import choose_fixed_model
 
 # %% auto #0
 __all__ = ['guarded_choice', 'fold_ids', 'GuardCV', 'cross_validate', 'observed_means', 'guard_comparison']
@@ -66,7 +67,7 @@ def fixed(self: GuardCV, lam: float) -> np.ndarray:
     "Best fixed model per query at λ, chosen on the training part of the query's fold."
     real = self.mu_q - lam * self.mu_c
     K = int(self.folds.max()) + 1
-    per_fold = np.array([real[self.folds != k].mean(0).argmax() for k in range(K)])
+    per_fold = np.array([choose_fixed_model(real[self.folds != k]).position for k in range(K)])
     return per_fold[self.folds]
 
 # %% ../../nbs/25b_guard.ipynb #f2f94ede
@@ -168,7 +169,7 @@ def guard_comparison(router, # a router fitted on all training queries
     "Test utility of best fixed (from training), router and guarded router; shares routed away."
     U = router.utility(X_test, lam)
     real = mu_q - lam * mu_c
-    fixed = int((cv.mu_q - lam * cv.mu_c).mean(0).argmax())
+    fixed = choose_fixed_model(cv.mu_q - lam * cv.mu_c).position
     margin = cv.margin(lam)
     pick = lambda c: float(real[np.arange(len(c)), c].mean())
     guarded = guarded_choice(U, fixed, margin)

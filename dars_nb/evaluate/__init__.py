@@ -5,6 +5,7 @@
 # %% ../../nbs/20b_evaluate.ipynb #f3b3f790
 from __future__ import annotations
 from collections.abc import Mapping
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import altair as alt
@@ -16,9 +17,9 @@ from .bootstrap import Estimate, bootstrap_ci
 
 # %% auto #0
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'view_utility', 'fixed_model_utilities',
-           'best_fixed_model', 'best_fixed_model_from_training', 'oracle_choices', 'random_choices', 'oracle_utility',
-           'random_utility', 'feature_rows', 'fit_predict', 'feature_table', 'router_choices', 'utility_table',
-           'plot_view_utilities', 'true_utility', 'true_regret']
+           'FixedModel', 'choose_fixed_model', 'best_fixed_model', 'best_fixed_model_from_training', 'oracle_choices',
+           'random_choices', 'oracle_utility', 'random_utility', 'feature_rows', 'fit_predict', 'feature_table',
+           'router_choices', 'utility_table', 'plot_view_utilities', 'true_utility', 'true_regret']
 
 # %% ../../nbs/20b_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
@@ -137,15 +138,34 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or `per_q
     "U_view of always choosing each model (NaN for a model missing any test query)."
     return _table(obs_test, view, lam).mean(skipna=False)
 
+# %% ../../nbs/20b_evaluate.ipynb #d2622693
+class FixedModel(NamedTuple):
+    "The best fixed model: its position among the models and its mean utility over the queries."
+    position: int   # the model's column in the per-query table
+    utility: float  # its mean utility over the queries
+
+def choose_fixed_model(per_query, # utility per query and model: a frame (a column per model) or (Q, K) array
+                       complete: bool = True, # only a model observed on every query can be chosen
+                      ) -> FixedModel:
+    "The model to deploy without a router: the highest mean utility over queries (ties → the first)."
+    if isinstance(per_query, pd.DataFrame):
+        means = per_query.mean(skipna=not complete).to_numpy(float)
+    elif complete: means = np.asarray(per_query, dtype=float).mean(0)
+    else: means = pd.DataFrame(np.asarray(per_query, dtype=float)).mean().to_numpy(float)
+    if np.isnan(means).all():
+        raise ValueError(f"no model has observations of {'every' if complete else 'any'} query")
+    best = int(np.nanargmax(means))
+    return FixedModel(best, float(means[best]))
+
 # %% ../../nbs/20b_evaluate.ipynb #670e0501
 def best_fixed_model(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`
                      view: str = 'rewrite', # 'rewrite' or 'decode'
                      lam: float = PAPER.lam, # cost weight λ
                     ) -> tuple[str, float]:
     "The best single model on this view and its U_view (ties → the first model in order)."
-    utilities = fixed_model_utilities(obs_test, view, lam)
-    if utilities.isna().all(): raise ValueError("no model has observations of every test query")
-    return str(utilities.idxmax()), float(utilities.max())
+    table = _table(obs_test, view, lam)
+    best = choose_fixed_model(table)
+    return str(table.columns[best.position]), best.utility
 
 # %% ../../nbs/20b_evaluate.ipynb #1ce775ed
 def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations with the training grid
@@ -153,10 +173,9 @@ def best_fixed_model_from_training(obs_train: pd.DataFrame, # observations with 
                                    models: list | None = None, # model order (default: sorted names)
                                   ) -> tuple[str, float]:
     "The model with the best mean training-grid utility q − λc over queries; ties → first model."
-    train = select(_prepared(obs_train), split='train')
-    utilities = per_query_view_utility(train, 'grid', lam, models).mean()
-    if utilities.isna().all(): raise ValueError("no model has training-grid observations")
-    return str(utilities.idxmax()), float(utilities.max())
+    table = per_query_view_utility(select(_prepared(obs_train), split='train'), 'grid', lam, models)
+    best = choose_fixed_model(table, complete=False)
+    return str(table.columns[best.position]), best.utility
 
 # %% ../../nbs/20b_evaluate.ipynb #f271b0c7
 def oracle_choices(obs_test: pd.DataFrame, # test observations, or a `per_query_view_utility` table

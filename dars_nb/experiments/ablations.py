@@ -164,7 +164,8 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
                             ) -> pd.DataFrame:
     "One simulated world's training grids at each temperature (sample ids offset per temperature)."
     world = make_world(profile, n_train, 0, seed)
-    parts = [observe(world, 'train', 'grid', n_rewrites, n_decodes, float(t), seed)
+    parts = [observe(world, 'train', 'grid', n_rewrites=n_rewrites, n_decodes=n_decodes,
+                     temperature=float(t), seed=seed)
              for t in temperatures]
     parts = [part.assign(sample_id=part['sample_id'] + k * n_decodes)
              for k, part in enumerate(parts)]
@@ -199,9 +200,8 @@ def plot_figure3(efficiency: pd.DataFrame, # output of `run_sample_efficiency`
                  study: pd.DataFrame, # output of `temperature_study`
                  betas: pd.DataFrame, # output of `run_beta_sweep`
                 ) -> alt.Chart:
-    "Paper Fig. 3: (a) sample efficiency, (b) decoding temperature, (c) β sensitivity."
-    top = alt.hconcat(plot_sample_efficiency(efficiency, '(a) Sample efficiency of DARS'),
-                      plot_temperature_study(study).properties(title='(b) Decoding temperature'))
-    return alt.vconcat(top.resolve_scale(color='independent'),
-                       plot_beta_sweep(betas, '(c) Risk coefficient β')
-                       ).resolve_scale(color='independent')   # two rows: fits a text column
+    "Paper Fig. 3: (a) sample efficiency, (b) decoding temperature, (c) β sensitivity, one panel a row."
+    panels = (plot_sample_efficiency(efficiency, '(a) Sample efficiency of DARS'),
+              plot_temperature_study(study).properties(title='(b) Decoding temperature'),
+              plot_beta_sweep(betas, '(c) Risk coefficient β'))
+    return alt.vconcat(*panels).resolve_scale(color='independent')

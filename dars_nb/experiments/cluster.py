@@ -321,7 +321,7 @@ def _on_cluster(client, fn, calls: list, name: str, shipped: Shipped, preload: t
     from distributed import KilledWorker
     address, done = client.scheduler.address, 0
     shipped.workers = len(client.scheduler_info(n_workers=-1)['workers'])
-    run = _ClusterRun(client, fn, calls, name, preload, shipped)
+    run = _ClusterRun(client, fn, calls, name=name, preload=preload, shipped=shipped)
     try:
         for position, result in run.results():
             done += 1
@@ -352,8 +352,8 @@ def run_calls(fn, # the function of every call (importable on the workers)
         yield from enumerate(results)
         return
     with cluster_client(scheduler) as client:
-        yield from _on_cluster(client, fn, calls, name.replace(' ', '_'), shipped or Shipped(),
-                               preload)
+        yield from _on_cluster(client, fn, calls, name=name.replace(' ', '_'),
+                               shipped=shipped or Shipped(), preload=preload)
 
 # %% ../../nbs/21_cluster.ipynb #67026ece
 def cluster_text(client, # a connected `distributed.Client`

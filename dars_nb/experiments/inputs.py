@@ -103,6 +103,7 @@ def _complete(obs: pd.DataFrame) -> bool:
     return bool(train and test)
 
 def load_data(data=None, # None for the simulator, an observation file (.parquet, .jsonl, .csv) or a release folder
+              *,
               features=None, # features file for `data` (default: from each query's original wording)
               settings: Settings = FULL, # sizes of the simulated datasets
               seed: int = 0, # simulator seed

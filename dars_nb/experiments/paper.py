@@ -4,13 +4,14 @@
 
 # %% ../../nbs/21d_paper.ipynb #eb6c4820
 from __future__ import annotations
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from .tables import VIEW_LABELS, Wins, compare_supervision
+from .tables import VIEW_LABELS, compare_supervision
 
 # %% auto #0
 __all__ = ['PAPER_REFERENCE', 'PAPER_TABLE1_SOURCE', 'PAPER_DATASETS', 'COMPARISON_COLUMNS', 'paper_table1', 'paper_dataset',
-           'paper_comparison', 'paper_wins', 'paper_wins_line', 'paper_table']
+           'paper_comparison', 'Wins', 'paper_wins', 'paper_wins_line', 'paper_table']
 
 # %% ../../nbs/21d_paper.ipynb #41758f22
 PAPER_REFERENCE = dict(
@@ -85,6 +86,11 @@ def paper_comparison(results: pd.DataFrame, # `run_protocol` output (single and 
     return out.iloc[order][COMPARISON_COLUMNS]
 
 # %% ../../nbs/21d_paper.ipynb #e5b36405
+class Wins(NamedTuple):
+    "How many of the paper's settings DARS improves here, out of those the results hold."
+    wins: int      # settings where DARS beats the single-shot mean
+    settings: int  # settings of the paper's Table 1 found in the results
+
 def paper_wins(results: pd.DataFrame, # `run_protocol` output
               ) -> Wins:
     "How many of the settings the paper reports (at most 42) DARS improves over single-shot here."

@@ -10,7 +10,7 @@ import pandas as pd
 from sklearn.base import clone
 from ..observations import model_order
 from ..stats import PAPER
-from ..evaluate import view_means
+from ..evaluate import view_means, choose_fixed_model
 from .protocol import Formulas, ProtocolData, resolve_routers
 
 # %% auto #0
@@ -78,7 +78,8 @@ def authors_baselines(ds: ProtocolData, # the dataset
     present = set(ds.obs.loc[(ds.obs['split'] == 'test').to_numpy(), 'view'].astype(str))
     for view in (v for v in views if v in present):
         score, cost = view_means(ds.obs, view, models)
-        fixed = str(score.mean().idxmax())       # ties: the first model in order
+        # by mean score
+        fixed = str(score.columns[choose_fixed_model(score, complete=False).position])
         S = score.to_numpy(float)
         best = np.argmax(np.nan_to_num(S, nan=-np.inf), axis=1)
         at = np.arange(len(S))

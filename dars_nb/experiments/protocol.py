@@ -28,8 +28,8 @@ from .cluster import run_calls
 __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'Formulas', 'ProtocolData', 'make_dataset',
            'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
            'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit',
-           'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'run_experiments',
-           'run_protocol']
+           'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'UnitCall',
+           'run_experiments', 'run_protocol']
 
 # %% ../../nbs/21a_protocol.ipynb #8c647133
 class Formulas(NamedTuple):
@@ -217,8 +217,9 @@ def prepare_dataset(ds: ProtocolData, # the dataset
     tables = {v: score - lam * cost for v, (score, cost) in means.items()}
     test_ids = pd.Index([]).append([t.index for t in tables.values()]).unique()
     U = None if ds.truth is None else _true_utility(ds.truth, ds.name, test_ids, models, lam)
-    return Prepared(ds.name, models, tables, test_ids, ds.features, U,
-                    {v: m[0] for v, m in means.items()}, {v: m[1] for v, m in means.items()})
+    return Prepared(name=ds.name, models=models, tables=tables, test_ids=test_ids,
+                    features=ds.features, true_utility=U, scores={v: m[0] for v, m in means.items()},
+                    costs={v: m[1] for v, m in means.items()})
 
 # %% ../../nbs/21a_protocol.ipynb #597d7746
 def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
@@ -340,8 +341,9 @@ def run_unit(ds: ProtocolData, # the dataset
     "Train one router under one supervision and score it on every view: one row per view."
     if spec.mode not in MODES: raise ValueError(f"unknown supervision mode {spec.mode!r}")
     prep = prepare_dataset(ds, lam, views)
-    sup, grid = supervise(ds, spec, n_draws, lam, seed, prep.models)
-    return score_unit(prep, name, router, spec, sup, grid, seed, n_boot, alpha)
+    sup, grid = supervise(ds, spec, n_draws=n_draws, lam=lam, seed=seed, models=prep.models)
+    return score_unit(prep, name, router, spec, sup=sup, grid=grid, seed=seed, n_boot=n_boot,
+                      alpha=alpha)
 
 # %% ../../nbs/21a_protocol.ipynb #7875ef7d
 RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'score', 'cost', 'ci_low',
@@ -427,6 +429,19 @@ def add_intervals(table: pd.DataFrame, # unit rows with `per_query` values (e.g.
         table.loc[idx, 'best_fixed'] = models[BASELINES[0]]
     return table
 
+# %% ../../nbs/21a_protocol.ipynb #325eb935
+class UnitCall(NamedTuple):
+    "The arguments of one `score_unit` call, by name, in its order: what a worker needs for one unit."
+    prep: Prepared      # the prepared dataset (one object for all its units)
+    name: str           # the router's name in the output
+    router: object      # the unfitted router
+    spec: Spec          # the supervision's spec
+    sup: Supervision    # the supervision built from `spec` (one object for all its units)
+    grid: str           # the grid's label
+    seed: int = 0       # the run's seed
+    n_boot: int = 0     # bootstrap resamples (0: the sweep bootstraps every unit of a view at once)
+    alpha: float = 0.05 # 1 − confidence level
+
 # %% ../../nbs/21a_protocol.ipynb #895c4c3a
 def _grid_label(ds: ProtocolData, grid) -> str:
     "The label `supervise` gives a spec's grid on `ds`."
@@ -447,15 +462,21 @@ def _reusable(reuse, units, n_draws) -> dict:
         if key in groups: found[i] = groups[key].to_dict('records')
     return found
 
-def _unit_calls(units, todo, routers, preps, n_draws, lam, seed, alpha) -> list[tuple]:
-    "The `score_unit` arguments of every unit to run; each supervision built once, shared by its units."
+def _unit_calls(units: list, todo: list, *, routers: dict, preps: dict, n_draws: int, lam: float,
+                seed: int, alpha: float) -> list[UnitCall]:
+    "The `score_unit` call of each unit to run (positions `todo`); each supervision built once, shared."
     sups = {}
     for i in todo:
         ds, _, spec = units[i]
         if (ds.name, spec) not in sups:
-            sups[(ds.name, spec)] = supervise(ds, spec, n_draws, lam, seed, preps[ds.name].models)
-    return [(preps[ds.name], name, routers[name], spec, *sups[(ds.name, spec)], seed, 0, alpha)
-            for ds, name, spec in (units[i] for i in todo)]
+            sups[(ds.name, spec)] = supervise(ds, spec, n_draws=n_draws, lam=lam, seed=seed,
+                                              models=preps[ds.name].models)
+    calls = []
+    for ds, name, spec in (units[i] for i in todo):
+        sup, grid = sups[(ds.name, spec)]
+        calls.append(UnitCall(prep=preps[ds.name], name=name, router=routers[name], spec=spec,
+                              sup=sup, grid=grid, seed=seed, n_boot=0, alpha=alpha))
+    return calls
 
 # %% ../../nbs/21a_protocol.ipynb #2dff9c85
 def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features[, truth])
@@ -483,7 +504,8 @@ def run_experiments(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fe
     longest_first = sorted(range(len(units)), key=lambda i: units[i][2].mode != 'single')
     todo = [i for i in longest_first if i not in done]
     preps = {ds.name: prepare_dataset(ds, lam, views) for ds in dss}
-    calls = _unit_calls(units, todo, routers, preps, n_draws, lam, seed, alpha)
+    calls = _unit_calls(units, todo, routers=routers, preps=preps, n_draws=n_draws, lam=lam,
+                        seed=seed, alpha=alpha)
     modules = tuple(m for m in dict.fromkeys(type(r).__module__ for r in routers.values())
                     if m != '__main__')
     results = run_calls(score_unit, calls, n_jobs, scheduler, desc, preload=modules) if todo else []

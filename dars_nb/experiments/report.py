@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from ..stats import noise_tolerance
 from .protocol import BASELINES
-from .tables import VIEW_LABELS, compare_supervision, count_wins, count_verdicts
+from .tables import VIEW_LABELS, compare_supervision, count_verdicts
 from .inputs import Settings
 from .paper import paper_wins_line
 from .presets import PAPER_PROTOCOL
@@ -87,12 +87,12 @@ def run_summary(run: Run, # the run
                 data=None, # what the run read (None: the simulator), for the line beside the paper
                ) -> dict:
     "Verdicts, baselines, the best policy per dataset, the run's time and memory, where its units ran."
-    wins, verdict = count_wins(results), count_verdicts(results)
+    verdict = count_verdicts(results)
     main, workers = peak_memory_mb()
     names = [d.name for d in datasets]
     best = {name: (row['router'], row['supervision'], float(row['utility']))
             for name, row in _best_routers(results).iterrows()}
-    return dict(out=str(run.out), wins=wins, wins_text=str(wins), verdict=verdict,
+    return dict(out=str(run.out), verdict=verdict,
                 verdict_text=str(verdict),
                 baselines=baselines, seconds=time.perf_counter() - run.started, peak_memory_mb=main,
                 worker_memory_mb=workers, n_jobs=run.n_jobs, cpus=os.cpu_count(),

@@ -50,7 +50,8 @@ def staged_folder(out: Path, # the report folder (created at the end if needed)
 # default families that need `torch`
 TORCH_ROUTERS = tuple(f.name for f in FAMILIES if f.extra == 'torch')
 
-def _studies(run: Run, data, features, routers, out: Path, drop_incomplete: bool) -> tuple[dict, str]:
+def _studies(run: Run, *, data, features, routers, out: Path,
+             drop_incomplete: bool) -> tuple[dict, str]:
     "Every study of the paper into `run.out`: the summary (naming `out`) and its text."
     with run.timed('data'):
         routers, datasets, obs = data_stage(run, data, features, run.protocol.routers(routers), drop_incomplete)
@@ -64,11 +65,13 @@ def _studies(run: Run, data, features, routers, out: Path, drop_incomplete: bool
         betas = beta_stage(run, datasets, routers, ablations)
         run.chart('fig3', figure3(efficiency, study, betas), 'fig3_sensitivity')
     with run.timed('adaptive'): adaptive_stage(run, obs)
-    summary = run_summary(run, results, baselines, datasets, routers, data)
+    summary = run_summary(run, results=results, baselines=baselines, datasets=datasets,
+                          routers=routers, data=data)
     summary['out'] = str(out)
     truth = bool(results['true_regret'].notna().any())
-    (run.out / 'report.md').write_text(report_text(summary, run.settings, run.md, results, truth,
-                                                   data, run.seed))
+    report = report_text(summary, settings=run.settings, md=run.md, results=results, truth=truth,
+                         data=data, seed=run.seed)
+    (run.out / 'report.md').write_text(report)
     return summary, summary_text(summary, results, truth)
 
 def reproduce(out, # folder for the report (created if needed)
@@ -93,10 +96,12 @@ def reproduce(out, # folder for the report (created if needed)
     # starting workers costs more than a quick run gains
     if n_jobs is None: n_jobs = 1 if quick else -1
     with cluster_client(scheduler, connect_timeout) as client, staged_folder(Path(out)) as folder:
-        run = Run(folder, settings or (QUICK if quick else FULL), seed, n_jobs, verbose, client, protocol=protocol)
+        run = Run(folder, settings=settings or (QUICK if quick else FULL), seed=seed, n_jobs=n_jobs,
+                  verbose=verbose, scheduler=client, protocol=protocol)
         if client is not None:
             run.log(f"units on {cluster_text(client)}; dashboard {client.dashboard_link}")
-        summary, text = _studies(run, data, features, routers, Path(out), drop_incomplete)
+        summary, text = _studies(run, data=data, features=features, routers=routers, out=Path(out),
+                                 drop_incomplete=drop_incomplete)
     summary['files'] = sorted(p.name for p in Path(out).iterdir())
     run.log(text)
     return summary

@@ -145,7 +145,9 @@ def data_stage(run: Run, # the run
     routers, p = resolve_routers(routers), run.protocol
     if p.name != PAPER_PROTOCOL.name: run.log(f"      protocol: {p.name} ({p.note})")
     text = dict(method=p.features, text=p.text, **p.tfidf)
-    datasets, obs = load_data(data, features, settings, run.seed, run.log, drop_incomplete, p.formulas, text)
+    datasets, obs = load_data(data, features=features, settings=settings, seed=run.seed,
+                              log=run.log, drop_incomplete=drop_incomplete, formulas=p.formulas,
+                              text_features=text)
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs
@@ -293,7 +295,7 @@ def figure3(efficiency: pd.DataFrame | None, # sample-efficiency results, if run
     if efficiency is not None and study is not None: return plot_figure3(efficiency, study, betas)
     parts = (efficiency is not None and plot_sample_efficiency(efficiency),
              study is not None and plot_temperature_study(study), plot_beta_sweep(betas))
-    return alt.hconcat(*[chart for chart in parts if chart])
+    return alt.vconcat(*[chart for chart in parts if chart])   # one panel a row, as Figure 3
 
 # %% ../../nbs/24b_stages.ipynb #5ed2ecc3
 def _stage_order(column: str) -> int: return int(column.split('_')[-1].split('x')[0])

@@ -13,8 +13,8 @@ from ..stats import noise_tolerance
 from .protocol import BASELINES
 
 # %% auto #0
-__all__ = ['VIEW_LABELS', 'compare_supervision', 'Wins', 'count_wins', 'Verdict', 'count_verdicts', 'Table', 'table1',
-           'table_vs_fixed', 'table5', 'regret_table', 'score_cost_table']
+__all__ = ['VIEW_LABELS', 'compare_supervision', 'Verdict', 'count_verdicts', 'Table', 'table1', 'table_vs_fixed', 'table5',
+           'regret_table', 'score_cost_table']
 
 # %% ../../nbs/21b_tables.ipynb #cc7d9349
 VIEW_LABELS = {'rewrite': 'U_rew', 'decode': 'U_dec'}
@@ -50,23 +50,6 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
     position = lambda key: tuple(order[c].index(v) for c, v in zip(keys, key))
     return out.reindex(pd.MultiIndex.from_tuples(sorted(out.index, key=position), names=keys))
-
-# %% ../../nbs/21b_tables.ipynb #61137222
-class Wins(NamedTuple):
-    "How many settings DARS improves."
-    wins: int
-    settings: int
-    def __str__(self):
-        return f"DARS improves {self.wins} of {self.settings} router–dataset–view settings"
-
-def count_wins(results: pd.DataFrame, # output of `run_protocol` (or of `compare_supervision`)
-               by=None, # None for one count, or column(s) among dataset/router/view
-              ) -> Wins | pd.DataFrame:
-    "Settings where DARS beats the single-shot mean: one `Wins`, or a table per group."
-    comparison = results if 'win' in results.columns else compare_supervision(results)
-    if by is None: return Wins(int(comparison['win'].sum()), len(comparison))
-    wins = comparison.groupby(level=by, sort=False)['win']
-    return pd.DataFrame({'wins': wins.sum().astype(int), 'settings': wins.size()})
 
 # %% ../../nbs/21b_tables.ipynb #2e522eea
 class Verdict(NamedTuple):

@@ -14,8 +14,8 @@ from sklearn.utils.validation import check_is_fitted
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['check_features', 'features_by_id', 'check_supervision', 'Router', 'MeanRouter', 'training_settings',
-           'with_training_settings', 'align', 'family_targets', 'stats_by_query', 'native_thread_pools']
+__all__ = ['check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings', 'with_training_settings',
+           'family_targets', 'stats_by_query', 'native_thread_pools']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -36,18 +36,18 @@ def check_features(X, # query features, (n, d)
     return X
 
 # %% ../../nbs/10_routers_base.ipynb #e4829e28
-def features_by_id(X: pd.DataFrame, # features indexed by query id
-                   query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
-                  ) -> np.ndarray:
-    "Rows of `X` for `query_ids`, in that order (ids as strings); missing or repeated ids fail."
-    index = X.index.astype(str)
+def align(features: pd.DataFrame, # features indexed by query id
+          query_ids, # the ids wanted, in the order wanted (e.g. `sup.query_ids`)
+         ) -> np.ndarray:
+    "Rows of `features` for `query_ids` (as strings), in that order, as floats; missing or repeated ids fail."
+    index = features.index.astype(str)
     if index.has_duplicates:
         repeated = index[index.duplicated()][0]
         raise ValueError(f"features have more than one row for query {repeated!r}")
     ids = pd.Index(list(query_ids)).astype(str)
     pos = index.get_indexer(ids)
     if (pos < 0).any(): raise ValueError(f"no features for query {ids[pos < 0][0]!r}")
-    return X.to_numpy()[pos]
+    return features.to_numpy(float)[pos]
 
 # %% ../../nbs/10_routers_base.ipynb #d0b2ef34
 def check_supervision(sup, # a `Supervision`
@@ -98,7 +98,7 @@ def fit(self: Router, X, # frame indexed by query id, or (Q, d) array in `sup.qu
     "Fit on features `X` and supervision `sup` (R draws → R routers); frame rows are matched by id."
     if isinstance(X, pd.DataFrame):
         self.feature_names_in_ = np.asarray(X.columns.astype(str), dtype=object)
-        if isinstance(sup, Supervision): X = features_by_id(X, sup.query_ids)
+        if isinstance(sup, Supervision): X = align(X, sup.query_ids)
     elif hasattr(self, 'feature_names_in_'): del self.feature_names_in_
     X = check_features(X)
     sup = check_supervision(sup, len(X))
@@ -213,13 +213,6 @@ def with_training_settings(**defaults # the family's own defaults of some settin
         cls.__init__ = __init__
         return cls
     return decorate
-
-# %% ../../nbs/10_routers_base.ipynb #152f35da
-def align(features: pd.DataFrame, # features indexed by query_id
-          query_ids, # the order wanted (e.g. `sup.query_ids`)
-         ) -> np.ndarray:
-    "Rows of `features` for `query_ids`, in that order, as a float array."
-    return features_by_id(features, query_ids).astype(float)
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 def family_targets(sup: Supervision, # supervision in any mode

@@ -60,8 +60,8 @@ def _targets(self: RMSoftmaxRouter, sup):
     for g, lam in enumerate(grid):
         for r in range(0, sup.n_draws, step):
             d = slice(r, r + step)
-            P[d, g] = lambda_targets(sup.mu_q[d], sup.mu_c[d], sup.sigma[d], [lam], sup.beta,
-                                     self.tau)[:, 0]
+            P[d, g] = lambda_targets(sup.mu_q[d], sup.mu_c[d], sup.sigma[d], lams=[lam],
+                                     beta=sup.beta, tau=self.tau)[:, 0]
     return dict(p=P.transpose(0, 3, 1, 2),
                 lams=np.broadcast_to(grid / self.lam_scale_, (sup.n_draws, len(grid))))
 
