@@ -6,6 +6,7 @@
 from __future__ import annotations
 from fastcore.basics import patch
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from .observations import as_validated, to_dense, dense_index, Dense
@@ -16,7 +17,7 @@ __all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'TIE_TOL', 'MODES', 'DRAWS', 'Pape
            'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread', 'stats_from_sums',
            'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models', 'noise_tolerance',
            'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single', 'draw_rows',
-           'supervision']
+           'supervision', 'FixedModel', 'choose_fixed_model']
 
 # %% ../nbs/01b_stats.ipynb #73bd57cb
 @dataclass(frozen=True)
@@ -473,3 +474,22 @@ def to_frame(self: Supervision, r: int = 0) -> pd.DataFrame:
                                     names=['dataset', 'query_id', 'model'])
     return pd.DataFrame(dict(mu_q=self.mu_q[r].ravel(), mu_c=self.mu_c[r].ravel(),
                              sigma=self.sigma[r].ravel(), utility=self.utility[r].ravel()), index=idx)
+
+# %% ../nbs/01b_stats.ipynb #d2622693
+class FixedModel(NamedTuple):
+    "The best fixed model: its position among the models and its mean utility over the queries."
+    position: int   # the model's column in the per-query table
+    utility: float  # its mean utility over the queries
+
+def choose_fixed_model(per_query, # utility per query and model: a frame (a column per model) or (Q, K) array
+                       complete: bool = True, # only a model observed on every query can be chosen
+                      ) -> FixedModel:
+    "The model to deploy without a router: the highest mean utility over queries (ties → the first)."
+    if isinstance(per_query, pd.DataFrame):
+        means = per_query.mean(skipna=not complete).to_numpy(float)
+    elif complete: means = np.asarray(per_query, dtype=float).mean(0)
+    else: means = pd.DataFrame(np.asarray(per_query, dtype=float)).mean().to_numpy(float)
+    if np.isnan(means).all():
+        raise ValueError(f"no model has observations of {'every' if complete else 'any'} query")
+    best = int(np.nanargmax(means))
+    return FixedModel(best, float(means[best]))

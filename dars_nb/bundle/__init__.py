@@ -23,7 +23,7 @@ from ..observations import router_text
 from ..observations import format_options
 from ..features import TfidfFeaturizer, SentenceFeaturizer
 from .guard import GuardCV, guarded_choice
-from ..evaluate import choose_fixed_model
+from ..stats import choose_fixed_model
 from ..routers import FAMILIES
 from ..routers.base import native_thread_pools
 from ..stats import MODES

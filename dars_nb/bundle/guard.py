@@ -10,7 +10,7 @@ import pandas as pd
 from fastcore.basics import patch
 from sklearn.base import clone
 from ..stats import Supervision, normalize_cost
-from ..evaluate import choose_fixed_model
+from ..stats import choose_fixed_model
 
 # %% auto #0
 __all__ = ['guarded_choice', 'fold_ids', 'GuardCV', 'cross_validate', 'observed_means', 'guard_comparison']

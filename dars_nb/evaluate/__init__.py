@@ -12,14 +12,14 @@ import altair as alt
 from fastcore.meta import delegates
 from sklearn.base import clone
 from ..observations import as_validated, to_dense, select, VIEWS
-from ..stats import PAPER, normalize_cost, cost_norm_array, Supervision, cell_means
+from ..stats import PAPER, normalize_cost, cost_norm_array, Supervision, cell_means, choose_fixed_model
 from .bootstrap import Estimate, bootstrap_ci
 
 # %% auto #0
 __all__ = ['normalize_jointly', 'view_means', 'per_query_view_utility', 'chosen_utility', 'view_utility', 'fixed_model_utilities',
-           'FixedModel', 'choose_fixed_model', 'best_fixed_model', 'best_fixed_model_from_training', 'oracle_choices',
-           'random_choices', 'oracle_utility', 'random_utility', 'feature_rows', 'fit_predict', 'feature_table',
-           'router_choices', 'utility_table', 'plot_view_utilities', 'true_utility', 'true_regret']
+           'best_fixed_model', 'best_fixed_model_from_training', 'oracle_choices', 'random_choices', 'oracle_utility',
+           'random_utility', 'feature_rows', 'fit_predict', 'feature_table', 'router_choices', 'utility_table',
+           'plot_view_utilities', 'true_utility', 'true_regret']
 
 # %% ../../nbs/20b_evaluate.ipynb #9cccab11
 def _prepared(obs: pd.DataFrame) -> pd.DataFrame:
@@ -137,25 +137,6 @@ def fixed_model_utilities(obs_test: pd.DataFrame, # test observations, or `per_q
                          ) -> pd.Series:
     "U_view of always choosing each model (NaN for a model missing any test query)."
     return _table(obs_test, view, lam).mean(skipna=False)
-
-# %% ../../nbs/20b_evaluate.ipynb #d2622693
-class FixedModel(NamedTuple):
-    "The best fixed model: its position among the models and its mean utility over the queries."
-    position: int   # the model's column in the per-query table
-    utility: float  # its mean utility over the queries
-
-def choose_fixed_model(per_query, # utility per query and model: a frame (a column per model) or (Q, K) array
-                       complete: bool = True, # only a model observed on every query can be chosen
-                      ) -> FixedModel:
-    "The model to deploy without a router: the highest mean utility over queries (ties → the first)."
-    if isinstance(per_query, pd.DataFrame):
-        means = per_query.mean(skipna=not complete).to_numpy(float)
-    elif complete: means = np.asarray(per_query, dtype=float).mean(0)
-    else: means = pd.DataFrame(np.asarray(per_query, dtype=float)).mean().to_numpy(float)
-    if np.isnan(means).all():
-        raise ValueError(f"no model has observations of {'every' if complete else 'any'} query")
-    best = int(np.nanargmax(means))
-    return FixedModel(best, float(means[best]))
 
 # %% ../../nbs/20b_evaluate.ipynb #670e0501
 def best_fixed_model(obs_test: pd.DataFrame, # test observations, or `per_query_view_utility`

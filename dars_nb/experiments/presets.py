@@ -10,7 +10,8 @@ import pandas as pd
 from sklearn.base import clone
 from ..observations import model_order
 from ..stats import PAPER
-from ..evaluate import view_means, choose_fixed_model
+from ..evaluate import view_means
+from ..stats import choose_fixed_model
 from .protocol import Formulas, ProtocolData, resolve_routers
 
 # %% auto #0
