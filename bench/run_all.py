@@ -59,8 +59,16 @@ def main(argv=None):
     if a.markdown:
         head = ("# Benchmark figures\n\nWritten by `make bench` (`bench/run_all.py --markdown bench/RESULTS.md`); "
                 "each figure is a median of repeated runs, each comparison measured side by side in one process.\n\n")
-        Path(a.markdown).write_text(head + table + "\n")
+        Path(a.markdown).write_text(head + table + "\n" + kept_sections(Path(a.markdown)))
     return 0 if all(s == 'ok' for _, s, _ in status) else 1
+
+
+def kept_sections(path: Path) -> str:
+    "The measurements written by hand below the table of `path` (from its first `## ` heading on), kept on a rewrite."
+    if not path.exists(): return ''
+    lines = path.read_text().splitlines(keepends=True)
+    start = next((i for i, l in enumerate(lines) if l.startswith('## ')), None)
+    return '' if start is None else '\n' + ''.join(lines[start:])
 
 
 def run_echoed(cmd) -> tuple[int, str]:

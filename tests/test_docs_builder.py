@@ -186,6 +186,9 @@ def test_links():
     fc.test_eq(site_link(DOC + 'stats.html#capability_stats', Path('tutorials/why.md'), DOC), '../stats.md#capability_stats')
     fc.test_eq(site_link('https://example.org/a.html', Path('index.md'), DOC), 'https://example.org/a.html')
     fc.test_eq(site_link('#section', Path('index.md'), DOC), '#section')
+    # the benchmark figures of the repository are a page of the site, and their headings its anchors
+    fc.test_eq(site_link('../bench/RESULTS.md#serving', Path('36d_serve_app.md'), DOC), 'reference/benchmarks.md#serving')
+    fc.test_eq(site_link('../../bench/RESULTS.md', Path('how_to/serve.md'), DOC), '../reference/benchmarks.md')
     index_link = lambda t: site_link(t, Path('index.md'), DOC)
     fc.test_eq(relink('see [a](01_stats.ipynb) and [b](https://x.org)', index_link), 'see [a](stats.md) and [b](https://x.org)')
     fc.test_eq(relink('[`grid_stats`](01_stats.ipynb), `[a](01_stats.ipynb)`\n```\n[a](01_stats.ipynb)\n```', index_link),
@@ -373,6 +376,8 @@ def test_benchmark_figures_come_from_results(tmp_path):
     f = tmp_path/'RESULTS.md'
     assert 'has not written RESULTS.md' in benchmark_figures(f)
     f.write_text("# Benchmark figures\n\nWritten by make bench.\n\nmeasured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    fc.test_eq(benchmark_figures(f), "measured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    f.write_text(f.read_text() + "\n## Serving\n\nfigures written by hand\n")   # sections below the table stay out
     fc.test_eq(benchmark_figures(f), "measured on X, 2 cores\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
     f.write_text("# Benchmark figures\n| a |\n")
     fc.test_fail(lambda: benchmark_figures(f), contains="no 'measured on' line")

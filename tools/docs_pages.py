@@ -65,6 +65,9 @@ def markdown_ready(nb, # a notebook passed through `DocFilter`
 _re_mdlink = re.compile(r'(?P<code>```.*?```|~~~.*?~~~|`[^`\n]+`)'             # code is left alone
                         r'|(?P<pre>\]\(\s*<?)(?P<url>[^)\s>]+)(?P<post>>?(?:\s+"[^"]*")?\s*\))', re.S)
 
+RESULTS = Path('../bench/RESULTS.md')              # the benchmark figures, as a notebook links them (nbs/ is the site root)
+RESULTS_PAGE = Path('reference/benchmarks.md')   # ... and as a page of the site
+
 def site_link(target: str, # a link target as written in a page
               page: Path, # the page the link sits on, relative to the site root (e.g. 'tutorials/why.md')
               doc_url: str = '', # the hosted docs address, whose links are made local
@@ -75,7 +78,8 @@ def site_link(target: str, # a link target as written in a page
         root_rel = Path(urlsplit(target[len(doc_url.rstrip('/')) + 1:]).path)
     elif u.scheme or u.netloc or not u.path: return target
     else: root_rel = Path(os.path.normpath(Path(page).parent/u.path))
-    if root_rel.suffix == '.ipynb': root_rel = page_path(root_rel)
+    if root_rel == RESULTS: root_rel = RESULTS_PAGE
+    elif root_rel.suffix == '.ipynb': root_rel = page_path(root_rel)
     elif root_rel.suffix == '.html': root_rel = root_rel.with_suffix('.md')
     else: return target
     rel = os.path.relpath(root_rel, Path(page).parent).replace(os.sep, '/')

@@ -51,7 +51,8 @@ def benchmark_figures(results: Path, # the Markdown file `make bench` writes (be
     lines = results.read_text(encoding='utf-8').splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith('measured on ')), None)
     if start is None: raise ValueError(f"{results} has no 'measured on' line: rerun make bench")
-    return '\n'.join(lines[start:]).strip() + '\n'
+    end = next((i for i, l in enumerate(lines) if i > start and l.startswith('## ')), len(lines))   # notes by hand below
+    return '\n'.join(lines[start:end]).strip() + '\n'
 
 def index_tables(nbs_path: Path | None = None, # notebooks folder (default: the project's)
                 ) -> dict:

@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 from nbdev.config import get_config
 from tools.docs_notebooks import DocsError, IMPORT_SELF, doc_notebooks, page_path, project_skip_flags
-from tools.docs_pages import error_box, notebook_page, resolve_doc_links
+from tools.docs_pages import RESULTS, RESULTS_PAGE, error_box, notebook_page, resolve_doc_links
 from tools.docs_readme import README_ASSETS
 
 SITE_CSS = """
@@ -197,6 +197,10 @@ def build_docs(out: str | Path = '_site', # folder for the site (created; replac
         assets = cfg.config_path/README_ASSETS      # the README's images link here once a docs site is declared
         if assets.is_dir(): shutil.copytree(assets, Path(tmp)/'docs'/README_ASSETS)
         pages = [(p['title'], p['page']) for p in built]
+        results = cfg.nbs_path/RESULTS                # the benchmark figures, which pages link to
+        if results.exists():
+            (Path(tmp)/'docs'/RESULTS_PAGE).write_text(results.read_text(encoding='utf-8'), encoding='utf-8')
+            pages.append(('Benchmark figures', RESULTS_PAGE))
         conf = mkdocs_config(pages, str(cfg.get('title') or cfg.lib_name), str(cfg.get('description', '')))
         records = _mkdocs_build(Path(tmp), out, conf)
     broken = [f"{p['page'].with_suffix('.html').as_posix()}: {p['error']}" for p in built if p.get('error')]
