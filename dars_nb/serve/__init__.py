@@ -13,7 +13,8 @@ from typing import Annotated
 from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
 from ..pool.server import listening_socket, stop_signals, server_config
-from .requests import ServeSettings, load_serve_config, request_lambda
+from ..bundle.model_name import request_lambda
+from .requests import ServeSettings, load_serve_config
 from .app import create_app
 
 # %% auto #0
@@ -83,7 +84,7 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
         keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
         daily = settings.daily_spend_usd
         limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
-        lam_used = request_lambda(None, settings, bundle.lam)
+        lam_used = request_lambda(None, settings.lam, bundle.lam)
         page = f"; chat page at {url.removesuffix('/v1')}/chat" if chat else ''
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
               f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page} (Ctrl-C to stop)", flush=True)

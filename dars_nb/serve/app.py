@@ -18,7 +18,8 @@ from ..extras import missing_extra
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
 from ..pool.usage import fmt_usd
-from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, host_values, request_lambda
+from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, host_values
+from ..bundle.model_name import request_lambda
 from .metrics import ServeMetrics, Reservation, SLACK
 from .pages import OPEN_PATHS, page_routes
 from .upstreams import Upstreams, UpstreamError, send
@@ -448,7 +449,7 @@ async def chat_completions(request):
     try:
         raw = await _read_body(request, state.settings.max_body_bytes)
         req = parse_chat_request(raw, state.settings, state.pool.models, request.headers.get('x-dars-lambda'))
-        attempts = Attempts(state, req, request_lambda(req.lam, state.settings, state.router_lam))
+        attempts = Attempts(state, req, request_lambda(req.lam, state.settings.lam, state.router_lam))
         ranking = await attempts.ranking()
         return await (attempts.stream(ranking) if req.stream else attempts.answer(ranking))
     except RequestError as e:
@@ -530,7 +531,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
-    app.state.lam = request_lambda(None, settings, lam)   # the λ of a request that sets none (/health, the banner)
+    app.state.lam = request_lambda(None, settings.lam, lam)   # the λ of a request that sets none (/health, the banner)
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app

@@ -17,7 +17,7 @@ from ..observations import chat_text
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'MAX_DEPTH', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'host_values',
-           'load_serve_config', 'RequestError', 'ChatRequest', 'parse_chat_request', 'request_lambda']
+           'load_serve_config', 'RequestError', 'ChatRequest', 'parse_chat_request']
 
 # %% ../../nbs/36a_serve_requests.ipynb #ab11fe30
 def is_loopback(host: str, # an address or host name to listen on
@@ -311,12 +311,3 @@ def parse_chat_request(raw: bytes, # the request body
     return ChatRequest(body=body, text=text, model=model, lam=lam, max_tokens=max_tokens, capped=capped,
                        stream=stream, n=n, data=data, hide_usage=hide_usage,
                        prompt_tokens=estimate_prompt_tokens(data, 'upper', settings.image_tokens))
-
-# %% ../../nbs/36a_serve_requests.ipynb #de051bbd
-def request_lambda(asked: float | None, # the request's own λ (`ChatRequest.lam`; None: it sets none)
-                   settings: ServeSettings, # its `lam` is the endpoint's: `dars serve --lam`, else `[serve] lam`
-                   router_lam: float | None = None, # the router's own λ (the bundle's), if it has one
-                  ) -> float | None:
-    "The λ a request is ranked at and reported with: its own, else the endpoint's, else the router's."
-    if asked is not None: return asked
-    return settings.lam if settings.lam is not None else router_lam
