@@ -43,7 +43,7 @@ def _report(res: CollectResult):
     c = res.counters
     rw, done = res.rewrites, f"{res.collected} observation(s) collected, {res.skipped} already stored"
     print(f"{done}, {res.missing} missing of {res.planned} planned; "
-          f"rewriter: {rw['calls']} call(s), {rw['filled']} rewrite(s) filled with the original wording")
+          f"rewriter: {rw.calls} call(s), {rw.filled} rewrite(s) filled with the original wording")
     if c is not None:
         print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
     if res.rewrite_validity is not None:
