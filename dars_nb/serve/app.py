@@ -5,9 +5,7 @@
 # %% ../../nbs/36d_serve_app.ipynb #64147fd5
 from __future__ import annotations
 import asyncio
-import hmac
 import importlib.util
-import ipaddress
 import json
 import math
 import sys
@@ -18,15 +16,15 @@ from ..extras import missing_extra
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
 from ..pool.usage import fmt_usd
-from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, host_values
+from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
 from ..bundle.model_name import request_lambda
 from .metrics import ServeMetrics, Reservation, SLACK
-from .pages import OPEN_PATHS, page_routes
+from .pages import page_routes
+from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
-__all__ = ['RankBatcher', 'ClientKeyCheck', 'BrowserGuard', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions',
-           'list_models', 'show_metrics', 'create_app']
+__all__ = ['RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -78,116 +76,6 @@ async def _drain(self: RankBatcher):
                 for (_, fut), r in zip(items, ranks):
                     if not fut.done(): fut.set_result(list(r))
     finally: self._task = None
-
-# %% ../../nbs/36d_serve_app.ipynb #90d2ea8c
-def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
-    "Whether an Authorization header carries one of `keys`, compared in constant time with all."
-    if not header or not header.startswith(b'Bearer '): return False
-    token, ok = header[7:].strip(), False
-    for k in keys: ok |= hmac.compare_digest(token, k.encode())
-    return ok
-
-# %% ../../nbs/36d_serve_app.ipynb #dec08db8
-async def _refuse(scope, receive, send, error: RequestError):
-    "Answer a request with `error` before it reaches the application, and count the refusal."
-    from starlette.responses import JSONResponse
-    metrics = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
-    if metrics is not None: metrics.refuse(error.status)
-    await JSONResponse(error.body(), error.status, headers=error.headers)(scope, receive, send)
-
-class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a client key (no check when none is set)."
-    def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
-
-    async def __call__(self, scope, receive, send):
-        if scope['type'] != 'http' or not self.keys: return await self.app(scope, receive, send)
-        if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
-        header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
-        if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
-        msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
-               else 'the client key is not valid')
-        await _refuse(scope, receive, send, RequestError(401, msg, kind='authentication_error', code='invalid_api_key',
-                                                         headers={'www-authenticate': 'Bearer'}))
-
-# %% ../../nbs/36d_serve_app.ipynb #d1b78ce0
-def _split_host(value: bytes) -> tuple:
-    "(name, port or b'') of a Host header value: b'[::1]:8000' -> (b'[::1]', b'8000')."
-    cut = value.rfind(b':')
-    if cut < 0 or value.endswith(b']'): return value, b''
-    return value[:cut], value[cut + 1:]
-
-def _is_address(name: bytes) -> bool:
-    "Whether a Host name is an IP address (b'10.0.0.5', b'[::1]'), not a name a DNS server answers for."
-    try: ipaddress.ip_address(name.decode('ascii').removeprefix('[').removesuffix(']')); return True
-    except (ValueError, UnicodeDecodeError): return False
-
-def _is_json(content_type: bytes | None) -> bool:
-    "Whether a content-type header declares JSON (`application/json`, with or without parameters)."
-    if content_type == b'application/json': return True
-    return content_type is not None and content_type.split(b';', 1)[0].strip().lower() == b'application/json'
-
-# %% ../../nbs/36d_serve_app.ipynb #48939c18
-class BrowserGuard:
-    "ASGI middleware: refuse what a web page can make a browser send — a foreign Host, a foreign Origin, a POST not JSON."
-    def __init__(self, app, settings: ServeSettings):
-        self.app, self.settings, self._served = app, settings, {}
-        self.any_host, self.any_origin = '*' in settings.allow_hosts, '*' in settings.allow_origins
-        self.names = frozenset(h.lower().encode() for h in settings.allow_hosts)
-        self.origins = frozenset(o.lower().rstrip('/').encode() for o in settings.allow_origins)
-        self.wildcard = settings.host in ('0.0.0.0', '::')
-
-    def served(self, scope) -> frozenset:
-        "The Host values that name the endpoint `scope` came to (its address and bound port), computed once."
-        server = scope.get('server')
-        values = self._served.get(server)
-        if values is None:
-            port = server[1] if server else self.settings.port
-            values = host_values(self.settings.host, port) | (host_values(server[0], port) if server else frozenset())
-            self._served[server] = values
-        return values
-
-    def host_ok(self, host: bytes, scope) -> bool:
-        "Whether a (lowercase) Host value names this endpoint."
-        if self.any_host or host in self.served(scope): return True
-        name, port = _split_host(host)
-        if name in self.names: return True
-        bound = str(scope['server'][1] if scope.get('server') else self.settings.port).encode()
-        return self.wildcard and _is_address(name) and (port == bound or (not port and bound == b'80'))
-
-# %% ../../nbs/36d_serve_app.ipynb #3e89419b
-def _shown(value: bytes) -> str:
-    "A header value for a message: decoded, quoted, at most 80 characters."
-    return repr(value[:80].decode('latin-1'))
-
-@patch
-def problem(self: BrowserGuard, scope, host: bytes | None, origin: bytes | None,
-            content_type: bytes | None) -> RequestError | None:
-    "Why a request is refused at the door (None: it is let in)."
-    if host is None or not self.host_ok(host, scope):
-        why = 'has no Host header' if host is None else f'is for Host {_shown(host)}'
-        return RequestError(421, f"the request {why}, which is not this endpoint's address "
-                                 "(name more hosts with --allow-host or [serve] allow_hosts)", code='host_not_allowed')
-    if origin is not None and not self.any_origin and origin not in self.origins \
-            and origin != b'http://' + host and origin != b'https://' + host:
-        return RequestError(403, f"requests from web pages at {_shown(origin)} are not allowed "
-                                 "(allow an origin with --allow-origin or [serve] allow_origins)",
-                            code='origin_not_allowed')
-    if scope['method'] == 'POST' and not _is_json(content_type):
-        got = _shown(content_type) if content_type is not None else 'none'
-        return RequestError(415, f"the body must be sent with content-type: application/json, got {got}",
-                            code='unsupported_media_type')
-
-@patch
-async def __call__(self: BrowserGuard, scope, receive, send):
-    if scope['type'] != 'http': return await self.app(scope, receive, send)
-    host = origin = content_type = None
-    for k, v in scope['headers']:
-        if k == b'host': host = v.lower()
-        elif k == b'origin': origin = v.lower()
-        elif k == b'content-type': content_type = v
-    error = self.problem(scope, host, origin, content_type)
-    if error is None: return await self.app(scope, receive, send)
-    await _refuse(scope, receive, send, error)
 
 # %% ../../nbs/36d_serve_app.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
