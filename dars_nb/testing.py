@@ -301,13 +301,13 @@ def simulated_texts(obs: pd.DataFrame, # simulated observations
 # %% ../nbs/39_testing.ipynb #b54e83fe
 SMALL_ROUTERS = {'MLP': dict(hidden_layer_sizes=(8,), max_iter=30), 'kNN': dict(n_neighbors=5),
                  'MIRT': dict(epochs=5), 'EmbedLLM': dict(epochs=5), 'RM-Softmax': dict(epochs=5),
-                 'GraphRouter': dict(epochs=5), 'AvengersPro': dict(n_clusters=4, n_init=2)}   # quick settings per family
+                 'GraphRouter': dict(epochs=5), 'AvengersPro': dict(n_clusters=4, n_init=2)}   # per family
 
 def small_router(family: str, # a family's name, e.g. 'kNN' (`dars_nb.routers.FAMILIES`)
                  seed: int = 0, # seed of the router's randomness (kNN has none)
                 ):
     "A quick-to-fit router of `family`, not fitted (few epochs, small layers), for tests and examples."
-    from dars_nb.routers import FAMILIES   # the family's class is imported when asked for (torch for four of them)
+    from dars_nb.routers import FAMILIES   # the class is imported when asked for (torch for four)
     found = [f for f in FAMILIES if f.name == family]
     if not found: raise ValueError(f"no router family {family!r}: one of {', '.join(f.name for f in FAMILIES)}")
     seeded = {} if family == 'kNN' else dict(random_state=seed)

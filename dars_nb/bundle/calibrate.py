@@ -144,7 +144,7 @@ class Calibration:
     scan: pd.DataFrame # λ and the target's quantity at every λ tried
     monotone: bool # whether the quantity moves one way over the scan
     n: int # questions
-    jump: Jump | None = None # where the quantity jumps over the target nearest to `lam` (see `_jump`)
+    jump: Jump | None = None # where the quantity jumps over the target nearest to `lam`
 
 def _best_candidate(target: Target, lams, values) -> int:
     "Index of the λ whose value meets the target best (a cost must not pass it when any λ does not)."
@@ -158,7 +158,8 @@ def _fixed_alone(out: RouteOutcomes, lam: float) -> FixedAlone | None:
     if out.bundle.guard_cv is None: return None
     k = out.bundle.best_fixed(lam)
     cost = None if out.dollars is None else float(out.dollars[:, k].mean())
-    return FixedAlone(model=out.bundle.models[k], quality=float(np.nanmean(out.mu_q[:, k])), cost_usd=cost)
+    quality = float(np.nanmean(out.mu_q[:, k]))
+    return FixedAlone(model=out.bundle.models[k], quality=quality, cost_usd=cost)
 
 def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> Jump | None:
     "The bisected crossing nearest to `lam`: the λ on each side, the value there, the guard's margin and best fixed model."
@@ -190,9 +191,10 @@ def calibrate(bundle: RouterBundle, # the router
     tried = np.unique(tried + [l for b in brackets for l in b])
     measured = np.array([f(lam) for lam in tried])
     lam, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
-    return Calibration(lam=lam, target=target, achieved=f(lam), outcome=out.at(lam), fixed=_fixed_alone(out, lam),
-                       scan=pd.DataFrame(dict(lam=tried, value=measured)),
-                       monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n, jump=_jump(out, f, brackets, lam))
+    return Calibration(lam=lam, target=target, achieved=f(lam), outcome=out.at(lam),
+                       fixed=_fixed_alone(out, lam), scan=pd.DataFrame(dict(lam=tried, value=measured)),
+                       monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n,
+                       jump=_jump(out, f, brackets, lam))
 
 # %% ../../nbs/25e_calibrate.ipynb #6e309000
 def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
@@ -243,7 +245,9 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
     o, fx = cal.outcome, cal.fixed
     table = pd.DataFrame({'share': o.share, 'questions': np.round(o.share * cal.n).astype(int)}, index=bundle.models)
     table = table.sort_values('share', ascending=False)
-    alone = lambda key, f: '' if fx is None or getattr(fx, key) is None else f"; {fx.model} alone: {f(getattr(fx, key))}"
+    def alone(key, f):
+        value = None if fx is None else getattr(fx, key)
+        return '' if value is None else f"; {fx.model} alone: {f(value)}"
     cost = ("expected cost: unknown (this bundle stores no dollar scale)" if o.cost_usd is None else
             f"expected cost: {fmt_usd(o.cost_usd)} per request, {fmt_usd(1000 * o.cost_usd)} per 1,000"
             + alone('cost_usd', fmt_usd))

@@ -52,8 +52,8 @@ def lambda_from_model_name(name, # a request's model name
 
 # %% ../../nbs/25f_model_name.ipynb #4f03706c
 def request_lambda(asked: float | None, # the request's own λ (None: it sets none)
-                   default: float | None, # the door's λ for a request that sets none (None: it sets none either)
-                   router_lam: float | None = None, # the router's own λ (the bundle's), if it has one
+                   default: float | None, # the door's λ for a request that sets none (None: none)
+                   router_lam: float | None = None, # the router's own λ (the bundle's), if any
                   ) -> float | None:
     "The λ a request is routed at: its own, else the door's default, else the router's."
     if asked is not None: return asked

@@ -73,7 +73,7 @@ def parse_retry_after(headers, # response headers (a mapping with lower-case loo
 # %% ../../nbs/30_client.ipynb #240aeb78
 class FailureKind(NamedTuple):
     "What a failed request was: its kind (None: not the endpoint's), whether to retry, the wait asked for, its status."
-    kind: str | None # 'rate_limit', 'server', 'timeout', 'connection', 'malformed' or 'client'; None: a bug of ours
+    kind: str | None # 'rate_limit', 'server', 'timeout', 'connection', 'malformed', 'client'; None: ours
     transient: bool # whether a retry may succeed
     retry_after: float | None # seconds the server asked to wait (None: it did not say)
     status: int | None # the HTTP status, if the endpoint answered with one
@@ -85,15 +85,15 @@ def classify_error(exc: BaseException, # what a request raised
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         wait = parse_retry_after(exc.response.headers) if exc.response is not None else None
-        if status == 429: return FailureKind(kind='rate_limit', transient=True, retry_after=wait, status=status)
-        if status >= 500: return FailureKind(kind='server', transient=True, retry_after=wait, status=status)
-        if status == 408: return FailureKind(kind='timeout', transient=True, retry_after=wait, status=status)
+        kind = 'rate_limit' if status == 429 else 'server' if status >= 500 else 'timeout' if status == 408 else None
+        if kind is not None: return FailureKind(kind=kind, transient=True, retry_after=wait, status=status)
         return FailureKind(kind='client', transient=False, retry_after=None, status=status)
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
         return FailureKind(kind='timeout', transient=True, retry_after=None, status=None)
     if isinstance(exc, openai.APIConnectionError):
         return FailureKind(kind='connection', transient=True, retry_after=None, status=None)
-    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)):
+    malformed = (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)
+    if isinstance(exc, malformed):
         return FailureKind(kind='malformed', transient=True, retry_after=None, status=None)
     return FailureKind(kind=None, transient=False, retry_after=None, status=None)
 

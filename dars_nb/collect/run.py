@@ -96,7 +96,7 @@ class _Collector:
         self.texts = {(ds, qid): store.rewrites(ds, qid) for ds, qid in pairs}
         self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
                        for m in cfg.model_names}
-        self.collected, self.stop, self.failures = 0, '', []   # observations stored, why it stopped, `Failure`s
+        self.collected, self.stop, self.failures = 0, '', []   # stored, why it stopped, `Failure`s
         self.ok, self.bad = Counter(), Counter()
 
 # %% ../../nbs/35f_collect_run.ipynb #3905d0b4
@@ -344,8 +344,8 @@ async def acollect(config, # a CollectConfig, TOML path or dict
         _record_plan(store, cfg, plan)
         skipped = len(plan) - len(_pending(plan, store.keys()))
         calls = await _run_calls(cfg, store, tasks, plan, progress)
-        return _finish(cfg, store, tasks, plan, calls, skipped=skipped, validity=validity, similarity=similarity,
-                       write_output=write_output)
+        return _finish(cfg, store, tasks, plan, calls, skipped=skipped, validity=validity,
+                       similarity=similarity, write_output=write_output)
     finally: store.close()
 
 # %% ../../nbs/35f_collect_run.ipynb #cbcca586

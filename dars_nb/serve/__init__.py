@@ -42,8 +42,8 @@ def _names(value: str | None) -> tuple:
 def settings_with_options(settings: ServeSettings, # the file's settings (`load_serve_config`)
                           lam: float | None = None, # `--lam` (None: the file's)
                           daily_spend_usd: float | None = None, # `--daily-spend-usd` (None: the file's)
-                          allow_host: str | None = None, # `--allow-host`: names added to the file's, comma-separated
-                          allow_origin: str | None = None, # `--allow-origin`: origins added to the file's, comma-separated
+                          allow_host: str | None = None, # `--allow-host`: names added, comma-separated
+                          allow_origin: str | None = None, # `--allow-origin`: origins added, comma-separated
                          ) -> ServeSettings:
     "`settings` with the command line's options over them: a value replaces the file's, names add to its."
     replaced = {k: v for k, v in (('lam', lam), ('daily_spend_usd', daily_spend_usd)) if v is not None}

@@ -111,7 +111,7 @@ def _log(message: str):
 class Attempts:
     "One request's way through the pool: ranked, each attempt reserved, sent and settled, the answer charged."
     __slots__ = ('state', 'req', 'lam', 'headers')
-    def __init__(self, state, # the application's state: pool, settings, metrics and their ledger, upstreams, rank
+    def __init__(self, state, # the application's state: pool, settings, metrics, upstreams, rank
                  req: ChatRequest, # the checked request
                  lam: float | None, # the λ it is ranked at (`request_lambda`; None: the router's own)
                 ):
@@ -382,7 +382,7 @@ async def _internal_error(request, exc):
 def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
                settings: ServeSettings | None = None, # caps, client keys, spend limit
-               lam: float | None = None, # the router's own λ: a request ranks at it when neither it nor `settings` sets one
+               lam: float | None = None, # the router's own λ, for a request when neither it nor `settings` sets one
                clock=time.time, # seconds since the epoch, for the daily spend limit
                chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
@@ -419,7 +419,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
-    app.state.lam = request_lambda(None, settings.lam, lam)   # the λ of a request that sets none (/health, the banner)
+    app.state.lam = request_lambda(None, settings.lam, lam)   # a request's that sets none (/health)
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app
