@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from . import __version__
-from .extras import check_extra
+from .extras import check_extra, error_line
 
 # %% auto #0
 __all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'Command', 'summary', 'entry_function', 'command_parser', 'build_parser',
@@ -112,24 +112,17 @@ def parse_args(argv: list[str], # the arguments after `dars`
     top, rest = build_parser().parse_known_args(argv)
     return top.command, command_parser(top.command).parse_args(rest)
 
-# %% ../nbs/90_cli.ipynb #666dbef5
-def _one_line(e: BaseException) -> str:
-    "The first line of an exception's message (a KeyError says which key is missing)."
-    lines = str(e).strip().splitlines()
-    msg = lines[0] if lines else type(e).__name__
-    return f"missing key {msg}" if isinstance(e, KeyError) else msg
-
 # %% ../nbs/90_cli.ipynb #f8b192de
 def exit_code(e: BaseException, # what a subcommand raised
              ) -> tuple[int, str]:
     "(exit code, one-line message) for an exception of a subcommand; re-raises one that is a bug."
     if isinstance(e, KeyboardInterrupt): return 130, 'interrupted'
     if type(e).__name__ == 'BudgetExceeded' and type(e).__module__ == 'dars_nb.collect.client':
-        return 3, _one_line(e)
+        return 3, error_line(e)
     if isinstance(e, ModuleNotFoundError) and (e.name or '').startswith('dars_nb'):
         return 1, f"this installation of dars_nb has no module {e.name} (dars_nb {__version__})"
     if isinstance(e, (ValueError, OSError, ImportError, RuntimeError, LookupError)):
-        return 1, _one_line(e)
+        return 1, error_line(e)
     raise e
 
 # %% ../nbs/90_cli.ipynb #859680e6

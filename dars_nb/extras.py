@@ -10,7 +10,7 @@ from types import ModuleType
 
 # %% auto #0
 __all__ = ['EXTRAS', 'TORCH_CPU', 'TORCH_EXTRAS', 'EXTRA_MODULES', 'MissingExtra', 'install_hint', 'missing_extra', 'require',
-           'check_extra']
+           'check_extra', 'error_line']
 
 # %% ../nbs/08_extras.ipynb #2da97eee
 EXTRAS = {  # extra -> what it adds
@@ -85,3 +85,11 @@ def check_extra(extra: str, # a key of `EXTRAS`
     wanted = EXTRA_MODULES[extra] if modules is None else modules
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing: raise missing_extra(what, missing, extra)
+
+# %% ../nbs/08_extras.ipynb #1d8a2efa
+def error_line(e: BaseException, # an error a command reports
+              ) -> str:
+    "The first line of an error's message (its type name when it has none; a KeyError says which key is missing)."
+    lines = str(e).strip().splitlines()
+    msg = lines[0] if lines else type(e).__name__
+    return f"missing key {msg}" if isinstance(e, KeyError) else msg

@@ -12,23 +12,13 @@ from dars_nb.bundle import RouterBundle, load_bundle, route_main, save_bundle
 from dars_nb.bundle.format import BundleError, decode, encode
 from dars_nb.features import TfidfFeaturizer
 from dars_nb.bundle.guard import cross_validate
-from dars_nb.routers import FAMILIES, ROUTERS, align
+from dars_nb.routers import ROUTERS, align
 from dars_nb.simulate import simulate
 from dars_nb.stats import supervision
-from dars_nb.testing import simulated_texts
+from dars_nb.testing import simulated_texts, small_router
 from dars_nb.bundle.training import load_train_config, train, train_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / 'examples'
-SMALL = {'MLP': dict(hidden_layer_sizes=(8,), max_iter=30, random_state=0), 'kNN': dict(n_neighbors=5),
-         'MIRT': dict(epochs=5, random_state=0), 'EmbedLLM': dict(epochs=5, random_state=0),
-         'RM-Softmax': dict(epochs=5, random_state=0), 'GraphRouter': dict(epochs=5, random_state=0),
-         'AvengersPro': dict(n_clusters=4, n_init=2, random_state=0)}
-assert set(SMALL) == {f.name for f in FAMILIES}
-
-
-def small_router(family):
-    "A quick-to-fit router of `family`."
-    return ROUTERS[family](**SMALL[family])
 
 
 @pytest.fixture(scope='module')

@@ -48,7 +48,7 @@ def test_share_within_one_question_wherever_a_lambda_gives_it(llmrouter, model, 
     report = describe_calibration(bundle, cal)
     if abs(cal.achieved - share) <= 1 / n: return
     j = cal.jump
-    (lo, hi), (before, after) = j['lam'], j['value']
+    (lo, hi), (before, after) = j.lam, j.value
     assert min(before, after) < share < max(before, after), report
     assert hi - lo <= 1e-7 * hi and abs(after - before) > 2 / n, report
     assert 'note: no λ comes closer' in report

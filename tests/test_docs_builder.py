@@ -232,8 +232,9 @@ def test_math_and_config():
     assert 'display="block"' in out and 'arithmatex' not in out
     cfg = mkdocs_config([('dars_nb', 'index.md'), ('Contributing', 'contributing/contributing.md'),
                          ('Glossary', 'reference/glossary.md'), ('Statistics', 'stats.md'),
-                         ('Why labels flip', 'tutorials/why.md')], 'x')
+                         ('Why labels flip', 'tutorials/why.md'), ('How to train a router', 'how_to/train_a_router.md')], 'x')
     fc.test_eq(cfg['nav'], [{'Home': 'index.md'}, {'Tutorials': [{'Why labels flip': 'tutorials/why.md'}]},
+                         {'How to': [{'How to train a router': 'how_to/train_a_router.md'}]},
                          {'Reference': [{'Glossary': 'reference/glossary.md'}]},
                          {'Library': [{'Statistics': 'stats.md'}]},
                          {'Contributing': [{'Contributing': 'contributing/contributing.md'}]}])

@@ -61,9 +61,9 @@ def pool_of(timeout_s=120.0, **urls):
 
 
 @contextmanager
-def serving(rank, pool, lam=None, **settings):
-    "The endpoint on a free loopback port, with an HTTP client on its root URL."
-    app = create_app(rank, pool, ServeSettings(port=0, **settings), lam=lam)
+def serving(rank, pool, lam=None, lam_setting=None, **settings):
+    "The endpoint on a free loopback port, with an HTTP client on its root URL (`lam`: the router's, `lam_setting`: [serve] lam)."
+    app = create_app(rank, pool, ServeSettings(port=0, lam=lam_setting, **settings), lam=lam)
     with BackgroundServer(app) as srv, httpx2.Client(base_url=srv.base_url.removesuffix('/v1'), timeout=30) as http:
         yield srv, http
 
@@ -204,6 +204,24 @@ def test_lambda_per_request_changes_the_routing(fixed, fixed2):
     assert [r.headers['x-dars-model'] for r in (default, cheap, cheap_header, costly)] == ['big', 'small', 'small', 'big']
     assert (cheap.headers['x-dars-lambda'], cheap_header.headers['x-dars-lambda']) == ('0.9', '0.9')
     assert all('dars_lambda' not in body for _, body in fixed.seen + fixed2.seen)   # λ is the endpoint's, not the upstream's
+
+
+@pytest.mark.parametrize('settings_lam, router_lam', [(0.3, 0.05), (None, 0.05), (0.0, 0.05), (None, None)])
+def test_a_request_is_ranked_at_the_lambda_its_header_reports(fixed, settings_lam, router_lam):
+    "One λ per request: its own, else the endpoint's ([serve] lam), else the router's; ranked at it and reported."
+    asked_at = []
+    def recording(texts, lam=None):
+        asked_at.extend([lam] * len(texts)); return [['small']] * len(texts)
+    with serving(recording, pool_of(small=fixed.base_url), lam=router_lam, lam_setting=settings_lam) as (_, http):
+        health = http.get('/health').json()
+        sent = [http.post('/v1/chat/completions', json=ASK),
+                http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 0.7}),
+                http.post('/v1/chat/completions', json=ASK, headers={'x-dars-lambda': '0.0'}),
+                http.post('/v1/chat/completions', json={**ASK, 'model': 'dars-router-0.2'})]
+    default = settings_lam if settings_lam is not None else router_lam
+    assert asked_at == [default, 0.7, 0.0, 0.2]
+    assert [r.headers.get('x-dars-lambda') for r in sent] == [None if default is None else f'{default:g}', '0.7', '0', '0.2']
+    assert health['lam'] == default
 
 
 def test_metrics_count_requests_and_spend(fixed, fixed2):

@@ -39,7 +39,7 @@ def mkdocs_config(pages: list, # [(title, page path)] in navigation order
         if sec == 'Home': nav.insert(0, {'Home': Path(page).as_posix()}); continue
         if sec not in sections: sections[sec] = []; nav.append({sec: sections[sec]})
         sections[sec].append({title: Path(page).as_posix()})
-    order = {'Home': 0, 'Tutorials': 1, 'Reference': 2, 'Library': 3}   # other sections after these
+    order = {'Home': 0, 'Tutorials': 1, 'How to': 2, 'Reference': 3, 'Library': 4}   # other sections after these
     nav.sort(key=lambda d: order.get(next(iter(d)), len(order)))
     return {
         'site_name': site_name, 'site_description': description, 'use_directory_urls': False,

@@ -106,6 +106,13 @@ def features(self: RouterBundle, texts, # question texts
         raise BundleError(f"the router was fitted on {fitted_on}, got {X.shape[1]} ({self.featurizer.kind})")
     return X
 
+# %% ../../nbs/25c_bundle.ipynb #6e9f0998
+@patch
+def _lam(self: RouterBundle, lam: float | None, # a cost weight λ asked for (None: none)
+        ) -> float:
+    "The λ to route at: `lam`, else the bundle's own."
+    return self.lam if lam is None else float(lam)
+
 # %% ../../nbs/25c_bundle.ipynb #45bb2428
 MARGINS_KEPT = 256   # margins remembered per bundle: a server asked for ever new λ values stays bounded
 
@@ -145,7 +152,7 @@ def rank(self: RouterBundle, texts, # question texts
          threads: int | None = None, # native (BLAS, OpenMP) threads for the ranking (None: the process's setting)
         ) -> list[list[str]]:
     "Model names best-first per text, after the guard."
-    lam = self.lam if lam is None else float(lam)
+    lam = self._lam(lam)
     with native_thread_pools().limit(limits=threads) if threads else contextlib.nullcontext():
         U = self.router.utility(self.features(texts), lam)
     names = np.asarray(self.models, dtype=object)
@@ -165,14 +172,14 @@ def choose(self: RouterBundle, X: np.ndarray, # feature rows, from `features(tex
            lam: float | None = None, # cost weight λ (default: the bundle's)
           ) -> np.ndarray:
     "Index of the chosen model per feature row at λ, after the guard."
-    lam = self.lam if lam is None else float(lam)
+    lam = self._lam(lam)
     return self._ranking(self.router.utility(X, lam), lam)[:, 0]
 
 @patch
 def guard_margin(self: RouterBundle, lam: float | None = None, # cost weight λ (default: the bundle's)
                 ) -> float | None:
     "The guard's margin at λ (None for an unguarded router)."
-    return self._margin(self.lam if lam is None else float(lam))
+    return self._margin(self._lam(lam))
 
 # %% ../../nbs/25c_bundle.ipynb #b12e759c
 @patch
@@ -180,7 +187,7 @@ def guard_note(self: RouterBundle, U, # predicted utility of one text, one value
                lam: float | None = None, # cost weight λ (default: the bundle's)
               ) -> str:
     "One sentence on the guard's decision for one text: kept the best fixed model or routed away, by what."
-    lam = self.lam if lam is None else float(lam)
+    lam = self._lam(lam)
     U, at = np.asarray(U, dtype=float), f"(λ = {lam:g})"
     best, margin = int(U.argmax()), self._margin(lam)
     if margin is None: return f"unguarded router: {self.models[best]} has the highest U {at}"
@@ -199,7 +206,7 @@ def predict_stats(self: RouterBundle, texts, # question texts
                   lam: float | None = None, # cost weight λ (default: the bundle's)
                  ) -> pd.DataFrame:
     "A row per (text, model): mu_q, mu_c, sigma, quality, utility at λ, rank after the guard."
-    lam = self.lam if lam is None else float(lam)
+    lam = self._lam(lam)
     X = self.features(texts)
     U, terms = self.router.utility(X, lam), self.router.predict_terms(X)
     order = self._ranking(U, lam)

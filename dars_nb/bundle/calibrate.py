@@ -6,6 +6,7 @@
 from __future__ import annotations
 import dataclasses
 import math
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
@@ -14,8 +15,8 @@ from .model_name import router_model_name
 from ..pool.usage import fmt_usd
 
 # %% auto #0
-__all__ = ['predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'Calibration', 'calibrate',
-           'describe_calibration', 'calibrate_main']
+__all__ = ['predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'FixedAlone', 'Jump', 'Calibration',
+           'calibrate', 'describe_calibration', 'calibrate_main']
 
 # %% ../../nbs/25e_calibrate.ipynb #d24c1518
 def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in its meta (`dars train` writes it)
@@ -119,6 +120,19 @@ def _bisect(f, lo: float, hi: float, t: float, rtol: float = 1e-7) -> list:
     return [lo, hi]
 
 # %% ../../nbs/25e_calibrate.ipynb #b6236e2b
+class FixedAlone(NamedTuple):
+    "The best fixed model at one λ, with its mean predicted quality and dollars on the questions."
+    model: str # its name
+    quality: float # mean predicted μ_q
+    cost_usd: float | None # mean predicted dollars per request (None: the bundle has no dollar scale)
+
+class Jump(NamedTuple):
+    "Where the quantity jumps over the target: the λ on either side, and there its value, the guard's margin, the best fixed model."
+    lam: tuple # (λ below, λ above)
+    value: tuple # the quantity at each
+    margin: tuple # the guard's margin at each (None: unguarded)
+    fixed: tuple # the best fixed model at each (None: unknown)
+
 @dataclasses.dataclass
 class Calibration:
     "The λ `calibrate` found, what it does to the questions, and the scan it was found on."
@@ -126,11 +140,11 @@ class Calibration:
     target: Target # what was aimed at
     achieved: float # the target's quantity at `lam`
     outcome: Outcome # the routes at `lam`
-    fixed: dict | None # the best fixed model at `lam` alone: model, quality, cost_usd (None: unknown)
+    fixed: FixedAlone | None # the best fixed model at `lam` alone (None: unknown)
     scan: pd.DataFrame # λ and the target's quantity at every λ tried
     monotone: bool # whether the quantity moves one way over the scan
     n: int # questions
-    jump: dict | None = None # where the quantity jumps over the target nearest to `lam` (see `_jump`)
+    jump: Jump | None = None # where the quantity jumps over the target nearest to `lam`
 
 def _best_candidate(target: Target, lams, values) -> int:
     "Index of the λ whose value meets the target best (a cost must not pass it when any λ does not)."
@@ -139,20 +153,22 @@ def _best_candidate(target: Target, lams, values) -> int:
     return int(np.lexsort((lams, np.abs(values - t), over))[0])
 
 # %% ../../nbs/25e_calibrate.ipynb #46545aaf
-def _fixed_alone(out: RouteOutcomes, lam: float) -> dict | None:
+def _fixed_alone(out: RouteOutcomes, lam: float) -> FixedAlone | None:
     "The best fixed model at λ, with its mean predicted quality and dollars on the same questions."
     if out.bundle.guard_cv is None: return None
     k = out.bundle.best_fixed(lam)
     cost = None if out.dollars is None else float(out.dollars[:, k].mean())
-    return dict(model=out.bundle.models[k], quality=float(np.nanmean(out.mu_q[:, k])), cost_usd=cost)
+    quality = float(np.nanmean(out.mu_q[:, k]))
+    return FixedAlone(model=out.bundle.models[k], quality=quality, cost_usd=cost)
 
-def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> dict | None:
+def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> Jump | None:
     "The bisected crossing nearest to `lam`: the λ on each side, the value there, the guard's margin and best fixed model."
     if not brackets: return None
     lo, hi = min(brackets, key=lambda b: min(abs(b[0] - lam), abs(b[1] - lam)))
     b = out.bundle
     fixed = lambda l: None if b.guard_cv is None else b.models[b.best_fixed(l)]
-    return dict(lam=(lo, hi), value=(f(lo), f(hi)), margin=(b.guard_margin(lo), b.guard_margin(hi)), fixed=(fixed(lo), fixed(hi)))
+    return Jump(lam=(lo, hi), value=(f(lo), f(hi)), margin=(b.guard_margin(lo), b.guard_margin(hi)),
+                fixed=(fixed(lo), fixed(hi)))
 
 def calibrate(bundle: RouterBundle, # the router
               texts, # the questions to calibrate on
@@ -175,9 +191,10 @@ def calibrate(bundle: RouterBundle, # the router
     tried = np.unique(tried + [l for b in brackets for l in b])
     measured = np.array([f(lam) for lam in tried])
     lam, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
-    return Calibration(lam, target, f(lam), out.at(lam), _fixed_alone(out, lam),
-                       pd.DataFrame(dict(lam=tried, value=measured)), bool((d >= 0).all() or (d <= 0).all()), out.n,
-                       _jump(out, f, brackets, lam))
+    return Calibration(lam=lam, target=target, achieved=f(lam), outcome=out.at(lam),
+                       fixed=_fixed_alone(out, lam), scan=pd.DataFrame(dict(lam=tried, value=measured)),
+                       monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n,
+                       jump=_jump(out, f, brackets, lam))
 
 # %% ../../nbs/25e_calibrate.ipynb #6e309000
 def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
@@ -209,12 +226,12 @@ def _target_lines(cal: Calibration) -> list:
         lines.append(f"note: the target is out of reach: from λ = 0 to {top:.4g} it goes from {fmt(lo)} to {fmt(hi)}")
     j, miss = cal.jump, abs(cal.achieved - t.value)
     if j is not None and miss > (1 / n if t.cost_usd is None else 1e-9 * max(t.value, 1e-12)) and lo <= t.value <= hi:
-        why = [f"the guard's margin goes from {j['margin'][0]:.4g} to {j['margin'][1]:.4g}"] if j['margin'][0] != j['margin'][1] else []
-        why += [f"its best fixed model from {j['fixed'][0]} to {j['fixed'][1]}"] if j['fixed'][0] != j['fixed'][1] else []
-        moved = (f" ({round(abs(j['value'][1] - j['value'][0]) * n)} questions move at once"
+        why = [f"the guard's margin goes from {j.margin[0]:.4g} to {j.margin[1]:.4g}"] if j.margin[0] != j.margin[1] else []
+        why += [f"its best fixed model from {j.fixed[0]} to {j.fixed[1]}"] if j.fixed[0] != j.fixed[1] else []
+        moved = (f" ({round(abs(j.value[1] - j.value[0]) * n)} questions move at once"
                  + (': ' + ' and '.join(why) if why else '') + ')') if t.cost_usd is None else (': ' + ' and '.join(why) if why else '')
-        lines.append(f"note: no λ comes closer: at λ = {j['lam'][1]:.6g} it jumps from {fmt(j['value'][0])} to "
-                     f"{fmt(j['value'][1])}{moved}")
+        lines.append(f"note: no λ comes closer: at λ = {j.lam[1]:.6g} it jumps from {fmt(j.value[0])} to "
+                     f"{fmt(j.value[1])}{moved}")
     lines.append("it moves one way as λ grows (monotone over the scan)" if cal.monotone else
                  "note: it is not monotone in λ (the guard's best fixed model or margin changes): every "
                  "interval that crosses the target was bisected, and the λ above meets it best")
@@ -228,7 +245,9 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
     o, fx = cal.outcome, cal.fixed
     table = pd.DataFrame({'share': o.share, 'questions': np.round(o.share * cal.n).astype(int)}, index=bundle.models)
     table = table.sort_values('share', ascending=False)
-    alone = lambda key, f: '' if fx is None or fx[key] is None else f"; {fx['model']} alone: {f(fx[key])}"
+    def alone(key, f):
+        value = None if fx is None else getattr(fx, key)
+        return '' if value is None else f"; {fx.model} alone: {f(value)}"
     cost = ("expected cost: unknown (this bundle stores no dollar scale)" if o.cost_usd is None else
             f"expected cost: {fmt_usd(o.cost_usd)} per request, {fmt_usd(1000 * o.cost_usd)} per 1,000"
             + alone('cost_usd', fmt_usd))

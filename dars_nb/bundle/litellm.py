@@ -8,11 +8,11 @@ import asyncio
 from pathlib import Path
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle
-from .model_name import ROUTER_MODEL, check_lambda, lambda_from_model_name
+from .model_name import ROUTER_MODEL, check_lambda, lambda_from_model_name, request_lambda
 from ..observations import chat_text
 
 # %% auto #0
-__all__ = ['routing_text', 'request_lambda', 'deployments_of', 'DarsRoutingPlugin']
+__all__ = ['routing_text', 'asked_lambda', 'deployments_of', 'DarsRoutingPlugin']
 
 # %% ../../nbs/37_litellm_router.ipynb #5567a937
 def routing_text(messages) -> str:
@@ -24,7 +24,7 @@ def routing_text(messages) -> str:
     return text
 
 # %% ../../nbs/37_litellm_router.ipynb #898762a2
-def request_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.metadata`)
+def asked_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.metadata`)
                    router_model: str = ROUTER_MODEL, # the model group a router plugin serves
                   ) -> tuple:
     "(whether the request asks the router, its λ or None) from `model_group` and `dars_lambda`."
@@ -57,7 +57,7 @@ class DarsRoutingPlugin:
                  models: dict | None = None, # bundle model -> LiteLLM model, where the names differ
                 ):
         self.bundle, self.router_model, self.models = bundle, router_model, dict(models or {})
-        self.lam = check_lambda(bundle.lam if lam is None else lam, 'lam')
+        self.lam = check_lambda(request_lambda(None, lam, bundle.lam), 'lam')
 
     @classmethod
     def from_file(cls, path, # a router bundle file (`dars train --out`)
@@ -93,11 +93,11 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
              ):
     "LiteLLM's plugin hook: narrow `context.candidate_models` to the router's pick for this request."
     try:
-        routed, lam = request_lambda(context.metadata, self.router_model)
+        routed, asked = asked_lambda(context.metadata, self.router_model)
         if not routed: return context
         text = routing_text(context.structured_messages)
     except ValueError as e: raise _refused(str(e), self.router_model) from None
-    lam = self.lam if lam is None else lam
+    lam = request_lambda(asked, self.lam)
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     tried = _tried(context)          # a retry goes to the next model of the ranking, as `dars serve` does
     candidates = list(context.candidate_models)

@@ -9,7 +9,7 @@ import re
 import reprlib
 
 # %% auto #0
-__all__ = ['ROUTER_MODEL', 'router_model_name', 'check_lambda', 'lambda_from_model_name']
+__all__ = ['ROUTER_MODEL', 'router_model_name', 'check_lambda', 'lambda_from_model_name', 'request_lambda']
 
 # %% ../../nbs/25f_model_name.ipynb #78933304
 ROUTER_MODEL = 'dars-router'
@@ -49,3 +49,12 @@ def lambda_from_model_name(name, # a request's model name
     rest = name[len(base):]
     if not rest.startswith('-') or not _NUMBER.fullmatch(rest[1:]): return False, None
     return True, check_lambda(float(rest[1:]), f"the λ in model name {name!r}")
+
+# %% ../../nbs/25f_model_name.ipynb #4f03706c
+def request_lambda(asked: float | None, # the request's own λ (None: it sets none)
+                   default: float | None, # the door's λ for a request that sets none (None: none)
+                   router_lam: float | None = None, # the router's own λ (the bundle's), if any
+                  ) -> float | None:
+    "The λ a request is routed at: its own, else the door's default, else the router's."
+    if asked is not None: return asked
+    return default if default is not None else router_lam

@@ -14,7 +14,7 @@ import warnings
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from fastcore.basics import patch
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import ModelSpec, Limits, Pool, redact
@@ -22,7 +22,7 @@ from ..pool.usage import estimate_prompt_tokens, usage_tokens, fmt_usd
 from ..pool.http import endpoint_client
 
 # %% auto #0
-__all__ = ['SETTLED', 'Completion', 'MalformedResponse', 'BudgetExceeded', 'PermanentError', 'parse_retry_after',
+__all__ = ['SETTLED', 'Completion', 'MalformedResponse', 'BudgetExceeded', 'PermanentError', 'parse_retry_after', 'FailureKind',
            'classify_error', 'backoff_delay', 'SpendLedger', 'MemoryLedger', 'Counters', 'Client']
 
 # %% ../../nbs/30_client.ipynb #7173dca8
@@ -71,24 +71,31 @@ def parse_retry_after(headers, # response headers (a mapping with lower-case loo
     except (TypeError, ValueError, IndexError): return None
 
 # %% ../../nbs/30_client.ipynb #240aeb78
+class FailureKind(NamedTuple):
+    "What a failed request was: its kind (None: not the endpoint's), whether to retry, the wait asked for, its status."
+    kind: str | None # 'rate_limit', 'server', 'timeout', 'connection', 'malformed', 'client'; None: ours
+    transient: bool # whether a retry may succeed
+    retry_after: float | None # seconds the server asked to wait (None: it did not say)
+    status: int | None # the HTTP status, if the endpoint answered with one
+
 def classify_error(exc: BaseException, # what a request raised
-                  ) -> tuple:
-    "(kind, transient, retry_after_s, status) of a failed request; kind None: not the endpoint's."
+                  ) -> FailureKind:
+    "What kind of failure a request's exception is; kind None: not the endpoint's."
     import openai
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         wait = parse_retry_after(exc.response.headers) if exc.response is not None else None
-        if status == 429: return 'rate_limit', True, wait, status
-        if status >= 500: return 'server', True, wait, status
-        if status == 408: return 'timeout', True, wait, status
-        return 'client', False, None, status
-    if isinstance(exc, (openai.APITimeoutError, TimeoutError)): return 'timeout', True, None, None
-    if isinstance(exc, openai.APIConnectionError): return 'connection', True, None, None
-    if isinstance(exc,
-                  (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError,
-                   openai.APIResponseValidationError)):
-        return 'malformed', True, None, None
-    return None, False, None, None
+        kind = 'rate_limit' if status == 429 else 'server' if status >= 500 else 'timeout' if status == 408 else None
+        if kind is not None: return FailureKind(kind=kind, transient=True, retry_after=wait, status=status)
+        return FailureKind(kind='client', transient=False, retry_after=None, status=status)
+    if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+        return FailureKind(kind='timeout', transient=True, retry_after=None, status=None)
+    if isinstance(exc, openai.APIConnectionError):
+        return FailureKind(kind='connection', transient=True, retry_after=None, status=None)
+    malformed = (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError, openai.APIResponseValidationError)
+    if isinstance(exc, malformed):
+        return FailureKind(kind='malformed', transient=True, retry_after=None, status=None)
+    return FailureKind(kind=None, transient=False, retry_after=None, status=None)
 
 # %% ../../nbs/30_client.ipynb #808dcd65
 def backoff_delay(attempt: int, # 1 for the first retry, 2 for the second, ...
@@ -387,8 +394,8 @@ def _call(self: Client, model, messages, temperature, top_p, max_tokens, seed, p
     if kind not in ('generation', 'rewrite'):
         raise ConfigError(f"purpose must be 'generation' or 'rewrite', got {kind!r}")
     prompt = estimate_prompt_tokens(messages)
-    return _Call(spec, body, messages, n, kind, prompt + max_tokens * n,
-                 spec.cost(prompt, max_tokens * n))
+    return _Call(spec=spec, body=body, messages=messages, n=n, kind=kind, tokens=prompt + max_tokens * n,
+                 worst_usd=spec.cost(prompt, max_tokens * n))
 
 # %% ../../nbs/30_client.ipynb #2d425d16
 @patch
@@ -428,7 +435,7 @@ async def _attempt(self: Client, call: _Call, attempt: int) -> tuple:
             comp = await self._send(call, endpoint, attempt)
             cost, status = comp.cost_usd, 'ok'
         except Exception as exc:
-            failure = _Failure(exc, *classify_error(exc))
+            failure = _Failure(error=exc, **classify_error(exc)._asdict())
             if failure.kind is None: raise
             if failure.status is not None: cost, status = 0.0, 'failed'
             if failure.kind == 'rate_limit': window.shrink()
@@ -504,7 +511,8 @@ async def complete(self: Client, model: str, # a model name of the pool (or the 
                    **extra, # further body fields, e.g. n=5 or stop=[...]
                   ) -> Completion:
     "One chat completion, retried on transient failures; else `PermanentError` or `BudgetExceeded`."
-    call = self._call(model, messages, temperature, top_p, max_tokens, seed, purpose, extra)
+    call = self._call(model, messages, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                      purpose=purpose, extra=extra)
     attempt = 0
     while True:
         attempt += 1

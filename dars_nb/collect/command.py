@@ -10,6 +10,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from ..extras import error_line
 from ..observations import ObservationError
 from ..markdown import markdown_table
 from .client import BudgetExceeded, PermanentError
@@ -22,11 +23,6 @@ __all__ = ['EXIT_OK', 'EXIT_ERROR', 'EXIT_BUDGET', 'EXIT_INTERRUPTED', 'collect_
 
 # %% ../../nbs/35g_collect_command.ipynb #23a7c7b5
 EXIT_OK, EXIT_ERROR, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 3, 130
-
-def _one_line(e: BaseException) -> str:
-    "The first line of an error's message (its type name when it has none)."
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
 
 # %% ../../nbs/35g_collect_command.ipynb #472a1586
 @contextmanager
@@ -47,7 +43,7 @@ def _report(res: CollectResult):
     c = res.counters
     rw, done = res.rewrites, f"{res.collected} observation(s) collected, {res.skipped} already stored"
     print(f"{done}, {res.missing} missing of {res.planned} planned; "
-          f"rewriter: {rw['calls']} call(s), {rw['filled']} rewrite(s) filled with the original wording")
+          f"rewriter: {rw.calls} call(s), {rw.filled} rewrite(s) filled with the original wording")
     if c is not None:
         print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
     if res.rewrite_validity is not None:
@@ -87,6 +83,6 @@ def collect_main(config: str, # path of the collection TOML file
               file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, OSError, PermanentError, BudgetExceeded, ObservationError) as e:
-        print(f"{_PREFIX}error: {_one_line(e)}", file=sys.stderr); return EXIT_ERROR
+        print(f"{_PREFIX}error: {error_line(e)}", file=sys.stderr); return EXIT_ERROR
     if not quiet: _report(res)
     return _exit_status(res)

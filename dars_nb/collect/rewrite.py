@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from contextlib import nullcontext
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from fastcore.basics import patch
@@ -19,7 +20,7 @@ from ..features import sentence_model_path, sentence_embeddings
 # %% auto #0
 __all__ = ['SIMILARITY_BACKENDS', 'DEFAULT_MIN_SIMILARITY', 'VALIDITY_COLUMNS', 'FILLED', 'numeric_tokens', 'similarity_backend',
            'pair_similarity', 'structure_kept', 'rewrite_checks', 'rewrite_validity', 'rewrite_table',
-           'rewrite_calls_max', 'ensure_rewrites']
+           'rewrite_calls_max', 'RewriteCounts', 'ensure_rewrites']
 
 # %% ../../nbs/34_rewrite.ipynb #dffdd601
 _NUM = re.compile(r'(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?|(?<![\w.])-?\.\d+')
@@ -191,10 +192,24 @@ def rewrite_calls_max(n_missing: int, # rewrites a query still needs
     "The most rewriter calls one query can take."
     return 0 if n_missing <= 0 else 1 + (attempts - 1) * n_missing
 
+# %% ../../nbs/34_rewrite.ipynb #d69dfa01
+@dataclass
+class RewriteCounts:
+    "What a rewriter run did: the calls it made, the rewrites it stored, those filled with the original wording."
+    calls: int = 0 # rewriter calls made (each answer paid for)
+    stored: int = 0 # rewrites parsed from answers and stored
+    filled: int = 0 # rewrites still missing after the rounds, stored as the original wording
+
+    def kept(self, filled: bool, # whether the rewrite is the original wording
+            ):
+        "Count one rewrite stored."
+        if filled: self.filled += 1
+        else: self.stored += 1
+
 # %% ../../nbs/34_rewrite.ipynb #741d86f1
 class _QueryRewrites:
     "One query's rewrites: what is stored, what stored answers paid for, the rounds to run."
-    def __init__(self, store, row, rewriter: str, counts: dict):
+    def __init__(self, store, row, rewriter: str, counts: RewriteCounts):
         self.store, self.row, self.rewriter, self.counts = store, row, rewriter, counts
         self.ds, self.qid, n = str(row['dataset']), str(row['query_id']), int(row['n_rewrites'])
         have = store.rewrites(self.ds, self.qid)
@@ -205,7 +220,7 @@ class _QueryRewrites:
         if i not in self.missing: return
         self.store.put_rewrite(self.ds, self.qid, i, text, model=model)
         self.missing.remove(i)
-        self.counts['filled' if model == FILLED else 'stored'] += 1
+        self.counts.kept(filled=model == FILLED)
 
     def replay(self):
         "Rewrites of answers stored (paid for) but not parsed before a restart."
@@ -224,7 +239,7 @@ async def ask(self: _QueryRewrites, client, slots: list, rnd: int, **kw):
     comp = await client.complete(self.rewriter, rewrite_messages(self.row, len(slots)), top_p=0.95,
                                  purpose='rewrite', **kw)
     self.store.put_rewriter_answer(self.ds, self.qid, rnd, slots, comp.text, model=self.rewriter)
-    self.counts['calls'] += 1
+    self.counts.calls += 1
     for i, text in zip(slots, parse_rewrites(comp.text, len(slots))):
         self.keep(i, text, self.rewriter)
 
@@ -250,12 +265,12 @@ async def ensure_rewrites(client, # a `dars_nb.collect.client.Client`
                           attempts: int = 2, # rounds: one call for all missing, then one per rewrite
                           fill_with_original: bool = True, # original wording for rewrites still missing
                           progress: bool = False, # a progress bar (on stderr, when a terminal)
-                         ) -> dict:
-    "Ask for and store every missing rewrite of `tasks`; counts of calls, stored and filled rewrites."
+                         ) -> RewriteCounts:
+    "Ask for and store every missing rewrite of `tasks`; what it did, counted."
     if 'n_rewrites' not in tasks.columns:
         raise ValueError("tasks need an n_rewrites column (rewrites wanted per query)")
-    counts = dict(calls=0, stored=0, filled=0)
-    todo = [_QueryRewrites(store, r, rewriter, counts) 
+    counts = RewriteCounts()
+    todo = [_QueryRewrites(store, r, rewriter, counts)
             for r in tasks.to_dict('records') if int(r['n_rewrites']) > 0]
     todo = [q for q in todo if q.missing]
     if not todo: return counts

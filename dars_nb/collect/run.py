@@ -11,8 +11,9 @@ import time
 import zlib
 from collections import Counter, deque
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
@@ -23,14 +24,14 @@ from .client import Client, BudgetExceeded, PermanentError
 from .store import Store
 from .prompts import generation_messages, choice_list
 from ..observations import format_options
-from .rewrite import ensure_rewrites, rewrite_validity, rewrite_table
+from .rewrite import RewriteCounts, ensure_rewrites, rewrite_validity, rewrite_table
 from .config import load_config
 from .tasks import load_tasks
 from .plan import plan_calls
 from .probe import check_endpoints
 
 # %% auto #0
-__all__ = ['with_query_columns', 'CollectResult', 'acollect', 'collect']
+__all__ = ['Failure', 'CallsMade', 'with_query_columns', 'CollectResult', 'acollect', 'collect']
 
 # %% ../../nbs/35f_collect_run.ipynb #e93dc437
 def _call_seed(seed: int, key: tuple) -> int:
@@ -81,6 +82,11 @@ def _client(cfg, store) -> Client:
     return Client(cfg.pool, seed=cfg.seed, ledger=store.ledger())
 
 # %% ../../nbs/35f_collect_run.ipynb #5a783ce9
+class Failure(NamedTuple):
+    "A call that failed for good: the natural key of the observation it was for, and why."
+    key: tuple # the observation's natural key (`KEY_COLUMNS`)
+    message: str # why, in one line
+
 class _Collector:
     "The answer calls of a run: a queue per model, drained by one worker per concurrency slot."
     def __init__(self, cfg, client, store, tasks: pd.DataFrame, todo: pd.DataFrame):
@@ -90,7 +96,7 @@ class _Collector:
         self.texts = {(ds, qid): store.rewrites(ds, qid) for ds, qid in pairs}
         self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
                        for m in cfg.model_names}
-        self.collected, self.stop, self.failures = 0, '', []
+        self.collected, self.stop, self.failures = 0, '', []   # stored, why it stopped, `Failure`s
         self.ok, self.bad = Counter(), Counter()
 
 # %% ../../nbs/35f_collect_run.ipynb #3905d0b4
@@ -106,7 +112,7 @@ async def ask(self: _Collector, model: str, batch: list, keys: list, task, wordi
                                           **({'n': n} if n > 1 else {}), **_grammar(cfg, task))
     except BudgetExceeded as e: self.stop = self.stop or str(e)
     except PermanentError as e:
-        self.failures += [(k, str(e)) for k in keys]; self.bad[model] += 1
+        self.failures += [Failure(key=k, message=str(e)) for k in keys]; self.bad[model] += 1
         # every call of this model fails
         if self.ok[model] == 0 and self.bad[model] >= 3: self.queues[model].clear()
 
@@ -138,7 +144,7 @@ async def call(self: _Collector, model: str, batch: list):
     wording = texts.get(job.rewrite_id) if job.rewrite_id else None
     if job.rewrite_id != 0 and wording is None:
         missing = f"rewrite {job.rewrite_id} of {job.dataset}/{job.query_id} is not stored"
-        self.failures += [(k, missing) for k in keys]
+        self.failures += [Failure(key=k, message=missing) for k in keys]
         return
     comp = await self.ask(model, batch, keys, task, wording)
     if comp is None: return
@@ -147,7 +153,8 @@ async def call(self: _Collector, model: str, batch: list):
     got = list(comp.texts or (comp.text,))[:n] if n > 1 else [comp.text]
     shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
     for j, k, text, ct in zip(batch, keys, got, shares):
-        self.store.insert(self.observation(j, k, task, wording, comp, text, ct, len(got)))
+        self.store.insert(self.observation(j, k, task=task, wording=wording, comp=comp, text=text,
+                                           completion_tokens=ct, n=len(got)))
         self.collected += 1
     # fewer choices than asked: the rest one by one
     for j in batch[len(got):]: self.queues[model].append([j])
@@ -160,8 +167,8 @@ async def worker(self: _Collector, model: str):
     while q and not self.stop and not self.client.stopped: await self.call(model, q.popleft())
 
 @patch
-async def run(self: _Collector, progress: bool) -> tuple:
-    "Every pending call; returns (observations collected, failures, why it stopped early or '')."
+async def run(self: _Collector, progress: bool):
+    "Every pending call, until the queues are empty or the run stops (its `collected`, `failures` and `stop` say how it went)."
     cfg = self.cfg
     slots = [m for m in cfg.model_names for _ in range(cfg.pool.models[m].concurrency)]
     workers = [self.worker(m) for m in slots]
@@ -171,7 +178,7 @@ async def run(self: _Collector, progress: bool) -> tuple:
         results = await asyncio.gather(*workers, return_exceptions=True)
     errors = [e for e in results if isinstance(e, BaseException)]
     if errors: raise errors[0]
-    return self.collected, self.failures, self.stop or (self.client.stopped or '')
+    self.stop = self.stop or (self.client.stopped or '')
 
 # %% ../../nbs/35f_collect_run.ipynb #84ec247f
 def _pending(plan: pd.DataFrame, keys) -> pd.DataFrame:
@@ -234,26 +241,35 @@ def _record_plan(store, cfg, plan: pd.DataFrame):
                                 planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
 
 # %% ../../nbs/35f_collect_run.ipynb #0f6521ca
-async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progress: bool) -> dict:
+@dataclass(frozen=True)
+class CallsMade:
+    "What the calls of a run did: the rewriter's, then the answer calls'."
+    rewrites: RewriteCounts # the rewriter's calls and rewrites
+    collected: int = 0 # observations the answer calls stored
+    failures: list = field(default_factory=list) # `Failure`s of the calls that failed for good
+    stop: str = '' # why the calls stopped early ('': they did not)
+    counters: object = None # the client's counters
+
+async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progress: bool) -> CallsMade:
     "The rewriter first, then every pending answer call, within the store's budget and cap."
-    out = dict(rewrites=dict(calls=0, stored=0, filled=0), collected=0, failures=[], stop='')
+    rewrites, stop, collector = RewriteCounts(), '', None
     client = _client(cfg, store)
     async with client:
         need = tasks[tasks['n_rewrites'] > 0]
         if len(need) and cfg.pool.rewriter is not None:
             try:
-                out['rewrites'] = await ensure_rewrites(client, store, need, cfg.pool.rewriter.name,
-                                                        max_tokens=cfg.rewrite_max_tokens,
-                                                        temperature=cfg.rewrite_temperature,
-                                                        attempts=cfg.rewrite_attempts,
-                                                        progress=progress)
-            except BudgetExceeded as e: out['stop'] = str(e)
+                rewrites = await ensure_rewrites(client, store, need, cfg.pool.rewriter.name,
+                                                 max_tokens=cfg.rewrite_max_tokens,
+                                                 temperature=cfg.rewrite_temperature,
+                                                 attempts=cfg.rewrite_attempts, progress=progress)
+            except BudgetExceeded as e: stop = str(e)
         todo = _pending(plan, store.keys())
-        if not out['stop'] and len(todo):
+        if not stop and len(todo):
             collector = _Collector(cfg, client, store, tasks, todo)
-            out['collected'], out['failures'], out['stop'] = await collector.run(progress)
-        out['counters'] = client.counters
-    return out
+            await collector.run(progress)
+    if collector is None: return CallsMade(rewrites=rewrites, stop=stop, counters=client.counters)
+    return CallsMade(rewrites=rewrites, collected=collector.collected, failures=collector.failures,
+                     stop=collector.stop, counters=client.counters)
 
 # %% ../../nbs/35f_collect_run.ipynb #16e5cbb7
 def with_query_columns(table: pd.DataFrame, # an observation table
@@ -270,17 +286,34 @@ def with_query_columns(table: pd.DataFrame, # an observation table
     return table.assign(**{c: at[c].to_numpy() for c in per.columns})
 
 # %% ../../nbs/35f_collect_run.ipynb #7da0df76
-def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
-            write_output: bool) -> dict:
-    "Status, the complete table (written out), the rewrite validity; the run recorded in the store."
+@dataclass
+class CollectResult:
+    "What a collection run did."
+    status: str # 'complete', 'budget' (stopped at a limit) or 'incomplete' (some calls failed)
+    planned: int # observations in the plan
+    skipped: int # already in the store when the run started
+    collected: int # observations written by this run
+    missing: int # planned observations still not in the store
+    failures: list # `Failure`s: (key, message) of calls that failed permanently
+    rewrites: RewriteCounts # the rewriter's calls and rewrites
+    message: str = '' # why the run stopped early, if it did
+    counters: object = None # the client's counters
+    table: pd.DataFrame | None = None # the complete observation table (the whole store)
+    rewrite_validity: pd.DataFrame | None = None # rewrite validity checks of the selected queries
+    output: Path | None = None # where the table was written
+
+def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the run did
+            skipped: int, # planned observations already stored when the run started
+            validity: bool, similarity, write_output: bool) -> CollectResult:
+    "What the run did: its status, the complete table (written out), the rewrite validity; recorded in the store."
     missing = len(_pending(plan, store.keys()))
-    status = 'complete' if missing == 0 else ('budget' if run['stop'] else 'incomplete')
-    fails = run['failures']
-    message = (run['stop'] if run['stop'] else
-               f"{len(fails)} call(s) failed permanently, first: {fails[0][1]}" if fails else '')
+    status = 'complete' if missing == 0 else ('budget' if calls.stop else 'incomplete')
+    fails = calls.failures
+    message = (calls.stop if calls.stop else
+               f"{len(fails)} call(s) failed permanently, first: {fails[0].message}" if fails else '')
     store.set_meta('last_run',
-                   dict(status=status, message=message, collected=run['collected'], missing=missing,
-                                    failures=len(fails), first_failures=[m for _, m in fails[:5]]))
+                   dict(status=status, message=message, collected=calls.collected, missing=missing,
+                        failures=len(fails), first_failures=[f.message for f in fails[:5]]))
     table, out, rv = store.to_frame(), None, None
     if len(table): table = with_query_columns(table, tasks)
     if write_output and len(table):
@@ -290,26 +323,11 @@ def _finish(cfg, store, tasks, plan, run: dict, validity: bool, similarity,
     if validity and len(need):
         rv = rewrite_validity(need, rewrite_table(store, need),
                               similarity=similarity or cfg.similarity)
-    return dict(status=status, missing=missing, message=message, table=table, output=out,
-                rewrite_validity=rv)
+    return CollectResult(status=status, planned=len(plan), skipped=skipped, collected=calls.collected,
+                         missing=missing, failures=fails, rewrites=calls.rewrites, message=message,
+                         counters=calls.counters, table=table, rewrite_validity=rv, output=out)
 
 # %% ../../nbs/35f_collect_run.ipynb #b6ef4853
-@dataclass
-class CollectResult:
-    "What a collection run did."
-    status: str # 'complete', 'budget' (stopped at a limit) or 'incomplete' (some calls failed)
-    planned: int # observations in the plan
-    skipped: int # already in the store when the run started
-    collected: int # observations written by this run
-    missing: int # planned observations still not in the store
-    failures: list # (key, message) of calls that failed permanently
-    rewrites: dict # rewriter counts: calls, stored, filled
-    message: str = '' # why the run stopped early, if it did
-    counters: object = None # the client's counters
-    table: pd.DataFrame | None = None # the complete observation table (the whole store)
-    rewrite_validity: pd.DataFrame | None = None # rewrite validity checks of the selected queries
-    output: Path | None = None # where the table was written
-
 async def acollect(config, # a CollectConfig, TOML path or dict
                    progress: bool = True, # tqdm progress bars
                    validity: bool = True, # compute the rewrite validity table at the end
@@ -325,12 +343,10 @@ async def acollect(config, # a CollectConfig, TOML path or dict
         _check_decoding(store, cfg)
         _record_plan(store, cfg, plan)
         skipped = len(plan) - len(_pending(plan, store.keys()))
-        run = await _run_calls(cfg, store, tasks, plan, progress)
-        end = _finish(cfg, store, tasks, plan, run, validity, similarity, write_output)
+        calls = await _run_calls(cfg, store, tasks, plan, progress)
+        return _finish(cfg, store, tasks, plan, calls, skipped=skipped, validity=validity,
+                       similarity=similarity, write_output=write_output)
     finally: store.close()
-    return CollectResult(planned=len(plan), skipped=skipped, collected=run['collected'],
-                         failures=run['failures'], rewrites=run['rewrites'],
-                         counters=run['counters'], **end)
 
 # %% ../../nbs/35f_collect_run.ipynb #cbcca586
 @delegates(acollect)

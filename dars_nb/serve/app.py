@@ -5,25 +5,26 @@
 # %% ../../nbs/36d_serve_app.ipynb #64147fd5
 from __future__ import annotations
 import asyncio
-import hmac
 import importlib.util
-import ipaddress
 import json
 import math
 import sys
 import time
+from typing import NamedTuple
 from fastcore.basics import patch
 from ..extras import missing_extra
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
 from ..pool.usage import fmt_usd
-from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, host_values
-from .metrics import ServeMetrics, SLACK
-from .pages import OPEN_PATHS, page_routes
+from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
+from ..bundle.model_name import request_lambda
+from .metrics import ServeMetrics, Reservation, SLACK
+from .pages import page_routes
+from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
-__all__ = ['RankBatcher', 'ClientKeyCheck', 'BrowserGuard', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
+__all__ = ['RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -76,116 +77,6 @@ async def _drain(self: RankBatcher):
                     if not fut.done(): fut.set_result(list(r))
     finally: self._task = None
 
-# %% ../../nbs/36d_serve_app.ipynb #90d2ea8c
-def _bearer_ok(header: bytes | None, keys: tuple) -> bool:
-    "Whether an Authorization header carries one of `keys`, compared in constant time with all."
-    if not header or not header.startswith(b'Bearer '): return False
-    token, ok = header[7:].strip(), False
-    for k in keys: ok |= hmac.compare_digest(token, k.encode())
-    return ok
-
-# %% ../../nbs/36d_serve_app.ipynb #dec08db8
-async def _refuse(scope, receive, send, error: RequestError):
-    "Answer a request with `error` before it reaches the application, and count the refusal."
-    from starlette.responses import JSONResponse
-    metrics = scope.get('app') and getattr(getattr(scope['app'], 'state', None), 'metrics', None)
-    if metrics is not None: metrics.refuse(error.status)
-    await JSONResponse(error.body(), error.status, headers=error.headers)(scope, receive, send)
-
-class ClientKeyCheck:
-    "ASGI middleware: 401 unless the request carries a client key (no check when none is set)."
-    def __init__(self, app, keys: tuple): self.app, self.keys = app, keys
-
-    async def __call__(self, scope, receive, send):
-        if scope['type'] != 'http' or not self.keys: return await self.app(scope, receive, send)
-        if scope.get('path') in OPEN_PATHS: return await self.app(scope, receive, send)   # /health, /chat
-        header = next((v for k, v in scope['headers'] if k == b'authorization'), None)
-        if _bearer_ok(header, self.keys): return await self.app(scope, receive, send)
-        msg = ('a client key is required: send Authorization: Bearer <key>' if header is None
-               else 'the client key is not valid')
-        await _refuse(scope, receive, send, RequestError(401, msg, kind='authentication_error', code='invalid_api_key',
-                                                         headers={'www-authenticate': 'Bearer'}))
-
-# %% ../../nbs/36d_serve_app.ipynb #d1b78ce0
-def _split_host(value: bytes) -> tuple:
-    "(name, port or b'') of a Host header value: b'[::1]:8000' -> (b'[::1]', b'8000')."
-    cut = value.rfind(b':')
-    if cut < 0 or value.endswith(b']'): return value, b''
-    return value[:cut], value[cut + 1:]
-
-def _is_address(name: bytes) -> bool:
-    "Whether a Host name is an IP address (b'10.0.0.5', b'[::1]'), not a name a DNS server answers for."
-    try: ipaddress.ip_address(name.decode('ascii').removeprefix('[').removesuffix(']')); return True
-    except (ValueError, UnicodeDecodeError): return False
-
-def _is_json(content_type: bytes | None) -> bool:
-    "Whether a content-type header declares JSON (`application/json`, with or without parameters)."
-    if content_type == b'application/json': return True
-    return content_type is not None and content_type.split(b';', 1)[0].strip().lower() == b'application/json'
-
-# %% ../../nbs/36d_serve_app.ipynb #48939c18
-class BrowserGuard:
-    "ASGI middleware: refuse what a web page can make a browser send — a foreign Host, a foreign Origin, a POST not JSON."
-    def __init__(self, app, settings: ServeSettings):
-        self.app, self.settings, self._served = app, settings, {}
-        self.any_host, self.any_origin = '*' in settings.allow_hosts, '*' in settings.allow_origins
-        self.names = frozenset(h.lower().encode() for h in settings.allow_hosts)
-        self.origins = frozenset(o.lower().rstrip('/').encode() for o in settings.allow_origins)
-        self.wildcard = settings.host in ('0.0.0.0', '::')
-
-    def served(self, scope) -> frozenset:
-        "The Host values that name the endpoint `scope` came to (its address and bound port), computed once."
-        server = scope.get('server')
-        values = self._served.get(server)
-        if values is None:
-            port = server[1] if server else self.settings.port
-            values = host_values(self.settings.host, port) | (host_values(server[0], port) if server else frozenset())
-            self._served[server] = values
-        return values
-
-    def host_ok(self, host: bytes, scope) -> bool:
-        "Whether a (lowercase) Host value names this endpoint."
-        if self.any_host or host in self.served(scope): return True
-        name, port = _split_host(host)
-        if name in self.names: return True
-        bound = str(scope['server'][1] if scope.get('server') else self.settings.port).encode()
-        return self.wildcard and _is_address(name) and (port == bound or (not port and bound == b'80'))
-
-# %% ../../nbs/36d_serve_app.ipynb #3e89419b
-def _shown(value: bytes) -> str:
-    "A header value for a message: decoded, quoted, at most 80 characters."
-    return repr(value[:80].decode('latin-1'))
-
-@patch
-def problem(self: BrowserGuard, scope, host: bytes | None, origin: bytes | None,
-            content_type: bytes | None) -> RequestError | None:
-    "Why a request is refused at the door (None: it is let in)."
-    if host is None or not self.host_ok(host, scope):
-        why = 'has no Host header' if host is None else f'is for Host {_shown(host)}'
-        return RequestError(421, f"the request {why}, which is not this endpoint's address "
-                                 "(name more hosts with --allow-host or [serve] allow_hosts)", code='host_not_allowed')
-    if origin is not None and not self.any_origin and origin not in self.origins \
-            and origin != b'http://' + host and origin != b'https://' + host:
-        return RequestError(403, f"requests from web pages at {_shown(origin)} are not allowed "
-                                 "(allow an origin with --allow-origin or [serve] allow_origins)",
-                            code='origin_not_allowed')
-    if scope['method'] == 'POST' and not _is_json(content_type):
-        got = _shown(content_type) if content_type is not None else 'none'
-        return RequestError(415, f"the body must be sent with content-type: application/json, got {got}",
-                            code='unsupported_media_type')
-
-@patch
-async def __call__(self: BrowserGuard, scope, receive, send):
-    if scope['type'] != 'http': return await self.app(scope, receive, send)
-    host = origin = content_type = None
-    for k, v in scope['headers']:
-        if k == b'host': host = v.lower()
-        elif k == b'origin': origin = v.lower()
-        elif k == b'content-type': content_type = v
-    error = self.problem(scope, host, origin, content_type)
-    if error is None: return await self.app(scope, receive, send)
-    await _refuse(scope, receive, send, error)
-
 # %% ../../nbs/36d_serve_app.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
     "The request body, or a 413 `RequestError` as soon as it passes `limit` bytes."
@@ -205,29 +96,49 @@ def _error_response(e: RequestError):
     from starlette.responses import JSONResponse
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
-# %% ../../nbs/36d_serve_app.ipynb #5e185701
+# %% ../../nbs/36d_serve_app.ipynb #632c2187
+class Attempt(NamedTuple):
+    "The attempt that answered a request: its model, its answer, and the ledger entry it holds until charged."
+    spec: ModelSpec # the model that answered
+    result: object # its answer: the completion's JSON, or the open `EventStream` of a stream
+    entry: int # its entry in the daily ledger, open until the answer is charged
+    held: float # the dollars that entry holds
+
 def _log(message: str):
     "One line on the server's standard error."
     print(f"dars serve: {message}", file=sys.stderr, flush=True)
 
-def _wake(state):
-    "Wake the attempts waiting for a model on trial: the ledger has changed."
-    turn, state.turn = state.turn, None
-    if turn is not None: turn.set()
+class Attempts:
+    "One request's way through the pool: ranked, each attempt reserved, sent and settled, the answer charged."
+    __slots__ = ('state', 'req', 'lam', 'headers')
+    def __init__(self, state, # the application's state: pool, settings, metrics, upstreams, rank
+                 req: ChatRequest, # the checked request
+                 lam: float | None, # the λ it is ranked at (`request_lambda`; None: the router's own)
+                ):
+        self.state, self.req, self.lam = state, req, lam
+        self.headers = {'x-dars-max-tokens': str(req.max_tokens)} if req.capped else {}
+        if lam is not None: self.headers['x-dars-lambda'] = f'{lam:g}'
 
-def _settle(state, entry: int, cost_usd: float | None = None) -> float:
-    "Settle a ledger entry (None: at what it held) and wake whoever waits; what it was charged."
-    try: return state.metrics.ledger.settle(entry, cost_usd)
-    finally: _wake(state)
+# %% ../../nbs/36d_serve_app.ipynb #8c4fd137
+@patch
+async def ranking(self: Attempts) -> list:
+    "The models to try, best first: the one the client named, or the router's ranking at the request's λ."
+    req, state = self.req, self.state
+    if req.model is not None: return [req.model]
+    ranking = await state.rank(req.text, self.lam)
+    unknown = [m for m in ranking if m not in state.pool.models]
+    if unknown:
+        raise RequestError(500, f"the router ranked {unknown[0]!r}, which the pool does not have",
+                           kind='server_error')
+    return ranking
 
-def _release(state, entry: int):
-    "Release a ledger entry that cost nothing, and wake whoever waits."
-    try: state.metrics.ledger.release(entry)
-    finally: _wake(state)
-
-async def _reserve(state, spec: ModelSpec, worst: float) -> tuple:
-    "(entry, held) of one attempt on `spec`, waiting while its model is on trial; a 429, or a busy `UpstreamError`."
-    deadline = None
+# %% ../../nbs/36d_serve_app.ipynb #56b1e35e
+@patch
+async def reserve(self: Attempts, spec: ModelSpec, # the model of the attempt
+                 ) -> Reservation:
+    "The ledger's `Reservation` of an attempt on `spec`, waiting while its model is on trial; a 429, or a busy `UpstreamError`."
+    req, state = self.req, self.state
+    worst, deadline = spec.cost(req.prompt_tokens, req.max_tokens * req.n), None
     while (reserved := state.metrics.ledger.reserve(spec.name, worst)) is None:
         loop, wait_s = asyncio.get_running_loop(), state.settings.queue_timeout_s
         deadline = deadline or loop.time() + wait_s
@@ -240,36 +151,78 @@ async def _reserve(state, spec: ModelSpec, worst: float) -> tuple:
             raise UpstreamError(f"model {spec.name!r}: {why}", busy=True) from None
     return reserved
 
+# %% ../../nbs/36d_serve_app.ipynb #a558282e
+@patch
+def _wake(self: Attempts):
+    "Wake the attempts waiting for a model on trial: the ledger has changed."
+    state = self.state
+    turn, state.turn = state.turn, None
+    if turn is not None: turn.set()
+
+@patch
+def settle(self: Attempts, entry: int, # a ledger entry from `reserve`
+           cost_usd: float | None = None, # what it cost (None: what it held)
+          ) -> float:
+    "Settle a ledger entry and wake whoever waits; what it was charged."
+    try: return self.state.metrics.ledger.settle(entry, cost_usd)
+    finally: self._wake()
+
+@patch
+def release(self: Attempts, entry: int, # a ledger entry from `reserve`
+           ):
+    "Release a ledger entry that cost nothing, and wake whoever waits."
+    try: self.state.metrics.ledger.release(entry)
+    finally: self._wake()
+
+# %% ../../nbs/36d_serve_app.ipynb #04262994
 def _reported(usage) -> tuple | None:
     "(prompt tokens, completion tokens) an answer reports, or None if it reports none (or nonsense)."
     pt = ct = None
     if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
     return (pt, ct) if is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0 else None
 
-def _charge(state, spec: ModelSpec, usage, req: ChatRequest, entry: int, held: float) -> float:
-    "Settle one answer at its reported usage, or at what was held for it when it reports none; what it was charged."
+@patch
+def charge(self: Attempts, answered: Attempt, # the attempt that answered
+           usage, # the usage its answer reports (None or nonsense: none)
+          ) -> float:
+    "Settle an answer at its reported usage, or at what was held for it when it reports none; what it was charged."
+    state, spec, req = self.state, answered.spec, self.req
     tokens = _reported(usage)
     if tokens is None:
-        cost = _settle(state, entry)
+        cost = self.settle(answered.entry)
         state.metrics.answered(spec.name, req.prompt_tokens, req.max_tokens * req.n, cost, estimated=True)
         return cost
-    cost = _settle(state, entry, spec.cost(*tokens))
-    over = cost > held * (1 + SLACK)
+    cost = self.settle(answered.entry, spec.cost(*tokens))
+    over = cost > answered.held * (1 + SLACK)
     if over:
         ratio = state.metrics.ledger.ratios[spec.name]
         _log(f"model {spec.name!r} reported usage of {tokens[0]} prompt and {tokens[1]} completion tokens "
-             f"({fmt_usd(cost)}), more than the {fmt_usd(held)} held for it: charged as reported; "
+             f"({fmt_usd(cost)}), more than the {fmt_usd(answered.held)} held for it: charged as reported; "
              f"its attempts now hold {ratio:.3g} times their worst case")
     state.metrics.answered(spec.name, *tokens, cost, over=over)
     return cost
 
-def _settle_failure(state, spec: ModelSpec, e: UpstreamError, entry: int):
-    "Settle a failed attempt: lost once sent (at what it held), or free."
-    if e.sent: state.metrics.lost(spec.name, _settle(state, entry))
-    else:
-        _release(state, entry); state.metrics.failed(spec.name)
+# %% ../../nbs/36d_serve_app.ipynb #40098740
+@patch
+def lose(self: Attempts, spec: ModelSpec, # the model whose answer was lost once sent
+         entry: int, # its ledger entry
+        ) -> float:
+    "Count an attempt lost in flight, charged what it held; what it was charged."
+    cost = self.settle(entry)
+    self.state.metrics.lost(spec.name, cost)
+    return cost
 
-# %% ../../nbs/36d_serve_app.ipynb #19d04792
+@patch
+def fail(self: Attempts, spec: ModelSpec, # the model whose attempt failed
+         entry: int, # its ledger entry
+         error: UpstreamError, # how it failed
+        ):
+    "Settle a failed attempt: lost once sent (at what it held), else free."
+    if error.sent: self.lose(spec, entry)
+    else:
+        self.release(entry); self.state.metrics.failed(spec.name)
+
+# %% ../../nbs/36d_serve_app.ipynb #cd0ced6f
 def _all_failed(errors: list) -> RequestError:
     "The 502 of a request that every ranked model failed (a 503 if every one was busy)."
     if errors and all(e.busy for e in errors):
@@ -278,104 +231,103 @@ def _all_failed(errors: list) -> RequestError:
     return RequestError(502, 'every model failed: ' + '; '.join(map(str, errors)), kind='upstream_error',
                         code='upstream_failed')
 
-async def _first_answer(state, req: ChatRequest, ranking: list, call, headers: dict):
-    "Try the ranked models in turn, each reserved first: ((spec, result, entry, held), None) or (None, error)."
-    errors = []
+@patch
+async def first(self: Attempts, ranking: list, # the models to try, best first
+                call, # async call(spec) -> the answer of one attempt; raises `UpstreamError`
+               ) -> Attempt:
+    "The first attempt of the ranked models that answers, each reserved first; a `RequestError` if none does."
+    errors, state = [], self.state
     for name in ranking:
         spec = state.pool.models[name]
-        worst = spec.cost(req.prompt_tokens, req.max_tokens * req.n)
-        try: entry, held = await _reserve(state, spec, worst)
-        except RequestError as e:
-            state.metrics.refuse(e.status); return None, _error_response(e)
+        try: entry, held = await self.reserve(spec)
         except UpstreamError as e:   # its model is on trial, and the report of its attempt in flight is slow to come
             state.metrics.failed(name); errors.append(e); continue
         try: result = await call(spec)
         except UpstreamError as e:
-            _settle_failure(state, spec, e, entry); errors.append(e)
+            self.fail(spec, entry, e); errors.append(e)
             if e.retry_next: continue
-            state.metrics.refuse(e.status)
-            return None, _error_response(RequestError(e.status, str(e), kind='upstream_error'))
+            raise RequestError(e.status, str(e), kind='upstream_error') from None
         except asyncio.CancelledError:   # the server stops with the request in flight: maybe billed
-            state.metrics.lost(name, _settle(state, entry)); raise
+            self.lose(spec, entry); raise
         if errors:
             state.metrics.fallbacks += 1
-            headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
-        return (spec, result, entry, held), None
-    error = _all_failed(errors)
-    state.metrics.refuse(error.status)
-    return None, _error_response(error)
+            self.headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
+        return Attempt(spec=spec, result=result, entry=entry, held=held)
+    raise _all_failed(errors)
 
-# %% ../../nbs/36d_serve_app.ipynb #d946f3d8
-async def _answer(state, req: ChatRequest, ranking: list, headers: dict):
-    "The first answer of the ranked models, as a JSON response naming the model (or the error)."
+# %% ../../nbs/36d_serve_app.ipynb #45546912
+@patch
+async def answer(self: Attempts, ranking: list, # the models to try, best first
+                ):
+    "The first answer of the ranked models, charged, as a JSON response naming the model."
     from starlette.responses import Response
-    ask = lambda spec: send(state.upstreams, spec, req.data)
-    sent, error = await _first_answer(state, req, ranking, ask, headers)
-    if error is not None: return error
-    spec, data, entry, held = sent
-    cost = _charge(state, spec, data.get('usage'), req, entry, held)
-    data['model'] = spec.name
-    try: body = state.upstreams.orjson.dumps(data)
+    state, data = self.state, self.req.data
+    answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data))
+    completion, name = answered.result, answered.spec.name
+    cost = self.charge(answered, completion.get('usage'))
+    completion['model'] = name
+    try: body = state.upstreams.orjson.dumps(completion)
     except state.upstreams.orjson.JSONEncodeError:   # nested deeper than orjson writes
-        state.metrics.refuse(502)
-        why = f"model {spec.name!r}: its answer is nested too deeply to send on"
-        return _error_response(RequestError(502, why, kind='upstream_error', code='upstream_failed'))
-    return Response(body, 200, {**headers, 'x-dars-model': spec.name, 'x-dars-cost-usd': f'{cost:.6g}'},
+        raise RequestError(502, f"model {name!r}: its answer is nested too deeply to send on",
+                           kind='upstream_error', code='upstream_failed') from None
+    return Response(body, 200, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'},
                     media_type='application/json')
 
-# %% ../../nbs/36d_serve_app.ipynb #b460fde9
-def _relay_line(line: str, chunk: dict | None, name: str, seen: dict, hide_usage: bool, dumps) -> str | None:
-    "One SSE line to send on (None: drop it), its chunk's model renamed; notes usage and errors in `seen`."
-    if chunk is None: return line
-    chunk['model'] = name
-    if 'error' in chunk: seen['error'] = True
-    if isinstance(chunk.get('usage'), dict): seen['usage'] = chunk['usage']
-    if hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
-    if hide_usage: chunk.pop('usage', None)
-    try: return 'data: ' + dumps(chunk).decode()
-    except TypeError:   # orjson's JSONEncodeError: nested deeper than it writes
-        raise UpstreamError(f"model {name!r}: malformed stream: a chunk is nested too deeply to send on",
-                            sent=True) from None
+# %% ../../nbs/36d_serve_app.ipynb #2a9b5046
+class RelayedStream:
+    "One upstream stream on its way to the client: each chunk renamed to the pool's model, its usage and errors noted."
+    __slots__ = ('name', 'hide_usage', 'dumps', 'usage', 'error')
+    def __init__(self, name: str, # the pool's name of the model
+                 hide_usage: bool, # whether the usage chunk is kept from the client (it did not ask for one)
+                 dumps, # orjson.dumps
+                ):
+        self.name, self.hide_usage, self.dumps, self.usage, self.error = name, hide_usage, dumps, None, False
 
-# %% ../../nbs/36d_serve_app.ipynb #d62b7a08
-async def _stream_answer(state, req: ChatRequest, ranking: list, headers: dict):
-    "The first stream the ranked models open, relayed as server-sent events (or the error)."
+    def line(self, line: str, # a line of the stream, as the upstream sent it
+             chunk: dict | None, # its JSON data, if it is a data line
+            ) -> str | None:
+        "The line to send on (None: drop it), its chunk's model renamed; its usage and errors noted."
+        if chunk is None: return line
+        chunk['model'] = self.name
+        if 'error' in chunk: self.error = True
+        if isinstance(chunk.get('usage'), dict): self.usage = chunk['usage']
+        if self.hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
+        if self.hide_usage: chunk.pop('usage', None)
+        try: return 'data: ' + self.dumps(chunk).decode()
+        except TypeError:   # orjson's JSONEncodeError: nested deeper than it writes
+            raise UpstreamError(f"model {self.name!r}: malformed stream: a chunk is nested too deeply to send on",
+                                sent=True) from None
+
+# %% ../../nbs/36d_serve_app.ipynb #ed858fe8
+@patch
+async def stream(self: Attempts, ranking: list, # the models to try, best first
+                ):
+    "The first stream the ranked models open, relayed as server-sent events."
     from starlette.responses import StreamingResponse
-    open_stream = lambda spec: send(state.upstreams, spec, req.data, stream=True)
-    sent, error = await _first_answer(state, req, ranking, open_stream, headers)
-    if error is not None: return error
-    spec, events, entry, held = sent
-    return StreamingResponse(_relay(state, req, spec, events, entry, held), 200,
-                             {**headers, 'x-dars-model': spec.name}, media_type='text/event-stream')
+    state, data = self.state, self.req.data
+    answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data, stream=True))
+    return StreamingResponse(self.relay(answered), 200, {**self.headers, 'x-dars-model': answered.spec.name},
+                             media_type='text/event-stream')
 
-async def _relay(state, req, spec, events, entry, held):
-    "The lines of an upstream stream, relayed; the answer charged and the reservation released at the end."
-    seen, dumps = {'usage': None, 'error': False}, state.upstreams.orjson.dumps
+@patch
+async def relay(self: Attempts, answered: Attempt, # the attempt whose stream opened
+               ):
+    "The lines of its stream, relayed; the answer charged (or lost) and the stream closed at the end."
+    events = answered.result
+    relayed = RelayedStream(answered.spec.name, self.req.hide_usage, self.state.upstreams.orjson.dumps)
     try:
         async for line, chunk in events.lines():
-            out = _relay_line(line, chunk, spec.name, seen, req.hide_usage, dumps)
+            out = relayed.line(line, chunk)
             if out is not None: yield out + '\n'
     except UpstreamError as e:
-        seen['error'] = True
+        relayed.error = True
         yield 'data: ' + json.dumps(RequestError(502, str(e), kind='upstream_error').body()) + '\n\n'
-    # bookkeeping before the last await: a client hanging up cancels this task, and the reservation
-    # must still go back
     finally:
-        if seen['error']: state.metrics.lost(spec.name, _settle(state, entry))
-        else: _charge(state, spec, seen['usage'], req, entry, held)
+        if relayed.error: self.lose(answered.spec, answered.entry)
+        else: self.charge(answered, relayed.usage)
         await events.aclose()
 
-# %% ../../nbs/36d_serve_app.ipynb #da46dc13
-async def _ranking(state, req: ChatRequest) -> list:
-    "The models to try, best first: the one the client named, or the router's ranking."
-    if req.model is not None: return [req.model]
-    ranking = await state.rank(req.text, req.lam)
-    unknown = [m for m in ranking if m not in state.pool.models]
-    if unknown:
-        raise RequestError(500, f"the router ranked {unknown[0]!r}, which the pool does not have",
-                           kind='server_error')
-    return ranking
-
+# %% ../../nbs/36d_serve_app.ipynb #c3f3111f
 async def chat_completions(request):
     "POST /v1/chat/completions: check, rank, forward with fallback, answer."
     from starlette.requests import ClientDisconnect
@@ -384,20 +336,16 @@ async def chat_completions(request):
     state.metrics.requests += 1
     try:
         raw = await _read_body(request, state.settings.max_body_bytes)
-        req = parse_chat_request(raw, state.settings, state.pool.models,
-                                 request.headers.get('x-dars-lambda'))
-        ranking = await _ranking(state, req)
+        req = parse_chat_request(raw, state.settings, state.pool.models, request.headers.get('x-dars-lambda'))
+        attempts = Attempts(state, req, request_lambda(req.lam, state.settings.lam, state.router_lam))
+        ranking = await attempts.ranking()
+        return await (attempts.stream(ranking) if req.stream else attempts.answer(ranking))
     except RequestError as e:
         state.metrics.refuse(e.status)
         return _error_response(e)
     except ClientDisconnect:   # no one is listening: nothing to answer, nothing sent upstream
         _log("a client hung up (or ran out of time) before its request body was complete")
         return Response(status_code=400)
-    headers = {'x-dars-max-tokens': str(req.max_tokens)} if req.capped else {}
-    lam = req.lam if req.lam is not None else state.lam
-    if lam is not None: headers['x-dars-lambda'] = f'{lam:g}'
-    if req.stream: return await _stream_answer(state, req, ranking, headers)
-    return await _answer(state, req, ranking, headers)
 
 # %% ../../nbs/36d_serve_app.ipynb #caafb18a
 async def list_models(request):
@@ -431,14 +379,10 @@ async def _internal_error(request, exc):
                                         kind='server_error'))
 
 # %% ../../nbs/36d_serve_app.ipynb #04e60f60
-def _with_lambda(rank, lam: float):
-    "`rank` with `lam` for the requests that set no λ."
-    return lambda texts, asked=None: rank(texts, lam if asked is None else asked)
-
 def create_app(rank, # rank(texts, lam) -> model names per text, best first (`RouterBundle.rank`)
                pool: Pool, # the models to forward to; every model the router ranks must be in it
                settings: ServeSettings | None = None, # caps, client keys, spend limit
-               lam: float | None = None, # the router's own λ, reported when a request sets none
+               lam: float | None = None, # the router's own λ, for a request when neither it nor `settings` sets one
                clock=time.time, # seconds since the epoch, for the daily spend limit
                chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
@@ -458,8 +402,6 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
-    if settings.lam is not None:   # [serve] lam: the λ of a request that sets none
-        rank, lam = _with_lambda(rank, settings.lam), settings.lam
 
     @asynccontextmanager
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
@@ -476,7 +418,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                                 Middleware(ClientKeyCheck, keys=settings.client_keys)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
-    app.state.pool, app.state.settings, app.state.lam, app.state.chat = pool, settings, lam, chat
+    app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
+    app.state.lam = request_lambda(None, settings.lam, lam)   # a request's that sets none (/health)
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
     app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app

@@ -6,12 +6,13 @@
 from __future__ import annotations
 import time
 from datetime import datetime, timezone
+from typing import NamedTuple
 from fastcore.basics import patch
 from ..pool.usage import fmt_usd
 from .requests import RequestError
 
 # %% auto #0
-__all__ = ['SLACK', 'DailyLedger', 'ServeMetrics']
+__all__ = ['SLACK', 'DailyLedger', 'Reservation', 'ServeMetrics']
 
 # %% ../../nbs/36b_serve_metrics.ipynb #6beff8ef
 def _utc_day(t: float) -> str:
@@ -48,6 +49,11 @@ class DailyLedger:
         return _utc_day(self._day_index * 86400)
 
 # %% ../../nbs/36b_serve_metrics.ipynb #5c0c21f9
+class Reservation(NamedTuple):
+    "One attempt's entry in the ledger and the dollars it holds until it is settled or released."
+    entry: int # the entry, for `settle` or `release`
+    held: float # dollars held: the worst case times its model's ratio
+
 def _limit_reached(ledger: DailyLedger, held: float) -> RequestError:
     "The 429 of an attempt that today's limit cannot cover; it says when the day ends."
     spent, flying, lim = fmt_usd(ledger.spent_usd), fmt_usd(ledger.held_usd), fmt_usd(ledger.limit_usd)
@@ -59,8 +65,8 @@ def _limit_reached(ledger: DailyLedger, held: float) -> RequestError:
 @patch
 def reserve(self: DailyLedger, model: str, # the model the attempt goes to
             worst_usd: float, # its worst case: one token per byte sent, `max_tokens` per choice
-           ) -> tuple | None:
-    "(entry, dollars held) for one attempt; None while `model` is on trial with one in flight; a 429 past the limit."
+           ) -> Reservation | None:
+    "The `Reservation` of one attempt; None while `model` is on trial with one in flight; a 429 past the limit."
     self._roll()
     held, limited = worst_usd * max(1.0, self.ratios.get(model, 1.0)), self.limit_usd is not None
     if limited and self.spent_usd + self.held_usd + held > self.limit_usd: raise _limit_reached(self, held)
@@ -69,7 +75,7 @@ def reserve(self: DailyLedger, model: str, # the model the attempt goes to
     self._open[self._last] = (model, worst_usd, held)
     self._in_flight[model] = self._in_flight.get(model, 0) + 1
     self.held_usd += held
-    return self._last, held
+    return Reservation(entry=self._last, held=held)
 
 # %% ../../nbs/36b_serve_metrics.ipynb #a1f3a915
 @patch

@@ -308,5 +308,6 @@ def parse_chat_request(raw: bytes, # the request body
     except orjson.JSONEncodeError as e:   # the one way a parsed body fails to encode: too deep
         why = f"it is nested more than {MAX_DEPTH} levels deep" if 'ecursion' in str(e) else str(e)
         raise RequestError(400, f"the body cannot be sent on: {why}") from None
-    return ChatRequest(body, text, model, lam, max_tokens, capped, stream, n, data,
-                       estimate_prompt_tokens(data, 'upper', settings.image_tokens), hide_usage)
+    return ChatRequest(body=body, text=text, model=model, lam=lam, max_tokens=max_tokens, capped=capped,
+                       stream=stream, n=n, data=data, hide_usage=hide_usage,
+                       prompt_tokens=estimate_prompt_tokens(data, 'upper', settings.image_tokens))
