@@ -387,7 +387,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
               ):
     "The routing endpoint as a Starlette application."
-    missing = [m for m in ('starlette', 'uvicorn', 'httpx2', 'orjson') if not importlib.util.find_spec(m)]
+    missing = [m for m in ('starlette', 'uvicorn', 'httptools', 'orjson') if not importlib.util.find_spec(m)]
     if missing:
         raise missing_extra('the routing endpoint', missing, 'serve')
     from contextlib import asynccontextmanager

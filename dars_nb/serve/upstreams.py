@@ -9,10 +9,11 @@ import json
 import os
 from fastcore.basics import patch
 from ..pool.models import ModelSpec, Pool, redact
-from ..pool.http import endpoint_client
+from typing import NamedTuple
+from .connections import HTTPPool, ConnectError
 
 # %% auto #0
-__all__ = ['UpstreamError', 'Upstreams', 'EventStream', 'send']
+__all__ = ['UpstreamError', 'UpstreamRequest', 'Upstreams', 'EventStream', 'send']
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #860db67b
 class UpstreamError(RuntimeError):
@@ -36,39 +37,46 @@ def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> Upstr
                          status, retry)
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #16e29b63
+class UpstreamRequest(NamedTuple):
+    "What goes upstream for one attempt: the path under the base URL, the header lines and the JSON body."
+    path: str # '/chat/completions'
+    headers: bytes # header lines beyond host, type and length, each ending in CRLF (the pool's key, if any)
+    content: bytes # the body: the request with the pool's model id
+
 class Upstreams:
-    "HTTP clients and slots for the pool's models, created on the serving event loop."
+    "Connection pools and slots for the pool's models, created on the serving event loop."
     def __init__(self, pool: Pool, # the models and where they are served
                  queue_timeout_s: float = 30.0, # seconds an attempt may wait for a free slot
                 ):
-        import httpx2, orjson
-        self.httpx, self.orjson, self.pool, self.queue_timeout_s = httpx2, orjson, pool, queue_timeout_s
-        connections, wait = {}, {}
+        import orjson
+        self.orjson, self.pool, self.queue_timeout_s = orjson, pool, queue_timeout_s
+        connections = {}
         for spec in pool.models.values():
             connections[spec.base_url] = connections.get(spec.base_url, 0) + spec.concurrency
-            wait[spec.base_url] = max(wait.get(spec.base_url, 0), self.timeout(spec))
-        self.clients = {url: endpoint_client(wait[url], n) for url, n in connections.items()}
+        self.clients = {url: HTTPPool(url, n) for url, n in connections.items()}
         self.slots = {name: asyncio.Semaphore(spec.concurrency) for name, spec in pool.models.items()}
 
     def timeout(self, spec: ModelSpec) -> float:
         "Seconds one attempt on `spec` may take once sent: its own `timeout_s`, else the pool's."
         return spec.timeout_s or self.pool.limits.timeout_s
 
-    def request(self, spec: ModelSpec, data: bytes): # the request body as JSON, without a model
-        "The upstream request for `data` sent to `spec` (model id and key from the pool)."
-        headers = {'content-type': 'application/json'}
+    def request(self, spec: ModelSpec, data: bytes) -> UpstreamRequest: # the request body as JSON, without a model
+        "The `UpstreamRequest` for `data` sent to `spec` (model id and key from the pool)."
+        headers = b''
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
             if not key:
                 unset = f"environment variable {spec.api_key_env} (api_key_env) is not set"
                 raise UpstreamError(f"model {spec.name!r}: {unset}")
-            headers['authorization'] = f'Bearer {key}'
+            if not key.isprintable() or not key.isascii():
+                raise UpstreamError(f"model {spec.name!r}: environment variable {spec.api_key_env} holds a "
+                                    "character a header cannot carry")
+            headers = b'authorization: Bearer ' + key.encode() + b'\r\n'
         content = b'{"model":' + self.orjson.dumps(spec.remote_name) + (b',' + data[1:] if len(data) > 2 else b'}')
-        url = spec.base_url.rstrip('/') + '/chat/completions'
-        return self.clients[spec.base_url].build_request('POST', url, content=content, headers=headers)
+        return UpstreamRequest('/chat/completions', headers, content)
 
     async def aclose(self):
-        "Close every client."
+        "Close every idle connection."
         for c in self.clients.values(): await c.aclose()
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #94c2c365
@@ -80,21 +88,21 @@ async def _take_slot(ups: Upstreams, spec: ModelSpec):
         busy = f"no free slot within {ups.queue_timeout_s:g} s (concurrency {spec.concurrency})"
         raise UpstreamError(f"model {spec.name!r}: {busy}", busy=True) from None
 
-async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool):
-    "The upstream's 200 response to `data` (its body read unless streamed), or an `UpstreamError`."
-    request, http = ups.request(spec, data), ups.httpx
+async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool) -> tuple:
+    "(the upstream's 200 response to `data`, its body unless streamed), or an `UpstreamError`."
+    request, client, sent = ups.request(spec, data), ups.clients[spec.base_url], False
     try:
         async with asyncio.timeout(ups.timeout(spec)):
-            resp = await ups.clients[spec.base_url].send(request, stream=stream)
-            raw = await resp.aread() if resp.status_code != 200 else b''
-    except (http.HTTPError, TimeoutError, OSError) as e:
-        msg = redact(f"model {spec.name!r}: {type(e).__name__} {str(e)[:120]}".rstrip(), ups.pool)
-        refused = isinstance(e, (http.ConnectError, http.ConnectTimeout))   # nothing went out
-        raise UpstreamError(msg, sent=not refused) from None
-    if resp.status_code != 200:
-        await resp.aclose()
-        raise _status_error(spec, resp.status_code, raw, ups.pool)
-    return resp
+            conn = await client.connection()
+            sent = True   # from here on the upstream may do the work, and bill it
+            resp = await client.send(conn, request.path, request.content, request.headers)
+            raw = await resp.read() if resp.status != 200 or not stream else b''
+    except (TimeoutError, OSError) as e:   # ConnectError, ReadError, ProtocolError are OSErrors
+        what = 'ConnectTimeout' if isinstance(e, TimeoutError) and not sent else type(e).__name__
+        msg = redact(f"model {spec.name!r}: {what} {str(e)[:120]}".rstrip(), ups.pool)
+        raise UpstreamError(msg, sent=sent) from None
+    if resp.status != 200: raise _status_error(spec, resp.status, raw, ups.pool)
+    return resp, raw
 
 def _completion(ups: Upstreams, spec: ModelSpec, content: bytes) -> dict:
     "A 200 body as a chat completion; or an `UpstreamError` (sent: the upstream did answer)."
@@ -153,7 +161,7 @@ async def check_start(self: EventStream):
             async for line in self._lines:
                 self._ahead.append(self._check(line))
                 if self._ahead[-1][1] is not None or self.finished: return
-    except (self.ups.httpx.HTTPError, TimeoutError, OSError) as e:
+    except (TimeoutError, OSError) as e:
         raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
                             sent=True) from None
     raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before any event", sent=True)
@@ -164,7 +172,7 @@ async def lines(self: EventStream):
     while self._ahead: yield self._ahead.pop(0)
     try:
         async for line in self._lines: yield self._check(line)
-    except (self.ups.httpx.HTTPError, OSError) as e:
+    except OSError as e:
         raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
                             sent=True) from None
     if not self.finished:
@@ -181,8 +189,8 @@ async def send(ups: Upstreams, # the pool's clients and slots
     await _take_slot(ups, spec)
     release = ups.slots[spec.name].release
     try:
-        resp = await _open(ups, spec, data, stream)
-        if not stream: return _completion(ups, spec, resp.content)
+        resp, raw = await _open(ups, spec, data, stream)
+        if not stream: return _completion(ups, spec, raw)
         events = EventStream(ups, spec, resp, release)
         try: await events.check_start()
         except BaseException:
