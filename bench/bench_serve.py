@@ -1,21 +1,25 @@
-"""Routing endpoint: the routing decision's latency, and the endpoint's throughput against a 50 ms upstream.
+"""Routing endpoint: the routing decision's latency, and the endpoint against the floor of its stack and a 50 ms upstream.
 
-Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 2000] [--reps 3]
+Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 2000] [--reps 3] [--profile]
 
-1. The routing decision (featurize one question + predict + rank) with a saved TF-IDF bundle and a saved
-   sentence-embedding bundle (an MLP router on DARS supervision, loaded back with `load_bundle`), timed one
-   question at a time, as a lone request sees it: p50 and p99. Goals: p50 <= 10 ms (TF-IDF), <= 30 ms (sentence).
-2. The endpoint (`dars_nb.serve` under uvicorn, routing with the TF-IDF bundle) in front of a `FixedEndpoint`
-   that answers after 50 ms, against calling that `FixedEndpoint` directly, at concurrency 1 and 32. The
-   upstream and the endpoint run in processes of their own; the load comes from this process (one httpx2
-   client). Direct and routed runs alternate, and medians of the repetitions are reported.
-   Goal: throughput at concurrency 32 >= 0.9 x direct. Added latency at concurrency 1 is reported.
-   CPU time per request is read from each server process (/proc/PID/stat, user + system), not from the clock, so
-   that other load on the machine distorts it less: the endpoint's per routed request (goal <= 1.0 ms), and the
-   fixed endpoint's per request beside it, the floor any server in front of it is compared with.
-3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint process while it
-   holds the interpreter lock; prints where its time goes, grouped (ranking, thread hand-over, upstream client,
-   HTTP server, ASGI framework, the endpoint's own code, event loop), and the heaviest lines.
+1. The routing decision, one question per call, with the guard, as a lone request sees it: guarded TF-IDF bundles of
+   kNN, MLP and AvengersPro (trained with `train`, saved, loaded back) ranked by the fast path `dars serve` uses
+   (`FastRanker`, numpy) and by `RouterBundle.rank` (scikit-learn) beside it; a sentence-embedding MLP bundle
+   beside them. p50 and p99. Goal: p50 <= 0.3 ms (TF-IDF, fast path).
+2. Against a `FixedEndpoint` that answers after 50 ms, in processes of their own, the load from this process (one
+   httpx2 client; direct and the others alternate; medians of the repetitions), at concurrency 1 and 32 and
+   streamed at 32:
+   - direct: the upstream called directly;
+   - floor: the same server stack as the endpoint (uvicorn + httptools + Starlette) as a bare pass-through proxy
+     with the same upstream client (`dars_nb.serve.connections.HTTPPool`), no ranking and no accounting;
+     `floor-httpx2` the same with httpx2 as its client (the client the endpoint used before: the choice measured);
+     `server alone` the same stack answering a fixed body without any upstream (CPU only);
+   - endpoint: `dars serve --workers 1` (TF-IDF kNN bundle, guarded), and `--workers 2`.
+   CPU time per request of each server (/proc, user + system, the process and its children), and the endpoint's
+   split by part: server + framework (the `server alone`), upstream client (floor - server alone), then parsing,
+   ranking and accounting timed in this process on the same bodies, and the rest (the endpoint's own glue).
+   Goals: endpoint CPU per routed request <= 1.0 ms and <= 1.5 x the floor's, rate >= 0.9 x direct at c = 32.
+3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
 """
 import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
@@ -37,34 +41,37 @@ def question_texts(n):
         'made-up questions (DARS_DATA is not set)'
 
 
-def build_bundle(kind, texts, path):
-    "Fit a `kind` featurizer and an MLP router on simulated DARS supervision for `texts`; save it to `path`."
-    from dars_nb.bundle import RouterBundle, save_bundle
-    from dars_nb.features import make_featurizer
-    from dars_nb.routers import ROUTERS
+def build_bundle(family, texts, path, features='tfidf'):
+    "A guarded `family` bundle trained with `train` on simulated DARS outcomes for `texts`, saved to `path`."
+    from dars_nb.bundle import save_bundle
+    from dars_nb.bundle.training import TrainConfig, train
     from dars_nb.simulate import simulate
-    from dars_nb.stats import supervision
     obs, _, _ = simulate('gpqa_like', n_train=len(texts), n_test=5, seed=0)
-    sup = supervision(obs, 'dars')
-    feat = make_featurizer(kind).fit(texts)
-    router = ROUTERS['MLP'](random_state=0).fit(feat.transform(texts), sup)
-    save_bundle(RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=feat, router=router),
-                path)
-    return path
+    ids = {q: i for i, q in enumerate(obs['query_id'].unique())}
+    text = obs['query_id'].map(ids).map(texts.__getitem__)
+    seeded = {} if family == 'kNN' else {'random_state': 0}
+    cfg = TrainConfig(observations=obs.assign(query_text=text, original_text=text), family=family,
+                      router_params=seeded, features=features)
+    return save_bundle(train(cfg, quiet=True), path)
 
 
 def decision_times(path, texts, warm):
-    "Milliseconds per routing decision, one text per call, with the bundle loaded from `path` (after `warm` texts)."
+    "{path name: milliseconds per routing decision}, one text per call, for the fast path and the bundle's own `rank`."
     from dars_nb.bundle import load_bundle
+    from dars_nb.bundle.fast import FastRanker
     b = load_bundle(path)
     if hasattr(b.featurizer, 'cache'): b.featurizer.cache = False   # as `dars serve` runs it: in memory, nothing written
-    for t in warm: b.rank([t])
-    out = []
-    for t in texts:
-        t0 = time.perf_counter()
-        b.rank([t])
-        out.append((time.perf_counter() - t0) * 1e3)
-    return np.array(out)
+    fast = FastRanker(b)
+    out = {}
+    for name, rank in (('fast path', fast), ('RouterBundle.rank', b.rank)):
+        for t in warm: rank([t])
+        ms = []
+        for t in texts:
+            t0 = time.perf_counter()
+            rank([t])
+            ms.append((time.perf_counter() - t0) * 1e3)
+        out[name] = np.array(ms)
+    return out, fast.fast, b.guard is not None
 
 
 def encoder_times(texts):
@@ -85,17 +92,105 @@ def serve_fixed(port, delay):
     FixedEndpoint(text='The answer is 42.', delay_s=delay, port=port).serve_forever()
 
 
-def serve_router(port, upstream, bundle_path):
+ANSWER = (b'{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":'
+          b'{"role":"assistant","content":"The answer is 42."},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}')
+
+
+def floor_app(upstream, client):
+    "The endpoint's server stack as a bare pass-through proxy to `upstream` with `client` ('pool', 'httpx2'), or none."
+    from starlette.applications import Starlette
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+    if client is None:
+        async def answer(request):
+            await request.body()
+            return Response(ANSWER, media_type='application/json')
+    elif client == 'pool':
+        from dars_nb.serve.connections import HTTPPool
+        pool = HTTPPool(upstream, 64)
+        async def answer(request):
+            body = await request.body()
+            conn = await pool.connection()
+            resp = await pool.send(conn, '/chat/completions', body)
+            if b'"stream":true' in body:
+                return StreamingResponse((line + '\n' async for line in resp.aiter_lines()), media_type='text/event-stream')
+            return Response(await resp.read(), resp.status, media_type='application/json')
+    else:
+        import httpx2
+        http = httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=64, max_keepalive_connections=64))
+        async def answer(request):
+            body = await request.body()
+            if b'"stream":true' in body:
+                req = http.build_request('POST', upstream + '/chat/completions', content=body,
+                                         headers={'content-type': 'application/json'})
+                resp = await http.send(req, stream=True)
+                async def lines():
+                    try:
+                        async for line in resp.aiter_lines(): yield line + '\n'
+                    finally: await resp.aclose()
+                return StreamingResponse(lines(), media_type='text/event-stream')
+            r = await http.post(upstream + '/chat/completions', content=body, headers={'content-type': 'application/json'})
+            return Response(r.content, r.status_code, media_type='application/json')
+    async def models(request): return Response(b'{"data":[]}', media_type='application/json')
+    return Starlette(routes=[Route('/v1/chat/completions', answer, methods=['POST']), Route('/v1/models', models)])
+
+
+def serve_floor(port, upstream, client):
+    "Serve `floor_app` on `port` under uvicorn with the endpoint's own server settings, until terminated."
+    import uvicorn
+    from dars_nb.pool.server import listening_socket, server_config
+    uvicorn.Server(server_config(floor_app(upstream, client), True)).run(sockets=[listening_socket('127.0.0.1', port)])
+
+
+def start_endpoint(port, upstream, bundle_path, tmp, workers):
+    "`dars serve` (TF-IDF bundle) on `port` in front of `upstream`, with `workers` processes; the process."
+    import subprocess
     from dars_nb.bundle import load_bundle
+    pool = tmp / f'pool{workers}.toml'
+    pool.write_text(''.join(f'[models."{m}"]\nbase_url = "{upstream}"\nprice_in = {0.1 * (i + 1)}\n'
+                            f'price_out = {0.2 * (i + 1)}\nconcurrency = 64\n'
+                            for i, m in enumerate(load_bundle(bundle_path).models)))
+    return subprocess.Popen([sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_path), '--pool', str(pool),
+                             '--port', str(port), '--workers', str(workers), '--quiet'])
+
+
+def tree_cpu_seconds(pid):
+    "User + system CPU seconds of process `pid` and its children so far (Linux /proc)."
+    total = cpu_seconds(pid)
+    for d in filter(str.isdigit, os.listdir('/proc')):
+        try: stat = Path(f'/proc/{d}/stat').read_text()
+        except OSError: continue
+        if int(stat.rsplit(')', 1)[1].split()[1]) == pid: total += _stat_cpu_seconds(stat)
+    return total
+
+
+def in_process_parts(bundle_path, bodies, n=2000):
+    "{part: CPU ms per request} of parsing, ranking (fast path) and accounting, timed in this process."
+    from dars_nb.bundle import load_bundle
+    from dars_nb.bundle.fast import FastRanker
     from dars_nb.pool.models import ModelSpec, Pool
-    from dars_nb.pool.server import BackgroundServer
-    from dars_nb.serve.app import create_app
-    from dars_nb.serve.requests import ServeSettings
+    from dars_nb.serve.metrics import ServeMetrics
+    from dars_nb.serve.requests import ServeSettings, parse_chat_request
     b = load_bundle(bundle_path)
-    pool = Pool({m: ModelSpec(m, upstream, price_in=0.1 * (i + 1), price_out=0.2 * (i + 1), concurrency=8)
-                 for i, m in enumerate(b.models)})
-    srv = BackgroundServer(create_app(b.rank, pool, ServeSettings(port=port), lam=b.lam), port=port).start()
-    threading.Event().wait()
+    fast, settings = FastRanker(b), ServeSettings()
+    pool = Pool({m: ModelSpec(m, 'http://127.0.0.1:9/v1', price_in=0.1, price_out=0.2) for m in b.models})
+    bodies = (bodies * (n // len(bodies) + 1))[:n]
+    t0 = time.process_time()
+    reqs = [parse_chat_request(body, settings, pool.models) for body in bodies]
+    parse = time.process_time() - t0
+    t0 = time.process_time()
+    for r in reqs: fast([r.text], 0.05)
+    rank = time.process_time() - t0
+    metrics, spec = ServeMetrics(list(b.models), 100.0), pool.models[b.models[0]]
+    t0 = time.process_time()
+    for r in reqs:
+        entry, held = metrics.ledger.reserve(spec.name, spec.cost(r.prompt_tokens, r.max_tokens))
+        metrics.answered(spec.name, 10, 5, metrics.ledger.settle(entry, spec.cost(10, 5)))
+        metrics.latency['request'].observe(0.05); metrics.latency['upstream'][spec.name].observe(0.05)
+    account = time.process_time() - t0
+    return {'parsing (parse_chat_request)': parse / n * 1e3, 'ranking (FastRanker, one text)': rank / n * 1e3,
+            'accounting (ledger, counts, histograms)': account / n * 1e3}
 
 
 PROFILE_GROUPS = [   # (group, substrings of a py-spy frame); a sample counts for the innermost frame that matches
@@ -103,7 +198,7 @@ PROFILE_GROUPS = [   # (group, substrings of a py-spy frame); a sample counts fo
      ('dars_nb/bundle', 'dars_nb/routers', 'dars_nb/features', 'sklearn/', 'numpy/', 'scipy/', 'narwhals/',
       'RankBatcher._timed', 'threadpoolctl')),
     ('hand-over of the ranking to a worker thread', ('concurrent/futures', 'to_thread', 'asyncio/futures.py', 'queue.py')),
-    ('upstream client (httpx2, httpcore2, anyio, h11)', ('httpx2/', 'httpcore2/', 'anyio/', 'sniffio/', 'h11/')),
+    ('upstream client (HTTPPool; httpx2 before)', ('serve/connections.py', 'httpx2/', 'httpcore2/', 'anyio/', 'sniffio/', 'h11/')),
     ('HTTP server (uvicorn, httptools)', ('uvicorn/', 'pool/server.py')),
     ('ASGI framework (starlette)', ('starlette/',)),
     ("the endpoint's own code (check, route, count, JSON)", ('dars_nb/serve', 'dars_nb/pool', 'orjson')),
@@ -209,78 +304,97 @@ def main(argv=None):
     os.environ['DARS_CACHE'] = str(tmp / 'cache')   # a fresh embedding cache: every timed question is new to it
     print(f"texts: {source}; bundles fitted on {len(train)}, timed on {len(probe)} others "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    goals = {'tfidf': 10.0, 'sentence': 30.0}
-    paths = {}
-    for kind in ('tfidf',) if a.endpoint_only else ('tfidf', 'sentence'):
-        paths[kind] = build_bundle(kind, train, tmp / f'{kind}.router')
-        if a.endpoint_only: break
-        ms = decision_times(paths[kind], probe, warm)
-        p50, p99 = np.percentile(ms, 50), np.percentile(ms, 99)
-        print(f"routing decision, {kind} bundle: p50 {p50:.2f} ms, p99 {p99:.2f} ms (goal: p50 <= {goals[kind]:g} ms)")
-        emit(f"routing decision (featurize + predict), {kind} bundle, one question", f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
-             f"p50 <= {goals[kind]:g} ms", bool(p50 <= goals[kind]))
-    enc = encoder_times(probe) if not a.endpoint_only else np.array([np.nan])
-    if not a.endpoint_only: print(f"  for reference, the sentence encoder alone (all-MiniLM-L6-v2 on OpenVINO), loaded once: p50 {np.percentile(enc, 50):.2f} ms, "
-          f"p99 {np.percentile(enc, 99):.2f} ms per question")
+    knn_path = build_bundle('kNN', train, tmp / 'knn.router')
+    if not a.endpoint_only:
+        fast_p50 = {}
+        for family, features in (('kNN', 'tfidf'), ('MLP', 'tfidf'), ('AvengersPro', 'tfidf'), ('MLP', 'sentence')):
+            path = knn_path if (family, features) == ('kNN', 'tfidf') else \
+                build_bundle(family, train, tmp / f'{family}-{features}.router', features)
+            ms, fast, guarded = decision_times(path, probe, warm)
+            p = {k: np.percentile(v, [50, 99]) for k, v in ms.items()}
+            print(f"routing decision, {family} on {features} ({'guarded' if guarded else 'unguarded'}): "
+                  f"fast path{'' if fast else ' (the bundle own rank: no numpy kernel)'} p50 {p['fast path'][0]:.3f} ms, "
+                  f"p99 {p['fast path'][1]:.3f} ms; RouterBundle.rank p50 {p['RouterBundle.rank'][0]:.3f} ms, "
+                  f"p99 {p['RouterBundle.rank'][1]:.3f} ms")
+            if features == 'tfidf': fast_p50[family] = p['fast path'][0]
+            else: emit(f"routing decision, sentence-embedding MLP bundle, one question, fast path",
+                       f"p50 {p['fast path'][0]:.2f} ms, p99 {p['fast path'][1]:.2f} ms", '', None)
+        worst = max(fast_p50.values())
+        emit("routing decision, guarded TF-IDF bundle (kNN / MLP / AvengersPro), one question, fast path",
+             ' / '.join(f"{v:.3f}" for v in fast_p50.values()) + ' ms p50', 'p50 <= 0.3 ms', bool(worst <= 0.3))
+        enc = encoder_times(probe)
+        print(f"  for reference, the sentence encoder alone, loaded once: p50 {np.percentile(enc, 50):.2f} ms, "
+              f"p99 {np.percentile(enc, 99):.2f} ms per question")
 
     from dars_nb.pool.server import free_port
     ctx = mp.get_context('spawn')
-    fport, rport = free_port(), free_port()
-    fixed = ctx.Process(target=serve_fixed, args=(fport, a.delay), daemon=True); fixed.start()
-    direct = f'http://127.0.0.1:{fport}/v1'
-    router = ctx.Process(target=serve_router, args=(rport, direct, str(paths['tfidf'])), daemon=True); router.start()
-    routed = f'http://127.0.0.1:{rport}/v1'
-    results = {(w, c): [] for w in ('direct', 'routed') for c in (1, 32)}
-    cpu, cpu_fixed, cpu_client, profile, by_thread, n_routed = [], [], [], [], {}, 0
+    ports = {k: free_port() for k in ('direct', 'floor', 'floor-httpx2', 'server alone', 'endpoint', 'endpoint, 2 workers')}
+    direct = f"http://127.0.0.1:{ports['direct']}/v1"
+    procs = {'direct': ctx.Process(target=serve_fixed, args=(ports['direct'], a.delay), daemon=True)}
+    for name, client in (('floor', 'pool'), ('floor-httpx2', 'httpx2'), ('server alone', None)):
+        procs[name] = ctx.Process(target=serve_floor, args=(ports[name], direct, client), daemon=True)
+    for p in procs.values(): p.start()
+    procs['endpoint'] = start_endpoint(ports['endpoint'], direct, knn_path, tmp, 1)
+    procs['endpoint, 2 workers'] = start_endpoint(ports['endpoint, 2 workers'], direct, knn_path, tmp, 2)
+    urls = {k: f'http://127.0.0.1:{port}/v1' for k, port in ports.items()}
+    ask = lambda t, stream=False: json.dumps({'model': 'dars-router', 'max_tokens': 16, 'stream': stream,
+                                              'messages': [{'role': 'user', 'content': t}]}, separators=(',', ':')).encode()
+    runs = [('direct', 1), ('endpoint', 1)] + [(w, 32) for w in procs if w != 'server alone'] + \
+           [('server alone', 32)] + [(w, 's32') for w in ('direct', 'floor', 'floor-httpx2', 'endpoint')]
+    results, cpu, profile = {r: [] for r in runs}, {r: [] for r in runs}, []
     try:
-        wait_up(direct); wait_up(routed)
-        ask = lambda t: json.dumps({'model': 'dars-router', 'max_tokens': 16,
-                                    'messages': [{'role': 'user', 'content': t}]}).encode()
+        for url in urls.values(): wait_up(url)
         for rep in range(a.reps):
-            for c, n in ((1, a.calls1), (32, a.calls)):
-                bodies = [ask(texts[i % len(texts)]) for i in range(n)]
-                for who in (('direct', 'routed') if rep % 2 == 0 else ('routed', 'direct')):
-                    c0, f0, t0, me0 = cpu_seconds(router.pid), cpu_seconds(fixed.pid), thread_cpu_seconds(router.pid), time.process_time()
-                    wall, lat = asyncio.run(load(direct if who == 'direct' else routed, bodies, c))
-                    if who == 'routed' and c == 32:
-                        cpu.append((cpu_seconds(router.pid) - c0) / n * 1e3); n_routed += n
-                        for tid, sec in thread_cpu_seconds(router.pid).items():
-                            by_thread[tid] = by_thread.get(tid, 0.0) + sec - t0.get(tid, 0.0)
-                    if who == 'direct' and c == 32:
-                        cpu_client.append((time.process_time() - me0) / n * 1e3)
-                        cpu_fixed.append((cpu_seconds(fixed.pid) - f0) / n * 1e3)
-                    results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
+            for who, c in (runs if rep % 2 == 0 else runs[::-1]):
+                n, conc = (a.calls1, 1) if c == 1 else (a.calls, 32)
+                bodies = [ask(texts[i % len(texts)], stream=c == 's32') for i in range(n)]
+                c0 = tree_cpu_seconds(procs[who].pid)
+                wall, lat = asyncio.run(load(urls[who], bodies, conc))
+                cpu[(who, c)].append((tree_cpu_seconds(procs[who].pid) - c0) / n * 1e3)
+                results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
         if a.profile:
             bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]
-            profile = profiled_run(router.pid, routed, bodies, 32, tmp / 'endpoint.pyspy.txt')
+            profile = profiled_run(procs['endpoint'].pid, urls['endpoint'], bodies, 32, tmp / 'endpoint.pyspy.txt')
     finally:
-        router.terminate(); fixed.terminate(); router.join(); fixed.join()
+        for p in procs.values(): p.terminate()
+        for p in procs.values(): (p.join if hasattr(p, 'join') else p.wait)()
     med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
-    print(f"endpoint vs direct, FixedEndpoint answering after {a.delay * 1e3:.0f} ms "
-          f"({a.calls1} / {a.calls} requests at concurrency 1 / 32, median of {a.reps}):")
-    print(f"  {'':10s} {'concurrency':>11s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
-    for (who, c), (thr, p50, p99) in sorted(med.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        print(f"  {who:10s} {c:11d} {thr:8.1f} {p50:8.1f} {p99:8.1f}")
-    added = med[('routed', 1)][1] - med[('direct', 1)][1]
-    ratio = med[('routed', 32)][0] / med[('direct', 32)][0]
-    print(f"  added latency at concurrency 1: {added:+.1f} ms (p50)")
-    print(f"  throughput at concurrency 32: {ratio:.2f} x direct (goal >= 0.9)")
-    cpu_ms, fixed_ms = statistics.median(cpu), statistics.median(cpu_fixed)
-    print(f"  endpoint CPU per routed request at concurrency 32: {cpu_ms:.2f} ms (goal <= 1.0 ms); "
-          f"the fixed endpoint's per request: {fixed_ms:.2f} ms (load average {os.getloadavg()[0]:.1f})")
-    threads = sorted((sec / n_routed * 1e3 for sec in by_thread.values()), reverse=True)
-    print(f"  the endpoint's CPU per routed request by thread: {', '.join(f'{ms:.2f}' for ms in threads if ms >= 0.01)} ms "
-          "(the event loop, and the worker thread that ranks when a ranking is slow)")
-    print(f"  for scale, on this machine now: the load generator's httpx2 client spends {statistics.median(cpu_client):.2f} ms "
-          f"of CPU per request it sends, the fixed endpoint {fixed_ms:.2f} ms per request it answers")
+    ms = {k: statistics.median(v) for k, v in cpu.items()}
+    print(f"against a FixedEndpoint answering after {a.delay * 1e3:.0f} ms ({a.calls1} / {a.calls} requests at "
+          f"concurrency 1 / 32, median of {a.reps}; load average {os.getloadavg()[0]:.1f}):")
+    print(f"  {'':22s} {'conc.':>6s} {'req/s':>8s} {'x direct':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'CPU ms/req':>11s}")
+    for (who, c), (thr, p50, p99) in med.items():
+        base = med.get(('direct', c))
+        print(f"  {who:22s} {str(c):>6s} {thr:8.1f} {thr / base[0] if base else float('nan'):9.2f} "
+              f"{p50:8.1f} {p99:8.1f} {ms[(who, c)]:11.2f}")
+    added = med[('endpoint', 1)][1] - med[('direct', 1)][1]
+    ratio, sratio = med[('endpoint', 32)][0] / med[('direct', 32)][0], med[('endpoint', 's32')][0] / med[('direct', 's32')][0]
+    floor_ms, end_ms = ms[('floor', 32)], ms[('endpoint', 32)]
+    alone, client = ms[('server alone', 32)], ms[('floor', 32)] - ms[('server alone', 32)]
+    parts = in_process_parts(knn_path, [ask(t) for t in probe])
+    rest = end_ms - floor_ms - sum(parts.values())
+    print(f"  added latency at concurrency 1: {added:+.1f} ms (p50); 's32' = streamed at concurrency 32")
+    print(f"  the endpoint's CPU per routed request at concurrency 32, {end_ms:.2f} ms, by part:")
+    for part, v in [('server + framework (uvicorn, httptools, Starlette; the server alone)', alone),
+                    ('upstream client (HTTPPool: the floor - the server alone)', client), *parts.items(),
+                    ("the rest: the endpoint's own glue (middleware, headers, JSON out, slots)", rest)]:
+        print(f"    {v:6.3f} ms  {part}")
+    two = med[('endpoint, 2 workers', 32)][0]
+    print(f"  workers: {med[('endpoint', 32)][0]:.0f} req/s with 1, {two:.0f} req/s with 2 "
+          f"(CPU {ms[('endpoint', 32)]:.2f} / {ms[('endpoint, 2 workers', 32)]:.2f} ms per request)")
     if a.profile:
         print(f"where the endpoint's time goes at concurrency 32 (py-spy, samples while it holds the GIL, {a.calls} requests):")
         print('\n'.join(profile))
+    emit(f"the floor: bare pass-through proxy (same server, same client), CPU per request, concurrency 32",
+         f"{floor_ms:.2f} ms (httpx2 as client: {ms[('floor-httpx2', 32)]:.2f} ms; server alone {alone:.2f} ms)", '', None)
     emit(f"routing endpoint vs direct, concurrency 32, {a.delay * 1e3:.0f} ms upstream",
-         f"{med[('routed', 32)][0]:.0f} vs {med[('direct', 32)][0]:.0f} req/s ({ratio:.2f}x)", '>= 0.9x direct', bool(ratio >= 0.9))
+         f"{med[('endpoint', 32)][0]:.0f} vs {med[('direct', 32)][0]:.0f} req/s ({ratio:.2f}x)", '>= 0.9x direct', bool(ratio >= 0.9))
+    emit(f"routing endpoint vs direct, streamed, concurrency 32",
+         f"{med[('endpoint', 's32')][0]:.0f} vs {med[('direct', 's32')][0]:.0f} req/s ({sratio:.2f}x)", '>= 0.9x direct', bool(sratio >= 0.9))
     emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)
-    emit(f"routing endpoint CPU per routed request, concurrency 32", f"{cpu_ms:.2f} ms (fixed endpoint {fixed_ms:.2f} ms)",
-         '<= 1.0 ms', bool(cpu_ms <= 1.0))
+    emit(f"routing endpoint CPU per routed request, concurrency 32", f"{end_ms:.2f} ms ({end_ms / floor_ms:.2f}x the floor)",
+         '<= 1.0 ms and <= 1.5x the floor', bool(end_ms <= 1.0 and end_ms <= 1.5 * floor_ms))
+    emit(f"dars serve --workers 1 / 2, concurrency 32", f"{med[('endpoint', 32)][0]:.0f} / {two:.0f} req/s", '', None)
     return 0
 
 

@@ -18,10 +18,11 @@ __all__ = ['SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'Me
 # %% ../../nbs/25g_fast_rank.ipynb #657c33d5
 class TfidfRow:
     "One text's TF-IDF row from a fitted `TfidfFeaturizer`, sparse: (positions, values)."
-    def __init__(self, featurizer: TfidfFeaturizer, # fitted, with the vectorizer settings `vectorizer()` gives
+    def __init__(self, featurizer: TfidfFeaturizer, # fitted, with the settings `vectorizer()` gives
                 ):
         v = featurizer.vectorizer_
-        self.words, self.idf, self.sublinear = v.vocabulary_, np.asarray(v.idf_, float), bool(v.sublinear_tf)
+        self.words, self.idf = v.vocabulary_, np.asarray(v.idf_, float)
+        self.sublinear = bool(v.sublinear_tf)
         self.find, (self.n_min, self.n_max) = re.compile(v.token_pattern).findall, v.ngram_range
 
     def tokens(self, text: str) -> list:
@@ -34,7 +35,7 @@ class TfidfRow:
         return grams
 
     def __call__(self, text: str) -> tuple:
-        "(positions, values) of the unit TF-IDF row of `text`; empty arrays if it has no known word."
+        "(positions, values) of the unit TF-IDF row of `text`; empty if it has no known word."
         seen = [self.words[t] for t in self.tokens(text) if t in self.words]
         cols, tf = np.unique(np.array(seen, dtype=np.int64), return_counts=True)
         vals = tf.astype(float)
@@ -68,7 +69,8 @@ class KNNScores:
     "kNN: inverse-distance average of the k nearest training rows' μ_q, μ_c, σ."
     def __init__(self, router):
         X = np.asarray(router.X_train_, float)
-        self.cosine, self.k, self.eps = router.metric == 'cosine', min(int(router.n_neighbors), len(X)), router.eps
+        self.cosine, self.eps = router.metric == 'cosine', router.eps
+        self.k = min(int(router.n_neighbors), len(X))
         self.train_T = np.ascontiguousarray((normalize(X) if self.cosine else X).T)   # (d, Q)
         self.train_sq = np.einsum('ij,ij->i', X, X)
         Q, _, R, K = router.targets_.shape
@@ -77,7 +79,8 @@ class KNNScores:
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
         if self.cosine: d = np.clip(1.0 - _dot(self.train_T, _unit(row)), 0.0, None)
-        else: d = np.sqrt(np.maximum(-2.0 * _dot(self.train_T, row) + _sq_norm(row) + self.train_sq, 0.0))
+        else:
+            d = np.sqrt(np.maximum(-2.0 * _dot(self.train_T, row) + _sq_norm(row) + self.train_sq, 0.0))
         idx = np.argpartition(d, self.k - 1)[:self.k]
         w = 1.0 / (d[idx] + self.eps)
         return np.tensordot(w / w.sum(), self.targets[idx], 1)
@@ -87,6 +90,7 @@ def _layers(net, d: int) -> tuple:
     "(first-layer weights (d, h), biases (h,), later (W, b) layers) of a fitted `MLPRegressor`."
     return net.coefs_[0], net.intercepts_[0], list(zip(net.coefs_[1:], net.intercepts_[1:]))
 
+# %% ../../nbs/25g_fast_rank.ipynb #3a83303d
 class MLPScores:
     "MLP: each statistic's network (or constant) on the scaled row; σ ≥ 0, and [0, 1] with `clip`."
     def __init__(self, router):
@@ -95,7 +99,8 @@ class MLPScores:
         d = router.n_features_in_
         mean = sc.mean_ if sc.with_mean else np.zeros(d)
         scale = sc.scale_ if sc.with_std else np.ones(d)
-        self.K, self.clip, self.const, self.nets, firsts, biases = K, bool(router.clip), {}, {}, [], []
+        self.K, self.clip, self.const, self.nets = K, bool(router.clip), {}, {}
+        firsts, biases = [], []
         for i, s in enumerate(('mu_q', 'mu_c', 'sigma')):
             net = router.regressors_[s][0]
             if isinstance(net, float): self.const[i] = np.full(K, net); continue
@@ -120,7 +125,7 @@ class MLPScores:
 
 # %% ../../nbs/25g_fast_rank.ipynb #c3569847
 class AvengersScores:
-    "AvengersPro: softmax(−β_d·distance) over the top-k nearest clusters, weighting their μ_q, μ_c, σ."
+    "AvengersPro: softmax(−β_d·distance) over the top-k nearest clusters weights their μ_q, μ_c, σ."
     def __init__(self, router):
         one = not router.batched_
         centroids = router.draw_centroids_[0] if one else router.centroids_
@@ -203,15 +208,18 @@ def guard(self: FastRanker, lam: float) -> tuple:
         self._guards[lam] = (None, None) if margin is None else (self.bundle.best_fixed(lam), margin)
     return self._guards[lam]
 
+# %% ../../nbs/25g_fast_rank.ipynb #64699492
 @patch
 def __call__(self: FastRanker, texts, # question texts
              lam: float | None = None, # cost weight λ (default: the bundle's)
             ) -> list[list[str]]:
     "Model names best-first per text, after the guard (as `RouterBundle.rank`)."
     if not self.fast: return self.bundle.rank(texts, lam)
-    if isinstance(texts, (str, bytes)): raise ValueError("texts must be a list of strings, got a single string")
+    if isinstance(texts, (str, bytes)):
+        raise ValueError("texts must be a list of strings, got a single string")
     lam = self.bundle._lam(lam)
-    if not (np.isfinite(lam) and lam >= 0): raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+    if not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     fixed, margin = self.guard(lam)
     out = []
     for text in texts:

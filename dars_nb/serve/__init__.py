@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
+import tempfile
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -14,11 +15,13 @@ from ..pool.config import ConfigError
 from ..pool.usage import fmt_usd
 from ..pool.server import listening_socket, stop_signals, server_config
 from ..bundle.model_name import request_lambda
+from ..bundle.fast import FastRanker
 from .requests import ServeSettings, load_serve_config
 from .app import create_app
+from .workers import SharedLedger, port_sockets, run_workers
 
 # %% auto #0
-__all__ = ['settings_with_options', 'serve_main']
+__all__ = ['settings_with_options', 'serve_worker', 'serve_main']
 
 # %% ../../nbs/36e_serve.ipynb #fda8613d
 def _run_until_signal(server, sock):
@@ -51,6 +54,58 @@ def settings_with_options(settings: ServeSettings, # the file's settings (`load_
                                allow_origins=settings.allow_origins + _names(allow_origin), **replaced)
 
 # %% ../../nbs/36e_serve.ipynb #6e20b2fd
+def _loaded_bundle(router: str, served, pool_file: str):
+    "The router bundle, its questions embedded in memory only; a `ConfigError` if the pool lacks one of its models."
+    from dars_nb.bundle import load_bundle
+    bundle = load_bundle(router)
+    if hasattr(bundle.featurizer, 'cache'):
+        bundle.featurizer.cache = False   # user questions are embedded in memory, never written
+    missing = [m for m in bundle.models if m not in served.models]
+    if missing:
+        choices, file = ', '.join(map(repr, missing)), Path(pool_file).name
+        raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
+    return bundle
+
+def _serving_app(bundle, served, settings: ServeSettings, chat: bool, ledger=None):
+    "The application for a loaded bundle: its numpy ranking path where it has one, else its own `rank`."
+    fast = FastRanker(bundle)   # kNN, MLP and AvengersPro on TF-IDF: numpy, one text at a time
+    rank = fast if fast.fast else functools.partial(bundle.rank, threads=1)   # small batches: one native thread
+    return create_app(rank, served, settings, lam=bundle.lam, chat=chat, ledger=ledger)
+
+def _serve(app, settings: ServeSettings, sock, quiet: bool):
+    "Serve `app` on `sock` under uvicorn until a stop signal."
+    import uvicorn
+    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s, settings.idle_timeout_s)
+    _run_until_signal(uvicorn.Server(config), sock)
+
+def serve_worker(sock, # this worker's listening socket
+                 router: str, # the router bundle file
+                 served, # the pool (`load_serve_config`)
+                 settings: ServeSettings, # the settings, options applied
+                 chat: bool, # also serve the chat page
+                 quiet: bool, # no access log
+                 ledger_path: str, # the SQLite file of the shared ledger
+                ):
+    "One worker of `dars serve --workers N`: the whole endpoint on `sock`, its spend in the shared ledger."
+    bundle = _loaded_bundle(router, served, router)
+    ledger = SharedLedger(ledger_path, settings.daily_spend_usd)
+    _serve(_serving_app(bundle, served, settings, chat, ledger), settings, sock, quiet)
+
+# %% ../../nbs/36e_serve.ipynb #8831ca9e
+def _banner(bundle, settings: ServeSettings, url: str, chat: bool, workers: int) -> str:
+    "The line `dars serve` prints once it listens."
+    n_keys, daily = len(settings.client_keys), settings.daily_spend_usd
+    keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
+    limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
+    lam_used = request_lambda(None, settings.lam, bundle.lam)
+    base = url.removesuffix('/v1')
+    page = f"; chat page at {base}/chat" if chat else ''
+    procs = f"; {workers} worker processes, one spend ledger" if workers > 1 else ''
+    return (f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
+            f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page}{procs}; counts at {base}/metrics "
+            "(JSON; Prometheus text for a scraper's Accept header, or at /metrics/prometheus) (Ctrl-C to stop)")
+
+# %% ../../nbs/36e_serve.ipynb #03799328
 def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a router bundle file (`dars train --out`)
                pool: Annotated[str, {'opt': True, 'required': True}], # the pool TOML file: [models] and an optional [serve] table
                host: str = ServeSettings.host, # address to listen on (beyond loopback: set client keys)
@@ -60,35 +115,25 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
                allow_host: str | None = None, # more Host names clients reach it by, comma-separated ('*': any); beside its address and port, and localhost on loopback
                allow_origin: str | None = None, # web origins whose pages may call it, comma-separated (default: its own page only)
                chat: bool = False, # also serve a chat page at /chat
+               workers: int = 1, # processes serving the port, one spend ledger for all (at most one per core helps)
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
-    import uvicorn
     served, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
     settings = settings_with_options(settings, lam=lam, daily_spend_usd=daily_spend_usd, allow_host=allow_host,
                                      allow_origin=allow_origin)
-    from dars_nb.bundle import load_bundle
-    bundle = load_bundle(router)
-    if hasattr(bundle.featurizer, 'cache'):
-        bundle.featurizer.cache = False   # user questions are embedded in memory, never written
-    missing = [m for m in bundle.models if m not in served.models]
-    if missing:
-        choices, file = ', '.join(map(repr, missing)), Path(pool).name
-        raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
-    rank = functools.partial(bundle.rank, threads=1)   # small batches: a second native thread only waits
-    app = create_app(rank, served, settings, lam=bundle.lam, chat=chat)
-    sock = listening_socket(settings.host, settings.port)
-    url = f"http://{settings.host}:{sock.getsockname()[1]}/v1"
-    if not quiet:
-        n_keys = len(settings.client_keys)
-        keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
-        daily = settings.daily_spend_usd
-        limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
-        lam_used = request_lambda(None, settings.lam, bundle.lam)
-        page = f"; chat page at {url.removesuffix('/v1')}/chat" if chat else ''
-        print(f"routing {', '.join(bundle.models)} at {url} as model {settings.router_model!r} "
-              f"(λ = {lam_used:g} unless a request sets one); {keys}; {limit}{page} (Ctrl-C to stop)", flush=True)
-    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s,
-                           settings.idle_timeout_s)
-    _run_until_signal(uvicorn.Server(config), sock)
-    return 0
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise ConfigError(f"serve: workers must be a whole number from 1 to 256, got {workers!r}")
+    bundle = _loaded_bundle(router, served, pool)
+    app = _serving_app(bundle, served, settings, chat) if workers == 1 else None
+    socks = [listening_socket(settings.host, settings.port)] if workers == 1 else \
+        port_sockets(settings.host, settings.port, workers)
+    url = f"http://{settings.host}:{socks[0].getsockname()[1]}/v1"
+    if not quiet: print(_banner(bundle, settings, url, chat, workers), flush=True)
+    if workers == 1:
+        _serve(app, settings, socks[0], quiet)
+        return 0
+    with tempfile.TemporaryDirectory(prefix='dars-serve-') as folder:
+        ledger_path = str(Path(folder) / 'ledger.sqlite')
+        SharedLedger(ledger_path, settings.daily_spend_usd)   # its tables, before any worker opens it
+        return run_workers(serve_worker, socks, (router, served, settings, chat, quiet, ledger_path))

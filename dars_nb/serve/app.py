@@ -19,12 +19,14 @@ from ..pool.usage import fmt_usd
 from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
 from ..bundle.model_name import request_lambda
 from .metrics import ServeMetrics, Reservation, SLACK
-from .pages import page_routes
+from .pages import page_routes, prometheus_text, wants_prometheus, PROMETHEUS_TYPE
+from .workers import metrics_snapshot
 from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
-__all__ = ['RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'list_models', 'show_metrics', 'create_app']
+__all__ = ['TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'list_models',
+           'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -110,12 +112,12 @@ def _log(message: str):
 
 class Attempts:
     "One request's way through the pool: ranked, each attempt reserved, sent and settled, the answer charged."
-    __slots__ = ('state', 'req', 'lam', 'headers')
+    __slots__ = ('state', 'req', 'lam', 'headers', 'started')
     def __init__(self, state, # the application's state: pool, settings, metrics, upstreams, rank
                  req: ChatRequest, # the checked request
                  lam: float | None, # the λ it is ranked at (`request_lambda`; None: the router's own)
                 ):
-        self.state, self.req, self.lam = state, req, lam
+        self.state, self.req, self.lam, self.started = state, req, lam, time.perf_counter()
         self.headers = {'x-dars-max-tokens': str(req.max_tokens)} if req.capped else {}
         if lam is not None: self.headers['x-dars-lambda'] = f'{lam:g}'
 
@@ -133,6 +135,8 @@ async def ranking(self: Attempts) -> list:
     return ranking
 
 # %% ../../nbs/36d_serve_app.ipynb #56b1e35e
+TURN_POLL_S = 0.05   # seconds between looks at a shared ledger while waiting for a model on trial
+
 @patch
 async def reserve(self: Attempts, spec: ModelSpec, # the model of the attempt
                  ) -> Reservation:
@@ -143,9 +147,10 @@ async def reserve(self: Attempts, spec: ModelSpec, # the model of the attempt
         loop, wait_s = asyncio.get_running_loop(), state.settings.queue_timeout_s
         deadline = deadline or loop.time() + wait_s
         if state.turn is None: state.turn = asyncio.Event()
-        try:
-            async with asyncio.timeout_at(deadline): await state.turn.wait()
+        try:   # woken by this process's settlements; polled for another worker's
+            async with asyncio.timeout_at(min(deadline, loop.time() + TURN_POLL_S)): await state.turn.wait()
         except TimeoutError:
+            if loop.time() < deadline: continue
             why = (f"no usage report from its attempt in flight within {wait_s:g} s (under the daily limit it takes "
                    "one attempt at a time until a report shows what its attempts cost)")
             raise UpstreamError(f"model {spec.name!r}: {why}", busy=True) from None
@@ -242,6 +247,7 @@ async def first(self: Attempts, ranking: list, # the models to try, best first
         try: entry, held = await self.reserve(spec)
         except UpstreamError as e:   # its model is on trial, and the report of its attempt in flight is slow to come
             state.metrics.failed(name); errors.append(e); continue
+        sent = time.perf_counter()
         try: result = await call(spec)
         except UpstreamError as e:
             self.fail(spec, entry, e); errors.append(e)
@@ -249,6 +255,7 @@ async def first(self: Attempts, ranking: list, # the models to try, best first
             raise RequestError(e.status, str(e), kind='upstream_error') from None
         except asyncio.CancelledError:   # the server stops with the request in flight: maybe billed
             self.lose(spec, entry); raise
+        finally: state.metrics.latency['upstream'][name].observe(time.perf_counter() - sent)
         if errors:
             state.metrics.fallbacks += 1
             self.headers['x-dars-fallback-from'] = ','.join(ranking[:len(errors)])
@@ -325,6 +332,7 @@ async def relay(self: Attempts, answered: Attempt, # the attempt whose stream op
     finally:
         if relayed.error: self.lose(answered.spec, answered.entry)
         else: self.charge(answered, relayed.usage)
+        self.state.metrics.latency['request'].observe(time.perf_counter() - self.started)
         await events.aclose()
 
 # %% ../../nbs/36d_serve_app.ipynb #c3f3111f
@@ -332,20 +340,25 @@ async def chat_completions(request):
     "POST /v1/chat/completions: check, rank, forward with fallback, answer."
     from starlette.requests import ClientDisconnect
     from starlette.responses import Response
-    state = request.app.state
+    state, started, streaming = request.app.state, time.perf_counter(), False
     state.metrics.requests += 1
     try:
         raw = await _read_body(request, state.settings.max_body_bytes)
         req = parse_chat_request(raw, state.settings, state.pool.models, request.headers.get('x-dars-lambda'))
         attempts = Attempts(state, req, request_lambda(req.lam, state.settings.lam, state.router_lam))
         ranking = await attempts.ranking()
-        return await (attempts.stream(ranking) if req.stream else attempts.answer(ranking))
+        if not req.stream: return await attempts.answer(ranking)
+        response = await attempts.stream(ranking)
+        streaming = True   # its latency is counted when the stream ends
+        return response
     except RequestError as e:
         state.metrics.refuse(e.status)
         return _error_response(e)
     except ClientDisconnect:   # no one is listening: nothing to answer, nothing sent upstream
         _log("a client hung up (or ran out of time) before its request body was complete")
         return Response(status_code=400)
+    finally:
+        if not streaming: state.metrics.latency['request'].observe(time.perf_counter() - started)
 
 # %% ../../nbs/36d_serve_app.ipynb #caafb18a
 async def list_models(request):
@@ -357,11 +370,20 @@ async def list_models(request):
                          'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
 
 async def show_metrics(request):
-    "GET /metrics: counts and spend per model, as JSON."
-    from starlette.responses import JSONResponse
-    return JSONResponse(request.app.state.metrics.snapshot())
+    "GET /metrics: counts, spend and latencies as JSON; in Prometheus' text format for a client that asks for it."
+    from starlette.responses import JSONResponse, Response
+    snapshot = metrics_snapshot(request.app.state)
+    if wants_prometheus(request.headers.get('accept')): return Response(prometheus_text(snapshot), media_type=PROMETHEUS_TYPE)
+    return JSONResponse(snapshot)
 
 # %% ../../nbs/36d_serve_app.ipynb #b57731e8
+async def _post_counts(state, every_s: float = 0.5):
+    "Post this worker's counts to the shared ledger every `every_s` seconds, for the others' /metrics."
+    while True:
+        await asyncio.sleep(every_s)
+        metrics_snapshot(state)
+
+# %% ../../nbs/36d_serve_app.ipynb #b31bd7de
 async def _http_error(request, exc):
     "An unknown path or a wrong method, as OpenAI's error JSON (and counted as refused)."
     status = getattr(exc, 'status_code', 500)
@@ -385,6 +407,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                lam: float | None = None, # the router's own λ, for a request when neither it nor `settings` sets one
                clock=time.time, # seconds since the epoch, for the daily spend limit
                chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
+               ledger=None, # the daily ledger: None, one of its own; a `SharedLedger`, shared with other workers
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httptools', 'orjson') if not importlib.util.find_spec(m)]
@@ -407,8 +430,11 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
         app.state.upstreams = Upstreams(pool, settings.queue_timeout_s)
         app.state.rank = RankBatcher(rank)
+        posting = asyncio.create_task(_post_counts(app.state)) if app.state.board is not None else None
         try: yield
-        finally: await app.state.upstreams.aclose()
+        finally:
+            if posting is not None: posting.cancel(); metrics_snapshot(app.state)   # the last counts posted
+            await app.state.upstreams.aclose()
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
               Route('/v1/models', list_models, methods=['GET']),
@@ -420,6 +446,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
     app.state.lam = request_lambda(None, settings.lam, lam)   # a request's that sets none (/health)
-    app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock)
+    app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock, ledger=ledger)
+    app.state.board = ledger if hasattr(ledger, 'post') else None   # where workers post their counts
     app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app

@@ -49,7 +49,7 @@ def origin(url: str, # an OpenAI-style base URL, e.g. 'https://api.openai.com/v1
 _PAUSE_AT = 1 << 18   # bytes of a streamed answer read ahead of its reader before reading pauses
 
 class Connection(asyncio.Protocol):
-    "One kept-open HTTP/1.1 connection: its answers parsed by httptools' C parser, one exchange at a time."
+    "One kept-open HTTP/1.1 connection: answers parsed by httptools' C parser, one at a time."
     def __init__(self, loop):
         import httptools
         self.loop, self.parser, self.transport = loop, httptools.HttpResponseParser(self), None
@@ -73,17 +73,7 @@ class Connection(asyncio.Protocol):
         await self.waiter
         if self.error is not None: raise self.error
 
-# %% ../../nbs/36c_serve_connections.ipynb #66968f0f
-@patch
-def connection_made(self: Connection, transport): self.transport = transport
-
-@patch
-def data_received(self: Connection, data: bytes):
-    "Feed the parser; bytes that are not HTTP break the connection."
-    try: self.parser.feed_data(data)
-    except Exception as e:   # httptools.HttpParserError and its kinds
-        self.fail(ProtocolError(f"the answer is not HTTP/1.1 ({type(e).__name__})"))
-
+# %% ../../nbs/36c_serve_connections.ipynb #9b571041
 @patch
 def connection_lost(self: Connection, exc):
     "The connection is gone: an answer without a length ends here, any other is lost."
@@ -96,7 +86,7 @@ def connection_lost(self: Connection, exc):
 
 @patch
 def framed(self: Connection) -> bool:
-    "Whether the answer says where it ends (a length or chunks), rather than at the connection's close."
+    "Whether the answer says where it ends (a length or chunks), not at the connection's close."
     return 'content-length' in self.headers or 'transfer-encoding' in self.headers
 
 @patch
@@ -110,6 +100,17 @@ def abort(self: Connection):
     "Close at once, nothing more read or reused."
     self.closed = True
     if self.transport is not None: self.transport.abort()
+
+# %% ../../nbs/36c_serve_connections.ipynb #66968f0f
+@patch
+def connection_made(self: Connection, transport): self.transport = transport
+
+@patch
+def data_received(self: Connection, data: bytes):
+    "Feed the parser; bytes that are not HTTP break the connection."
+    try: self.parser.feed_data(data)
+    except Exception as e:   # httptools.HttpParserError and its kinds
+        self.fail(ProtocolError(f"the answer is not HTTP/1.1 ({type(e).__name__})"))
 
 # %% ../../nbs/36c_serve_connections.ipynb #d2ef445c
 @patch
@@ -183,15 +184,17 @@ class HTTPPool:
     "Kept-open HTTP/1.1 connections to one origin: a request takes an idle one or opens one."
     def __init__(self, url: str, # an OpenAI-style base URL: its scheme, host, port and path
                  connections: int, # idle connections kept at most (more requests open more)
-                 ssl_context: ssl.SSLContext | None = None, # for https (None: the system's trusted roots)
+                 ssl_context: ssl.SSLContext | None = None, # for https (None: the system's roots)
                 ):
         self.origin, self.keep, self.idle = origin(url), int(connections), []
-        self.ssl = (ssl_context or ssl.create_default_context()) if self.origin.scheme == 'https' else None
+        https = self.origin.scheme == 'https'
+        self.ssl = (ssl_context or ssl.create_default_context()) if https else None
         self.opened = 0   # connections opened so far
 
     def put(self, conn: Connection):
         "Keep a connection whose answer is complete for the next request; close any other."
-        if conn.done and conn.keep_alive and not conn.closed and conn.error is None and len(self.idle) < self.keep:
+        reusable = conn.done and conn.keep_alive and not conn.closed and conn.error is None
+        if reusable and len(self.idle) < self.keep:
             conn.reset(); self.idle.append(conn)
         else: conn.abort()
 
@@ -211,7 +214,7 @@ async def connection(self: HTTPPool) -> Connection:
     try:
         _, conn = await loop.create_connection(lambda: Connection(loop), o.host, o.port, ssl=self.ssl,
                                                server_hostname=o.host if self.ssl else None)
-    except (OSError, ssl.SSLError) as e:   # the reason without the address, which the message already names
+    except (OSError, ssl.SSLError) as e:   # the reason without the address, named already
         why = os.strerror(e.errno) if e.errno and not isinstance(e, ssl.SSLError) else str(e)
         raise ConnectError(f"cannot connect to {o.host}:{o.port} ({why})") from None
     self.opened += 1

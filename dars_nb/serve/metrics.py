@@ -4,6 +4,7 @@
 
 # %% ../../nbs/36b_serve_metrics.ipynb #dd07c35f
 from __future__ import annotations
+import bisect
 import time
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -12,7 +13,7 @@ from ..pool.usage import fmt_usd
 from .requests import RequestError
 
 # %% auto #0
-__all__ = ['SLACK', 'DailyLedger', 'Reservation', 'ServeMetrics']
+__all__ = ['SLACK', 'LATENCY_BUCKETS', 'DailyLedger', 'Reservation', 'Histogram', 'ServeMetrics']
 
 # %% ../../nbs/36b_serve_metrics.ipynb #6beff8ef
 def _utc_day(t: float) -> str:
@@ -42,6 +43,11 @@ class DailyLedger:
         "Start a new day's spend when the UTC day has changed (a UTC day is 86,400 s of Unix time)."
         today = int(self.clock() // 86400)
         if today != self._day_index: self._day_index, self.spent_usd, self.over_usd = today, 0.0, 0.0
+
+    def view(self) -> DailyLedger:
+        "The ledger as it stands now, its day rolled over (itself; a shared ledger gives a copy)."
+        self._roll()
+        return self
 
     @property
     def day(self) -> str:
@@ -110,15 +116,34 @@ def release(self: DailyLedger, entry: int, # an entry from `reserve`
     "Close an attempt that cost nothing: it was never sent, or the upstream refused it."
     self._close(entry)
 
+# %% ../../nbs/36b_serve_metrics.ipynb #003f1093
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)   # seconds, upper bounds
+
+# %% ../../nbs/36b_serve_metrics.ipynb #02faacec
+class Histogram:
+    "Seconds observed, counted per bucket of `LATENCY_BUCKETS` (and one above them), with their sum."
+    __slots__ = ('per_bucket', 'sum')
+    def __init__(self): self.per_bucket, self.sum = [0] * (len(LATENCY_BUCKETS) + 1), 0.0
+
+    def observe(self, seconds: float): # how long something took
+        "Count one duration."
+        self.per_bucket[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1; self.sum += seconds
+
+    def counts(self) -> dict:
+        "{'per_bucket': counts, the last above every bound; 'sum': seconds}, JSON-ready."
+        return {'per_bucket': list(self.per_bucket), 'sum': self.sum}
+
 # %% ../../nbs/36b_serve_metrics.ipynb #6ab60493
 class ServeMetrics:
     "Requests, failures, tokens and spend per model, and the daily spend limit (its `ledger`)."
     def __init__(self, models, # the pool's model names
                  daily_spend_usd: float | None = None, # dollars per UTC day (None: no limit)
                  clock=time.time, # seconds since the epoch (tests move the day with it)
+                 ledger=None, # the ledger of the limit (None: a `DailyLedger` of this process's own)
                 ):
         self.daily_spend_usd, self.clock = daily_spend_usd, clock
-        self.ledger = DailyLedger(daily_spend_usd, clock)
+        self.ledger = ledger if ledger is not None else DailyLedger(daily_spend_usd, clock)
+        self.latency = {'request': Histogram(), 'upstream': {m: Histogram() for m in models}}
         self.started, self.spend_total_usd = clock(), 0.0
         self.requests, self.fallbacks, self.refused = 0, 0, {}
         self.models = {m: dict(answered=0, failures=0, lost=0, prompt_tokens=0, completion_tokens=0,
@@ -172,12 +197,13 @@ def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
 @patch
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
-    ledger = self.ledger
-    ledger._roll()
+    ledger = self.ledger.view()
     return {'since': (datetime.fromtimestamp(self.started, timezone.utc)
                       .isoformat(timespec='seconds')),
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
             'day': ledger.day, 'spend_today_usd': ledger.spent_usd,
             'daily_spend_usd': self.daily_spend_usd, 'over_reserved_today_usd': ledger.over_usd,
             'in_flight_reserved_usd': ledger.held_usd, 'spend_total_usd': self.spend_total_usd,
-            'models': {k: {**v, 'usage_ratio': ledger.ratios.get(k)} for k, v in self.models.items()}}
+            'models': {k: {**v, 'usage_ratio': ledger.ratios.get(k)} for k, v in self.models.items()},
+            'latency_s': {'request': self.latency['request'].counts(),
+                          'upstream': {m: h.counts() for m, h in self.latency['upstream'].items()}}}

@@ -6,9 +6,12 @@
 from __future__ import annotations
 import math
 from importlib import resources
+from .metrics import LATENCY_BUCKETS
+from .workers import metrics_snapshot
 
 # %% auto #0
-__all__ = ['OPEN_PATHS', 'health', 'prometheus_text', 'show_prometheus', 'chat_html', 'chat_page', 'page_routes']
+__all__ = ['OPEN_PATHS', 'PROMETHEUS_TYPE', 'health', 'prometheus_text', 'wants_prometheus', 'show_prometheus', 'chat_html',
+           'chat_page', 'page_routes']
 
 # %% ../../nbs/36f_serve_pages.ipynb #0e167970
 OPEN_PATHS = ('/health', '/chat')   # served without a client key: nothing on them needs one
@@ -45,12 +48,40 @@ def _label(value) -> str:
 def _family(name: str, kind: str, help: str, samples: list) -> list:
     "The lines of one metric: HELP, TYPE, then `(labels, value)` samples (a None value is left out)."
     lines = [f'# HELP dars_{name} {help}', f'# TYPE dars_{name} {kind}']
-    for labels, value in samples:
-        if value is None or not math.isfinite(float(value)): continue
-        inside = ','.join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        lines.append(f'dars_{name}{{{inside}}} {float(value):.10g}' if inside else f'dars_{name} {float(value):.10g}')
+    return lines + [_sample(f'dars_{name}', labels, value) for labels, value in samples
+                    if value is not None and math.isfinite(float(value))]
+
+def _sample(metric: str, labels: dict, value) -> str:
+    "One sample line: the metric, its labels in braces (if any), its value."
+    inside = ','.join(f'{k}="{_label(v)}"' for k, v in labels.items())
+    return f'{metric}{{{inside}}} {float(value):.10g}' if inside else f'{metric} {float(value):.10g}'
+
+# %% ../../nbs/36f_serve_pages.ipynb #f054ffa6
+def _histogram(name: str, help: str, series: list) -> list:
+    "The lines of one histogram: per `(labels, Histogram.counts())`, its cumulative buckets, sum and count."
+    lines, bounds = [f'# HELP dars_{name} {help}', f'# TYPE dars_{name} histogram'], [f'{b:g}' for b in LATENCY_BUCKETS]
+    for labels, h in series:
+        cumulative = 0
+        for le, n in zip(bounds + ['+Inf'], h['per_bucket']):
+            cumulative += n; lines.append(_sample(f'dars_{name}_bucket', {**labels, 'le': le}, cumulative))
+        lines += [_sample(f'dars_{name}_sum', labels, h['sum']), _sample(f'dars_{name}_count', labels, cumulative)]
     return lines
 
+# %% ../../nbs/36f_serve_pages.ipynb #3d92684a
+_PROCESS = (('process_cpu_seconds_total', 'counter', 'User and system CPU time, in seconds.', 'cpu_seconds'),
+            ('process_resident_memory_bytes', 'gauge', 'Resident memory, in bytes.', 'resident_bytes'),
+            ('process_open_fds', 'gauge', 'Open file descriptors.', 'open_fds'),
+            ('process_start_time_seconds', 'gauge', 'Start time, in seconds since the epoch.', 'start_time_seconds'))
+
+def _process_lines(process: dict) -> list:
+    "The process figures (summed over workers; the earliest start), under their usual names."
+    lines = []
+    for metric, kind, help, key in _PROCESS:
+        if process.get(key) is not None:
+            lines += [f'# HELP {metric} {help}', f'# TYPE {metric} {kind}', _sample(metric, {}, process[key])]
+    return lines
+
+# %% ../../nbs/36f_serve_pages.ipynb #4d06c279
 def prometheus_text(snapshot: dict, # `ServeMetrics.snapshot()`
                    ) -> str:
     "The endpoint's counts in Prometheus' text exposition format (version 0.0.4)."
@@ -61,14 +92,29 @@ def prometheus_text(snapshot: dict, # `ServeMetrics.snapshot()`
     models = snapshot.get('models', {})
     for name, help, key in _PER_MODEL:
         lines += _family(name, 'counter', help, [({'model': m}, c.get(key)) for m, c in models.items()])
-    return '\n'.join(lines) + '\n'
+    latency = snapshot.get('latency_s', {})
+    if 'request' in latency:
+        lines += _histogram('request_duration_seconds', 'Seconds from a request to the end of its answer or stream.',
+                            [({}, latency['request'])])
+        lines += _histogram('upstream_duration_seconds', "Seconds of one upstream attempt, to its answer or stream's start.",
+                            [({'model': m}, h) for m, h in latency.get('upstream', {}).items()])
+    lines += _family('workers', 'gauge', 'Worker processes whose counts are summed here.',
+                     [({}, len(snapshot.get('workers', [])) or 1)])
+    return '\n'.join(lines + _process_lines(snapshot.get('process', {}))) + '\n'
 
 # %% ../../nbs/36f_serve_pages.ipynb #7bb8e8a6
+PROMETHEUS_TYPE = 'text/plain; version=0.0.4; charset=utf-8'
+
+def wants_prometheus(accept: str | None, # the request's Accept header
+                    ) -> bool:
+    "Whether a client asks for Prometheus' text format (as Prometheus' scraper does) rather than JSON."
+    accept = (accept or '').lower()
+    return ('openmetrics' in accept or 'text/plain' in accept) and 'application/json' not in accept
+
 async def show_prometheus(request):
-    "GET /metrics/prometheus: the counts of `GET /metrics` in Prometheus' text format."
+    "GET /metrics/prometheus: the counts of `GET /metrics` in Prometheus' text format, whatever the Accept header."
     from starlette.responses import Response
-    return Response(prometheus_text(request.app.state.metrics.snapshot()),
-                    media_type='text/plain; version=0.0.4; charset=utf-8')
+    return Response(prometheus_text(metrics_snapshot(request.app.state)), media_type=PROMETHEUS_TYPE)
 
 # %% ../../nbs/36f_serve_pages.ipynb #94005f97
 def chat_html() -> str:

@@ -1,0 +1,144 @@
+"""`dars serve --workers 2`: two processes on one port share one daily spend ledger — the limit's guarantee holds over
+both against upstreams that report more usage than was held for them — their counts are summed in /metrics and in the
+Prometheus text, and a stop signal stops both gracefully."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx2
+import pytest
+
+from dars_nb.bundle import RouterBundle, save_bundle
+from dars_nb.pool.server import free_port
+from test_serve_boundaries import LIE_IN, LIE_OUT, ONE_ANSWER, USER, LyingEndpoint, burst, stream_burst
+
+TEXTS = [f'question {i} about {w}' for i, w in enumerate(['algebra', 'history', 'chemistry', 'poetry'] * 10)]
+
+
+@pytest.fixture(scope='module')
+def bundle_file(tmp_path_factory):
+    "A saved TF-IDF + kNN router bundle on simulated DARS supervision."
+    from dars_nb.features import TfidfFeaturizer
+    from dars_nb.routers import ROUTERS
+    from dars_nb.simulate import simulate
+    from dars_nb.stats import supervision
+    obs, _, _ = simulate('gpqa_like', n_train=len(TEXTS), n_test=5, seed=1)
+    sup = supervision(obs, 'dars')
+    tf = TfidfFeaturizer().fit(TEXTS)
+    router = ROUTERS['kNN'](n_neighbors=5).fit(tf.transform(TEXTS), sup)
+    b = RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
+    return save_bundle(b, tmp_path_factory.mktemp('bundle') / 'router.zip')
+
+
+def start_workers(bundle_file, pool_file, port, *options):
+    "`dars serve --workers 2` on `port`, once both workers answer /health; the process."
+    cmd = [sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_file), '--pool', str(pool_file),
+           '--port', str(port), '--workers', '2', *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate(timeout=30)
+        try:
+            if httpx2.get(f'http://127.0.0.1:{port}/health', timeout=2).status_code == 200: return proc
+        except httpx2.HTTPError: pass
+        assert time.monotonic() < deadline, 'dars serve --workers 2 did not answer within 120 s'
+        time.sleep(0.2)
+
+
+def children(pid: int) -> list:
+    "The processes whose parent is `pid` (Linux /proc)."
+    out = []
+    for d in filter(str.isdigit, os.listdir('/proc')):
+        try: stat = open(f'/proc/{d}/stat').read()
+        except OSError: continue
+        if int(stat.rsplit(')', 1)[1].split()[1]) == pid: out.append(int(d))
+    return out
+
+
+def alive(pid: int) -> bool:
+    "Whether process `pid` runs (exists and is not a zombie)."
+    try: return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError: return False
+
+
+def stop(proc) -> tuple:
+    "SIGTERM, then (exit code, stdout, stderr) once it has stopped."
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def counts_once_settled(url, n_workers=2, timeout_s=30):
+    "/metrics once nothing is held and both workers have posted their counts of every request."
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = httpx2.get(url + '/metrics', timeout=10).json()
+        if (m['in_flight_reserved_usd'] == 0 and len(m['workers']) == n_workers) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('limit', [0.01, 0.3])
+@pytest.mark.parametrize('mode', ['plain', 'streamed'])
+def test_two_workers_keep_the_daily_limit_against_an_upstream_reporting_100k_prompt_tokens(bundle_file, tmp_path, mode,
+                                                                                        limit):
+    from dars_nb.bundle import load_bundle
+    models = load_bundle(bundle_file).models
+    with LyingEndpoint(lambda i: 100_000, delay_s=0.1) as up:
+        pool_file = tmp_path / 'pool.toml'
+        pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "{up.base_url}"\nprice_in = {LIE_IN}\n'
+                                     f'price_out = {LIE_OUT}\nconcurrency = 200\n' for m in models))
+        port = free_port()
+        proc = start_workers(bundle_file, pool_file, port, '--daily-spend-usd', str(limit), '--quiet')
+        try:
+            url = f'http://127.0.0.1:{port}'
+            if mode == 'plain': codes = [r.status_code for r in burst(url + '/v1', [{'messages': USER}] * 200)]
+            else: codes = stream_burst(url + '/v1', 200, {'messages': USER, 'stream': True}, hang_up=lambda i: False)
+            time.sleep(1.0)   # each worker posts its counts every half second
+            m = counts_once_settled(url)
+            scraped = httpx2.get(url + '/metrics', headers={'accept': 'text/plain;version=0.0.4'}, timeout=10).text
+        finally:
+            code, out, err = stop(proc)
+    spent, over = m['spend_today_usd'], m['over_reserved_today_usd']
+    answered = sum(c['answered'] for c in m['models'].values())
+    lost = sum(c['lost'] for c in m['models'].values())
+    assert set(codes) <= {200, 429} and 200 in codes, codes
+    assert spent <= limit + over + 1e-12                      # the guarantee, over both workers
+    assert spent <= limit + len(models) * ONE_ANSWER, spent   # at most one overbilling answer per model
+    assert m['in_flight_reserved_usd'] == 0 and answered + lost == up.requests == codes.count(200)
+    assert sorted(w['requests'] > 0 for w in m['workers']) == [True, True]   # both workers served
+    assert m['requests'] == sum(w['requests'] for w in m['workers']) == 200
+    assert f'dars_requests_total 200' in scraped and 'dars_workers 2' in scraped
+    assert 'dars_request_duration_seconds_count 200' in scraped
+    assert code == 0, err[-800:]
+    if limit == 0.01: assert codes.count(200) <= len(models)   # a first answer per model at most: then no room
+
+
+@pytest.mark.timeout(180)
+def test_a_stop_signal_lets_both_workers_finish_their_requests_in_flight(bundle_file, tmp_path):
+    from dars_nb.bundle import load_bundle
+    from dars_nb.testing import FixedEndpoint
+    models = load_bundle(bundle_file).models
+    with FixedEndpoint('slow but sure', delay_s=1.5) as up:
+        pool_file = tmp_path / 'pool.toml'
+        pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "{up.base_url}"\nconcurrency = 50\n' for m in models))
+        port = free_port()
+        proc = start_workers(bundle_file, pool_file, port)
+        import threading
+        answers = []
+        sender = threading.Thread(target=lambda: answers.extend(
+            burst(f'http://127.0.0.1:{port}/v1', [{'messages': USER}] * 20)))
+        sender.start()
+        time.sleep(0.8)   # the requests are in flight upstream
+        workers = children(proc.pid)
+        code, out, err = stop(proc)
+        sender.join(60)
+    assert code == 0, err[-800:]
+    assert [r.status_code for r in answers] == [200] * 20
+    assert '2 worker processes, one spend ledger' in out and f'127.0.0.1:{port}/metrics' in out
+    deadline = time.monotonic() + 10   # multiprocessing's resource tracker ends a moment after its parent
+    while any(map(alive, workers)) and time.monotonic() < deadline: time.sleep(0.1)
+    assert len(workers) >= 2 and not any(map(alive, workers)), [p for p in workers if alive(p)]
