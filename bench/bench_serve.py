@@ -48,7 +48,7 @@ def build_bundle(family, texts, path, features='tfidf'):
     from dars_nb.simulate import simulate
     obs, _, _ = simulate('gpqa_like', n_train=len(texts), n_test=5, seed=0)
     ids = {q: i for i, q in enumerate(obs['query_id'].unique())}
-    text = obs['query_id'].map(ids).map(texts.__getitem__)
+    text = obs['query_id'].map(ids).map(lambda i: texts[i % len(texts)])
     seeded = {} if family == 'kNN' else {'random_state': 0}
     cfg = TrainConfig(observations=obs.assign(query_text=text, original_text=text), family=family,
                       router_params=seeded, features=features)
