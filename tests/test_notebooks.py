@@ -3,6 +3,7 @@ the outputs a notebook keeps are the ones its code produces now (`tools.docs_out
 import atexit
 import gc
 import json
+import sys
 
 import pytest
 from nbdev.config import get_config
@@ -38,6 +39,9 @@ def test_notebook(nb, monkeypatch):
         def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs); shells.append(self)
     monkeypatch.setattr(nbdev.test, 'CaptureShell', _Shell)
     monkeypatch.setattr(nbdev.processors, 'CaptureShell', _Shell)     # the docs build's shell (`exec_show_docs`)
+    # IPython installs its user namespace as `sys.modules['__main__']`, a module without `__spec__`; left there, a
+    # later test in this worker that spawns processes (a Dask `LocalCluster`) fails in `multiprocessing.spawn`
+    monkeypatch.setitem(sys.modules, '__main__', sys.modules['__main__'])
     try: _run_and_compare(nb, ran)
     finally:
         # IPython keeps every shell alive until exit (an atexit hook), and with it every object the notebook made:
