@@ -63,30 +63,29 @@ class DarsRoutingPlugin:
         return f"DarsRoutingPlugin({self.router_model!r}, λ = {self.lam:g}, models {', '.join(self.bundle.models)})"
 
 # %% ../../nbs/37_litellm_router.ipynb #9d3d1ad8
-_NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the plugins' narrowing of a request
+_NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the plugins' narrowing
 
 def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
-    "The models of `ranking` whose deployments already failed for this request (LiteLLM's own record of it)."
+    "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
     failed = [p.get('model') for p in context.metadata.get('previous_models') or () if isinstance(p, dict)]
     failed = [f for f in failed if isinstance(f, str)]
     return [m for m in ranking if deployments_of(failed, m, plugin.models)]
 
 def _refused(message: str, model: str) -> Exception:
-    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, and never retried."
+    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, never retried."
     try: from litellm.exceptions import BadRequestError
     except ImportError: return ValueError(message)
     return BadRequestError(message=message, model=model, llm_provider='dars')
 
 def _routed_before(metadata: dict) -> bool:
-    "Whether an earlier hop of this request met the plugin (its signals, a narrowing or a failed attempt are on it)."
-    signals = metadata.get('routing_plugin_signals')
-    return bool(_NARROWED in metadata or (isinstance(signals, dict) and 'dars' in signals) or metadata.get('previous_models'))
+    "Whether an earlier hop met the plugin (a narrowing or a failed attempt is on the request)."
+    return bool(_NARROWED in metadata or metadata.get('previous_models'))
 
-def _hand_back(context):
-    "A fallback to another model group: LiteLLM serves it as configured (the narrowing of the routed group widened to it)."
+def _left_to(context):
+    "`context`, with a narrowing of another group (a fallback hop, a reused `metadata`) widened to its candidates."
     narrowed = context.metadata.get(_NARROWED)
-    if isinstance(narrowed, list): narrowed.extend(c for c in context.candidate_models if c not in narrowed)
-    context.signals['dars'] = {'handed_back': list(context.candidate_models)}
+    if isinstance(narrowed, list) and not set(narrowed) & set(context.candidate_models):
+        narrowed.extend(context.candidate_models)   # LiteLLM keeps that list, not the context's copy of the dict
     return context
 
 @patch
@@ -95,18 +94,18 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
     "LiteLLM's plugin hook: narrow `context.candidate_models` to the router's pick for this request."
     try:
         routed, asked = context_lambda(context.metadata, self.router_model)
-        if not routed: return context
+        if not routed: return _left_to(context)
         text = routing_text(context.structured_messages)
     except ValueError as e: raise _refused(str(e), self.router_model) from None
     lam = request_lambda(asked, self.lam)
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     candidates = list(context.candidate_models)
     served = [m for m in ranking if deployments_of(candidates, m, self.models)]
+    if not served and _routed_before(context.metadata): return _left_to(context)   # a fallback hop
     if not served:
-        if _routed_before(context.metadata): return _hand_back(context)   # a fallback hop of a routed request
         raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
                          f"({', '.join(ranking)}); candidates: {', '.join(candidates)}")
-    tried = _tried(context, self, ranking)   # a retry goes to the next model of the ranking, as `dars serve` does
+    tried = _tried(context, self, ranking)   # a retry goes to the next model, as `dars serve` does
     model = next((m for m in served if m not in tried), served[0])
     context.candidate_models = deployments_of(candidates, model, self.models)
     context.signals['dars'] = {'model': model, 'lam': lam, 'ranking': ranking, 'tried': tried}

@@ -56,21 +56,22 @@ LAMBDA_FIELD = 'dars_lambda'       # the key of λ in a request's `metadata`
 LAMBDA_HEADER = 'x-dars-lambda'    # the header that carries λ
 
 def _number_text(value):
-    "A string that reads as a number becomes that number (metadata values and headers are text); anything else is kept."
+    "A string that reads as a number becomes that number (metadata and headers are text); else kept."
     if not isinstance(value, str): return value
     try: return float(value)
     except ValueError: return value
 
 def _header(headers, name: str):
-    "The value of header `name` in a mapping of headers, whatever the case of its keys (None: not sent)."
-    return next((v for k, v in (headers or {}).items() if isinstance(k, str) and k.lower() == name), None)
+    "The value of header `name` in a mapping of headers, in any case of its keys (None: not sent)."
+    sent = (v for k, v in (headers or {}).items() if isinstance(k, str) and k.lower() == name)
+    return next(sent, None)
 
 def asked_lambda(model, # the request's model name
                  metadata=None, # the request's metadata (a mapping, or None)
                  headers=None, # the request's headers (a mapping, or None)
                  base: str = ROUTER_MODEL, # the router's model name
                 ) -> tuple:
-    "(whether the request asks the router, the λ it asks for or None); a one-line ValueError for a bad or disagreeing λ."
+    "(whether the request asks the router, its λ or None); a one-line ValueError for a bad or disagreeing λ."
     routed, name_lam = lambda_from_model_name(model, base)
     if not routed: return False, None
     given = {f"the λ in model name {model!r}": name_lam,

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
-from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL, asked_lambda, check_lambda
+from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL
+from ..bundle.model_name import asked_lambda, check_lambda
 from ..observations import chat_text
 
 # %% auto #0
@@ -219,14 +220,15 @@ def _lambda_of(model, # the request's `model` (None: absent, which asks the rout
               ) -> tuple:
     "(the model asked for, the request's λ or None), or a 400 `RequestError` naming the spelling at fault."
     if LAMBDA_FIELD in body:
-        raise RequestError(400, f'a top-level {LAMBDA_FIELD} is not read: send "metadata": {{"{LAMBDA_FIELD}": ...}}, '
-                                f'the {LAMBDA_HEADER} header or the model name {settings.router_model}-<λ>', LAMBDA_FIELD)
+        spellings = (f'"metadata": {{"{LAMBDA_FIELD}": ...}}, the {LAMBDA_HEADER} header '
+                     f'or the model name {settings.router_model}-<λ>')
+        raise RequestError(400, f'a top-level {LAMBDA_FIELD} is not read: send {spellings}', LAMBDA_FIELD)
     metadata = body.get('metadata')
     if metadata is not None and not isinstance(metadata, dict):
         raise RequestError(400, f"metadata must be an object, got {type(metadata).__name__}", 'metadata')
     headers = None if lam_header is None else {LAMBDA_HEADER: lam_header}
-    try: routed, lam = asked_lambda(settings.router_model if model is None else model, metadata, headers,
-                                    settings.router_model)
+    model = settings.router_model if model is None else model
+    try: routed, lam = asked_lambda(model, metadata, headers, settings.router_model)
     except ValueError as e:
         raise RequestError(400, str(e), 'model' if 'model name' in str(e) else
                            'metadata' if str(e).startswith('metadata') else None) from None
