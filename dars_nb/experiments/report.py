@@ -114,7 +114,7 @@ def describe_data(data, # None (the simulator), a release folder or an observati
     path = Path(data)
     if path.is_dir() and is_release(path):
         if _synthetic(path):
-            return f"the synthetic fixture `{data}` (made-up rows in the release layout, not the authors' data)"
+            return f"the synthetic fixture `{data}` (made-up rows in the release's layout, not the authors' data)"
         if release_evidence(path): return f"the authors' release `{data}`"
         return f"a folder in the release layout, `{data}` (not identified as the authors' release)"
     return f"`{data}`"
