@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from ..observations import ObservationError, KEY_COLUMNS, validate, format_options, parse_options
+from ..observations import KEY_COLUMNS, validate, format_options, parse_options
+from .release_rows import (ReleaseError, READ_PROTOCOLS, departures, departure_notes,
+                                          tell_views, settle_ids, first_row_texts)
 
 # %% auto #0
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
-           'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'AUTHORS_QUESTION_FIELDS', 'DEPARTURES', 'NUMBER_COLUMNS',
-           'TEXT_COLUMNS', 'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV', 'READ_PROTOCOLS', 'ReleaseError',
-           'release_line_limit', 'release_files', 'is_release', 'read_release']
+           'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'AUTHORS_QUESTION_FIELDS', 'NUMBER_COLUMNS', 'TEXT_COLUMNS',
+           'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV', 'release_line_limit', 'release_files', 'is_release',
+           'read_release']
 
 # %% ../../nbs/07_release.ipynb #7f86b085
 RELEASE_DATASETS = ('gpqa', 'math-500', 'drop-800')   # the release's dataset folders
@@ -35,9 +37,6 @@ TASK_TYPES = {'multiple_choice': 'choice', 'free_form_math': 'math', 'reading_co
 # where a line may name its decoding strategy, at the top level or in request_config (first found wins)
 STRATEGY_FIELDS = ('decode_strategy', 'decoding_strategy', 'strategy', 'temperature_label')
 STRATEGY_KEYS = frozenset(STRATEGY_FIELDS)
-
-class ReleaseError(ObservationError):
-    "A release file or line that cannot be read, stated in one line."
 
 # %% ../../nbs/07_release.ipynb #7bcc3c8d
 MAX_ID = 2**31 - 2   # largest prompt_variant_id or decode_id: the table keeps its ids as 32-bit integers
@@ -70,14 +69,14 @@ def _key(rec: dict, field: str, where: str) -> str:
 # %% ../../nbs/07_release.ipynb #19832a4f
 class _Cell(NamedTuple):
     "A line's place in the grid."
-    view: str | None   # 'grid', 'rewrite' or 'decode'; None for a test line without observation_type
+    view: str | None   # 'grid', 'rewrite' or 'decode'; None on a test line without observation_type
     rewrite_id: float  # 0 for the original question; NaN without prompt_variant_id
     sample_id: float   # the decode; NaN without decode_id
 
 def _cell(rec: dict, split: str, where: str) -> _Cell:
     "The view, rewrite and decode of one line (NaN for an id the line leaves out)."
-    rewrite = math.nan if rec.get('prompt_variant_id') is None else _integer(rec, 'prompt_variant_id', where, -1) + 1
-    sample = math.nan if rec.get('decode_id') is None else _integer(rec, 'decode_id', where, 0)
+    given = lambda field, low: math.nan if rec.get(field) is None else _integer(rec, field, where, low)
+    rewrite, sample = given('prompt_variant_id', -1) + 1, given('decode_id', 0)
     if split == 'train': view = 'grid'
     elif (kind := rec.get('observation_type')) in (None, ''): view = None
     elif kind in OBSERVATION_TYPES: view = OBSERVATION_TYPES[kind]
@@ -134,8 +133,9 @@ def _measures(rec: dict, where: str) -> _Measures:
                      temperature=_number(config.get('temperature'), where, 'request_config.temperature'),
                      top_p=_number(config.get('top_p'), where, 'request_config.top_p'))
 
-# %% ../../nbs/07_release.ipynb #a4ce801d
-AUTHORS_QUESTION_FIELDS = ('original_question', 'input_question', 'question', 'prompt')  # the authors' encoder's order
+# %% ../../nbs/07_release.ipynb #ed45fedc
+# where the authors' encoder looks for a query's text, in order
+AUTHORS_QUESTION_FIELDS = ('original_question', 'input_question', 'question', 'prompt')
 
 def _optional_text(rec: dict, field: str, where: str) -> str | None:
     "A text field (None when missing or empty); lists and objects are refused."
@@ -150,9 +150,10 @@ def _filled_text(rec: dict, field: str, where: str) -> str | None:
     return v if v is not None and v.strip() else None
 
 def _first_text(rec: dict, fields: tuple) -> str | None:
-    "The first of `fields` holding a non-blank string, stripped (None when none does), as the authors' loader reads."
+    "The first of `fields` holding a non-blank string, stripped (else None), as the authors' loader reads."
     return next((v.strip() for f in fields if isinstance(v := rec.get(f), str) and v.strip()), None)
 
+# %% ../../nbs/07_release.ipynb #a4ce801d
 class _Texts(NamedTuple):
     "The texts of one line, each named as its column (None where missing)."
     query_text: str | None     # the wording sent
@@ -171,12 +172,15 @@ def _texts(rec: dict, where: str,
     task = rec.get('task_type')
     if task is not None and task not in TASK_TYPES:
         _bad(where, 'task_type', f"is {task!r} (expected one of {', '.join(TASK_TYPES)})")
-    if authors: original, passage = _first_text(rec, AUTHORS_QUESTION_FIELDS), _first_text(rec, ('context', 'passage'))
+    if authors:
+        original = _first_text(rec, AUTHORS_QUESTION_FIELDS)
+        passage = _first_text(rec, ('context', 'passage'))
     else:
         original = _filled_text(rec, 'original_question', where)
         passage = _filled_text(rec, 'context', where) or _filled_text(rec, 'passage', where)
     return _Texts(query_text=_optional_text(rec, 'input_question', where), original_text=original,
-                  passage=passage, options=format_options(choices) if choices else None, kind=TASK_TYPES.get(task))
+                  passage=passage, options=format_options(choices) if choices else None,
+                  kind=TASK_TYPES.get(task))
 
 # %% ../../nbs/07_release.ipynb #2d3cb5e9
 def _label(v) -> str | None:
@@ -206,37 +210,6 @@ def _labels(rec: dict) -> _Labels:
                    answer=_label(rec.get('predicted_answer')), gold=_label(rec.get('gold_answer')),
                    category=_label(rec.get('category')), finish_reason=_label(rec.get('finish_reason')),
                    generation_key=_label(rec.get('generation_key')))
-
-# %% ../../nbs/07_release.ipynb #9613461b
-DEPARTURES = {  # a departure from the documented fields -> (what is assumed by default, under the authors' protocol)
-    'no_variant': ("rows without prompt_variant_id: the rewrite told by the wording sent, numbered from 1 "
-                   "(the decode view's: the original question)",) * 2,
-    'no_decode': ("rows without decode_id: numbered after the other decodes of their cell",) * 2,
-    'passage_field': ("rows with the passage under 'passage' (no 'context'): read as the passage",) * 2,
-    'blank_original': ("rows with a blank original_question: read as missing, the query's text taken from its other "
-                       "rows, else from the wording of its rewrite 0",
-                       "rows with a blank original_question: each query's text from its first row (original_question, "
-                       "else input_question, question, prompt), as the authors' encoder reads it"),
-    'no_original': ("rows without original_question: the query's text taken from its other rows, else from the "
-                    "wording of its rewrite 0",
-                    "rows without original_question: each query's text from its first row (original_question, else "
-                    "input_question, question, prompt), as the authors' encoder reads it"),
-}
-
-def _blank(v) -> bool:
-    "True for a missing value or a string of white space only."
-    return v is None or (isinstance(v, str) and not v.strip())
-
-def _departures(rec: dict) -> list[str]:
-    "The names (keys of `DEPARTURES`) of what one line leaves out of the documented fields."
-    out = [name for name, field in (('no_variant', 'prompt_variant_id'), ('no_decode', 'decode_id'))
-           if rec.get(field) is None]
-    if _blank(rec.get('context')) and isinstance(rec.get('passage'), str) and rec['passage'].strip():
-        out.append('passage_field')
-    question = rec.get('original_question')
-    if question is None: out.append('no_original')
-    elif isinstance(question, str) and not question.strip(): out.append('blank_original')
-    return out
 
 # %% ../../nbs/07_release.ipynb #267e6812
 # the columns, in the order of the records' fields: a row is appended as the records' values, field by field
@@ -279,7 +252,7 @@ def _frame(cols: _Columns, dataset: str, split: str) -> pd.DataFrame:
     out |= {c: _categorical(cols.texts[c], cols.values[c]) for c in cols.texts}
     out |= {c: np.frombuffer(v, float) for c, v in cols.numbers.items()}
     df = pd.DataFrame(out)
-    for c in ('rewrite_id', 'sample_id'):   # an id a line left out stays NaN until its file settles it
+    for c in ('rewrite_id', 'sample_id'):   # an id left out stays NaN until its file settles it
         if not df[c].isna().any(): df[c] = df[c].astype(np.int32)
     for c in ('prompt_tokens', 'completion_tokens'): df[c] = df[c].astype('Int64')
     df['line'] = np.frombuffer(cols.lines, np.int64)
@@ -355,8 +328,6 @@ def _parse_line(text: str, where: str):
     return value
 
 # %% ../../nbs/07_release.ipynb #5f8dd67b
-READ_PROTOCOLS = ('paper', 'authors')   # the documented schema (with a note per departure), or as the authors' loader reads
-
 def _row(rec, dataset: str, split: str, where: str,
          authors: bool = False, # texts as the authors' encoder reads them
         ) -> tuple[tuple, tuple]:
@@ -373,18 +344,18 @@ def _read_file(path: Path, dataset: str, split: str, responses: bool,
                line_limit: int | None = None, # longest line in bytes (None: `release_line_limit()`)
                protocol: str = 'paper', # 'paper' or 'authors' (`READ_PROTOCOLS`)
               ) -> pd.DataFrame:
-    "Every line of one release file as rows (with their line numbers; `attrs['departures']` counts what lines left out)."
-    cols, name, departures = _Columns(responses), f"{path.parent.name}/{path.name}", Counter()
+    "Every line of one file as rows (with line numbers; `attrs['departures']` counts what lines left out)."
+    cols, name, left_out = _Columns(responses), f"{path.parent.name}/{path.name}", Counter()
     for i, text in _lines(path, name, release_line_limit() if line_limit is None else line_limit):
         where = f"{name} line {i}"
         rec = _parse_line(text, where)
         numbers, texts = _row(rec, dataset, split, where, protocol == 'authors')
-        departures.update(_departures(rec))
+        left_out.update(departures(rec))
         if responses: texts += (_optional_text(rec, 'output_text', where),)
         cols.add(i, numbers, texts)
     if not len(cols.lines): raise ReleaseError(f"{name} holds no rows")
     df = _frame(cols, dataset, split)
-    df.attrs['departures'] = dict(departures)
+    df.attrs['departures'] = dict(left_out)
     return df
 
 # %% ../../nbs/07_release.ipynb #404cd40a
@@ -410,115 +381,6 @@ def _check_rows(df: pd.DataFrame, name: str) -> pd.DataFrame:
 def _incomplete(df: pd.DataFrame) -> np.ndarray:
     "Rows whose score or cost is missing or not finite."
     return ~(np.isfinite(df['score'].to_numpy()) & np.isfinite(df['cost'].to_numpy()))
-
-# %% ../../nbs/07_release.ipynb #69444eb9
-def _as_categorical(values: np.ndarray) -> pd.Categorical:
-    "Texts (None or NaN where missing) as a categorical of object categories, as `_frame` makes them."
-    values = pd.Series(values, dtype=object)
-    return pd.Categorical(values, categories=pd.Index(pd.unique(values.dropna()), dtype=object))
-
-def _view_by_variant(df: pd.DataFrame, name: str) -> np.ndarray:
-    "The views of a test file's rows, unlabelled ones told by prompt_variant_id; a ReleaseError for a row with neither."
-    label, variant = df['view'].to_numpy(object), df['rewrite_id'].to_numpy(float) - 1
-    unlabelled = pd.isna(label)
-    lost = unlabelled & np.isnan(variant)
-    if lost.any():
-        raise ReleaseError(f"{name} line {df['line'].to_numpy()[lost][0]}: neither observation_type nor "
-                           "prompt_variant_id, so its view cannot be told (the authors' protocol leaves such rows out)")
-    return np.where(unlabelled, np.where(variant >= 0, 'rewrite', 'decode'), label)
-
-def _in_views(df: pd.DataFrame, labelled: dict) -> tuple[np.ndarray, np.ndarray]:
-    "Which rows of a test file the authors' loader puts in the rewrite view and in the decode view."
-    label, variant = df['view'].to_numpy(object), df['rewrite_id'].to_numpy(float) - 1
-    with np.errstate(invalid='ignore'):
-        rewrite = (label == 'rewrite') if labelled['rewrite'] else (variant >= 0)
-        decode = (label == 'decode') if labelled['decode'] else (variant < 0)
-    return rewrite, decode
-
-def _tell_views(parts: dict, # file name -> its rows, as `_read_file` gives them
-                protocol: str = 'paper', # 'paper' or 'authors'
-               ) -> tuple[dict, list]:
-    "The files with each test row in its view (the authors': in every view their loader puts it, or none), and notes."
-    tests = [n for n, df in parts.items() if df['split'].iloc[0] == 'test']
-    labelled = {v: any((parts[n]['view'] == v).any() for n in tests) for v in ('rewrite', 'decode')}
-    out, notes = dict(parts), []
-    for name in tests:
-        df = parts[name]
-        unlabelled = int(df['view'].isna().sum())
-        if protocol != 'authors':
-            if unlabelled:
-                out[name] = df.assign(view=_as_categorical(_view_by_variant(df, name)))
-                notes.append(f"{name}: {unlabelled} of {len(df)} row(s) without observation_type: "
-                             "the view told by prompt_variant_id (≥ 0 rewrite, < 0 decode)")
-            continue
-        rewrite, decode = _in_views(df, labelled)
-        nowhere, both = int((~(rewrite | decode)).sum()), int((rewrite & decode).sum())
-        if not (unlabelled or nowhere or both): continue
-        views = pd.concat([df[rewrite].assign(view='rewrite'), df[decode].assign(view='decode')])
-        views = views.sort_values('line', kind='stable', ignore_index=True)
-        out[name] = views.assign(view=_as_categorical(views['view'].to_numpy(object)))
-        told = unlabelled - nowhere
-        notes.append(f"{name}: {unlabelled} of {len(df)} row(s) without observation_type: "
-                     + ', '.join(p for p in (f"{told} in the view prompt_variant_id gives" if told else '',
-                                             f"{nowhere} in no view, left out" if nowhere else '',
-                                             f"{both} in both views" if both else '') if p)
-                     + ", as the authors' loader reads them")
-    return out, notes
-
-# %% ../../nbs/07_release.ipynb #d337baeb
-def _numbered_on(keys: pd.DataFrame, sample: np.ndarray, which: np.ndarray) -> np.ndarray:
-    "`sample` with the rows `which` numbered on from the largest id of the other rows of their group of `keys`."
-    by = list(keys.columns)
-    top = keys.assign(s=np.where(which, np.nan, sample)).groupby(by, observed=True, sort=False, dropna=False)['s']
-    top = top.transform('max').fillna(-1).to_numpy()
-    rank = keys[which].groupby(by, observed=True, sort=False, dropna=False).cumcount().to_numpy()
-    out = sample.copy()
-    out[which] = top[which] + 1 + rank
-    return out
-
-def _rewrites_by_wording(df: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    "For `rows`, the number of each row's wording (query_text) among its query's wordings, from 1 in file order."
-    w = pd.DataFrame({'q': df['query_id'].to_numpy(object)[rows],
-                      't': pd.Series(df['query_text'].to_numpy(object)[rows]).fillna('').to_numpy(object)})
-    firsts = w.drop_duplicates()
-    firsts = firsts.assign(r=firsts.groupby('q', sort=False).cumcount() + 1)
-    return w.merge(firsts, on=['q', 't'], how='left')['r'].to_numpy(float)
-
-def _shared_decode_notes(name: str, df: pd.DataFrame, cell: pd.DataFrame, shared: np.ndarray) -> list[str]:
-    "One note per view: how many answers share one decode_id, and the strategies that tell them apart."
-    repeated, notes = cell.duplicated(keep=False).to_numpy(), []
-    strategy = df['strategy'].to_numpy(object) if 'strategy' in df else np.full(len(df), None, object)
-    for view in dict.fromkeys(cell['view'].to_numpy(object)[shared]):
-        rows = repeated & (cell['view'] == view).to_numpy()
-        per, cells = int(cell[rows].value_counts().max()), len(cell[rows].drop_duplicates())
-        labels = sorted({str(s) for s in strategy[rows] if isinstance(s, str)})
-        what = f"{per} strategies ({', '.join(labels)})" if len(labels) > 1 else f"{per} answers"
-        notes.append(f"{name}: the {view} view has {what} under one decode_id in {cells} cell(s): kept as {per} samples")
-    return notes
-
-def _settle_ids(df: pd.DataFrame, # one file's rows, each in its view
-                name: str, # the file, for notes
-                protocol: str = 'paper', # 'paper' or 'authors'
-               ) -> tuple[pd.DataFrame, list]:
-    "The rows with every rewrite and decode id filled and each answer in a cell of its own (where allowed), and notes."
-    rewrite, sample = df['rewrite_id'].to_numpy(float).copy(), df['sample_id'].to_numpy(float).copy()
-    decode = (df['view'] == 'decode').to_numpy()
-    missing = np.isnan(rewrite)
-    rewrite[missing & decode] = 0
-    if (wording := missing & ~decode).any(): rewrite[wording] = _rewrites_by_wording(df, wording)
-    keys = pd.DataFrame({'view': df['view'].to_numpy(object), 'query_id': df['query_id'].to_numpy(object),
-                         'model': df['model'].to_numpy(object), 'rewrite_id': rewrite})
-    if (missing := np.isnan(sample)).any(): sample = _numbered_on(keys, sample, missing)
-    cell = keys.assign(sample_id=sample)
-    again, notes = cell.duplicated().to_numpy(), []
-    if again.any():
-        strategy = df['strategy'].to_numpy(object) if 'strategy' in df else None
-        same = cell.assign(t=df['temperature'].to_numpy(float), s=strategy).duplicated(keep=False).to_numpy()
-        shared = again if protocol == 'authors' else again & ~same
-        if shared.any():
-            notes = _shared_decode_notes(name, df, cell, shared)
-            sample = _numbered_on(keys, sample, shared)
-    return df.assign(rewrite_id=rewrite.astype(np.int32), sample_id=sample.astype(np.int32)), notes
 
 # %% ../../nbs/07_release.ipynb #ddc8d311
 def release_files(folder, # the release folder, or one dataset's folder inside it
@@ -577,17 +439,6 @@ def _drop_or_refuse(parts: dict, drop_incomplete: bool, log) -> list:
     return [df[~bad[name]] for name, df in parts.items()]
 
 # %% ../../nbs/07_release.ipynb #f99d5b54
-def _first_row_texts(df: pd.DataFrame) -> pd.DataFrame:
-    "The rows with each query's original text and passage those of its first row, as the authors' encoder reads them."
-    first = ~df['query_id'].duplicated().to_numpy()
-    ids = df['query_id'].to_numpy(object)
-    per = {c: pd.Series(df[c].to_numpy(object)[first], index=ids[first]) for c in ('original_text', 'passage')}
-    return df.assign(**{c: _as_categorical(pd.Series(ids).map(v).to_numpy(object)) for c, v in per.items()})
-
-def _departure_notes(name: str, counts: dict, protocol: str) -> list[str]:
-    "One note per kind of departure a file holds: the count, and what was assumed."
-    return [f"{name}: {counts[k]} {DEPARTURES[k][protocol == 'authors']}" for k in DEPARTURES if counts.get(k)]
-
 def read_release(folder, # the release folder (`<folder>/<dataset>/<split>_scored_generations.jsonl`)
                  datasets=None, # dataset folder names to read (default: every one present)
                  splits=('train', 'test'), # which files of each dataset
@@ -595,24 +446,26 @@ def read_release(folder, # the release folder (`<folder>/<dataset>/<split>_score
                  responses: bool = False, # keep each answer's text as a `response` column
                  log=print, # where the notes (rows off the documented schema, dropped rows) go
                  max_line_mb: float | None = None, # longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
-                 protocol: str = 'paper', # 'paper' (the documented schema, with notes) or 'authors' (as their loader reads)
+                 protocol: str = 'paper', # 'paper' (documented schema, notes) or 'authors' (as their loader)
                 ) -> pd.DataFrame:
     "The authors' scored generations in `folder` as one validated observation table."
     if protocol not in READ_PROTOCOLS:
-        raise ReleaseError(f"unknown protocol {protocol!r} (expected one of {', '.join(READ_PROTOCOLS)})")
+        expected = ', '.join(READ_PROTOCOLS)
+        raise ReleaseError(f"unknown protocol {protocol!r} (expected one of {expected})")
     parts, notes, limit = {}, [], release_line_limit(max_line_mb)
     for dataset, split, path in release_files(folder, datasets, splits):
         name = f"{dataset}/{path.name}"
-        df = _read_file(path, dataset, split, responses, limit, protocol)
-        notes += _departure_notes(name, df.attrs.pop('departures'), protocol)
-        parts[name] = _first_row_texts(df) if protocol == 'authors' else df
-    parts, told = _tell_views(parts, protocol)
+        df = _read_file(path, dataset, split, responses, line_limit=limit, protocol=protocol)
+        notes += departure_notes(name, df.attrs.pop('departures'), protocol)
+        parts[name] = first_row_texts(df) if protocol == 'authors' else df
+    parts, told = tell_views(parts, protocol)
     notes += told
     for name, df in parts.items():
-        parts[name], shared = _settle_ids(df, name, protocol)
+        parts[name], shared = settle_ids(df, name, protocol)
         notes += shared
     for note in notes: log(note)
-    parts = _drop_or_refuse({name: _check_rows(df, name) for name, df in parts.items()}, drop_incomplete, log)
+    parts = {name: _check_rows(df, name) for name, df in parts.items()}
+    parts = _drop_or_refuse(parts, drop_incomplete, log)
     obs = _concat(parts).drop(columns='line')
     if obs['strategy'].isna().all(): obs = obs.drop(columns='strategy')
     first = KEY_COLUMNS + ['score', 'cost']
