@@ -190,3 +190,27 @@ def test_best_fixed_model_ties_break_by_file_order(tmp_path):
     base = authors_baselines(datasets[0]).set_index(['view', 'policy'])
     assert base.loc[('rewrite', AUTHORS_BASELINES[0]), 'model'] == 'm-b'
     assert base.loc[('decode', AUTHORS_BASELINES[0]), 'model'] == 'm-b'
+
+
+@pytest.mark.timeout(120)
+def test_the_data_stage_reads_a_release_under_the_run_protocol(tmp_path):
+    "`dars reproduce --protocol authors` reaches the reader: unlabelled test rows are left out, and said so."
+    from dars_nb.experiments.inputs import Settings
+    from dars_nb.experiments.presets import AUTHORS_PROTOCOL
+    from dars_nb.experiments.stages import Run, data_stage
+    from dars_nb.routers import KNNRouter
+    test = views(('s1', 's2')) + [{k: v for k, v in line('test', 's1', m, 2, 0).items() if k != 'observation_type'}
+                                  for m in MODELS]
+    folder = write(tmp_path / 'release', grid(('t1', 't2', 't3', 't4')), test)
+    features = tmp_path / 'features.csv'          # given, so that no text encoder is loaded
+    pd.DataFrame({'query_id': ['t1', 't2', 't3', 't4', 's1', 's2'], 'x': range(6)}).to_csv(features, index=False)
+    said = {}
+    for protocol in (None, AUTHORS_PROTOCOL):
+        run = Run(tmp_path / 'out', Settings(n_train=4), **({} if protocol is None else {'protocol': protocol}))
+        logged = []
+        run.log = logged.append
+        _, datasets, obs = data_stage(run, folder, features, routers={'kNN': KNNRouter(n_neighbors=2)})
+        said[run.protocol.name] = (int((obs['split'] == 'test').sum()), [m for m in logged if 'observation_type' in m])
+    assert said['paper'][0] == said['authors'][0] + 2
+    assert 'the view told by prompt_variant_id' in said['paper'][1][0]
+    assert "2 in no view, left out, as the authors' loader reads them" in said['authors'][1][0]
