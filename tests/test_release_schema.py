@@ -214,3 +214,16 @@ def test_the_data_stage_reads_a_release_under_the_run_protocol(tmp_path):
     assert said['paper'][0] == said['authors'][0] + 2
     assert 'the view told by prompt_variant_id' in said['paper'][1][0]
     assert "2 in no view, left out, as the authors' loader reads them" in said['authors'][1][0]
+
+
+@pytest.mark.timeout(60)
+def test_a_cost_only_in_usage(tmp_path):
+    "Taken from usage.cost by default, with a note; their loader reads the top-level cost alone and refuses the row."
+    test = views()
+    test[2] = {**{k: v for k, v in test[2].items() if k != 'cost'}, 'usage': {'cost': 0.02}}
+    folder = write(tmp_path, grid(), test)
+    ours, notes = read(folder)
+    assert ours['cost'].max() == 0.02
+    assert notes == ['gpqa/test_scored_generations.jsonl: 1 rows without a top-level cost: usage.cost taken as the cost']
+    with pytest.raises(ReleaseError, match='1 row.s. without a finite score or cost .*line 3'):
+        read(folder, 'authors')

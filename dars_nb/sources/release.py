@@ -117,12 +117,14 @@ class _Measures(NamedTuple):
     temperature: float
     top_p: float
 
-def _measures(rec: dict, where: str) -> _Measures:
+def _measures(rec: dict, where: str,
+              authors: bool = False, # the cost as the authors' loader reads it: the top-level `cost` alone
+             ) -> _Measures:
     "The score, cost, token counts and decoding settings of one line."
     usage, config = _object(rec, 'usage', where), _object(rec, 'request_config', where)
     score = _number(rec.get('score'), where, 'score')
     top = rec.get('cost')
-    cost = (_number(top, where, 'cost') if top is not None
+    cost = (_number(top, where, 'cost') if top is not None else math.nan if authors
             else _number(usage.get('cost'), where, 'usage.cost'))
     if math.isfinite(score) and not 0 <= score <= 1:
         _bad(where, 'score', f"must lie in [0, 1], got {score!r}")
@@ -337,7 +339,7 @@ def _row(rec, dataset: str, split: str, where: str,
         if rec.get(field) is not None and str(rec[field]) != want:
             _bad(where, field, f"is {rec[field]!r}, but the file holds {want!r}")
     cell, qid, model = _cell(rec, split, where), _key(rec, 'query_id', where), _key(rec, 'model', where)
-    return ((cell.rewrite_id, cell.sample_id, *_measures(rec, where)),
+    return ((cell.rewrite_id, cell.sample_id, *_measures(rec, where, authors)),
             (cell.view, qid, model, *_texts(rec, where, authors), *_labels(rec)))
 
 def _read_file(path: Path, dataset: str, split: str, responses: bool,
