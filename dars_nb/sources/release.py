@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from ..observations import KEY_COLUMNS, validate, format_options, parse_options
-from .release_rows import (ReleaseError, READ_PROTOCOLS, departures, departure_notes,
-                                          tell_views, settle_ids, first_row_texts)
+from .release_rows import ReleaseError, READ_PROTOCOLS, departures, departure_notes
+from .release_rows import tell_views, settle_ids, first_row_texts
 
 # %% auto #0
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
