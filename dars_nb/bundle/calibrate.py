@@ -17,8 +17,8 @@ from ..pool.usage import fmt_usd
 
 # %% auto #0
 __all__ = ['UTILITIES_AT_ONCE', 'predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'plateau', 'lam_text',
-           'FixedAlone', 'Jump', 'Calibration', 'calibrate', 'apart', 'inward', 'router_model', 'describe_calibration',
-           'calibrate_main']
+           'FixedAlone', 'Jump', 'Calibration', 'calibrate', 'apart', 'inward', 'outward', 'router_model',
+           'describe_calibration', 'calibrate_main']
 
 # %% ../../nbs/25e_calibrate.ipynb #d24c1518
 def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in its meta (`dars train` writes it)
@@ -275,18 +275,30 @@ def apart(a: float, # one number
         if shown[0] != shown[1] or a == b: return shown
     return repr(a), repr(b)
 
+def _rounded(x: float, digits: int, rounding: str) -> str:
+    "`x` in `digits` significant digits, positional, rounded up (ROUND_CEILING) or down (ROUND_FLOOR)."
+    if x == 0: return '0'
+    x = Decimal(repr(float(x)))
+    return format(x.quantize(Decimal(1).scaleb(x.adjusted() - digits + 1), rounding=rounding).normalize(), 'f')
+
 def inward(lo: float, # the lower end of a range
            hi: float, # its upper end
            digits: int = 3, # the fewest significant digits shown
           ) -> tuple[str, str]:
     "A range inside [lo, hi] in few digits: `lo` rounded up and `hi` down, to digits that keep half its width."
-    def rounded(x, d, rounding):
-        if x == 0: return '0'
-        x = Decimal(repr(float(x)))
-        return format(x.quantize(Decimal(1).scaleb(x.adjusted() - d + 1), rounding=rounding).normalize(), 'f')
     for d in range(digits, 18):
-        shown = rounded(lo, d, ROUND_CEILING), rounded(hi, d, ROUND_FLOOR)
+        shown = _rounded(lo, d, ROUND_CEILING), _rounded(hi, d, ROUND_FLOOR)
         if float(shown[1]) - float(shown[0]) >= (hi - lo) / 2: return shown
+    return repr(lo), repr(hi)
+
+def outward(lo: float, # the lower end of a range
+            hi: float, # its upper end
+            digits: int = 6, # the fewest significant digits shown
+           ) -> tuple[str, str]:
+    "A range around [lo, hi] in few digits: `lo` rounded down and `hi` up, to digits that at most double its width."
+    for d in range(digits, 18):
+        shown = _rounded(lo, d, ROUND_FLOOR), _rounded(hi, d, ROUND_CEILING)
+        if float(shown[1]) - float(shown[0]) <= 2 * (hi - lo): return shown
     return repr(lo), repr(hi)
 
 # %% ../../nbs/25e_calibrate.ipynb #6e309000
@@ -335,7 +347,7 @@ def _jump_note(cal: Calibration, fmt) -> list:
                 f"questions; {moved} move at once{because})")
     else: jump = "{} to {}".format(*(fmt(v) if fmt(j.value[0]) != fmt(j.value[1]) else f"${v:.6g}"
                                      for v in j.value)) + because
-    return ["note: no λ comes closer: between λ = {} and {} it jumps from ".format(*apart(*j.lam, 6)) + jump]
+    return ["note: no λ comes closer: between λ = {} and {} it jumps from ".format(*outward(*j.lam)) + jump]
 
 def _target_lines(cal: Calibration) -> list:
     "The λ with its model name, how close it came, whether the target was in reach, whether it is monotone."
