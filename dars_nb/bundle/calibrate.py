@@ -51,19 +51,22 @@ class RouteOutcomes:
         return self._choices[lam]
 
 # %% ../../nbs/25e_calibrate.ipynb #a1c0e7b2
-UTILITIES_AT_ONCE = 2**22   # utilities (λ × questions × models) computed in one block: 32 MiB of float64
+UTILITIES_AT_ONCE = 2**22   # utilities (λ × questions × models) in one block: 32 MiB of float64
 
 @patch
 def choices(self: RouteOutcomes, lams, # cost weights λ
            ) -> np.ndarray:
-    "The chosen model's index per λ and question (L, n): one block of utilities for many λ, then `bundle.route`'s guard at each."
+    "The chosen model's index per λ and question (L, n): utilities of many λ at once, then the guard."
     lams, b = np.asarray(lams, float).reshape(-1), self.bundle
-    if not b.router.lam_affine: return np.array([b.choose(self.X, lam) for lam in lams]).reshape(len(lams), self.n)
-    chosen, step = np.empty((len(lams), self.n), int), max(1, UTILITIES_AT_ONCE // max(self.quality.size, 1))
+    if not b.router.lam_affine:   # a policy of λ: predicted afresh at each
+        return np.array([b.choose(self.X, lam) for lam in lams]).reshape(len(lams), self.n)
+    chosen = np.empty((len(lams), self.n), int)
+    step = max(1, UTILITIES_AT_ONCE // max(self.quality.size, 1))
     for start in range(0, len(lams), step):
         block = lams[start:start + step]
-        U = self.quality[None] - block[:, None, None] * self.mu_c[None]   # the router's U = quality − λ·μ_c
-        chosen[start:start + len(block)] = [b._ranking(u, float(lam))[:, 0] for u, lam in zip(U, block)]
+        U = self.quality[None] - block[:, None, None] * self.mu_c[None]   # U = quality − λ·μ_c
+        # the guard's choice, as `RouterBundle.route` takes it
+        chosen[start:start + len(block)] = [b._ranking(u, float(l))[:, 0] for u, l in zip(U, block)]
     self._choices.update(zip(lams.tolist(), chosen))
     return chosen
 
@@ -140,8 +143,12 @@ def _bisect(f, lo: float, hi: float, t: float, rtol: float = 1e-7) -> list:
     return [lo, hi]
 
 # %% ../../nbs/25e_calibrate.ipynb #e3b1f0a4
+def _positional(x: float, digits: int) -> str:
+    "`x` in `digits` significant digits, without an exponent."
+    return np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim='-')
+
 def _edge(same, good: float, bad: float, rtol: float) -> float:
-    "The λ nearest to `bad` still routed like `good`: bisection of [good, bad] to a relative width `rtol`."
+    "The λ nearest to `bad` still routed like `good`: [good, bad] bisected to a relative width."
     while abs(bad - good) > rtol * max(abs(good), abs(bad)):
         mid = (good + bad) / 2
         if mid in (good, bad): break     # adjacent floats
@@ -154,7 +161,7 @@ def plateau(outcomes: RouteOutcomes, # the questions, routed
             tried, # λ already routed: the nearest routed otherwise on each side bound the search
             rtol: float = 1e-13, # relative width to which each end is bisected
            ) -> tuple[float, float]:
-    "The ends of the λ interval around `lam` whose every question is routed as at `lam` (bisected against `tried`)."
+    "The ends of the λ interval around `lam` over which every question is routed as at `lam`."
     ref, tried = outcomes.choice(lam), np.unique(np.r_[0.0, np.asarray(tried, float)])
     same = lambda l: np.array_equal(outcomes.choice(l), ref)
     differs = np.array([not same(l) for l in tried])
@@ -166,10 +173,10 @@ def plateau(outcomes: RouteOutcomes, # the questions, routed
 def lam_text(lo: float, # the plateau's lower end
              hi: float, # its upper end
             ) -> str:
-    "The plateau's midpoint, with the fewest significant digits that keep it in the middle half of [lo, hi]."
+    "The plateau's midpoint, in the fewest significant digits that keep it in the middle half."
     mid, quarter = (lo + hi) / 2, (hi - lo) / 4
     for digits in range(1, 18):
-        text = np.format_float_positional(mid, precision=digits, unique=False, fractional=False, trim='-')
+        text = _positional(mid, digits)
         if lo + quarter <= float(text) <= hi - quarter: return text
     return repr(mid)
 
@@ -227,8 +234,10 @@ def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> Jump | None:
                 fixed=(fixed(lo), fixed(hi)))
 
 def _printed(out: RouteOutcomes, best: float, tried) -> tuple[str, tuple]:
-    "λ as printed and its plateau: the midpoint of the plateau of `best`, checked to route as `best` does."
-    if out.bundle.guard is not None and 'lams' in out.bundle.guard_cv.parts: return repr(best), (best, best)
+    "λ as printed and its plateau: the middle of `best`'s plateau, checked to route as `best` does."
+    b = out.bundle
+    # its grid only
+    if b.guard is not None and 'lams' in b.guard_cv.parts: return repr(best), (best, best)
     ends = plateau(out, best, tried)
     text = lam_text(*ends)
     if np.array_equal(out.choice(float(text)), out.choice(best)): return text, ends
@@ -258,8 +267,9 @@ def calibrate(bundle: RouterBundle, # the router
     best, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
     text, ends = _printed(out, best, tried)
     lam = float(text)
-    return Calibration(lam=lam, text=text, plateau=ends, target=target, achieved=f(lam), outcome=out.at(lam),
-                       fixed=_fixed_alone(out, lam), scan=pd.DataFrame(dict(lam=tried, value=measured)),
+    return Calibration(lam=lam, text=text, plateau=ends, target=target, achieved=f(lam),
+                       outcome=out.at(lam), fixed=_fixed_alone(out, lam),
+                       scan=pd.DataFrame(dict(lam=tried, value=measured)),
                        monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n,
                        jump=_jump(out, f, brackets, lam))
 
@@ -270,22 +280,22 @@ def apart(a: float, # one number
          ) -> tuple[str, str]:
     "`a` and `b` with the fewest significant digits (at least `digits`) that tell them apart."
     for d in range(digits, 18):
-        shown = tuple(np.format_float_positional(x, precision=d, unique=False, fractional=False, trim='-')
-                      for x in (a, b))
+        shown = _positional(a, d), _positional(b, d)
         if shown[0] != shown[1] or a == b: return shown
     return repr(a), repr(b)
 
 def _rounded(x: float, digits: int, rounding: str) -> str:
-    "`x` in `digits` significant digits, positional, rounded up (ROUND_CEILING) or down (ROUND_FLOOR)."
+    "`x` in `digits` significant digits, without an exponent, rounded up (ROUND_CEILING) or down."
     if x == 0: return '0'
     x = Decimal(repr(float(x)))
-    return format(x.quantize(Decimal(1).scaleb(x.adjusted() - digits + 1), rounding=rounding).normalize(), 'f')
+    step = Decimal(1).scaleb(x.adjusted() - digits + 1)
+    return format(x.quantize(step, rounding=rounding).normalize(), 'f')
 
 def inward(lo: float, # the lower end of a range
            hi: float, # its upper end
            digits: int = 3, # the fewest significant digits shown
           ) -> tuple[str, str]:
-    "A range inside [lo, hi] in few digits: `lo` rounded up and `hi` down, to digits that keep half its width."
+    "A range inside [lo, hi] in few digits: `lo` rounded up, `hi` down, keeping half its width."
     for d in range(digits, 18):
         shown = _rounded(lo, d, ROUND_CEILING), _rounded(hi, d, ROUND_FLOOR)
         if float(shown[1]) - float(shown[0]) >= (hi - lo) / 2: return shown
@@ -295,7 +305,7 @@ def outward(lo: float, # the lower end of a range
             hi: float, # its upper end
             digits: int = 6, # the fewest significant digits shown
            ) -> tuple[str, str]:
-    "A range around [lo, hi] in few digits: `lo` rounded down and `hi` up, to digits that at most double its width."
+    "A range around [lo, hi] in few digits: `lo` rounded down, `hi` up, at most twice as wide."
     for d in range(digits, 18):
         shown = _rounded(lo, d, ROUND_FLOOR), _rounded(hi, d, ROUND_CEILING)
         if float(shown[1]) - float(shown[0]) <= 2 * (hi - lo): return shown
@@ -318,48 +328,55 @@ def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
 
 # %% ../../nbs/25e_calibrate.ipynb #4702d825
 def router_model(cal: Calibration) -> str:
-    "The model name that asks the router for the printed λ (its digits kept when the usual name rounds them)."
+    "The model name that asks the router for the printed λ, in the digits printed."
     name = router_model_name(cal.lam)
     return name if lambda_from_model_name(name)[1] == cal.lam else f"{ROUTER_MODEL}-{cal.text}"
 
 def _reach_note(cal: Calibration, fmt) -> list:
-    "A note when the target is out of reach: the quantity at λ = 0 and at the largest λ, in that order."
+    "A note when the target is out of reach: the quantity at λ = 0, then at the largest λ."
     t, scan = cal.target, cal.scan.sort_values('lam')
     lo, hi = scan.value.min(), scan.value.max()
     if lo - 1e-12 <= t.value <= hi + 1e-12: return []
     first, last = scan.iloc[0], scan.iloc[-1]
-    between = '' if {lo, hi} == {first.value, last.value} else f" (from {fmt(lo)} to {fmt(hi)} in between)"
+    ends = {lo, hi} == {first.value, last.value}
+    between = '' if ends else f" (from {fmt(lo)} to {fmt(hi)} in between)"
     return [f"note: the target is out of reach: it is {fmt(first.value)} at λ = {first.lam:g} and "
             f"{fmt(last.value)} at λ = {last.lam:.4g}{between}"]
 
 def _jump_note(cal: Calibration, fmt) -> list:
-    "A note when no λ meets the target because the quantity jumps over it: where, by how much, and why."
+    "A note when the quantity jumps over the target: where, by how much, and why."
     t, n, j = cal.target, cal.n, cal.jump
     lo, hi = cal.scan.value.min(), cal.scan.value.max()
     tolerance = 1 / n if t.cost_usd is None else 1e-9 * max(t.value, 1e-12)
     if j is None or abs(cal.achieved - t.value) <= tolerance or not lo <= t.value <= hi: return []
-    why = [] if j.margin[0] == j.margin[1] else ["the guard's margin goes from {} to {}".format(*apart(*j.margin))]
-    why += [f"its best fixed model from {j.fixed[0]} to {j.fixed[1]}"] if j.fixed[0] != j.fixed[1] else []
+    why = []
+    if j.margin[0] != j.margin[1]: why.append("the guard's margin goes from {} to {}".format(*apart(*j.margin)))
+    if j.fixed[0] != j.fixed[1]: why.append("its best fixed model from {} to {}".format(*j.fixed))
     because = ': ' + ' and '.join(why) if why else ''
     if t.cost_usd is None:
         moved = round(abs(j.value[1] - j.value[0]) * n)
-        jump = (f"{fmt(j.value[0])} to {fmt(j.value[1])} ({round(j.value[0] * n)} to {round(j.value[1] * n)} "
-                f"questions; {moved} move at once{because})")
+        counts = [round(v * n) for v in j.value]
+        jump = (f"{fmt(j.value[0])} to {fmt(j.value[1])} ({counts[0]} to {counts[1]} questions; "
+                f"{moved} move at once{because})")
     else: jump = "{} to {}".format(*(fmt(v) if fmt(j.value[0]) != fmt(j.value[1]) else f"${v:.6g}"
                                      for v in j.value)) + because
-    return ["note: no λ comes closer: between λ = {} and {} it jumps from ".format(*outward(*j.lam)) + jump]
+    where = "between λ = {} and {}".format(*outward(*j.lam))
+    return [f"note: no λ comes closer: {where} it jumps from {jump}"]
 
 def _target_lines(cal: Calibration) -> list:
-    "The λ with its model name, how close it came, whether the target was in reach, whether it is monotone."
+    "The λ and its model name, how close it came, whether the target was in reach, and monotone."
     t, n, fmt = cal.target, cal.n, (fmt_usd if cal.target.cost_usd is not None else '{:.1%}'.format)
     got = (f"share of {t.model}: {cal.achieved:.1%} ({round(cal.achieved * n)} of {n} questions; "
            f"one question is {1 / n:.2%})" if t.cost_usd is None else
            f"expected cost: {fmt_usd(cal.achieved)} per request")
     lines = [f"target: {t.describe()}, on {n} questions",
-             f"λ = {cal.text} (dars serve --lam {cal.text}, or ask for the model {router_model(cal)})", got]
+             f"λ = {cal.text} (dars serve --lam {cal.text}, "
+             f"or ask for the model {router_model(cal)})",
+             got]
     if cal.plateau[0] < cal.plateau[1]:
-        lines.append("every λ from {} to {} routes these questions alike: λ is the middle of that range"
-                     .format(*inward(*cal.plateau)))
+        lo, hi = inward(*cal.plateau)
+        lines.append(f"every λ from {lo} to {hi} routes these questions alike: "
+                     "λ is the middle of that range")
     lines += _reach_note(cal, fmt) + _jump_note(cal, fmt)
     lines.append("it moves one way as λ grows (monotone over the scan)" if cal.monotone else
                  "note: it is not monotone in λ (the guard's best fixed model or margin changes): every "
