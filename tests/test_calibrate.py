@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -176,3 +177,35 @@ def test_calibrate_command_and_serving_the_lambda(llmrouter):
     assert res.stdout == lam + '\n'
     assert load_bundle(path).route(questions, float(lam)).count(NEMOTRON) == counts[NEMOTRON]
     assert abs(counts[NEMOTRON] / len(questions) - 0.7) <= 1 / len(questions)
+
+
+@slow
+def test_fast_scan_routes_as_bundle_route_on_llmrouter(llmrouter):
+    "Nine models, a guard whose best fixed model and margin move with λ: the block scan still routes as `bundle.route`."
+    from dars_nb.bundle import load_bundle
+    from dars_nb.bundle.calibrate import RouteOutcomes, lambda_grid, plateau
+    path, _, questions = llmrouter
+    bundle = load_bundle(path)
+    out = RouteOutcomes(bundle, questions)
+    grid = lambda_grid(out)
+    middles = [sum(plateau(out, lam, grid)) / 2 for lam in grid[::6]]   # each `route` predicts afresh: 3 s
+    for lam, row in zip(middles, out.choices(middles)):
+        assert [bundle.models[k] for k in row] == bundle.route(questions, lam), lam
+    assert len({tuple(r) for r in out.choices(middles)}) > 4
+
+
+@slow   # torch and a guard's cross-validation: about 20 s on 2 busy cores
+def test_policy_router_prints_a_lambda_of_its_guard_grid():
+    "RM-Softmax's guard is known on a grid of λ only: the printed λ is one of them, exactly, and routes as reported."
+    from dars_nb.bundle.calibrate import Target, calibrate, describe_calibration
+    from dars_nb.bundle.training import train
+    from dars_nb.simulate import simulate
+    from dars_nb.testing import simulated_texts, SMALL_ROUTERS
+    obs, feats, _ = simulate('gpqa_like', n_train=60, n_test=0, seed=0)
+    bundle = train(dict(observations=simulated_texts(obs, feats), guard=dict(folds=2),
+                        router=dict(family='RM-Softmax', random_state=0, **SMALL_ROUTERS['RM-Softmax'])), quiet=True)
+    questions = bundle.meta['train_texts']
+    cheap = bundle.models[int(np.argmin(bundle.meta['mean_cost_usd']))]
+    cal = calibrate(bundle, questions, Target(share=0.5, model=cheap))
+    assert float(cal.text) in bundle.guard_cv.parts['lams'].tolist()
+    check_routes_as_printed(bundle, questions, describe_calibration(bundle, cal))
