@@ -89,6 +89,9 @@ def test_local_grid_notes_read_in_the_order_of_lambda(local_grid):
     at_zero, top_share, top = re.search(r"out of reach: it is ([\d.]+)% at λ = 0 and ([\d.]+)% at λ = (\S+)\n", far).groups()
     assert [round(100 * routed_counts(bundle, questions, lam)['smollm2'] / len(questions), 1) for lam in (0.0, float(top))] \
         == [float(at_zero), float(top_share)], far
+    cost = report_of(path, cost=0.000004)
+    before, after = re.search(r"between λ = \S+ and \S+ it jumps from \$([\d.]+) to \$([\d.]+)", cost).groups()
+    assert float(before) > float(after), cost      # the cost falls as λ grows
 
 
 def test_fast_scan_routes_as_bundle_route(local_grid):

@@ -358,8 +358,10 @@ def _jump_note(cal: Calibration, fmt) -> list:
         counts = [round(v * n) for v in j.value]
         jump = (f"{fmt(j.value[0])} to {fmt(j.value[1])} ({counts[0]} to {counts[1]} questions; "
                 f"{moved} move at once{because})")
-    else: jump = "{} to {}".format(*(fmt(v) if fmt(j.value[0]) != fmt(j.value[1]) else f"${v:.6g}"
-                                     for v in j.value)) + because
+    else:
+        dollars = [fmt(v) for v in j.value]
+        if dollars[0] == dollars[1]: dollars = ['$' + v for v in apart(*j.value, 3)]
+        jump = f"{dollars[0]} to {dollars[1]}{because}"
     where = "between λ = {} and {}".format(*outward(*j.lam))
     return [f"note: no λ comes closer: {where} it jumps from {jump}"]
 
