@@ -160,15 +160,19 @@ def plateau(outcomes: RouteOutcomes, # the questions, routed
             lam: float, # a cost weight λ
             tried, # λ already routed: the nearest routed otherwise on each side bound the search
             rtol: float = 1e-13, # relative width to which each end is bisected
+            probes: int = 32, # λ tried inside the interval found, evenly spaced, before it is taken
            ) -> tuple[float, float]:
     "The ends of the λ interval around `lam` over which every question is routed as at `lam`."
     ref, tried = outcomes.choice(lam), np.unique(np.r_[0.0, np.asarray(tried, float)])
     same = lambda l: np.array_equal(outcomes.choice(l), ref)
-    differs = np.array([not same(l) for l in tried])
-    below, above = tried[(tried < lam) & differs], tried[(tried > lam) & differs]
-    lo = _edge(same, lam, below.max(), rtol) if len(below) else 0.0
-    hi = _edge(same, lam, above.min(), rtol) if len(above) else max(lam, tried.max())
-    return float(lo), float(hi)
+    while True:
+        differs = np.array([not same(l) for l in tried])
+        below, above = tried[(tried < lam) & differs], tried[(tried > lam) & differs]
+        lo = _edge(same, lam, below.max(), rtol) if len(below) else 0.0
+        hi = _edge(same, lam, above.min(), rtol) if len(above) else max(lam, tried.max())
+        inside = np.linspace(lo, hi, probes + 2)[1:-1]
+        if (outcomes.choices(inside) == ref).all(): return float(lo), float(hi)
+        tried = np.union1d(tried, inside)   # a route inside: bisect again against it
 
 def lam_text(lo: float, # the plateau's lower end
              hi: float, # its upper end
