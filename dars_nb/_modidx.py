@@ -157,8 +157,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._left_to': ('litellm_router.html#_left_to', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._refused': ('litellm_router.html#_refused', 'dars_nb/bundle/litellm.py'),
-                                        'dars_nb.bundle.litellm._routed_before': ( 'litellm_router.html#_routed_before',
-                                                                                   'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._tried': ('litellm_router.html#_tried', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm.context_lambda': ( 'litellm_router.html#context_lambda',
                                                                                    'dars_nb/bundle/litellm.py'),

@@ -33,6 +33,12 @@ def context_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.
     try: return asked_lambda(group, metadata, headers, router_model)
     except ValueError as e: raise ValueError(f"dars-router: {e}") from None
 
+def _refused(message: str, model: str) -> Exception:
+    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, never retried."
+    try: from litellm.exceptions import BadRequestError
+    except ImportError: return ValueError(message)
+    return BadRequestError(message=message, model=model, llm_provider='dars')
+
 # %% ../../nbs/37_litellm_router.ipynb #d2cc82ef
 def deployments_of(candidates: list, # LiteLLM's candidate models (`litellm_params.model` of each deployment)
                    model: str, # a model of the bundle
@@ -67,19 +73,9 @@ _NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the
 
 def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
     "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
-    failed = [p.get('model') for p in context.metadata.get('previous_models') or () if isinstance(p, dict)]
-    failed = [f for f in failed if isinstance(f, str)]
+    failed = [p['model'] for p in context.metadata.get('previous_models') or ()
+              if isinstance(p, dict) and isinstance(p.get('model'), str)]
     return [m for m in ranking if deployments_of(failed, m, plugin.models)]
-
-def _refused(message: str, model: str) -> Exception:
-    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, never retried."
-    try: from litellm.exceptions import BadRequestError
-    except ImportError: return ValueError(message)
-    return BadRequestError(message=message, model=model, llm_provider='dars')
-
-def _routed_before(metadata: dict) -> bool:
-    "Whether an earlier hop met the plugin (a narrowing or a failed attempt is on the request)."
-    return bool(_NARROWED in metadata or metadata.get('previous_models'))
 
 def _left_to(context):
     "`context`, with a narrowing of another group (a fallback hop, a reused `metadata`) widened to its candidates."
@@ -101,7 +97,8 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     candidates = list(context.candidate_models)
     served = [m for m in ranking if deployments_of(candidates, m, self.models)]
-    if not served and _routed_before(context.metadata): return _left_to(context)   # a fallback hop
+    met_before = _NARROWED in context.metadata or context.metadata.get('previous_models')   # an earlier hop
+    if not served and met_before: return _left_to(context)   # a fallback hop: LiteLLM serves it as configured
     if not served:
         raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
                          f"({', '.join(ranking)}); candidates: {', '.join(candidates)}")
