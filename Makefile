@@ -1,6 +1,6 @@
 # The README's two commands (`make reproduce`, `make test`) each set up .venv first when it is missing
 # or older than the files that define it; the others are the maintainer loop.
-.PHONY: setup test reproduce export readme docs bench outputs
+.PHONY: setup test reproduce export readme docs bench outputs dist
 
 VENV = .venv/.setup-done
 
@@ -33,3 +33,6 @@ bench: $(VENV)    ## benchmarks: figures and ratios, written with date and machi
 
 outputs: $(VENV)  ## run every notebook and keep its static outputs (SVG/PNG/text/tables) in it; NBS=a.ipynb,b.ipynb for some
 	.venv/bin/python tools/docs.py --outputs $(if $(NBS),--only $(NBS))
+
+dist: $(VENV)     ## the sdist and the wheel an index takes, in dist/, checked by twine
+	rm -rf dist && .venv/bin/python -m build --outdir dist && .venv/bin/twine check --strict dist/*

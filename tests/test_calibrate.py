@@ -1,10 +1,15 @@
-"`dars calibrate` on the shipped LLMRouter table: a bundle trained with `dars train`, targets on its 450 test questions."
+"""`dars calibrate` prints a λ that routes as it reports: on the local grid (a guarded kNN bundle on 32 questions, two
+models) and on the shipped LLMRouter table (a bundle trained with `dars train`, targets on its 450 test questions)."""
+import contextlib
+import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dars_nb.testing import forced_test_flags
@@ -12,10 +17,107 @@ from dars_nb.testing import forced_test_flags
 ROOT = Path(__file__).resolve().parents[1]
 DARS = str(Path(sys.executable).with_name('dars'))
 NEMOTRON, GEMMA = 'llama-3.1-nemotron-51b-instruct', 'gemma-2-9b-it'
-# about 2 minutes on 2 cores (the training alone, 5,160 questions): run with DARS_TEST_FLAGS=slow; the notebook
-# nbs/25e_calibrate.ipynb checks the same properties on a hand-made and a simulated router in `make test`
-pytestmark = [pytest.mark.slow, pytest.mark.skipif('slow' not in forced_test_flags(),
-                                                   reason='slow: set DARS_TEST_FLAGS=slow')]
+# the LLMRouter bundle trains on 5,160 questions (about 20 s alone, up to 2 minutes on 2 busy cores): its tests run
+# with DARS_TEST_FLAGS=slow; the local grid's check the same properties in `make test`
+
+
+def slow(test):
+    "`test`, run only with DARS_TEST_FLAGS=slow."
+    return pytest.mark.slow(pytest.mark.skipif('slow' not in forced_test_flags(), reason='slow: set DARS_TEST_FLAGS=slow')(test))
+
+
+def report_of(router, **target) -> str:
+    "What `dars calibrate ROUTER` prints for a target, run in this process."
+    from dars_nb.bundle.calibrate import calibrate_main
+    with contextlib.redirect_stdout(io.StringIO()) as out: calibrate_main(str(router), **target)
+    return out.getvalue()
+
+
+def printed(report: str) -> tuple:
+    "The λ and model name a report prints, the plateau it names, and its table: questions per model."
+    lam, name = re.search(r"^λ = (\S+) \(dars serve --lam \1, or ask for the model (\S+)\)$", report, re.M).groups()
+    ends = re.search(r"^every λ from (\S+) to (\S+) routes these questions alike", report, re.M)
+    rows = report.split('\n\n')[1].splitlines()[1:]
+    return lam, name, ends and ends.groups(), {r.split()[0]: int(r.split()[-1]) for r in rows}
+
+
+def routed_counts(bundle, questions, lam: float) -> dict:
+    "Questions per model when `bundle.route` routes `questions` at λ."
+    counts = pd.Series(bundle.route(questions, lam)).value_counts()
+    return {m: int(counts.get(m, 0)) for m in bundle.models}
+
+
+def check_routes_as_printed(bundle, questions, report: str) -> None:
+    "The printed λ, and the λ the printed model name carries, route every model's reported number of questions."
+    from dars_nb.bundle.model_name import lambda_from_model_name
+    lam, name, ends, counts = printed(report)
+    assert lambda_from_model_name(name) == (True, float(lam)), report
+    assert routed_counts(bundle, questions, float(lam)) == counts, report
+    if ends: assert float(ends[0]) <= float(lam) <= float(ends[1]), report
+
+
+@pytest.fixture(scope='module')
+def local_grid(tmp_path_factory):
+    "The guarded kNN bundle of data/local_grid/router.toml, and its training questions (what calibrate uses)."
+    from dars_nb.bundle import load_bundle
+    path = tmp_path_factory.mktemp('local_grid') / 'local.router'
+    res = subprocess.run([DARS, 'train', str(ROOT / 'data/local_grid/router.toml'), '--out', str(path), '--quiet'],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    bundle = load_bundle(path)
+    return path, bundle, bundle.meta['train_texts']
+
+
+@pytest.mark.parametrize('target', [dict(model='smollm2', share=1.0), dict(model='smollm2', share=0.5),
+                                    dict(model='gemma3', share=0.3), dict(model='gemma3', share=0.41),
+                                    dict(model='gemma3', share=0.0), dict(cost=0.000001), dict(cost=0.000004)])
+def test_local_grid_routes_as_printed(local_grid, target):
+    "On the local grid the printed λ and model name route the reported questions per model (the λ of 100 % to smollm2 routed 59 % before)."
+    path, bundle, questions = local_grid
+    check_routes_as_printed(bundle, questions, report_of(path, **target))
+
+
+def test_local_grid_notes_read_in_the_order_of_lambda(local_grid):
+    "A jump note names two different λ, the lower first, each routing the share it names; an out-of-reach note is λ = 0 first."
+    path, bundle, questions = local_grid
+    report = report_of(path, model='gemma3', share=0.3)
+    lo, hi, before, after = re.search(r"between λ = (\S+) and (\S+) it jumps from [\d.]+% to [\d.]+% \((\d+) to (\d+) "
+                                      r"questions", report).groups()
+    assert float(lo) < float(hi), report
+    assert [routed_counts(bundle, questions, float(l))['gemma3'] for l in (lo, hi)] == [int(before), int(after)], report
+    far = report_of(path, model='smollm2', share=0.5)
+    at_zero, top_share, top = re.search(r"out of reach: it is ([\d.]+)% at λ = 0 and ([\d.]+)% at λ = (\S+)\n", far).groups()
+    assert [round(100 * routed_counts(bundle, questions, lam)['smollm2'] / len(questions), 1) for lam in (0.0, float(top))] \
+        == [float(at_zero), float(top_share)], far
+    cost = report_of(path, cost=0.000004)
+    before, after = re.search(r"between λ = \S+ and \S+ it jumps from \$([\d.]+) to \$([\d.]+)", cost).groups()
+    assert float(before) > float(after), cost      # the cost falls as λ grows
+
+
+def test_fast_scan_routes_as_bundle_route(local_grid):
+    "The block scan chooses, question by question, the model `bundle.route` chooses, at the middle of many plateaus."
+    import numpy as np
+    from dars_nb.bundle.calibrate import RouteOutcomes, lambda_grid, plateau
+    _, bundle, questions = local_grid
+    out = RouteOutcomes(bundle, questions)
+    grid = lambda_grid(out)
+    middles = [sum(plateau(out, lam, grid)) / 2 for lam in grid[::4]] + [bundle.lam]   # its own λ: the stored margin
+    for lam, row in zip(middles, out.choices(middles)):
+        assert [bundle.models[k] for k in row] == bundle.route(questions, lam), lam
+    assert len({tuple(r) for r in out.choices(middles)}) > 1 and np.isfinite(middles).all()
+
+
+def test_calibrate_command_prints_the_lambda_alone(local_grid):
+    "`dars calibrate --quiet` prints the λ of the full report; a model it does not route to is a one-line error."
+    path, _, _ = local_grid
+    res = subprocess.run([DARS, 'calibrate', str(path), '--model', 'gemma3', '--share', '0.3', '--quiet'],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == printed(report_of(path, model='gemma3', share=0.3))[0] + '\n'
+    bad = subprocess.run([DARS, 'calibrate', str(path), '--model', 'gpt-5', '--share', '0.5'],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and 'Traceback' not in bad.stderr
+    assert bad.stderr.startswith("dars calibrate: error: model 'gpt-5' is not one the router chooses from")
 
 
 @pytest.fixture(scope='module')
@@ -35,6 +137,7 @@ def llmrouter(tmp_path_factory):
     return tmp / 'llm.router', tmp / 'test.jsonl', [l['question'] for l in lines]
 
 
+@slow
 @pytest.mark.parametrize('model,share', [(NEMOTRON, 0.7), (NEMOTRON, 0.5), (NEMOTRON, 0.3), (GEMMA, 0.3), (GEMMA, 0.8)])
 def test_share_within_one_question_wherever_a_lambda_gives_it(llmrouter, model, share):
     """The share `calibrate` reaches is within one question of the target, or the target lies in a jump of the
@@ -46,6 +149,7 @@ def test_share_within_one_question_wherever_a_lambda_gives_it(llmrouter, model, 
     cal = calibrate(bundle, questions, Target(share=share, model=model))
     n = len(questions)
     report = describe_calibration(bundle, cal)
+    check_routes_as_printed(bundle, questions, report)
     if abs(cal.achieved - share) <= 1 / n: return
     j = cal.jump
     (lo, hi), (before, after) = j.lam, j.value
@@ -54,17 +158,57 @@ def test_share_within_one_question_wherever_a_lambda_gives_it(llmrouter, model, 
     assert 'note: no λ comes closer' in report
 
 
+@slow
+@pytest.mark.parametrize('target', [dict(model=NEMOTRON, share=0.573), dict(model=GEMMA, share=0.5),
+                                    dict(model='codegemma-7b', share=1.0), dict(cost=0.0002), dict(cost=0.00005)])
+def test_llmrouter_routes_as_printed(llmrouter, target):
+    "`dars calibrate --file` on the LLMRouter test questions: the printed λ and model name route the reported table."
+    from dars_nb.bundle import load_bundle
+    path, file, questions = llmrouter
+    check_routes_as_printed(load_bundle(path), questions, report_of(path, file=str(file), **target))
+
+
+@slow
 def test_calibrate_command_and_serving_the_lambda(llmrouter):
-    "The CLI prints the λ; routing at that λ gives the share it promised."
+    "The CLI prints the λ; routing at that λ gives exactly the share the report gives."
     from dars_nb.bundle import load_bundle
     path, file, questions = llmrouter
     res = subprocess.run([DARS, 'calibrate', str(path), '--file', str(file), '--model', NEMOTRON, '--share', '0.7',
                           '--quiet'], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr
-    lam = float(res.stdout)
-    chosen = load_bundle(path).route(questions, lam)
-    assert abs(np.mean([m == NEMOTRON for m in chosen]) - 0.7) <= 1 / len(questions)
-    bad = subprocess.run([DARS, 'calibrate', str(path), '--model', 'gpt-5', '--share', '0.5'],
-                         capture_output=True, text=True, timeout=900)
-    assert bad.returncode == 1 and 'Traceback' not in bad.stderr
-    assert bad.stderr.startswith("dars calibrate: error: model 'gpt-5' is not one the router chooses from")
+    lam, _, _, counts = printed(report_of(path, file=str(file), model=NEMOTRON, share=0.7))
+    assert res.stdout == lam + '\n'
+    assert load_bundle(path).route(questions, float(lam)).count(NEMOTRON) == counts[NEMOTRON]
+    assert abs(counts[NEMOTRON] / len(questions) - 0.7) <= 1 / len(questions)
+
+
+@slow
+def test_fast_scan_routes_as_bundle_route_on_llmrouter(llmrouter):
+    "Nine models, a guard whose best fixed model and margin move with λ: the block scan still routes as `bundle.route`."
+    from dars_nb.bundle import load_bundle
+    from dars_nb.bundle.calibrate import RouteOutcomes, lambda_grid, plateau
+    path, _, questions = llmrouter
+    bundle = load_bundle(path)
+    out = RouteOutcomes(bundle, questions)
+    grid = lambda_grid(out)
+    middles = [sum(plateau(out, lam, grid)) / 2 for lam in grid[::6]]   # each `route` predicts afresh: 3 s
+    for lam, row in zip(middles, out.choices(middles)):
+        assert [bundle.models[k] for k in row] == bundle.route(questions, lam), lam
+    assert len({tuple(r) for r in out.choices(middles)}) > 4
+
+
+@slow   # torch and a guard's cross-validation: about 20 s on 2 busy cores
+def test_policy_router_prints_a_lambda_of_its_guard_grid():
+    "RM-Softmax's guard is known on a grid of λ only: the printed λ is one of them, exactly, and routes as reported."
+    from dars_nb.bundle.calibrate import Target, calibrate, describe_calibration
+    from dars_nb.bundle.training import train
+    from dars_nb.simulate import simulate
+    from dars_nb.testing import simulated_texts, SMALL_ROUTERS
+    obs, feats, _ = simulate('gpqa_like', n_train=60, n_test=0, seed=0)
+    bundle = train(dict(observations=simulated_texts(obs, feats), guard=dict(folds=2),
+                        router=dict(family='RM-Softmax', random_state=0, **SMALL_ROUTERS['RM-Softmax'])), quiet=True)
+    questions = bundle.meta['train_texts']
+    cheap = bundle.models[int(np.argmin(bundle.meta['mean_cost_usd']))]
+    cal = calibrate(bundle, questions, Target(share=0.5, model=cheap))
+    assert float(cal.text) in bundle.guard_cv.parts['lams'].tolist()
+    check_routes_as_printed(bundle, questions, describe_calibration(bundle, cal))

@@ -98,3 +98,42 @@ def test_chat_page_answers_through_the_router(endpoint, browser):
     web = [u for u in urls if not u.startswith(('chrome:', 'data:', 'blob:'))]   # Chromium's own pages aside
     assert web and all(u.startswith(root) for u in web), web
     assert not [e for e in browser.get_log('browser') if e['level'] == 'SEVERE']
+
+
+def _posted(browser) -> list:
+    "(request body, response MIME type) of each chat request the page sent since the log was last read."
+    events = [json.loads(e['message'])['message'] for e in browser.get_log('performance')]
+    sent = {e['params']['requestId']: json.loads(e['params']['request']['postData']) for e in events
+            if e.get('method') == 'Network.requestWillBeSent' and e['params']['request']['url'].endswith('/v1/chat/completions')}
+    mime = {e['params']['requestId']: e['params']['response']['mimeType'] for e in events
+            if e.get('method') == 'Network.responseReceived' and e['params']['requestId'] in sent}
+    return [(body, mime.get(rid)) for rid, body in sent.items()]
+
+
+def test_chat_page_streams_and_clears(endpoint, browser):
+    "Answers come as a stream; Clear empties the log and the conversation the next question is sent with."
+    from selenium.webdriver.common.by import By
+    bundle, root = endpoint
+    browser.get(root + '/chat')
+    for _ in range(100):
+        if 'routing between' in browser.find_element(By.ID, 'status').text: break
+        time.sleep(0.1)
+    browser.get_log('performance')
+    for n, question in enumerate(('question apple', 'question quartz'), 1):
+        browser.find_element(By.ID, 'message').send_keys(question)
+        browser.find_element(By.ID, 'send').click()
+        answers = _answers(browser, n)                                    # each answered before the next is asked
+    assert [model for _, model, _ in answers] == bundle.route(['question apple', 'question quartz'])
+    assert [text.split('\n')[0] for text, _, _ in answers] == [f'{model} says 4' for _, model, _ in answers]
+    posted = _posted(browser)
+    assert [len(body['messages']) for body, _ in posted] == [1, 3]        # the second carries the conversation
+    assert all(body['stream'] is True and mime == 'text/event-stream' for body, mime in posted), posted
+    assert browser.find_element(By.ID, 'spend').text == '$0.0004'         # two answers of big, from the streams' usage
+    browser.find_element(By.ID, 'clear').click()
+    assert browser.find_elements(By.CSS_SELECTOR, '#log .turn') == []
+    browser.find_element(By.ID, 'message').send_keys('question stone')
+    browser.find_element(By.ID, 'send').click()
+    assert len(_answers(browser, 1)) == 1
+    assert [len(body['messages']) for body, _ in _posted(browser)] == [1]  # a new conversation
+    assert browser.find_element(By.ID, 'spend').text == '$0.0006'         # the spend stays
+    assert not [e for e in browser.get_log('browser') if e['level'] == 'SEVERE']

@@ -391,7 +391,7 @@ def _readme():
 
 def test_readme_reads_without_the_repository():
     """Every link of README.md works on a code host and in a package description: web addresses only, no relative link;
-    its charts are committed image files (relative: no docs site is declared in pyproject.toml)."""
+    its charts are committed image files, shown from the declared docs site (relative when none is declared)."""
     root, text = _readme()
     prose = re.sub(r'```.*?```', '', text, flags=re.S)
     links = re.findall(r'(?<!!)\[[^\]]+\]\(([^)\s]+)\)', prose)

@@ -1,9 +1,11 @@
 """The docs site in a real browser: every page opens in headless Chromium with no console error, every
 internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
-column at 1280 px and whose text stays at least 9 px at 400 px, every code block fits its column at
+column at 1280 px and whose text stays at least 9 px at 400 px, every code block wraps to its column at
 1280 px (these two open the pages with the widest code and three chart pages; every page with
-DARS_TEST_FLAGS=slow), no heading id appears twice on a page, API headings show dunder names as written, and no page
-links to the hosts the project never published.
+DARS_TEST_FLAGS=slow), at 400 px no page scrolls sideways (charts, tables and formulas scroll in their own box)
+and printed text keeps its lines, no heading id appears twice on a page, API headings show dunder names as
+written, pages link to each other and not to the published copy, and the README's links into the docs site
+name pages, anchors and images the site has.
 
 The site is built once per session with `tools.docs_site.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
@@ -202,15 +204,49 @@ def _widest_code(site, k=4):
 
 
 def test_code_blocks_fit_the_text_column(site, base_url, browser):
-    "At a 1280 px window no code block (input or printed output) scrolls sideways: long lines wrap."
+    "At a 1280 px window no code block scrolls sideways: long lines wrap (printed text keeps its lines: see below)."
     offenders = []
     for page in _widest_code(site):
         _open(browser, base_url + page)
         wide = browser.execute_script("""
-            return Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth])
-                        .filter(([i, s, w]) => s > w + 1);""")
+            return Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth, c])
+                        .filter(([i, s, w, c]) => !c.closest('.language-text') && s > w + 1).map(x => x.slice(0, 3));""")
         offenders += [f'{page}: code block {i} is {s} px wide in {w} px' for i, s, w in wide]
     assert not offenders, f'{len(offenders)} code block(s) scroll sideways:\n' + '\n'.join(offenders[:40])
+
+
+NARROW = """
+    const de = document.documentElement, room = de.clientWidth;
+    const out = (e) => e.getBoundingClientRect().right > room + 0.5 || e.getBoundingClientRect().left < -0.5;
+    const text = Array.from(document.querySelectorAll('.md-content .language-text pre > code'), c => {
+        const cs = getComputedStyle(c), pad = parseFloat(cs.paddingTop) + parseFloat(cs.paddingBottom);
+        const lines = c.textContent.replace(/\\n$/, '').split('\\n').length;
+        return [lines, (c.clientHeight - pad) / parseFloat(cs.lineHeight), cs.whiteSpace, out(c)];
+    });
+    const boxes = Array.from(document.querySelectorAll('.md-content .chart-output, .md-content table, .md-content math'),
+                             e => out(e.closest('.chart-output, .html-output, .md-typeset__scrollwrap') || e));
+    return [de.scrollWidth, room, text, boxes.filter(Boolean).length];"""
+
+def test_narrow_screen_scrolls_boxes_not_pages(site, base_url, browser):
+    """At a 400 px window no page scrolls sideways: a chart, a table or a formula wider than the column scrolls in its
+    own box; printed text (a text table) keeps each line on one line, aligned, and scrolls in its box."""
+    problems, n_text = [], 0
+    browser.set_window_size(400, 1000)
+    try:
+        assert browser.execute_script('return window.innerWidth') == 400
+        for page in _pages(site):
+            _open(browser, base_url + page)
+            page_width, room, text, boxes_out = browser.execute_script(NARROW)
+            if page_width > room: problems.append(f'{page}: the page is {page_width} px wide in a {room} px window')
+            if boxes_out: problems.append(f'{page}: {boxes_out} chart(s), table(s) or formula(s) reach outside the window')
+            for i, (lines, shown, white_space, out) in enumerate(text):
+                if white_space != 'pre' or abs(shown - lines) > 0.5 or out:
+                    problems.append(f'{page}: text block {i} has {lines} lines shown on {shown:.1f} ({white_space}, outside: {out})')
+            n_text += len(text)
+    finally:
+        browser.set_window_size(1280, 1000)
+    assert n_text > 50, f'only {n_text} printed text blocks on the site: are outputs still rendered as text blocks?'
+    assert not problems, f'{len(problems)} problem(s) at 400 px:\n' + '\n'.join(problems[:40])
 
 
 def test_chart_text_legible_on_a_narrow_screen(site, base_url, browser):
@@ -246,15 +282,38 @@ def test_headings_unique_and_dunders_as_code(site):
     assert not problems, f'{len(problems)} problem(s):\n' + '\n'.join(problems[:40])
 
 
-_MISSING_HOSTS = re.compile(r'<a\s[^>]*href=["\']?(?:https?:)?//(?:www\.)?(?:dars-nb\.github\.io|github\.com/dars-nb)(?:[/?#"\'\s>]|$)', re.I)
+def _declared_urls() -> dict:
+    "The project's addresses ([project.urls] of pyproject.toml), by label."
+    import tomllib
+    return tomllib.loads((ROOT / 'pyproject.toml').read_text())['project'].get('urls', {})
 
-def test_no_link_to_a_site_that_does_not_exist(site):
-    "The project has no hosted docs and no public repository: no page links to their planned addresses."
+
+def test_pages_link_to_each_other_not_to_the_published_copy(site):
+    "A page reaches the others by relative links, so a built copy reads offline: none links to the project's own addresses."
+    hosts = '|'.join(re.escape(u.split('//', 1)[1].rstrip('/')) for u in _declared_urls().values())
+    assert hosts, 'pyproject.toml declares no [project.urls]'
+    own = re.compile(rf'<a\s[^>]*href=["\']?(?:https?:)?//(?:www\.)?(?:{hosts})(?:[/?#"\'\s>]|$)', re.I)
     found = []
     for page in _pages(site):
         html = (site / page).read_text(encoding='utf-8')
-        found += [f'{page}: {m.group(0)}' for m in _MISSING_HOSTS.finditer(html)]
-    assert not found, f'{len(found)} link(s) to hosts that do not exist:\n' + '\n'.join(found[:40])
+        found += [f'{page}: {m.group(0)}' for m in own.finditer(html)]
+    assert not found, f'{len(found)} link(s) to the published copy:\n' + '\n'.join(found[:40])
+
+
+def test_readme_links_resolve_on_the_site(site):
+    "Each README link and image into the declared docs site names a file the site publishes, and an anchor it has."
+    from tools.docs_readme import docs_url
+    docs = docs_url(ROOT)
+    assert docs.startswith('https://'), 'pyproject.toml declares no docs site'
+    readme = re.sub(r'```.*?```', '', (ROOT / 'README.md').read_text(encoding='utf-8'), flags=re.S)
+    targets = re.findall(r'\]\((' + re.escape(docs) + r'/[^)\s]*)\)', readme)
+    assert len(targets) >= 5 and any(t.endswith('.svg') for t in targets), targets   # its pages and its chart
+    broken = []
+    for t in sorted(set(targets)):
+        path, frag = urldefrag(t[len(docs) + 1:])
+        if not (site / path).is_file(): broken.append(f'{t}: no {path} in the site')
+        elif frag and not _has_anchor((site / path).read_text(encoding='utf-8'), frag): broken.append(f'{t}: no anchor {frag}')
+    assert not broken, '\n'.join(broken)
 
 
 def test_search_works_offline(base_url, browser):

@@ -89,7 +89,6 @@ REFUSALS = [  # (line change, message)
     (lambda l: '[1, 2]', "math-500/train_scored_generations.jsonl line 5: not a JSON object"),
     (lambda l: {**l, 'query_id': ''}, "line 5: field 'query_id' is missing or empty"),
     (lambda l: {k: v for k, v in l.items() if k != 'model'}, "line 5: field 'model' is missing or empty"),
-    (lambda l: {k: v for k, v in l.items() if k != 'decode_id'}, "line 5: field 'decode_id' is missing"),
     (lambda l: {**l, 'prompt_variant_id': 'two'}, "line 5: field 'prompt_variant_id' must be an integer, got 'two'"),
     (lambda l: {**l, 'prompt_variant_id': 1.5}, "field 'prompt_variant_id' must be an integer, got 1.5"),
     (lambda l: {**l, 'prompt_variant_id': -3}, "field 'prompt_variant_id' must be at least -1, got -3"),

@@ -196,14 +196,15 @@ def test_streaming_relays_events_and_names_the_model(fixed, fixed2):
 def test_lambda_per_request_changes_the_routing(fixed, fixed2):
     with serving(by_lambda, pool_of(small=fixed.base_url, big=fixed2.base_url)) as (_, http):
         default = http.post('/v1/chat/completions', json=ASK)
-        cheap = http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 0.9})
+        cheap = http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': 0.9}})
         cheap_header = http.post('/v1/chat/completions', json=ASK, headers={'x-dars-lambda': '0.9'})
-        costly = http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 0.1})
-        assert_openai_error(http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 'cheap'}), 400, param='dars_lambda')
-        assert_openai_error(http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': -0.5}), 400, param='dars_lambda')
+        costly = http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': 0.1}})
+        assert_openai_error(http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': 'cheap'}}), 400, param='metadata')
+        assert_openai_error(http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': -0.5}}), 400, param='metadata')
+        assert_openai_error(http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 0.5}), 400, param='dars_lambda')   # no spelling: refused
     assert [r.headers['x-dars-model'] for r in (default, cheap, cheap_header, costly)] == ['big', 'small', 'small', 'big']
     assert (cheap.headers['x-dars-lambda'], cheap_header.headers['x-dars-lambda']) == ('0.9', '0.9')
-    assert all('dars_lambda' not in body for _, body in fixed.seen + fixed2.seen)   # λ is the endpoint's, not the upstream's
+    assert all('dars_lambda' not in json.dumps(body) for _, body in fixed.seen + fixed2.seen)   # λ is the endpoint's, not the upstream's
 
 
 @pytest.mark.parametrize('settings_lam, router_lam', [(0.3, 0.05), (None, 0.05), (0.0, 0.05), (None, None)])
@@ -215,7 +216,7 @@ def test_a_request_is_ranked_at_the_lambda_its_header_reports(fixed, settings_la
     with serving(recording, pool_of(small=fixed.base_url), lam=router_lam, lam_setting=settings_lam) as (_, http):
         health = http.get('/health').json()
         sent = [http.post('/v1/chat/completions', json=ASK),
-                http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': 0.7}),
+                http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': 0.7}}),
                 http.post('/v1/chat/completions', json=ASK, headers={'x-dars-lambda': '0.0'}),
                 http.post('/v1/chat/completions', json={**ASK, 'model': 'dars-router-0.2'})]
     default = settings_lam if settings_lam is not None else router_lam
@@ -227,7 +228,7 @@ def test_a_request_is_ranked_at_the_lambda_its_header_reports(fixed, settings_la
 def test_metrics_count_requests_and_spend(fixed, fixed2):
     with serving(by_lambda, pool_of(small=fixed.base_url, big=fixed2.base_url)) as (_, http):
         for lam in (0.9, 0.9, 0.0):
-            assert http.post('/v1/chat/completions', json={**ASK, 'dars_lambda': lam}).status_code == 200
+            assert http.post('/v1/chat/completions', json={**ASK, 'metadata': {'dars_lambda': lam}}).status_code == 200
         http.post('/v1/chat/completions', content=b'nope', headers={'content-type': 'application/json'})
         m = http.get('/metrics').json()
     # FixedEndpoint reports 10 prompt + 5 completion tokens; prices are $ per million tokens
@@ -271,7 +272,7 @@ def test_the_client_key_never_reaches_the_upstream(fixed, monkeypatch):
         with serving(by_lambda, pool, client_keys=(KEY,)) as (srv, http):
             client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
             for lam in (0.9, 0.0):
-                client.chat.completions.create(model='dars-router', messages=ASK['messages'], extra_body={'dars_lambda': lam})
+                client.chat.completions.create(model='dars-router', messages=ASK['messages'], metadata={'dars_lambda': str(lam)})
             list(client.chat.completions.create(model='dars-router', messages=ASK['messages'], stream=True))
     assert open_proxy.auth == [None]                                   # a model without a key variable gets no key
     assert keyed_proxy.auth == ['Bearer upstream-secret'] * 2          # a keyed model gets the pool's key, only that
@@ -345,7 +346,7 @@ def test_a_saved_bundle_routes_each_request_as_it_routes_the_text(bundle_file, f
         default = http.post('/v1/chat/completions', json={'messages': [{'role': 'user', 'content': moving[0]}]})
         for lam in lams:
             for t in asked:
-                r = http.post('/v1/chat/completions', json={'model': 'dars-router', 'dars_lambda': lam,
+                r = http.post('/v1/chat/completions', json={'model': 'dars-router', 'metadata': {'dars_lambda': lam},
                                                              'messages': [{'role': 'user', 'content': t}]})
                 got.append((r.headers['x-dars-model'], r.json()['model'])); want.append((b.route([t], lam)[0],) * 2)
     assert got == want

@@ -26,7 +26,7 @@ SLOW = 'slow' in forced_test_flags()
 MODELS = ['small', 'big']
 SETTINGS = ServeSettings(max_tokens=64, daily_spend_usd=1.0)
 FIELDS = ['model', 'messages', 'max_tokens', 'max_completion_tokens', 'n', 'stream', 'stream_options', 'dars_lambda',
-          'temperature', 'tools', 'base_url', 'api_key', 'user']
+          'metadata', 'temperature', 'tools', 'base_url', 'api_key', 'user']
 
 # every character, lone surrogates included (JSON can carry them as \ud800 escapes)
 chars = st.characters(codec=None, categories=None)
@@ -45,7 +45,9 @@ near = st.fixed_dictionaries(
     optional={'model': st.sampled_from(MODELS + ['dars-router', 'gpt-x']) | values,
               'max_tokens': st.integers(-3, 10**6) | values, 'max_completion_tokens': st.integers(-3, 200) | values,
               'n': st.integers(-1, 10) | values, 'stream': st.booleans() | values, 'stream_options': values,
-              'dars_lambda': st.floats() | values, 'temperature': st.floats(0, 2) | values, 'tools': values,
+              'dars_lambda': st.floats() | values,
+              'metadata': st.fixed_dictionaries({}, optional={'dars_lambda': st.floats() | values}) | values,
+              'temperature': st.floats(0, 2) | values, 'tools': values,
               'extra': values})
 bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), values, max_size=6).flatmap(
     lambda d: st.fixed_dictionaries({**{k: st.just(v) for k, v in d.items()}, 'messages': messages}))

@@ -158,7 +158,23 @@ _SITE_TEMPLATE = CODE_INPUT + r"""{% block data_svg %}
 </div>
 
 {% endblock data_html %}
-"""
+{% block stream %}
+
+{{ output.text | text_block }}
+
+{% endblock stream %}
+{% block data_text scoped %}
+
+{{ output.data['text/plain'] | text_block }}
+
+{% endblock data_text %}
+"""   # printed text as `text` blocks: the site keeps their lines as printed (tables stay aligned) and scrolls them
+
+def text_block(text: str, # printed output of a cell
+              ) -> str:
+    "`text` as a fenced Markdown block of language `text`, its fence longer than any run of backticks inside it."
+    fence = '`' * max(3, 1 + max(map(len, re.findall(r'`+', text)), default=0))
+    return f"{fence}text\n{text.rstrip(chr(10))}\n{fence}"
 
 def _plain_output(o) -> dict:
     "Output `o` with its text joined into strings, as nbconvert's templates expect."
@@ -190,7 +206,7 @@ def to_markdown(cells: list, # cells from `markdown_ready`
     from traitlets.config import Config
     c = Config({'ExtractOutputPreprocessor': {'enabled': True, 'extract_output_types': set(extract)}})
     ex = MarkdownExporter(config=c, template_file='page.md.j2', extra_loaders=[DictLoader({'page.md.j2': template})])
-    ex.environment.filters.update(dict(legible_svg=legible_svg) | (filters or {}))
+    ex.environment.filters.update(dict(legible_svg=legible_svg, text_block=text_block) | (filters or {}))
     nb = from_dict({'cells': [_plain_cell(c) for c in cells], 'metadata': {}, 'nbformat': 4, 'nbformat_minor': 4})
     body, res = ex.from_notebook_node(nb, resources={'unique_key': key, 'output_files_dir': files_dir})
     return re.sub(r'\n{3,}', '\n\n', body).strip() + '\n', res.get('outputs', {})

@@ -16,10 +16,12 @@ SITE_CSS = """
 .md-typeset .html-output { overflow-x: auto; font-size: 0.8em; }
 .md-typeset .html-output table.dataframe { border-collapse: collapse; }
 .md-typeset .html-output table.dataframe th, .md-typeset .html-output table.dataframe td { padding: 0.2em 0.6em; border-bottom: 1px solid var(--md-default-fg-color--lightest); text-align: right; }
-.md-typeset math[display="block"] { margin: 0.8em 0; font-size: 1.1em; }
+.md-typeset math[display="block"] { margin: 0.8em 0; font-size: 1.1em; max-width: 100%; overflow-x: auto; overflow-y: hidden; }
 .md-typeset td:first-child code { white-space: nowrap; }
 .md-typeset pre > code { white-space: pre-wrap; overflow-wrap: anywhere; }
-"""   # code blocks wrap instead of scrolling sideways; a chart shrinks to the column, down to its legible minimum width
+.md-typeset .language-text pre > code { white-space: pre; overflow-wrap: normal; overflow-x: auto; }
+"""   # code wraps instead of scrolling sideways; printed text keeps its lines (a table its columns) and scrolls in its
+# box; a chart shrinks to the column down to its legible minimum width, then scrolls in its box, as a wide formula does
 
 _HOOKS = IMPORT_SELF + "from tools.docs_pages import math_to_mathml\n\ndef on_page_content(html, **kwargs):\n    return math_to_mathml(html)\n"
 
@@ -48,7 +50,7 @@ def mkdocs_config(pages: list, # [(title, page path)] in navigation order
                                'search.highlight', 'search.suggest', 'content.code.copy']},
         'plugins': ['search'],
         'markdown_extensions': ['tables', 'attr_list', 'md_in_html', 'admonition', 'def_list',
-                                {'toc': {'permalink': True}}, {'pymdownx.highlight': {'use_pygments': True}},
+                                {'toc': {'permalink': True}}, {'pymdownx.highlight': {'use_pygments': True, 'pygments_lang_class': True}},
                                 'pymdownx.superfences', {'pymdownx.arithmatex': {'generic': True}}],
         'extra_css': ['assets/dars.css'], 'hooks': ['hooks.py'], 'nav': nav,
         # anchors: a broken one fails the build, except links to dunder headings, whose ids (escaped for Markdown,

@@ -6,17 +6,19 @@
 from __future__ import annotations
 import dataclasses
 import math
+from decimal import Decimal, ROUND_CEILING, ROUND_FLOOR
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle, read_questions
-from .model_name import router_model_name
+from .model_name import ROUTER_MODEL, router_model_name, lambda_from_model_name
 from ..pool.usage import fmt_usd
 
 # %% auto #0
-__all__ = ['predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'FixedAlone', 'Jump', 'Calibration',
-           'calibrate', 'describe_calibration', 'calibrate_main']
+__all__ = ['UTILITIES_AT_ONCE', 'predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'plateau', 'lam_text',
+           'FixedAlone', 'Jump', 'Calibration', 'calibrate', 'apart', 'inward', 'outward', 'router_model',
+           'describe_calibration', 'calibrate_main']
 
 # %% ../../nbs/25e_calibrate.ipynb #d24c1518
 def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in its meta (`dars train` writes it)
@@ -33,19 +35,40 @@ def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in it
 class RouteOutcomes:
     "What a bundle does with one set of questions at any λ: choices, shares, expected cost and quality."
     def __init__(self, bundle: RouterBundle, # the router
-                 texts, # the questions (featurized once)
+                 texts, # the questions (featurized and predicted once)
                 ):
         self.bundle, self.n = bundle, len(texts)
         self.X = bundle.features(texts)
         terms = bundle.router.predict_terms(self.X)
+        self.quality, self.mu_c = terms['quality'], terms['mu_c']
         self.mu_q, self.dollars = terms['mu_q'], predicted_dollars(bundle, terms['mu_c'])
         self._choices = {}
 
     def choice(self, lam: float) -> np.ndarray:
         "The chosen model's index per question at λ."
         lam = float(lam)
-        if lam not in self._choices: self._choices[lam] = self.bundle.choose(self.X, lam)
+        if lam not in self._choices: self._choices[lam] = self.choices([lam])[0]
         return self._choices[lam]
+
+# %% ../../nbs/25e_calibrate.ipynb #a1c0e7b2
+UTILITIES_AT_ONCE = 2**22   # utilities (λ × questions × models) in one block: 32 MiB of float64
+
+@patch
+def choices(self: RouteOutcomes, lams, # cost weights λ
+           ) -> np.ndarray:
+    "The chosen model's index per λ and question (L, n): utilities of many λ at once, then the guard."
+    lams, b = np.asarray(lams, float).reshape(-1), self.bundle
+    if not b.router.lam_affine:   # a policy of λ: predicted afresh at each
+        return np.array([b.choose(self.X, lam) for lam in lams]).reshape(len(lams), self.n)
+    chosen = np.empty((len(lams), self.n), int)
+    step = max(1, UTILITIES_AT_ONCE // max(self.quality.size, 1))
+    for start in range(0, len(lams), step):
+        block = lams[start:start + step]
+        U = self.quality[None] - block[:, None, None] * self.mu_c[None]   # U = quality − λ·μ_c
+        # the guard's choice, as `RouterBundle.route` takes it
+        chosen[start:start + len(block)] = [b._ranking(u, float(l))[:, 0] for u, l in zip(U, block)]
+    self._choices.update(zip(lams.tolist(), chosen))
+    return chosen
 
 # %% ../../nbs/25e_calibrate.ipynb #c5011be0
 @dataclasses.dataclass
@@ -119,6 +142,48 @@ def _bisect(f, lo: float, hi: float, t: float, rtol: float = 1e-7) -> list:
         else: hi = mid
     return [lo, hi]
 
+# %% ../../nbs/25e_calibrate.ipynb #e3b1f0a4
+def _positional(x: float, digits: int) -> str:
+    "`x` in `digits` significant digits, without an exponent."
+    return np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim='-')
+
+def _edge(same, good: float, bad: float, rtol: float) -> float:
+    "The λ nearest to `bad` still routed like `good`: [good, bad] bisected to a relative width."
+    while abs(bad - good) > rtol * max(abs(good), abs(bad)):
+        mid = (good + bad) / 2
+        if mid in (good, bad): break     # adjacent floats
+        if same(mid): good = mid
+        else: bad = mid
+    return good
+
+def plateau(outcomes: RouteOutcomes, # the questions, routed
+            lam: float, # a cost weight λ
+            tried, # λ already routed: the nearest routed otherwise on each side bound the search
+            rtol: float = 1e-13, # relative width to which each end is bisected
+            probes: int = 32, # λ tried inside the interval found, evenly spaced, before it is taken
+           ) -> tuple[float, float]:
+    "The ends of the λ interval around `lam` over which every question is routed as at `lam`."
+    ref, tried = outcomes.choice(lam), np.unique(np.r_[0.0, np.asarray(tried, float)])
+    same = lambda l: np.array_equal(outcomes.choice(l), ref)
+    while True:
+        differs = np.array([not same(l) for l in tried])
+        below, above = tried[(tried < lam) & differs], tried[(tried > lam) & differs]
+        lo = _edge(same, lam, below.max(), rtol) if len(below) else 0.0
+        hi = _edge(same, lam, above.min(), rtol) if len(above) else max(lam, tried.max())
+        inside = np.linspace(lo, hi, probes + 2)[1:-1]
+        if (outcomes.choices(inside) == ref).all(): return float(lo), float(hi)
+        tried = np.union1d(tried, inside)   # a route inside: bisect again against it
+
+def lam_text(lo: float, # the plateau's lower end
+             hi: float, # its upper end
+            ) -> str:
+    "The plateau's midpoint, in the fewest significant digits that keep it in the middle half."
+    mid, quarter = (lo + hi) / 2, (hi - lo) / 4
+    for digits in range(1, 18):
+        text = _positional(mid, digits)
+        if lo + quarter <= float(text) <= hi - quarter: return text
+    return repr(mid)
+
 # %% ../../nbs/25e_calibrate.ipynb #b6236e2b
 class FixedAlone(NamedTuple):
     "The best fixed model at one λ, with its mean predicted quality and dollars on the questions."
@@ -136,7 +201,9 @@ class Jump(NamedTuple):
 @dataclasses.dataclass
 class Calibration:
     "The λ `calibrate` found, what it does to the questions, and the scan it was found on."
-    lam: float # the λ that meets the target best
+    lam: float # the λ that meets the target best: `text` read as a number
+    text: str # λ as printed: the midpoint of `plateau`, in digits that stay inside it
+    plateau: tuple # (lowest, highest) λ found that route every question as `lam` does
     target: Target # what was aimed at
     achieved: float # the target's quantity at `lam`
     outcome: Outcome # the routes at `lam`
@@ -170,6 +237,16 @@ def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> Jump | None:
     return Jump(lam=(lo, hi), value=(f(lo), f(hi)), margin=(b.guard_margin(lo), b.guard_margin(hi)),
                 fixed=(fixed(lo), fixed(hi)))
 
+def _printed(out: RouteOutcomes, best: float, tried) -> tuple[str, tuple]:
+    "λ as printed and its plateau: the middle of `best`'s plateau, checked to route as `best` does."
+    b = out.bundle
+    # its grid only
+    if b.guard is not None and 'lams' in b.guard_cv.parts: return repr(best), (best, best)
+    ends = plateau(out, best, tried)
+    text = lam_text(*ends)
+    if np.array_equal(out.choice(float(text)), out.choice(best)): return text, ends
+    return repr(best), (best, best)
+
 def calibrate(bundle: RouterBundle, # the router
               texts, # the questions to calibrate on
               target: Target, # a share of one model or a mean cost per request
@@ -183,6 +260,7 @@ def calibrate(bundle: RouterBundle, # the router
         raise ValueError("this router bundle stores no dollar cost scale: train it again with dars train to aim at a cost")
     f = lambda lam: target.measure(bundle.models, out.at(lam))
     grid = lambda_grid(out, steps)
+    out.choices(grid)   # the whole scan in one block
     values = np.array([f(lam) for lam in grid])
     tried, brackets = list(grid), []
     if not (bundle.guard is not None and 'lams' in bundle.guard_cv.parts):
@@ -190,11 +268,52 @@ def calibrate(bundle: RouterBundle, # the router
         for i in np.flatnonzero(below[1:] != below[:-1]): brackets.append(_bisect(f, grid[i], grid[i + 1], target.value))
     tried = np.unique(tried + [l for b in brackets for l in b])
     measured = np.array([f(lam) for lam in tried])
-    lam, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
-    return Calibration(lam=lam, target=target, achieved=f(lam), outcome=out.at(lam),
-                       fixed=_fixed_alone(out, lam), scan=pd.DataFrame(dict(lam=tried, value=measured)),
+    best, d = float(tried[_best_candidate(target, tried, measured)]), np.diff(values)
+    text, ends = _printed(out, best, tried)
+    lam = float(text)
+    return Calibration(lam=lam, text=text, plateau=ends, target=target, achieved=f(lam),
+                       outcome=out.at(lam), fixed=_fixed_alone(out, lam),
+                       scan=pd.DataFrame(dict(lam=tried, value=measured)),
                        monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n,
                        jump=_jump(out, f, brackets, lam))
+
+# %% ../../nbs/25e_calibrate.ipynb #185a44d2
+def apart(a: float, # one number
+          b: float, # another
+          digits: int = 4, # the fewest significant digits shown
+         ) -> tuple[str, str]:
+    "`a` and `b` with the fewest significant digits (at least `digits`) that tell them apart."
+    for d in range(digits, 18):
+        shown = _positional(a, d), _positional(b, d)
+        if shown[0] != shown[1] or a == b: return shown
+    return repr(a), repr(b)
+
+def _rounded(x: float, digits: int, rounding: str) -> str:
+    "`x` in `digits` significant digits, without an exponent, rounded up (ROUND_CEILING) or down."
+    if x == 0: return '0'
+    x = Decimal(repr(float(x)))
+    step = Decimal(1).scaleb(x.adjusted() - digits + 1)
+    return format(x.quantize(step, rounding=rounding).normalize(), 'f')
+
+def inward(lo: float, # the lower end of a range
+           hi: float, # its upper end
+           digits: int = 3, # the fewest significant digits shown
+          ) -> tuple[str, str]:
+    "A range inside [lo, hi] in few digits: `lo` rounded up, `hi` down, keeping half its width."
+    for d in range(digits, 18):
+        shown = _rounded(lo, d, ROUND_CEILING), _rounded(hi, d, ROUND_FLOOR)
+        if float(shown[1]) - float(shown[0]) >= (hi - lo) / 2: return shown
+    return repr(lo), repr(hi)
+
+def outward(lo: float, # the lower end of a range
+            hi: float, # its upper end
+            digits: int = 6, # the fewest significant digits shown
+           ) -> tuple[str, str]:
+    "A range around [lo, hi] in few digits: `lo` rounded down, `hi` up, at most twice as wide."
+    for d in range(digits, 18):
+        shown = _rounded(lo, d, ROUND_FLOOR), _rounded(hi, d, ROUND_CEILING)
+        if float(shown[1]) - float(shown[0]) <= 2 * (hi - lo): return shown
+    return repr(lo), repr(hi)
 
 # %% ../../nbs/25e_calibrate.ipynb #6e309000
 def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
@@ -204,7 +323,7 @@ def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
     name, margin = bundle.models[fixed], bundle.guard_margin(lam)
     kept = f"{cal.outcome.share[fixed]:.1%} of the questions go to {name}"
     lines = [f"unguarded router: {kept}" if margin is None else
-             f"guard at λ = {lam:.4g}: best fixed model {name}, margin {margin:.4g}; {kept}"]
+             f"guard at λ = {cal.text}: best fixed model {name}, margin {margin:.4g}; {kept}"]
     if 'lams' not in bundle.guard_cv.parts or np.isclose(bundle.guard_cv.parts['lams'], lam).any():
         r, folds = bundle.guard_cv.report(lam), bundle.meta.get('folds', 'K')
         lines.append(f"held-out utility at this λ ({folds}-fold CV on the training queries): best fixed model "
@@ -212,26 +331,59 @@ def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
     return lines
 
 # %% ../../nbs/25e_calibrate.ipynb #4702d825
+def router_model(cal: Calibration) -> str:
+    "The model name that asks the router for the printed λ, in the digits printed."
+    name = router_model_name(cal.lam)
+    return name if lambda_from_model_name(name)[1] == cal.lam else f"{ROUTER_MODEL}-{cal.text}"
+
+def _reach_note(cal: Calibration, fmt) -> list:
+    "A note when the target is out of reach: the quantity at λ = 0, then at the largest λ."
+    t, scan = cal.target, cal.scan.sort_values('lam')
+    lo, hi = scan.value.min(), scan.value.max()
+    if lo - 1e-12 <= t.value <= hi + 1e-12: return []
+    first, last = scan.iloc[0], scan.iloc[-1]
+    ends = {lo, hi} == {first.value, last.value}
+    between = '' if ends else f" (from {fmt(lo)} to {fmt(hi)} in between)"
+    return [f"note: the target is out of reach: it is {fmt(first.value)} at λ = {first.lam:g} and "
+            f"{fmt(last.value)} at λ = {last.lam:.4g}{between}"]
+
+def _jump_note(cal: Calibration, fmt) -> list:
+    "A note when the quantity jumps over the target: where, by how much, and why."
+    t, n, j = cal.target, cal.n, cal.jump
+    lo, hi = cal.scan.value.min(), cal.scan.value.max()
+    tolerance = 1 / n if t.cost_usd is None else 1e-9 * max(t.value, 1e-12)
+    if j is None or abs(cal.achieved - t.value) <= tolerance or not lo <= t.value <= hi: return []
+    why = []
+    if j.margin[0] != j.margin[1]: why.append("the guard's margin goes from {} to {}".format(*apart(*j.margin)))
+    if j.fixed[0] != j.fixed[1]: why.append("its best fixed model from {} to {}".format(*j.fixed))
+    because = ': ' + ' and '.join(why) if why else ''
+    if t.cost_usd is None:
+        moved = round(abs(j.value[1] - j.value[0]) * n)
+        counts = [round(v * n) for v in j.value]
+        jump = (f"{fmt(j.value[0])} to {fmt(j.value[1])} ({counts[0]} to {counts[1]} questions; "
+                f"{moved} move at once{because})")
+    else:
+        dollars = [fmt(v) for v in j.value]
+        if dollars[0] == dollars[1]: dollars = ['$' + v for v in apart(*j.value, 3)]
+        jump = f"{dollars[0]} to {dollars[1]}{because}"
+    where = "between λ = {} and {}".format(*outward(*j.lam))
+    return [f"note: no λ comes closer: {where} it jumps from {jump}"]
+
 def _target_lines(cal: Calibration) -> list:
-    "How close the λ came, whether the quantity was monotone, and whether the target was in reach."
+    "The λ and its model name, how close it came, whether the target was in reach, and monotone."
     t, n, fmt = cal.target, cal.n, (fmt_usd if cal.target.cost_usd is not None else '{:.1%}'.format)
     got = (f"share of {t.model}: {cal.achieved:.1%} ({round(cal.achieved * n)} of {n} questions; "
            f"one question is {1 / n:.2%})" if t.cost_usd is None else
            f"expected cost: {fmt_usd(cal.achieved)} per request")
     lines = [f"target: {t.describe()}, on {n} questions",
-             f"λ = {cal.lam:.6g} (dars serve --lam {cal.lam:.6g}, or ask for the model {router_model_name(cal.lam)})",
+             f"λ = {cal.text} (dars serve --lam {cal.text}, "
+             f"or ask for the model {router_model(cal)})",
              got]
-    lo, hi, top = cal.scan.value.min(), cal.scan.value.max(), cal.scan.lam.max()
-    if not lo - 1e-12 <= t.value <= hi + 1e-12:
-        lines.append(f"note: the target is out of reach: from λ = 0 to {top:.4g} it goes from {fmt(lo)} to {fmt(hi)}")
-    j, miss = cal.jump, abs(cal.achieved - t.value)
-    if j is not None and miss > (1 / n if t.cost_usd is None else 1e-9 * max(t.value, 1e-12)) and lo <= t.value <= hi:
-        why = [f"the guard's margin goes from {j.margin[0]:.4g} to {j.margin[1]:.4g}"] if j.margin[0] != j.margin[1] else []
-        why += [f"its best fixed model from {j.fixed[0]} to {j.fixed[1]}"] if j.fixed[0] != j.fixed[1] else []
-        moved = (f" ({round(abs(j.value[1] - j.value[0]) * n)} questions move at once"
-                 + (': ' + ' and '.join(why) if why else '') + ')') if t.cost_usd is None else (': ' + ' and '.join(why) if why else '')
-        lines.append(f"note: no λ comes closer: at λ = {j.lam[1]:.6g} it jumps from {fmt(j.value[0])} to "
-                     f"{fmt(j.value[1])}{moved}")
+    if cal.plateau[0] < cal.plateau[1]:
+        lo, hi = inward(*cal.plateau)
+        lines.append(f"every λ from {lo} to {hi} routes these questions alike: "
+                     "λ is the middle of that range")
+    lines += _reach_note(cal, fmt) + _jump_note(cal, fmt)
     lines.append("it moves one way as λ grows (monotone over the scan)" if cal.monotone else
                  "note: it is not monotone in λ (the guard's best fixed model or margin changes): every "
                  "interval that crosses the target was bisected, and the λ above meets it best")
@@ -271,5 +423,5 @@ def calibrate_main(router: str, # path of a router bundle
     elif bundle.meta.get('train_texts'): texts = bundle.meta['train_texts']
     else: raise ValueError("this router bundle keeps no training questions: give questions with --file")
     cal = calibrate(bundle, texts, target)
-    print(f"{cal.lam:.6g}" if quiet else describe_calibration(bundle, cal))
+    print(cal.text if quiet else describe_calibration(bundle, cal))
     return 0

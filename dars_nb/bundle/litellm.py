@@ -8,11 +8,11 @@ import asyncio
 from pathlib import Path
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle
-from .model_name import ROUTER_MODEL, check_lambda, lambda_from_model_name, request_lambda
+from .model_name import ROUTER_MODEL, asked_lambda, check_lambda, request_lambda
 from ..observations import chat_text
 
 # %% auto #0
-__all__ = ['routing_text', 'asked_lambda', 'deployments_of', 'DarsRoutingPlugin']
+__all__ = ['routing_text', 'context_lambda', 'deployments_of', 'DarsRoutingPlugin']
 
 # %% ../../nbs/37_litellm_router.ipynb #5567a937
 def routing_text(messages) -> str:
@@ -23,21 +23,21 @@ def routing_text(messages) -> str:
     if text is None: raise ValueError("dars-router: the last user message has no text to route on")
     return text
 
-# %% ../../nbs/37_litellm_router.ipynb #898762a2
-def asked_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.metadata`)
+# %% ../../nbs/37_litellm_router.ipynb #4de32443
+def context_lambda(metadata: dict, # the request's metadata (LiteLLM's `context.metadata`)
                    router_model: str = ROUTER_MODEL, # the model group a router plugin serves
                   ) -> tuple:
-    "(whether the request asks the router, its λ or None) from `model_group` and `dars_lambda`."
+    "(whether the request asks the router, its λ or None), read as every door reads it (`asked_lambda`)."
     group = metadata.get('model_group_alias') or metadata.get('model_group')
-    routed, name_lam = lambda_from_model_name(group, router_model)
-    if not routed: return False, None
-    lam = metadata.get('dars_lambda')
-    if lam is not None:
-        lam = check_lambda(lam, 'dars-router: metadata dars_lambda')
-        if name_lam is not None and lam != name_lam:
-            raise ValueError(f"dars-router: the λ in the model name {group!r} and metadata dars_lambda disagree")
-        return True, lam
-    return True, name_lam
+    headers = metadata.get('headers') if isinstance(metadata.get('headers'), dict) else None
+    try: return asked_lambda(group, metadata, headers, router_model)
+    except ValueError as e: raise ValueError(f"dars-router: {e}") from None
+
+def _refused(message: str, model: str) -> Exception:
+    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, never retried."
+    try: from litellm.exceptions import BadRequestError
+    except ImportError: return ValueError(message)
+    return BadRequestError(message=message, model=model, llm_provider='dars')
 
 # %% ../../nbs/37_litellm_router.ipynb #d2cc82ef
 def deployments_of(candidates: list, # LiteLLM's candidate models (`litellm_params.model` of each deployment)
@@ -69,41 +69,41 @@ class DarsRoutingPlugin:
         return f"DarsRoutingPlugin({self.router_model!r}, λ = {self.lam:g}, models {', '.join(self.bundle.models)})"
 
 # %% ../../nbs/37_litellm_router.ipynb #9d3d1ad8
-def _tried(context) -> list:
-    "The models this request was already sent to by the plugin (LiteLLM retries with the request's metadata)."
-    prior = (context.metadata.get('routing_plugin_signals') or {}).get('dars')
-    return [] if prior is None else list(prior.get('tried', [])) + [prior['model']]
+_NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the plugins' narrowing
 
-def _refused(message: str, model: str) -> Exception:
-    "A request the plugin cannot route, as LiteLLM's `BadRequestError`: a 400 from the proxy, and never retried."
-    try: from litellm.exceptions import BadRequestError
-    except ImportError: return ValueError(message)
-    return BadRequestError(message=message, model=model, llm_provider='dars')
+def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
+    "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
+    failed = [p['model'] for p in context.metadata.get('previous_models') or ()
+              if isinstance(p, dict) and isinstance(p.get('model'), str)]
+    return [m for m in ranking if deployments_of(failed, m, plugin.models)]
 
-def _pick(plugin: DarsRoutingPlugin, ranking: list, candidates: list) -> tuple:
-    "(the first ranked model the group serves, its deployments); a ValueError when it serves none."
-    for model in ranking:
-        served = deployments_of(candidates, model, plugin.models)
-        if served: return model, served
-    raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
-                     f"({', '.join(ranking)}); candidates: {', '.join(candidates)}")
+def _left_to(context):
+    "`context`, with a narrowing of another group (a fallback hop, a reused `metadata`) widened to its candidates."
+    narrowed = context.metadata.get(_NARROWED)
+    if isinstance(narrowed, list) and not set(narrowed) & set(context.candidate_models):
+        narrowed.extend(context.candidate_models)   # LiteLLM keeps that list, not the context's copy of the dict
+    return context
 
 @patch
 async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
              ):
     "LiteLLM's plugin hook: narrow `context.candidate_models` to the router's pick for this request."
     try:
-        routed, asked = asked_lambda(context.metadata, self.router_model)
-        if not routed: return context
+        routed, asked = context_lambda(context.metadata, self.router_model)
+        if not routed: return _left_to(context)
         text = routing_text(context.structured_messages)
     except ValueError as e: raise _refused(str(e), self.router_model) from None
     lam = request_lambda(asked, self.lam)
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
-    tried = _tried(context)          # a retry goes to the next model of the ranking, as `dars serve` does
     candidates = list(context.candidate_models)
-    if tried and not any(deployments_of(candidates, m, self.models) for m in ranking):
-        return context               # a fallback to another model group, which LiteLLM serves as configured
-    model, served = _pick(self, [m for m in ranking if m not in tried] or ranking, candidates)
-    context.candidate_models = served
+    served = [m for m in ranking if deployments_of(candidates, m, self.models)]
+    met_before = _NARROWED in context.metadata or context.metadata.get('previous_models')   # an earlier hop
+    if not served and met_before: return _left_to(context)   # a fallback hop: LiteLLM serves it as configured
+    if not served:
+        raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
+                         f"({', '.join(ranking)}); candidates: {', '.join(candidates)}")
+    tried = _tried(context, self, ranking)   # a retry goes to the next model, as `dars serve` does
+    model = next((m for m in served if m not in tried), served[0])
+    context.candidate_models = deployments_of(candidates, model, self.models)
     context.signals['dars'] = {'model': model, 'lam': lam, 'ranking': ranking, 'tried': tried}
     return context

@@ -9,7 +9,8 @@ import re
 import reprlib
 
 # %% auto #0
-__all__ = ['ROUTER_MODEL', 'router_model_name', 'check_lambda', 'lambda_from_model_name', 'request_lambda']
+__all__ = ['ROUTER_MODEL', 'LAMBDA_FIELD', 'LAMBDA_HEADER', 'router_model_name', 'check_lambda', 'lambda_from_model_name',
+           'asked_lambda', 'request_lambda']
 
 # %% ../../nbs/25f_model_name.ipynb #78933304
 ROUTER_MODEL = 'dars-router'
@@ -49,6 +50,38 @@ def lambda_from_model_name(name, # a request's model name
     rest = name[len(base):]
     if not rest.startswith('-') or not _NUMBER.fullmatch(rest[1:]): return False, None
     return True, check_lambda(float(rest[1:]), f"the λ in model name {name!r}")
+
+# %% ../../nbs/25f_model_name.ipynb #952743bb
+LAMBDA_FIELD = 'dars_lambda'       # the key of λ in a request's `metadata`
+LAMBDA_HEADER = 'x-dars-lambda'    # the header that carries λ
+
+def _number_text(value):
+    "A string that reads as a number becomes that number (metadata and headers are text); else kept."
+    if not isinstance(value, str): return value
+    try: return float(value)
+    except ValueError: return value
+
+def _header(headers, name: str):
+    "The value of header `name` in a mapping of headers, in any case of its keys (None: not sent)."
+    sent = (v for k, v in (headers or {}).items() if isinstance(k, str) and k.lower() == name)
+    return next(sent, None)
+
+def asked_lambda(model, # the request's model name
+                 metadata=None, # the request's metadata (a mapping, or None)
+                 headers=None, # the request's headers (a mapping, or None)
+                 base: str = ROUTER_MODEL, # the router's model name
+                ) -> tuple:
+    "(whether the request asks the router, its λ or None); a one-line ValueError for a bad or disagreeing λ."
+    routed, name_lam = lambda_from_model_name(model, base)
+    if not routed: return False, None
+    given = {f"the λ in model name {model!r}": name_lam,
+             f"metadata.{LAMBDA_FIELD}": (metadata or {}).get(LAMBDA_FIELD),
+             f"the {LAMBDA_HEADER} header": _header(headers, LAMBDA_HEADER)}
+    lams = {what: check_lambda(_number_text(v), what) for what, v in given.items() if v is not None}
+    if len(set(lams.values())) > 1:
+        (a, x), (b, y) = list(lams.items())[:2]
+        raise ValueError(f"{a} and {b} disagree ({x:g} and {y:g})")
+    return True, next(iter(lams.values()), None)
 
 # %% ../../nbs/25f_model_name.ipynb #4f03706c
 def request_lambda(asked: float | None, # the request's own λ (None: it sets none)

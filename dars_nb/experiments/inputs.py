@@ -111,13 +111,14 @@ def load_data(data=None, # None for the simulator, an observation file (.parquet
               drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
               formulas: Formulas = Formulas(), # how the datasets' statistics are taken
               text_features: dict | None = None, # `features_from_text` arguments (method, text, featurizer's)
+              reader: str = 'paper', # how a release folder is read: 'paper' (documented schema, notes) or 'authors'
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
         datasets = simulated_datasets(settings.test_sizes, settings.n_train, seed, formulas)
         obs = pd.concat([d.obs for d in datasets], ignore_index=True)
         return datasets, validate(obs.drop(columns='cost_norm'))
-    obs = load_observations(data, drop_incomplete, log)
+    obs = load_observations(data, drop_incomplete, log, protocol=reader)
     usable = [d for d in obs['dataset'].cat.categories if _complete(select(obs, dataset=d))]
     if not usable:
         raise ValueError("no dataset in the file has both a training grid and test observations (view 'rewrite' or 'decode')")

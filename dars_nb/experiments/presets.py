@@ -75,12 +75,14 @@ def authors_baselines(ds: ProtocolData, # the dataset
                       views=('rewrite', 'decode'), # views (skipped without test observations)
                      ) -> pd.DataFrame:
     "Best fixed model and oracle chosen by mean score on each test view: model, score, cost, utility."
-    models, rows = model_order(ds.obs), []
-    present = set(ds.obs.loc[(ds.obs['split'] == 'test').to_numpy(), 'view'].astype(str))
+    models, rows, test = model_order(ds.obs), [], ds.obs[(ds.obs['split'] == 'test').to_numpy()]
+    present = set(test['view'].astype(str))
     for view in (v for v in views if v in present):
         score, cost = view_means(ds.obs, view, models)
-        # by mean score
-        fixed = str(score.columns[choose_fixed_model(score, complete=False).position])
+        # by mean score; a tie goes to the model the view's rows show first, as in the authors' code
+        seen = list(dict.fromkeys(test.loc[(test['view'] == view).to_numpy(), 'model'].astype(str)))
+        in_file_order = score[seen + [m for m in models if m not in seen]]
+        fixed = str(in_file_order.columns[choose_fixed_model(in_file_order, complete=False).position])
         S = score.to_numpy(float)
         best = np.argmax(np.nan_to_num(S, nan=-np.inf), axis=1)
         at = np.arange(len(S))

@@ -18,12 +18,13 @@ from .tables import VIEW_LABELS, compare_supervision, count_verdicts
 from .inputs import Settings
 from .paper import paper_wins_line
 from .presets import PAPER_PROTOCOL
-from ..sources.release import is_release
+from ..sources.release import is_release, release_files, RELEASE_MODELS
 from .stages import Run
 from .cluster import cluster_text
 
 # %% auto #0
-__all__ = ['peak_memory_mb', 'describe_data', 'run_summary', 'report_text', 'summary_text']
+__all__ = ['RELEASE_ROWS', 'DOWNLOAD_RECORDS', 'peak_memory_mb', 'release_evidence', 'describe_data', 'run_summary',
+           'report_text', 'summary_text']
 
 # %% ../../nbs/24c_report.ipynb #3da691f9
 def _descendants(pid: int) -> list[int]:
@@ -52,6 +53,51 @@ def peak_memory_mb() -> tuple[float, float]:
         if hwm: workers += int(hwm[0].split()[1]) / 1024
     return main, workers
 
+# %% ../../nbs/24c_report.ipynb #365aefcb
+RELEASE_ROWS = {'gpqa': {'train': 30_000, 'test': 8_928}, 'math-500': {'train': 30_000, 'test': 10_800},
+                'drop-800': {'train': 30_000, 'test': 21_600}}   # rows per file, as the authors document their release
+# where huggingface_hub records each file it downloads into a folder (`snapshot_download(local_dir=…)`, as the
+# authors' downloader calls it): newer versions, then older ones
+DOWNLOAD_RECORDS = ('.cache/huggingface/download', '.huggingface/download')
+
+def _line_count(path: Path) -> int:
+    "Lines of a file (a last line without a newline counts), read in blocks of 1 MiB."
+    n, last = 0, b'\n'
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(2**20), b''): n, last = n + block.count(b'\n'), block[-1:]
+    return n + (last != b'\n')
+
+def _first_model(path: Path) -> str | None:
+    "The model of a file's first line (None when that line is not a JSON object naming one)."
+    with open(path, 'rb') as f: head = f.readline(2**20)
+    try: rec = json.loads(head)
+    except ValueError: return None
+    return rec.get('model') if isinstance(rec, dict) else None
+
+def _metadata(folder: Path) -> list[dict]:
+    "The metadata.json objects of a release folder (its own and its dataset folders')."
+    out = []
+    for meta in [folder / 'metadata.json', *folder.glob('*/metadata.json')]:
+        try: value = json.loads(meta.read_text())
+        except (OSError, ValueError): continue
+        if isinstance(value, dict): out.append(value)
+    return out
+
+def release_evidence(folder, # a folder in the release layout
+                    ) -> str | None:
+    "What identifies `folder` as the authors' release (their downloader's records, or their files and row counts); None when nothing does."
+    folder = Path(folder)
+    if any('written_by' in m or 'synthetic' in str(m.get('source_repo', '')).lower() for m in _metadata(folder)):
+        return None
+    files = release_files(folder)
+    for records in DOWNLOAD_RECORDS:
+        if all((p.parent.parent / records / d / f'{p.name}.metadata').is_file() for d, _, p in files):
+            return f"the download records in {records}"
+    if all(d in RELEASE_ROWS and _first_model(p) in RELEASE_MODELS and _line_count(p) == RELEASE_ROWS[d][s]
+           for d, s, p in files):
+        return "its files, models and row counts are the ones the authors document"
+    return None
+
 # %% ../../nbs/24c_report.ipynb #1ae48cc8
 def _synthetic(folder: Path) -> bool:
     "True when a release folder's metadata.json files say its rows are synthetic."
@@ -69,7 +115,8 @@ def describe_data(data, # None (the simulator), a release folder or an observati
     if path.is_dir() and is_release(path):
         if _synthetic(path):
             return f"the synthetic fixture `{data}` (made-up rows in the release's layout, not the authors' data)"
-        return f"the authors' release `{data}`"
+        if release_evidence(path): return f"the authors' release `{data}`"
+        return f"a folder in the release layout, `{data}` (not identified as the authors' release)"
     return f"`{data}`"
 
 # %% ../../nbs/24c_report.ipynb #9591fd81

@@ -30,6 +30,7 @@ from .ablations import (run_ablations, ablation_table, plot_ablations,
                                            temperature_study,
                                            plot_temperature_study, plot_figure3)
 from .inputs import Settings, FULL, load_data
+from ..sources.release import READ_PROTOCOLS
 
 # %% auto #0
 __all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'diagnostics_stage', 'protocol_stage',
@@ -147,7 +148,7 @@ def data_stage(run: Run, # the run
     text = dict(method=p.features, text=p.text, **p.tfidf)
     datasets, obs = load_data(data, features=features, settings=settings, seed=run.seed,
                               log=run.log, drop_incomplete=drop_incomplete, formulas=p.formulas,
-                              text_features=text)
+                              text_features=text, reader=p.name if p.name in READ_PROTOCOLS else 'paper')
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs

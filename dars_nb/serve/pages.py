@@ -17,11 +17,12 @@ __all__ = ['OPEN_PATHS', 'PROMETHEUS_TYPE', 'health', 'prometheus_text', 'wants_
 OPEN_PATHS = ('/health', '/chat')   # served without a client key: nothing on them needs one
 
 async def health(request):
-    "GET /health: up, the router's model name, its models and the λ of a request that sets none."
+    "GET /health: up, the router's model name, its models and their prices, a request's default λ."
     from starlette.responses import JSONResponse
     state = request.app.state
     return JSONResponse({'status': 'ok', 'router_model': state.settings.router_model,
                          'models': list(state.pool.models), 'lam': state.lam,
+                         'prices': {m: [s.price_in, s.price_out] for m, s in state.pool.models.items()},
                          'since': state.metrics.snapshot()['since'], 'chat': state.chat})
 
 # %% ../../nbs/36f_serve_pages.ipynb #75bc86d9

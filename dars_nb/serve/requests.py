@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
-from ..bundle.model_name import ROUTER_MODEL, check_lambda, lambda_from_model_name
+from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL
+from ..bundle.model_name import asked_lambda, check_lambda
 from ..observations import chat_text
 
 # %% auto #0
@@ -211,21 +212,31 @@ def _asked_model(model, settings: ServeSettings, models) -> str | None:
                            'model', code='model_not_found')
     return model
 
-# %% ../../nbs/36a_serve_requests.ipynb #adb659d6
-def _header_number(value: str):
-    "A header's text as a float where it reads as one, else the text itself (for `check_lambda` to refuse)."
-    try: return float(value)
-    except ValueError: return value
-
-def _parse_lambda(body_value, header_value) -> float | None:
-    "The request's λ from the body or the header (None: neither), or a 400 `RequestError`."
-    try:
-        vals = ([check_lambda(body_value, 'dars_lambda')] if body_value is not None else []) + \
-               ([check_lambda(_header_number(header_value), 'the x-dars-lambda header')] if header_value is not None else [])
-    except ValueError as e: raise RequestError(400, str(e), 'dars_lambda') from None
-    if len(vals) == 2 and vals[0] != vals[1]:
-        raise RequestError(400, "dars_lambda and the x-dars-lambda header disagree", 'dars_lambda')
-    return vals[0] if vals else None
+# %% ../../nbs/36a_serve_requests.ipynb #89e0a2d6
+def _lambda_of(model, # the request's `model` (None: absent, which asks the router)
+               body: dict, # the request body; `metadata.dars_lambda` is taken out of it
+               lam_header: str | None, # the `x-dars-lambda` header, if sent
+               settings: ServeSettings, # the router's model name
+              ) -> tuple:
+    "(the model asked for, the request's λ or None), or a 400 `RequestError` naming the spelling at fault."
+    if LAMBDA_FIELD in body:
+        spellings = (f'"metadata": {{"{LAMBDA_FIELD}": ...}}, the {LAMBDA_HEADER} header '
+                     f'or the model name {settings.router_model}-<λ>')
+        raise RequestError(400, f'a top-level {LAMBDA_FIELD} is not read: send {spellings}', LAMBDA_FIELD)
+    metadata = body.get('metadata')
+    if metadata is not None and not isinstance(metadata, dict):
+        raise RequestError(400, f"metadata must be an object, got {type(metadata).__name__}", 'metadata')
+    headers = None if lam_header is None else {LAMBDA_HEADER: lam_header}
+    model = settings.router_model if model is None else model
+    try: routed, lam = asked_lambda(model, metadata, headers, settings.router_model)
+    except ValueError as e:
+        raise RequestError(400, str(e), 'model' if 'model name' in str(e) else
+                           'metadata' if str(e).startswith('metadata') else None) from None
+    if metadata is not None and LAMBDA_FIELD in metadata:
+        rest = {k: v for k, v in metadata.items() if k != LAMBDA_FIELD}
+        if rest: body['metadata'] = rest
+        else: del body['metadata']
+    return (settings.router_model if routed else model), lam
 
 # %% ../../nbs/36a_serve_requests.ipynb #d3654d0c
 def _stream_and_n(body: dict) -> tuple:
@@ -253,18 +264,11 @@ def _checked_max_tokens(body: dict, cap: int) -> tuple:
     for k in given: body[k] = effective
     return effective, capped
 
-# %% ../../nbs/36a_serve_requests.ipynb #109bbed6
-def _knob_in_name(model, settings: ServeSettings) -> tuple:
-    "(the model asked for, the λ its name carries): `dars-router-0.08` is the router at λ = 0.08."
-    try: routed, lam = lambda_from_model_name(model, settings.router_model)
-    except ValueError as e: raise RequestError(400, str(e), 'model') from None
-    return (settings.router_model if routed else model), lam
-
 # %% ../../nbs/36a_serve_requests.ipynb #225cc854
 @dataclass
 class ChatRequest:
     "A checked chat request: what to forward and how to route it."
-    body: dict # the fields to forward (without `model` and `dars_lambda`; `max_tokens` capped)
+    body: dict # the fields to forward (without `model` and `metadata.dars_lambda`; `max_tokens` capped)
     text: str # the last user message, which the router ranks on
     model: str | None # a pool model asked for by name (None: route)
     lam: float | None # λ for this request (None: the router's own)
@@ -291,12 +295,8 @@ def parse_chat_request(raw: bytes, # the request body
     import orjson
     body = _json_body(raw)
     text = _routing_text(body.get('messages'))
-    asked, name_lam = _knob_in_name(body.pop('model', None), settings)
+    asked, lam = _lambda_of(body.pop('model', None), body, lam_header, settings)
     model = _asked_model(asked, settings, models)
-    lam = _parse_lambda(body.pop('dars_lambda', None), lam_header)
-    if name_lam is not None and lam is not None and lam != name_lam:
-        raise RequestError(400, "the λ in the model name and dars_lambda disagree", 'model')
-    lam = name_lam if name_lam is not None else lam
     stream, n = _stream_and_n(body)
     max_tokens, capped = _checked_max_tokens(body, settings.max_tokens)
     if settings.daily_spend_usd is not None and b'"file"' in raw and _has_file_part(body['messages']):

@@ -15,11 +15,13 @@ __all__ = ['load_observations']
 # %% ../../nbs/07b_sources.ipynb #41ff0d48
 def load_observations(source, # a DataFrame, an observation file (.parquet, .jsonl, .csv), or a release folder
                       drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
-                      log=print, # where a release folder's count of dropped rows goes
+                      log=print, # where a release folder's notes (rows off its schema, dropped rows) go
                       max_line_mb: float | None = None, # a release folder: longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
+                      protocol: str = 'paper', # a release folder: 'paper' (documented schema, notes) or 'authors' (as their loader reads)
                      ) -> pd.DataFrame:
     "A validated observation table from a table, a file, or a folder in the authors' release layout."
     if isinstance(source, pd.DataFrame): return validate(source)
     if Path(source).is_dir():
-        return read_release(source, drop_incomplete=drop_incomplete, log=log, max_line_mb=max_line_mb)
+        return read_release(source, drop_incomplete=drop_incomplete, log=log, max_line_mb=max_line_mb,
+                            protocol=protocol)
     return read_observations(source)

@@ -11,16 +11,20 @@ import os
 import re
 import sys
 from array import array
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from ..observations import ObservationError, KEY_COLUMNS, validate, format_options, parse_options
+from ..observations import KEY_COLUMNS, validate, format_options, parse_options
+from .release_rows import ReleaseError, READ_PROTOCOLS, departures, departure_notes
+from .release_rows import tell_views, settle_ids, first_row_texts
 
 # %% auto #0
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
-           'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'NUMBER_COLUMNS', 'TEXT_COLUMNS', 'DEFAULT_MAX_LINE_MB',
-           'MAX_LINE_MB_ENV', 'ReleaseError', 'release_line_limit', 'release_files', 'is_release', 'read_release']
+           'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'AUTHORS_QUESTION_FIELDS', 'NUMBER_COLUMNS', 'TEXT_COLUMNS',
+           'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV', 'release_line_limit', 'release_files', 'is_release',
+           'read_release']
 
 # %% ../../nbs/07_release.ipynb #7f86b085
 RELEASE_DATASETS = ('gpqa', 'math-500', 'drop-800')   # the release's dataset folders
@@ -33,9 +37,6 @@ TASK_TYPES = {'multiple_choice': 'choice', 'free_form_math': 'math', 'reading_co
 # where a line may name its decoding strategy, at the top level or in request_config (first found wins)
 STRATEGY_FIELDS = ('decode_strategy', 'decoding_strategy', 'strategy', 'temperature_label')
 STRATEGY_KEYS = frozenset(STRATEGY_FIELDS)
-
-class ReleaseError(ObservationError):
-    "A release file or line that cannot be read, stated in one line."
 
 # %% ../../nbs/07_release.ipynb #7bcc3c8d
 MAX_ID = 2**31 - 2   # largest prompt_variant_id or decode_id: the table keeps its ids as 32-bit integers
@@ -68,16 +69,16 @@ def _key(rec: dict, field: str, where: str) -> str:
 # %% ../../nbs/07_release.ipynb #19832a4f
 class _Cell(NamedTuple):
     "A line's place in the grid."
-    view: str        # 'grid', 'rewrite' or 'decode'
-    rewrite_id: int  # 0 for the original question
-    sample_id: int   # the decode
+    view: str | None   # 'grid', 'rewrite' or 'decode'; None on a test line without observation_type
+    rewrite_id: float  # 0 for the original question; NaN without prompt_variant_id
+    sample_id: float   # the decode; NaN without decode_id
 
 def _cell(rec: dict, split: str, where: str) -> _Cell:
-    "The view, rewrite and decode of one line."
-    rewrite = _integer(rec, 'prompt_variant_id', where, -1) + 1
-    sample = _integer(rec, 'decode_id', where, 0)
+    "The view, rewrite and decode of one line (NaN for an id the line leaves out)."
+    given = lambda field, low: math.nan if rec.get(field) is None else _integer(rec, field, where, low)
+    rewrite, sample = given('prompt_variant_id', -1) + 1, given('decode_id', 0)
     if split == 'train': view = 'grid'
-    elif (kind := rec.get('observation_type')) is None: view = 'rewrite' if rewrite > 0 else 'decode'
+    elif (kind := rec.get('observation_type')) in (None, ''): view = None
     elif kind in OBSERVATION_TYPES: view = OBSERVATION_TYPES[kind]
     else: _bad(where, 'observation_type', f"is {kind!r} (expected one of {', '.join(OBSERVATION_TYPES)})")
     return _Cell(view=view, rewrite_id=rewrite, sample_id=sample)
@@ -116,12 +117,14 @@ class _Measures(NamedTuple):
     temperature: float
     top_p: float
 
-def _measures(rec: dict, where: str) -> _Measures:
+def _measures(rec: dict, where: str,
+              authors: bool = False, # the cost as the authors' loader reads it: the top-level `cost` alone
+             ) -> _Measures:
     "The score, cost, token counts and decoding settings of one line."
     usage, config = _object(rec, 'usage', where), _object(rec, 'request_config', where)
     score = _number(rec.get('score'), where, 'score')
     top = rec.get('cost')
-    cost = (_number(top, where, 'cost') if top is not None
+    cost = (_number(top, where, 'cost') if top is not None else math.nan if authors
             else _number(usage.get('cost'), where, 'usage.cost'))
     if math.isfinite(score) and not 0 <= score <= 1:
         _bad(where, 'score', f"must lie in [0, 1], got {score!r}")
@@ -132,7 +135,10 @@ def _measures(rec: dict, where: str) -> _Measures:
                      temperature=_number(config.get('temperature'), where, 'request_config.temperature'),
                      top_p=_number(config.get('top_p'), where, 'request_config.top_p'))
 
-# %% ../../nbs/07_release.ipynb #a4ce801d
+# %% ../../nbs/07_release.ipynb #ed45fedc
+# where the authors' encoder looks for a query's text, in order
+AUTHORS_QUESTION_FIELDS = ('original_question', 'input_question', 'question', 'prompt')
+
 def _optional_text(rec: dict, field: str, where: str) -> str | None:
     "A text field (None when missing or empty); lists and objects are refused."
     v = rec.get(field)
@@ -140,6 +146,16 @@ def _optional_text(rec: dict, field: str, where: str) -> str | None:
     if isinstance(v, (dict, list)): _bad(where, field, f"must be a string, got {type(v).__name__}")
     return str(v)
 
+def _filled_text(rec: dict, field: str, where: str) -> str | None:
+    "A text field, None when missing or blank (white space only)."
+    v = _optional_text(rec, field, where)
+    return v if v is not None and v.strip() else None
+
+def _first_text(rec: dict, fields: tuple) -> str | None:
+    "The first of `fields` holding a non-blank string, stripped (else None), as the authors' loader reads."
+    return next((v.strip() for f in fields if isinstance(v := rec.get(f), str) and v.strip()), None)
+
+# %% ../../nbs/07_release.ipynb #a4ce801d
 class _Texts(NamedTuple):
     "The texts of one line, each named as its column (None where missing)."
     query_text: str | None     # the wording sent
@@ -148,7 +164,9 @@ class _Texts(NamedTuple):
     options: str | None        # lettered lines `A. …`
     kind: str | None           # 'choice', 'math' or 'reading'
 
-def _texts(rec: dict, where: str) -> _Texts:
+def _texts(rec: dict, where: str,
+           authors: bool = False, # the original text and passage as the authors' encoder reads them
+          ) -> _Texts:
     "The wording sent, the original question, the passage, the options and the task kind of one line."
     choices = rec.get('choices')
     if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
@@ -156,10 +174,15 @@ def _texts(rec: dict, where: str) -> _Texts:
     task = rec.get('task_type')
     if task is not None and task not in TASK_TYPES:
         _bad(where, 'task_type', f"is {task!r} (expected one of {', '.join(TASK_TYPES)})")
-    return _Texts(query_text=_optional_text(rec, 'input_question', where),
-                  original_text=_optional_text(rec, 'original_question', where),
-                  passage=_optional_text(rec, 'context', where),
-                  options=format_options(choices) if choices else None, kind=TASK_TYPES.get(task))
+    if authors:
+        original = _first_text(rec, AUTHORS_QUESTION_FIELDS)
+        passage = _first_text(rec, ('context', 'passage'))
+    else:
+        original = _filled_text(rec, 'original_question', where)
+        passage = _filled_text(rec, 'context', where) or _filled_text(rec, 'passage', where)
+    return _Texts(query_text=_optional_text(rec, 'input_question', where), original_text=original,
+                  passage=passage, options=format_options(choices) if choices else None,
+                  kind=TASK_TYPES.get(task))
 
 # %% ../../nbs/07_release.ipynb #2d3cb5e9
 def _label(v) -> str | None:
@@ -231,7 +254,8 @@ def _frame(cols: _Columns, dataset: str, split: str) -> pd.DataFrame:
     out |= {c: _categorical(cols.texts[c], cols.values[c]) for c in cols.texts}
     out |= {c: np.frombuffer(v, float) for c, v in cols.numbers.items()}
     df = pd.DataFrame(out)
-    for c in ('rewrite_id', 'sample_id'): df[c] = df[c].astype(np.int32)
+    for c in ('rewrite_id', 'sample_id'):   # an id left out stays NaN until its file settles it
+        if not df[c].isna().any(): df[c] = df[c].astype(np.int32)
     for c in ('prompt_tokens', 'completion_tokens'): df[c] = df[c].astype('Int64')
     df['line'] = np.frombuffer(cols.lines, np.int64)
     return df
@@ -306,29 +330,35 @@ def _parse_line(text: str, where: str):
     return value
 
 # %% ../../nbs/07_release.ipynb #5f8dd67b
-def _row(rec, dataset: str, split: str, where: str) -> tuple[tuple, tuple]:
+def _row(rec, dataset: str, split: str, where: str,
+         authors: bool = False, # texts as the authors' encoder reads them
+        ) -> tuple[tuple, tuple]:
     "The numbers and texts of one parsed line, in the columns' order."
     if not isinstance(rec, dict): raise ReleaseError(f"{where}: not a JSON object")
     for field, want in (('dataset', dataset), ('split', split)):
         if rec.get(field) is not None and str(rec[field]) != want:
             _bad(where, field, f"is {rec[field]!r}, but the file holds {want!r}")
     cell, qid, model = _cell(rec, split, where), _key(rec, 'query_id', where), _key(rec, 'model', where)
-    return ((cell.rewrite_id, cell.sample_id, *_measures(rec, where)),
-            (cell.view, qid, model, *_texts(rec, where), *_labels(rec)))
+    return ((cell.rewrite_id, cell.sample_id, *_measures(rec, where, authors)),
+            (cell.view, qid, model, *_texts(rec, where, authors), *_labels(rec)))
 
 def _read_file(path: Path, dataset: str, split: str, responses: bool,
                line_limit: int | None = None, # longest line in bytes (None: `release_line_limit()`)
+               protocol: str = 'paper', # 'paper' or 'authors' (`READ_PROTOCOLS`)
               ) -> pd.DataFrame:
-    "Every line of one release file as rows (with their line numbers), read one line at a time."
-    cols, name = _Columns(responses), f"{path.parent.name}/{path.name}"
+    "Every line of one file as rows (with line numbers; `attrs['departures']` counts what lines left out)."
+    cols, name, left_out = _Columns(responses), f"{path.parent.name}/{path.name}", Counter()
     for i, text in _lines(path, name, release_line_limit() if line_limit is None else line_limit):
         where = f"{name} line {i}"
         rec = _parse_line(text, where)
-        numbers, texts = _row(rec, dataset, split, where)
+        numbers, texts = _row(rec, dataset, split, where, protocol == 'authors')
+        left_out.update(departures(rec))
         if responses: texts += (_optional_text(rec, 'output_text', where),)
         cols.add(i, numbers, texts)
     if not len(cols.lines): raise ReleaseError(f"{name} holds no rows")
-    return _frame(cols, dataset, split)
+    df = _frame(cols, dataset, split)
+    df.attrs['departures'] = dict(left_out)
+    return df
 
 # %% ../../nbs/07_release.ipynb #404cd40a
 def _check_rows(df: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -341,8 +371,9 @@ def _check_rows(df: pd.DataFrame, name: str) -> pd.DataFrame:
         first = rows[(rows[cell] == r[cell]).all(axis=1).to_numpy()]['line'].iloc[0]
         cell_name = (f"query {r['query_id']!r}, model {r['model']!r}, prompt_variant_id {r['rewrite_id'] - 1}, "
                      f"decode_id {r['sample_id']}")
-        raise ReleaseError(f"{name} line {r['line']}: the same answer as line {first} ({cell_name})")
-    if df['split'].iloc[0] == 'test':
+        raise ReleaseError(f"{name} line {r['line']}: the same answer as line {first} ({cell_name}; "
+                           "protocol='authors' keeps both, as the authors' loader does)")
+    if (df['split'] == 'test').all():   # an empty file of views (all left out) is refused too
         for view, kind in (('rewrite', 'prompt_variation'), ('decode', 'decoding_variation')):
             if not (df['view'] == view).any():
                 raise ReleaseError(f"{name}: the {view} view is empty (no line with observation_type "
@@ -415,14 +446,27 @@ def read_release(folder, # the release folder (`<folder>/<dataset>/<split>_score
                  splits=('train', 'test'), # which files of each dataset
                  drop_incomplete: bool = False, # drop rows without a finite score or cost (and say how many)
                  responses: bool = False, # keep each answer's text as a `response` column
-                 log=print, # where the count of dropped rows goes
+                 log=print, # where the notes (rows off the documented schema, dropped rows) go
                  max_line_mb: float | None = None, # longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
+                 protocol: str = 'paper', # 'paper' (documented schema, notes) or 'authors' (as their loader)
                 ) -> pd.DataFrame:
     "The authors' scored generations in `folder` as one validated observation table."
-    parts, limit = {}, release_line_limit(max_line_mb)
+    if protocol not in READ_PROTOCOLS:
+        expected = ', '.join(READ_PROTOCOLS)
+        raise ReleaseError(f"unknown protocol {protocol!r} (expected one of {expected})")
+    parts, notes, limit = {}, [], release_line_limit(max_line_mb)
     for dataset, split, path in release_files(folder, datasets, splits):
         name = f"{dataset}/{path.name}"
-        parts[name] = _check_rows(_read_file(path, dataset, split, responses, limit), name)
+        df = _read_file(path, dataset, split, responses, line_limit=limit, protocol=protocol)
+        notes += departure_notes(name, df.attrs.pop('departures'), protocol)
+        parts[name] = first_row_texts(df) if protocol == 'authors' else df
+    parts, told = tell_views(parts, protocol)
+    notes += told
+    for name, df in parts.items():
+        parts[name], shared = settle_ids(df, name, protocol)
+        notes += shared
+    for note in notes: log(note)
+    parts = {name: _check_rows(df, name) for name, df in parts.items()}
     parts = _drop_or_refuse(parts, drop_incomplete, log)
     obs = _concat(parts).drop(columns='line')
     if obs['strategy'].isna().all(): obs = obs.drop(columns='strategy')

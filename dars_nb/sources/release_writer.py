@@ -14,9 +14,11 @@ from ..observations import validate, parse_options
 from .release import RELEASE_FILES, OBSERVATION_TYPES, TASK_TYPES
 
 # %% auto #0
-__all__ = ['SCORE_TYPES', 'MAX_TOKENS', 'generation_key', 'dataset_kind', 'write_release']
+__all__ = ['WRITER', 'SCORE_TYPES', 'MAX_TOKENS', 'generation_key', 'dataset_kind', 'write_release']
 
 # %% ../../nbs/07a_release_writer.ipynb #d69c5dc5
+WRITER = 'dars_nb.sources.release_writer.write_release'   # what metadata.json names as its writer
+
 SCORE_TYPES = {'choice': 'binary_mcq_accuracy', 'math': 'binary_math_exact_match',
                'reading': 'continuous_drop_f1'}
 MAX_TOKENS = {'choice': 768, 'math': 3072, 'reading': 512}   # the collector's cap per task kind
@@ -109,9 +111,9 @@ def _kinds(obs: pd.DataFrame, dataset: str) -> dict:
 
 # %% ../../nbs/07a_release_writer.ipynb #cf001e33
 def _write_metadata(path: Path, dataset: str, obs: pd.DataFrame, source: str):
-    "metadata.json: how the queries were split (the authors' loader does not read it)."
+    "metadata.json: how the queries were split (the authors' loader does not read it), and that dars_nb wrote it."
     n = obs.groupby('split', observed=True)['query_id'].nunique()
-    meta = dict(dataset=dataset, source_repo=source, num_uncertainty_train=int(n.get('train', 0)),
+    meta = dict(dataset=dataset, source_repo=source, written_by=WRITER, num_uncertainty_train=int(n.get('train', 0)),
                 num_test=int(n.get('test', 0)), train_size=int(n.get('train', 0)), seed=42,
                 files=dict(uncertainty_train='uncertainty_train.jsonl', test='test.jsonl'))
     (path / 'metadata.json').write_text(json.dumps(meta, indent=2) + '\n')
