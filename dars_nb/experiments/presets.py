@@ -47,10 +47,10 @@ AUTHORS_PROTOCOL = Protocol(
     features='tfidf', text='authors', tfidf=dict(max_features=20000, ngram_range=(1, 2), sublinear_tf=False),
     router_settings={
         'MLP': dict(hidden_layer_sizes=(128, 64), alpha=1e-4, learning_rate_init=1e-3, max_iter=800,
-                    clip=True),
+                    clip=True, random_state=42, seed_per_draw=True, seed_offsets=(0, 991, 1991)),
         'kNN': dict(n_neighbors=16, metric='euclidean', eps=1e-8),
         'AvengersPro': dict(n_clusters=32, cap_clusters=True, top_k=3, beta_d=0.0, normalize=False,
-                            batched=False, seed_per_draw=True)},
+                            batched=False, seed_per_draw=True, random_state=42)},
     printout='authors',
     note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
           "sample σ_q, single-shot rows drawn by default_rng(42 + r), their encoder's text (passage "
