@@ -1237,6 +1237,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.stats_by_query': ( 'routers_base.html#stats_by_query',
                                                                                'dars_nb/routers/base.py'),
+                                      'dars_nb.routers.base.training_order': ( 'routers_base.html#training_order',
+                                                                               'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.training_settings': ( 'routers_base.html#training_settings',
                                                                                   'dars_nb/routers/base.py'),
                                       'dars_nb.routers.base.with_settings': ('routers_base.html#with_settings', 'dars_nb/routers/base.py'),

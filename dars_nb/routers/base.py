@@ -15,7 +15,7 @@ from ..stats import Supervision, utility
 
 # %% auto #0
 __all__ = ['check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings', 'with_settings',
-           'with_training_settings', 'family_targets', 'stats_by_query', 'native_thread_pools']
+           'with_training_settings', 'family_targets', 'training_order', 'stats_by_query', 'native_thread_pools']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -142,9 +142,10 @@ def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, 
 @patch
 def predict(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
            ) -> np.ndarray:
-    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
-    best = np.argmax(self.predict_utility(X), axis=-1)
-    return np.asarray(self.models_, dtype=object)[best]
+    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → the model trained first (`order_`)."
+    U = self.predict_utility(X)
+    order = np.asarray(getattr(self, 'order_', np.arange(U.shape[-1])))   # without one: the lower index
+    return np.asarray(self.models_, dtype=object)[order[np.argmax(U[..., order], axis=-1)]]
 
 # %% ../../nbs/10_routers_base.ipynb #d210caca
 @patch
@@ -230,6 +231,16 @@ def family_targets(sup: Supervision, # supervision in any mode
     if kind == 'risk_adjusted': return dict(quality=sup.mu_q - sup.beta * sup.sigma, mu_c=sup.mu_c)
     if kind == 'utility': return dict(utility=sup.utility)
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
+
+# %% ../../nbs/10_routers_base.ipynb #74457890
+def training_order(models, # the pool's model names, in the supervision's order
+                   first=None, # names trained first, in this order (the rest after, sorted); None: as given
+                  ) -> np.ndarray:
+    "Positions of `models` in the order a router trains them: `first`'s names present, then the rest sorted."
+    models = [str(m) for m in models]
+    if first is None: return np.arange(len(models))
+    head = list(dict.fromkeys(str(m) for m in first if str(m) in models))
+    return np.array([models.index(m) for m in head + sorted(set(models) - set(head))])
 
 # %% ../../nbs/10_routers_base.ipynb #dcef7829
 def stats_by_query(sup: Supervision, # supervision in any mode

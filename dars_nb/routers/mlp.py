@@ -11,7 +11,7 @@ from joblib import Parallel, delayed
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
-from .base import Router, family_targets, native_thread_pools
+from .base import Router, family_targets, native_thread_pools, training_order
 
 # %% auto #0
 __all__ = ['MLPRouter']
@@ -34,7 +34,7 @@ def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
 # %% ../../nbs/11_router_mlp.ipynb #b1789b6e
 class MLPRouter(Router):
     "Regression router: MLPs predict μ_q, μ_c and σ per model; routes by the predicted utility."
-    clip, seed_per_draw, seed_offsets = False, False, None   # what a saved router without these fields gets
+    clip, seed_per_draw, seed_offsets, model_order = False, False, None, None   # a saved router without these fields
     def __init__(self,
                  hidden_layer_sizes=(64,), # widths of the hidden layers
                  alpha: float = 10.0, # L2 penalty (scikit-learn scales it by 1/queries)
@@ -47,11 +47,12 @@ class MLPRouter(Router):
                  clip: bool = False, # clip every prediction to [0, 1] (the authors' code); else σ ≥ 0 only
                  seed_per_draw: bool = False, # the loop: draw r's networks seeded random_state + r
                  seed_offsets=None, # (μ_q, μ_c, σ) offsets added to the seed (the authors': 0, 991, 1991)
+                 model_order=None, # model names whose outputs come first, in this order (`training_order`)
                 ):
         self.hidden_layer_sizes, self.alpha, self.learning_rate_init = hidden_layer_sizes, alpha, learning_rate_init
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched
         self.n_jobs, self.random_state, self.clip = n_jobs, random_state, clip
-        self.seed_per_draw, self.seed_offsets = seed_per_draw, seed_offsets
+        self.seed_per_draw, self.seed_offsets, self.model_order = seed_per_draw, seed_offsets, model_order
 
     def _network_params(self, statistic: str = 'mu_q', draw: int = 0) -> dict:
         "The `MLPRegressor` parameters of one statistic's network for one draw (its seed shifted as asked)."
@@ -68,7 +69,8 @@ class MLPRouter(Router):
 def _fit(self: MLPRouter, X, sup):
     self.scaler_ = StandardScaler().fit(X)
     Z = self.scaler_.transform(X)
-    T = family_targets(sup, 'stats')
+    self.order_ = training_order(sup.models, self.model_order)
+    T = {s: v[..., self.order_] for s, v in family_targets(sup, 'stats').items()}
     R, Q, K = sup.utility.shape
     self.batched_ = bool(self.batched) and R > 1
     if self.batched_:
@@ -89,6 +91,8 @@ def _predict_stats(self: MLPRouter, X) -> dict:
             if self.batched_:
                 out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
             else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
+    back = np.argsort(getattr(self, 'order_', np.arange(K)))    # the outputs back in the pool's order
+    out = {s: v[..., back] for s, v in out.items()}
     # a standard deviation: a negative guess would reward risk
     out['sigma'] = np.maximum(out['sigma'], 0.0)
     # scores, normalised costs and their spreads live in [0, 1]

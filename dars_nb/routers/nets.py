@@ -4,6 +4,7 @@
 
 # %% ../../nbs/12b_router_nets.ipynb #59d8fcae
 from __future__ import annotations
+from dataclasses import replace
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
@@ -11,7 +12,7 @@ require('torch', 'torch', "The authors' designs of the neural routers")   # a mi
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .base import Router, with_settings
+from .base import Router, with_settings, training_order
 from .ensemble import torch_threads
 
 # %% auto #0
@@ -26,10 +27,12 @@ def net_settings(epochs: int = 30, # passes over the training rows
                  n_threads: int | None = None, # torch threads in fit and predict (None: torch's)
                  device: str = 'cpu', # torch device
                  random_state: int | None = None, # draw r's network, shuffles and noise are seeded random_state + r
+                 model_order=None, # model names whose outputs come first, in this order (`training_order`)
                 ) -> dict:
     "The training settings of a router that trains one network per draw, by name."
     return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, n_threads=n_threads,
-                device=device, random_state=random_state)
+                device=device, random_state=random_state,
+                model_order=model_order)
 
 def with_net_settings(**defaults # the family's own defaults of some settings, e.g. `epochs=50`
                      ):
@@ -104,16 +107,21 @@ def _fit(self: NetRouter, X, sup):
     base = (int(np.random.SeedSequence().generate_state(1)[0] >> 1) if self.random_state is None
             else int(self.random_state))
     self.route_beta_ = 0.0 if sup.mode == 'single' else float(sup.beta)
+    self.order_ = order = training_order(sup.models, self.model_order)
+    sup = replace(sup, models=[sup.models[i] for i in order],
+                  **{k: getattr(sup, k)[..., order] for k in ('mu_q', 'mu_c', 'sigma', 'utility')})
     rows, T = self._rows(np.asarray(X, np.float32), sup)
     with torch_threads(self.n_threads):
         self.nets_ = [self._train(rows, {k: v[r] for k, v in T.items()}, base + r) for r in range(sup.n_draws)]
 
 @patch
 def _outputs_all(self: NetRouter, X, lam=None) -> list[dict]:
-    "Every draw's outputs on features `X`, without gradients."
+    "Every draw's outputs on features `X` in the pool's model order, without gradients."
     x = torch.from_numpy(np.asarray(X, np.float32)).to(torch.device(self.device))
+    back = np.argsort(self.order_)
     with torch_threads(self.n_threads), torch.no_grad():
-        return [self._outputs(net, x, self.lam_ if lam is None else lam) for net in self.nets_]
+        outs = [self._outputs(net, x, self.lam_ if lam is None else lam) for net in self.nets_]
+    return [{k: v[:, back] for k, v in o.items()} for o in outs]
 
 # %% ../../nbs/12b_router_nets.ipynb #16f8ed0e
 @patch
@@ -292,7 +300,7 @@ class AuthorsGraphRouter(NetRouter):
     def __init__(self,
                  node_dim: int = 128, # width of the projected query and model nodes
                  hidden_layers=(256, 128), # widths of the edge MLP's hidden layers
-                 model_features=None, # (K, d_m) node features of the models in fit order; None: one-hot
+                 model_features=None, # (K, d_m) node features, in the training order; None: one-hot
                 ):
         self.node_dim, self.hidden_layers, self.model_features = node_dim, hidden_layers, model_features
 
