@@ -16,8 +16,15 @@ from ..stats import choose_fixed_model
 from .protocol import Formulas, ProtocolData, resolve_routers
 
 # %% auto #0
-__all__ = ['PAPER_PROTOCOL', 'AUTHORS_MODEL_ORDER', 'AUTHORS_PROTOCOL', 'PROTOCOLS', 'AUTHORS_BASELINES', 'Protocol',
-           'load_design', 'get_protocol', 'authors_baselines', 'authors_printout']
+__all__ = ['PAPER_PROTOCOL', 'AUTHORS_MODEL_ORDER', 'AUTHORS_PROTOCOL', 'PROTOCOLS', 'AUTHORS_BASELINES', 'load_design',
+           'Protocol', 'get_protocol', 'authors_baselines', 'authors_printout']
+
+# %% ../../nbs/21e_presets.ipynb #16473e93
+def load_design(spec: str, # 'module:Class', e.g. 'dars_nb.routers.nets:AuthorsMIRTRouter'
+               ) -> type:
+    "The router class a protocol names (importing its module)."
+    module, _, name = spec.partition(':')
+    return getattr(importlib.import_module(module), name)
 
 # %% ../../nbs/21e_presets.ipynb #1cb3deb9
 @dataclass(frozen=True)
@@ -36,24 +43,19 @@ class Protocol:
 
     def routers(self, routers=None, # name -> router (or class), a list, or None for the seven families
                ) -> dict:
-        "The run's routers by name (unfitted clones): the protocol's design of a family, its settings over theirs."
+        "The run's routers by name (unfitted clones): the protocol's designs, its settings over theirs."
         out = {name: (load_design(self.designs[name])() if name in self.designs else r)
                for name, r in resolve_routers(routers).items()}
         return {name: (clone(r).set_params(**self.router_settings[name]) if name in self.router_settings else r)
                 for name, r in out.items()}
 
-def load_design(spec: str, # 'module:Class', e.g. 'dars_nb.routers.nets:AuthorsMIRTRouter'
-               ) -> type:
-    "The router class a protocol names (importing its module)."
-    module, _, name = spec.partition(':')
-    return getattr(importlib.import_module(module), name)
-
 # %% ../../nbs/21e_presets.ipynb #5a84373a
 PAPER_PROTOCOL = Protocol()
 
 # the order the authors' code gives the six models' outputs (others after, by name)
-AUTHORS_MODEL_ORDER = ('google/gemma-3-12b-it', 'mistralai/mistral-small-3.2-24b-instruct', 'qwen/qwen3-32b',
-                       'meta-llama/llama-3.3-70b-instruct', 'google/gemini-2.5-flash-lite', 'deepseek/deepseek-chat-v3.1')
+AUTHORS_MODEL_ORDER = ('google/gemma-3-12b-it', 'mistralai/mistral-small-3.2-24b-instruct',
+                       'qwen/qwen3-32b', 'meta-llama/llama-3.3-70b-instruct',
+                       'google/gemini-2.5-flash-lite', 'deepseek/deepseek-chat-v3.1')
 
 AUTHORS_PROTOCOL = Protocol(
     name='authors', formulas=Formulas(cost_norm='minmax', ddof=1, draw='rows'), seed=42,
@@ -74,7 +76,8 @@ AUTHORS_PROTOCOL = Protocol(
     note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
           "sample σ_q, single-shot rows drawn by default_rng(42 + r), their encoder's text (passage "
           "first, no options) in TF-IDF of (1, 2)-grams with raw tf fitted on training texts, their MLP, kNN and "
-          "AvengersPro settings, seeds and model order, and their designs of MIRT, EmbedLLM, RM-Softmax and GraphRouter "
+          "AvengersPro settings, seeds and model order, and their designs of MIRT, EmbedLLM, "
+          "RM-Softmax and GraphRouter "
           "(GraphRouter's model nodes one-hot, not their descriptions' TF-IDF)"))
 
 PROTOCOLS = {p.name: p for p in (PAPER_PROTOCOL, AUTHORS_PROTOCOL)}

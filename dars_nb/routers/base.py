@@ -142,9 +142,9 @@ def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, 
 @patch
 def predict(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
            ) -> np.ndarray:
-    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → the model trained first (`order_`)."
+    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → the model trained first."
     U = self.predict_utility(X)
-    order = np.asarray(getattr(self, 'order_', np.arange(U.shape[-1])))   # without one: the lower index
+    order = np.asarray(getattr(self, 'order_', np.arange(U.shape[-1])))   # else the lower index
     return np.asarray(self.models_, dtype=object)[order[np.argmax(U[..., order], axis=-1)]]
 
 # %% ../../nbs/10_routers_base.ipynb #d210caca
@@ -193,10 +193,10 @@ def training_settings(epochs: int = 100, # full passes over the training queries
                 batched=batched, n_threads=n_threads, device=device, random_state=random_state)
 
 # %% ../../nbs/10_routers_base.ipynb #0ced458d
-def with_settings(settings, # a function whose parameters are the shared settings, e.g. `training_settings`
+def with_settings(settings, # a function whose parameters are the shared settings
                   **defaults # the family's own defaults of some settings, e.g. `epochs=40`
                  ):
-    "Class decorator: `__init__` takes the class's own parameters, then every parameter of `settings`."
+    "Class decorator: `__init__` takes the class's own parameters, then those of `settings`."
     shared = signature(settings).parameters
     unknown = sorted(set(defaults) - set(shared))
     what = settings.__name__.removesuffix('s').replace('_', ' ')
@@ -234,9 +234,9 @@ def family_targets(sup: Supervision, # supervision in any mode
 
 # %% ../../nbs/10_routers_base.ipynb #74457890
 def training_order(models, # the pool's model names, in the supervision's order
-                   first=None, # names trained first, in this order (the rest after, sorted); None: as given
+                   first=None, # names trained first, in this order (the rest sorted); None: as given
                   ) -> np.ndarray:
-    "Positions of `models` in the order a router trains them: `first`'s names present, then the rest sorted."
+    "Positions of `models` in the order a router trains them: `first`'s names, then the rest sorted."
     models = [str(m) for m in models]
     if first is None: return np.arange(len(models))
     head = list(dict.fromkeys(str(m) for m in first if str(m) in models))

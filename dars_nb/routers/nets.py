@@ -8,7 +8,8 @@ from dataclasses import replace
 from fastcore.basics import patch
 import numpy as np
 from ..extras import require
-require('torch', 'torch', "The authors' designs of the neural routers")   # a missing torch: one line naming the extra
+# a missing torch: one line naming the extra
+require('torch', 'torch', "The authors' designs of the neural routers")
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -26,11 +27,12 @@ def net_settings(epochs: int = 30, # passes over the training rows
                  weight_decay: float = 0.0, # Adam's L2 penalty
                  n_threads: int | None = None, # torch threads in fit and predict (None: torch's)
                  device: str = 'cpu', # torch device
-                 random_state: int | None = None, # draw r's network, shuffles and noise are seeded random_state + r
-                 model_order=None, # model names whose outputs come first, in this order (`training_order`)
+                 random_state: int | None = None, # draw r's network and shuffles: seed random_state + r
+                 model_order=None, # model names whose outputs come first (`training_order`)
                 ) -> dict:
     "The training settings of a router that trains one network per draw, by name."
-    return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, n_threads=n_threads,
+    return dict(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                n_threads=n_threads,
                 device=device, random_state=random_state,
                 model_order=model_order)
 
@@ -52,7 +54,7 @@ def mlp_layers(widths, # input width, then each hidden layer's
 _STATS = ('mu_q', 'mu_c', 'sigma')
 
 class NetRouter(Router):
-    "Base of the authors' torch designs: one network per draw, seeded random_state + r, trained with Adam."
+    "Base of the authors' torch designs: one network per draw, seeded random_state + r, Adam."
     def _network(self, n_in: int, n_models: int) -> nn.Module: raise NotImplementedError
     def _loss(self, net, x, t) -> torch.Tensor: raise NotImplementedError
     def _outputs(self, net, x, lam) -> dict: raise NotImplementedError
@@ -68,12 +70,15 @@ class NetRouter(Router):
 
     def _check_training(self):
         if int(self.epochs) < 1: raise ValueError(f"epochs must be at least 1, got {self.epochs}")
-        if int(self.batch_size) < 1: raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.weight_decay < 0: raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
         if self.random_state is not None and (isinstance(self.random_state, bool) or
                                               not isinstance(self.random_state, (int, np.integer))):
-            raise ValueError(f"random_state must be an int or None, got {type(self.random_state).__name__}")
+            kind = type(self.random_state).__name__
+            raise ValueError(f"random_state must be an int or None, got {kind}")
         self._check_params()
 
 # %% ../../nbs/12b_router_nets.ipynb #d62420aa
@@ -112,7 +117,8 @@ def _fit(self: NetRouter, X, sup):
                   **{k: getattr(sup, k)[..., order] for k in ('mu_q', 'mu_c', 'sigma', 'utility')})
     rows, T = self._rows(np.asarray(X, np.float32), sup)
     with torch_threads(self.n_threads):
-        self.nets_ = [self._train(rows, {k: v[r] for k, v in T.items()}, base + r) for r in range(sup.n_draws)]
+        self.nets_ = [self._train(rows, {k: v[r] for k, v in T.items()}, base + r)
+                      for r in range(sup.n_draws)]
 
 @patch
 def _outputs_all(self: NetRouter, X, lam=None) -> list[dict]:
@@ -134,7 +140,8 @@ def _predict_stats(self: NetRouter, X) -> dict:
 def _utility(self: NetRouter, X, lam: float) -> np.ndarray:
     "(μ̂_q − λ·μ̂_c) − β·σ̂ per draw in float32: (R, n, K)."
     outs = self._outputs_all(X, lam)
-    return np.stack([(o['mu_q'] - float(lam) * o['mu_c']) - self.route_beta_ * o['sigma'] for o in outs]).astype(float)
+    U = [(o['mu_q'] - float(lam) * o['mu_c']) - self.route_beta_ * o['sigma'] for o in outs]
+    return np.stack(U).astype(float)
 
 @patch
 def _predict_utility(self: NetRouter, X): return self._utility(X, self.lam_)
@@ -156,6 +163,7 @@ class IRTHead(nn.Module):
 
     def forward(self, x): return self.theta(x) @ self.discrimination.t() - self.difficulty
 
+# %% ../../nbs/12b_router_nets.ipynb #8ea9cda1
 @with_net_settings(epochs=30, batch_size=256)
 class AuthorsMIRTRouter(NetRouter):
     "The authors' MIRT: one IRT head each for μ_q (BCE), μ_c and σ (squared error)."
@@ -169,7 +177,8 @@ class AuthorsMIRTRouter(NetRouter):
         self.cost_loss_weight, self.std_loss_weight = cost_loss_weight, std_loss_weight
 
     def _network(self, n_in, n_models):
-        return nn.ModuleList([IRTHead(n_in, n_models, int(self.latent_dim), self.hidden_layers) for _ in range(3)])
+        heads = [IRTHead(n_in, n_models, int(self.latent_dim), self.hidden_layers) for _ in range(3)]
+        return nn.ModuleList(heads)
 
     def _loss(self, net, x, t):
         quality, cost, spread = (head(x) for head in net)
@@ -178,11 +187,11 @@ class AuthorsMIRTRouter(NetRouter):
                 + self.std_loss_weight * F.mse_loss(torch.sigmoid(spread), t['sigma']))
 
     def _outputs(self, net, x, lam):
-        return {k: np.clip(torch.sigmoid(head(x)).numpy(), 0.0, 1.0) for k, head in zip(_STATS, net)}
+        return {k: np.clip(torch.sigmoid(h(x)).numpy(), 0.0, 1.0) for k, h in zip(_STATS, net)}
 
 # %% ../../nbs/12b_router_nets.ipynb #36b55584
 class EmbeddingNet(nn.Module):
-    "Logits q(x)·e_m + b_m of a projected query and a model embedding; a cost per model from e_m alone."
+    "Logits q(x)·e_m + b_m of a projected query and a model embedding; a cost per model from e_m."
     def __init__(self, n_in: int, n_models: int, embed_dim: int):
         super().__init__()
         self.query_proj = nn.Linear(n_in, embed_dim)
@@ -197,9 +206,10 @@ class EmbeddingNet(nn.Module):
         cost = self.cost_head(e).squeeze(1).expand(x.shape[0], -1)
         return q @ e.t() + self.model_bias, cost
 
+# %% ../../nbs/12b_router_nets.ipynb #31b68451
 @with_net_settings(epochs=20, batch_size=2048)
 class AuthorsEmbedLLMRouter(NetRouter):
-    "The authors' EmbedLLM: BCE on clip(μ_q − β·σ), a query-independent cost head, noisy embeddings."
+    "The authors' EmbedLLM: BCE on clip(μ_q − β·σ), a cost head blind to the query, noisy vectors."
     def __init__(self,
                  embed_dim: int = 256, # width of the query projection and the model embeddings
                  noise: float = 0.05, # scale of the Gaussian noise added while training
@@ -228,7 +238,7 @@ class AuthorsEmbedLLMRouter(NetRouter):
 # %% ../../nbs/12b_router_nets.ipynb #d350b81c
 @with_net_settings(epochs=20, batch_size=256)
 class AuthorsRMSoftmaxRouter(NetRouter):
-    "The authors' RM-Softmax: an MLP on [x, λ] to K logits, trained on expected regret over a λ grid."
+    "The authors' RM-Softmax: an MLP on [x, λ] to K logits, trained on expected regret over λs."
     lam_affine = False   # `utility(X, lam)` is the policy π(m | x, λ)
     def __init__(self,
                  hidden_layers=(256, 256), # widths of the hidden layers
@@ -240,20 +250,25 @@ class AuthorsRMSoftmaxRouter(NetRouter):
         self.lambda_max, self.num_lambdas = lambda_max, num_lambdas
 
     def _check_params(self):
-        if not self.temperature > 0: raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if int(self.num_lambdas) < 1: raise ValueError(f"num_lambdas must be at least 1, got {self.num_lambdas}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if int(self.num_lambdas) < 1:
+            raise ValueError(f"num_lambdas must be at least 1, got {self.num_lambdas}")
 
     def _rows(self, X, sup):
-        "[x, λ] for every λ of the grid (λ-major) and each draw's utilities U_λ in float32: (R, G·Q, K)."
-        lams = np.linspace(0.0, max(float(self.lambda_max), float(sup.lam)), int(self.num_lambdas), dtype=np.float32)
+        "[x, λ] for every λ of the grid (λ-major), each draw's utilities U_λ in float32: (R, G·Q, K)."
+        top = max(float(self.lambda_max), float(sup.lam))
+        lams = np.linspace(0.0, top, int(self.num_lambdas), dtype=np.float32)
         beta = 0.0 if sup.mode == 'single' else float(sup.beta)
-        quality = (np.clip(sup.mu_q, 0.0, 1.0) - beta * np.clip(sup.sigma, 0.0, 1.0)).astype(np.float32)
+        quality = np.clip(sup.mu_q, 0.0, 1.0) - beta * np.clip(sup.sigma, 0.0, 1.0)
+        quality = quality.astype(np.float32)
         cost = np.clip(sup.mu_c, 0.0, 1.0).astype(np.float32)
         U = quality[:, None] - lams[None, :, None, None] * cost[:, None]            # (R, G, Q, K)
         rows = np.hstack([np.tile(X, (len(lams), 1)), np.repeat(lams, len(X))[:, None]])
         return rows.astype(np.float32), dict(utility=U.reshape(sup.n_draws, -1, U.shape[-1]))
 
-    def _network(self, n_in, n_models): return mlp_layers([n_in, *[int(h) for h in self.hidden_layers]], n_models)
+    def _network(self, n_in, n_models):
+        return mlp_layers([n_in, *[int(h) for h in self.hidden_layers]], n_models)
 
     def _loss(self, net, x, t):
         policy = torch.softmax(net(x) / float(self.temperature), dim=1)
@@ -282,10 +297,11 @@ def _predict_stats(self: AuthorsRMSoftmaxRouter, X):
 
 # %% ../../nbs/12b_router_nets.ipynb #83d50417
 class EdgeNet(nn.Module):
-    "μ_q, μ_c and σ of each query–model edge from [q, m, q ⊙ m, |q − m|] of projected node features."
+    "μ_q, μ_c and σ of each query–model edge from [q, m, q ⊙ m, |q − m|] of projected nodes."
     def __init__(self, n_in: int, nodes: torch.Tensor, node_dim: int, hidden_layers):
         super().__init__()
-        self.query_proj, self.model_proj = nn.Linear(n_in, node_dim), nn.Linear(nodes.shape[1], node_dim)
+        self.query_proj = nn.Linear(n_in, node_dim)
+        self.model_proj = nn.Linear(nodes.shape[1], node_dim)
         self.edge_mlp = mlp_layers([4 * node_dim, *[int(h) for h in hidden_layers]], 3)
         self.register_buffer('nodes', nodes)
 
@@ -294,29 +310,33 @@ class EdgeNet(nn.Module):
         m = torch.relu(self.model_proj(self.nodes))[None, :, :].expand(len(x), -1, -1)
         return self.edge_mlp(torch.cat([q, m, q * m, (q - m).abs()], dim=2))    # (n, K, 3)
 
+# %% ../../nbs/12b_router_nets.ipynb #8197e90e
 @with_net_settings(epochs=50, batch_size=256)
 class AuthorsGraphRouter(NetRouter):
-    "The authors' GraphRouter: an edge MLP on projected query and model nodes, squared error on μ_q, μ_c, σ."
+    "The authors' GraphRouter: an edge MLP on projected query and model nodes, squared error."
     def __init__(self,
                  node_dim: int = 128, # width of the projected query and model nodes
                  hidden_layers=(256, 128), # widths of the edge MLP's hidden layers
                  model_features=None, # (K, d_m) node features, in the training order; None: one-hot
                 ):
-        self.node_dim, self.hidden_layers, self.model_features = node_dim, hidden_layers, model_features
+        self.node_dim, self.hidden_layers = node_dim, hidden_layers
+        self.model_features = model_features
 
     def _nodes(self, n_models: int) -> torch.Tensor:
         "The models' node features, float32: (K, d_m)."
         if self.model_features is None: return torch.eye(n_models)
         nodes = np.asarray(self.model_features, np.float32)
         if nodes.ndim != 2 or len(nodes) != n_models or not np.isfinite(nodes).all():
-            raise ValueError(f"model_features must be a finite ({n_models}, d) array, got shape {nodes.shape}")
+            shape = nodes.shape
+            raise ValueError(f"model_features must be a finite ({n_models}, d) array, got shape {shape}")
         return torch.from_numpy(nodes.copy())
 
     def _targets(self, sup) -> dict:
         "μ_q, μ_c and σ clipped to [0, 1], stacked per edge: (R, Q, K, 3)."
         return dict(edges=np.stack([np.clip(getattr(sup, k), 0.0, 1.0) for k in _STATS], axis=-1))
 
-    def _network(self, n_in, n_models): return EdgeNet(n_in, self._nodes(n_models), int(self.node_dim), self.hidden_layers)
+    def _network(self, n_in, n_models):
+        return EdgeNet(n_in, self._nodes(n_models), int(self.node_dim), self.hidden_layers)
     def _loss(self, net, x, t): return F.mse_loss(net(x), t['edges'])
     def _outputs(self, net, x, lam):
         edges = np.clip(net(x).numpy(), 0.0, 1.0)
