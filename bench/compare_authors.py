@@ -148,7 +148,7 @@ def markdown(df: pd.DataFrame, floats: str = '.4f') -> str:
     def fmt(v):
         if isinstance(v, float): return 'n/a' if np.isnan(v) else (f'{v:.1e}' if 0 < abs(v) < 1e-4 else format(v, floats))
         return str(v)
-    lines = ['| ' + ' | '.join(map(str, df.columns)) + ' |', '|' + '---|' * len(df.columns)]
+    lines = ['| ' + ' | '.join(str(c).replace('|', '\\|') for c in df.columns) + ' |', '|' + '---|' * len(df.columns)]
     lines += ['| ' + ' | '.join(fmt(v) for v in row) + ' |' for row in df.itertuples(index=False)]
     return '\n'.join(lines)
 
