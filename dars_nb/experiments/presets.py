@@ -66,7 +66,7 @@ AUTHORS_PROTOCOL = Protocol(
                     model_order=AUTHORS_MODEL_ORDER),
         'kNN': dict(n_neighbors=16, metric='euclidean', eps=1e-8),
         'AvengersPro': dict(n_clusters=32, cap_clusters=True, top_k=3, beta_d=0.0, normalize=False,
-                            batched=False, seed_per_draw=True, random_state=42),
+                            batched=False, seed_per_draw=True, random_state=42, float32=True),
         **{name: dict(random_state=42, model_order=AUTHORS_MODEL_ORDER)
            for name in ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')}},
     designs={name: f'dars_nb.routers.nets:Authors{cls}' for name, cls in (
