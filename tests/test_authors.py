@@ -204,3 +204,85 @@ def test_knn_under_the_authors_protocol_is_their_computation(authors_datasets):
     theirs = _their_knn_views().loc[ours.index]
     # float64 distances on both sides; the same choices give the same means (measured max difference 0)
     np.testing.assert_allclose(ours.to_numpy(), theirs.to_numpy(), atol=1e-9)
+
+
+def test_the_protocol_runs_the_authors_designs_seeded_as_theirs():
+    "The four torch families are the authors' designs under their protocol (seed 42, their model order); ours under the paper's."
+    pytest.importorskip('torch')
+    from dars_nb.experiments.presets import PAPER_PROTOCOL, AUTHORS_MODEL_ORDER
+    theirs, ours = AUTHORS_PROTOCOL.routers(), PAPER_PROTOCOL.routers()
+    for name in ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter'):
+        assert type(theirs[name]).__module__ == 'dars_nb.routers.nets', name
+        assert type(ours[name]).__module__ != 'dars_nb.routers.nets', name
+        assert (theirs[name].random_state, theirs[name].model_order) == (42, AUTHORS_MODEL_ORDER)
+    epochs = {name: theirs[name].epochs for name in ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')}
+    assert epochs == {'MIRT': 30, 'EmbedLLM': 20, 'RM-Softmax': 20, 'GraphRouter': 50}
+    assert (theirs['EmbedLLM'].batch_size, theirs['MIRT'].batch_size) == (2048, 256)
+    assert (theirs['MLP'].random_state, theirs['MLP'].seed_offsets, theirs['AvengersPro'].random_state) == (42, (0, 991, 1991), 42)
+
+
+def _seeded_layers(*shapes):
+    "Weights and biases of `nn.Linear` layers built one after another from the generator's current state."
+    from torch import nn
+    return [p for n_in, n_out in shapes for p in nn.Linear(n_in, n_out).parameters()]
+
+
+def test_the_authors_networks_start_from_their_weights():
+    "Built under seed 42, each design draws the initial weights the authors' construction order draws."
+    torch = pytest.importorskip('torch')
+    from torch import nn
+    from dars_nb.routers.nets import (AuthorsMIRTRouter, AuthorsEmbedLLMRouter, AuthorsRMSoftmaxRouter,
+                                      AuthorsGraphRouter)
+    d, K = 9, 6
+    def same(ours, reference):
+        assert len(ours) == len(reference)
+        for a, b in zip(ours, reference): assert torch.equal(a, b)
+    # MIRT: three heads (μ_q, μ_c, σ), each θ = Linear(d, 128), ReLU, Linear(128, 16), then a_m ~ 0.02·N(0, 1), b_m = 0
+    torch.manual_seed(42); net = AuthorsMIRTRouter()._network(d, K)
+    torch.manual_seed(42)
+    reference = [p for _ in range(3) for p in (*_seeded_layers((d, 128), (128, 16)), torch.randn(K, 16) * 0.02)]
+    same([p for h in net for p in (*h.theta.parameters(), h.discrimination)], reference)
+    # EmbedLLM: the query projection, the embedding (drawn, then redrawn at 0.02), the model bias, the cost head
+    torch.manual_seed(42); net = AuthorsEmbedLLMRouter()._network(d, K)
+    torch.manual_seed(42)
+    proj = _seeded_layers((d, 256)); embedding = nn.Embedding(K, 256); head = _seeded_layers((256, 1))
+    nn.init.normal_(embedding.weight, std=0.02)
+    same([*net.query_proj.parameters(), net.model_embed.weight, *net.cost_head.parameters()], [*proj, embedding.weight, *head])
+    # RM-Softmax: an MLP on [x, λ]: (d + 1) → 256 → 256 → K
+    torch.manual_seed(42); net = AuthorsRMSoftmaxRouter()._network(d + 1, K)
+    torch.manual_seed(42); same(list(net.parameters()), _seeded_layers((d + 1, 256), (256, 256), (256, K)))
+    # GraphRouter: query and model projections to 128, then the edge MLP 512 → 256 → 128 → 3
+    torch.manual_seed(42); net = AuthorsGraphRouter()._network(d, K)
+    torch.manual_seed(42)
+    same(list(net.parameters()), _seeded_layers((d, 128), (K, 128), (512, 256), (256, 128), (128, 3)))
+
+
+def test_the_authors_mirt_trains_as_their_loop_does():
+    "Adam at 10⁻³ on shuffled minibatches of 256, BCE on μ_q + squared error on μ_c + ½ squared error on σ: the same weights."
+    torch = pytest.importorskip('torch')
+    import torch.nn.functional as F
+    from dars_nb.routers.nets import AuthorsMIRTRouter
+    from dars_nb.routers.ensemble import torch_threads
+    from dars_nb.simulate import simulate
+    from dars_nb.stats import supervision, normalize_cost
+    from dars_nb.routers.base import align
+    obs, feats = simulate('gpqa_like', n_train=300, n_test=10, seed=3)[:2]
+    sup = supervision(normalize_cost(obs), 'dars')
+    X = align(feats, sup.query_ids).astype(np.float32)
+    ours = AuthorsMIRTRouter(epochs=2, random_state=42, n_threads=1).fit(X, sup).nets_[0]
+    # the reference loop, written from the design: seed, build, then per epoch a permutation and its minibatches
+    with torch.random.fork_rng(devices=[]), torch_threads(1):      # one thread on both sides: the same sums
+        torch.manual_seed(42)
+        net = AuthorsMIRTRouter()._network(X.shape[1], len(sup.models))
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        x = torch.from_numpy(X)
+        t = [torch.from_numpy(np.clip(a[0], 0, 1).astype(np.float32)) for a in (sup.mu_q, sup.mu_c, sup.sigma)]
+        for _ in range(2):
+            order = torch.randperm(len(x))
+            for start in range(0, len(x), 256):
+                rows = order[start:start + 256]
+                q, c, s = (h(x[rows]) for h in net)
+                loss = (F.binary_cross_entropy_with_logits(q, t[0][rows]) + F.mse_loss(torch.sigmoid(c), t[1][rows])
+                        + 0.5 * F.mse_loss(torch.sigmoid(s), t[2][rows]))
+                opt.zero_grad(); loss.backward(); opt.step()
+    for a, b in zip(ours.parameters(), net.parameters()): assert torch.equal(a, b)

@@ -5,6 +5,7 @@
 # %% ../../nbs/21e_presets.ipynb #ed1903c1
 from __future__ import annotations
 from dataclasses import dataclass, field
+import importlib
 import numpy as np
 import pandas as pd
 from sklearn.base import clone
@@ -15,8 +16,15 @@ from ..stats import choose_fixed_model
 from .protocol import Formulas, ProtocolData, resolve_routers
 
 # %% auto #0
-__all__ = ['PAPER_PROTOCOL', 'AUTHORS_PROTOCOL', 'PROTOCOLS', 'AUTHORS_BASELINES', 'Protocol', 'get_protocol',
-           'authors_baselines', 'authors_printout']
+__all__ = ['PAPER_PROTOCOL', 'AUTHORS_MODEL_ORDER', 'AUTHORS_PROTOCOL', 'PROTOCOLS', 'AUTHORS_BASELINES', 'load_design',
+           'Protocol', 'get_protocol', 'authors_baselines', 'authors_printout']
+
+# %% ../../nbs/21e_presets.ipynb #16473e93
+def load_design(spec: str, # 'module:Class', e.g. 'dars_nb.routers.nets:AuthorsMIRTRouter'
+               ) -> type:
+    "The router class a protocol names (importing its module)."
+    module, _, name = spec.partition(':')
+    return getattr(importlib.import_module(module), name)
 
 # %% ../../nbs/21e_presets.ipynb #1cb3deb9
 @dataclass(frozen=True)
@@ -29,33 +37,48 @@ class Protocol:
     text: str = 'router'                     # the text featurised: 'router' (ours) or 'authors' (their encoder's)
     tfidf: dict = field(default_factory=dict)  # `TfidfFeaturizer` parameters over ours
     router_settings: dict = field(default_factory=dict)  # family name -> parameters over ours
+    designs: dict = field(default_factory=dict)  # family name -> 'module:Class' run instead of ours
     printout: str = 'paper'                  # 'paper'; 'authors' adds their score/cost table
     note: str = ''                           # one line for the report: what it keeps of ours
 
     def routers(self, routers=None, # name -> router (or class), a list, or None for the seven families
                ) -> dict:
-        "The run's routers by name (unfitted clones), the protocol's settings over their own."
-        out = resolve_routers(routers)
+        "The run's routers by name (unfitted clones): the protocol's designs, its settings over theirs."
+        out = {name: (load_design(self.designs[name])() if name in self.designs else r)
+               for name, r in resolve_routers(routers).items()}
         return {name: (clone(r).set_params(**self.router_settings[name]) if name in self.router_settings else r)
                 for name, r in out.items()}
 
 # %% ../../nbs/21e_presets.ipynb #5a84373a
 PAPER_PROTOCOL = Protocol()
 
+# the order the authors' code gives the six models' outputs (others after, by name)
+AUTHORS_MODEL_ORDER = ('google/gemma-3-12b-it', 'mistralai/mistral-small-3.2-24b-instruct',
+                       'qwen/qwen3-32b', 'meta-llama/llama-3.3-70b-instruct',
+                       'google/gemini-2.5-flash-lite', 'deepseek/deepseek-chat-v3.1')
+
 AUTHORS_PROTOCOL = Protocol(
     name='authors', formulas=Formulas(cost_norm='minmax', ddof=1, draw='rows'), seed=42,
     features='tfidf', text='authors', tfidf=dict(max_features=20000, ngram_range=(1, 2), sublinear_tf=False),
     router_settings={
         'MLP': dict(hidden_layer_sizes=(128, 64), alpha=1e-4, learning_rate_init=1e-3, max_iter=800,
-                    clip=True),
+                    clip=True, random_state=42, seed_per_draw=True, seed_offsets=(0, 991, 1991),
+                    model_order=AUTHORS_MODEL_ORDER),
         'kNN': dict(n_neighbors=16, metric='euclidean', eps=1e-8),
         'AvengersPro': dict(n_clusters=32, cap_clusters=True, top_k=3, beta_d=0.0, normalize=False,
-                            batched=False, seed_per_draw=True)},
+                            batched=False, seed_per_draw=True, random_state=42, float32=True),
+        **{name: dict(random_state=42, model_order=AUTHORS_MODEL_ORDER)
+           for name in ('MIRT', 'EmbedLLM', 'RM-Softmax', 'GraphRouter')}},
+    designs={name: f'dars_nb.routers.nets:Authors{cls}' for name, cls in (
+        ('MIRT', 'MIRTRouter'), ('EmbedLLM', 'EmbedLLMRouter'), ('RM-Softmax', 'RMSoftmaxRouter'),
+        ('GraphRouter', 'GraphRouter'))},
     printout='authors',
     note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
           "sample σ_q, single-shot rows drawn by default_rng(42 + r), their encoder's text (passage "
-          "first, no options) in TF-IDF of (1, 2)-grams with raw tf fitted on training texts, their MLP, kNN and AvengersPro settings; MIRT, EmbedLLM, "
-          "RM-Softmax and GraphRouter keep dars_nb's designs (the authors' code simplifies them)"))
+          "first, no options) in TF-IDF of (1, 2)-grams with raw tf fitted on training texts, their MLP, kNN and "
+          "AvengersPro settings, seeds and model order, and their designs of MIRT, EmbedLLM, "
+          "RM-Softmax and GraphRouter "
+          "(GraphRouter's model nodes one-hot, not their descriptions' TF-IDF)"))
 
 PROTOCOLS = {p.name: p for p in (PAPER_PROTOCOL, AUTHORS_PROTOCOL)}
 

@@ -51,7 +51,8 @@ def cluster_weights(distances: np.ndarray, # query–centroid distances (n, C); 
 # %% ../../nbs/17_router_avengers.ipynb #845cdb8b
 class AvengersProRouter(Router):
     "Cluster router: k-means, per-cluster μ_q, μ_c, σ, top-k clusters weighted by softmax(−β_d·d)."
-    normalize, cap_clusters, seed_per_draw = True, False, False  # what a saved router without these fields gets
+    # what a saved router without these fields gets
+    normalize, cap_clusters, seed_per_draw, float32 = True, False, False, False
     def __init__(self,
                  n_clusters: int = 20, # C, the number of k-means clusters
                  top_k: int = 3, # clusters consulted per query
@@ -62,10 +63,12 @@ class AvengersProRouter(Router):
                  normalize: bool = True, # cluster L2-normalised features (False: the raw rows)
                  cap_clusters: bool = False, # fewer training queries than C: one cluster per query, not an error
                  seed_per_draw: bool = False, # with batched=False: draw r's k-means seeded random_state + r
+                 float32: bool = False, # k-means and distances on float32 rows (the authors' code)
                 ):
         self.n_clusters, self.top_k, self.beta_d = n_clusters, top_k, beta_d
         self.n_init, self.batched, self.random_state = n_init, batched, random_state
         self.normalize, self.cap_clusters, self.seed_per_draw = normalize, cap_clusters, seed_per_draw
+        self.float32 = float32
 
     def _cluster(self, Z, C: int, draw: int = 0):
         "k-means with C clusters; draw r's own seed with `seed_per_draw`."
@@ -77,8 +80,9 @@ class AvengersProRouter(Router):
             return KMeans(C, n_init=self.n_init, random_state=seed).fit(Z)
 
     def _features(self, X):
-        "The rows k-means and the distances read: L2-normalised, or as they are."
-        return normalize(X) if self.normalize else np.asarray(X, float)
+        "The rows k-means and the distances read: L2-normalised, or as they are; float32 if asked."
+        Z = normalize(X) if self.normalize else np.asarray(X, float)
+        return Z.astype(np.float32) if self.float32 else Z
 
     def _distances(self, X, centroids, sizes):
         "Euclidean distance of the (normalised) rows of X to every centroid; inf for an empty cluster."

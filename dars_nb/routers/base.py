@@ -14,8 +14,8 @@ from sklearn.utils.validation import check_is_fitted
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings', 'with_training_settings',
-           'family_targets', 'stats_by_query', 'native_thread_pools']
+__all__ = ['check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings', 'with_settings',
+           'with_training_settings', 'family_targets', 'training_order', 'stats_by_query', 'native_thread_pools']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -142,9 +142,10 @@ def predict_stats(self: Router, X, # query features (n, d), array or DataFrame, 
 @patch
 def predict(self: Router, X, # query features (n, d), array or DataFrame, in its own row order
            ) -> np.ndarray:
-    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → lower model index."
-    best = np.argmax(self.predict_utility(X), axis=-1)
-    return np.asarray(self.models_, dtype=object)[best]
+    "Chosen model name per query: (n,), or (R, n) for R draws. Ties → the model trained first."
+    U = self.predict_utility(X)
+    order = np.asarray(getattr(self, 'order_', np.arange(U.shape[-1])))   # else the lower index
+    return np.asarray(self.models_, dtype=object)[order[np.argmax(U[..., order], axis=-1)]]
 
 # %% ../../nbs/10_routers_base.ipynb #d210caca
 @patch
@@ -192,27 +193,34 @@ def training_settings(epochs: int = 100, # full passes over the training queries
                 batched=batched, n_threads=n_threads, device=device, random_state=random_state)
 
 # %% ../../nbs/10_routers_base.ipynb #0ced458d
-def with_training_settings(**defaults # the family's own defaults of some settings, e.g. `epochs=40`
-                          ):
-    "Class decorator: `__init__` takes the class's own parameters, then every `training_settings`."
-    shared = signature(training_settings).parameters
+def with_settings(settings, # a function whose parameters are the shared settings
+                  **defaults # the family's own defaults of some settings, e.g. `epochs=40`
+                 ):
+    "Class decorator: `__init__` takes the class's own parameters, then those of `settings`."
+    shared = signature(settings).parameters
     unknown = sorted(set(defaults) - set(shared))
-    if unknown: raise ValueError(f"unknown training setting {unknown[0]!r}")
+    what = settings.__name__.removesuffix('s').replace('_', ' ')
+    if unknown: raise ValueError(f"unknown {what} {unknown[0]!r}")
     def decorate(cls):
         own = cls.__dict__.get('__init__', lambda self: None)
         own_sig = signature(own)
-        settings = [p.replace(default=defaults.get(k, p.default)) for k, p in shared.items()]
-        full = own_sig.replace(parameters=[*own_sig.parameters.values(), *settings])
+        given_settings = [p.replace(default=defaults.get(k, p.default)) for k, p in shared.items()]
+        full = own_sig.replace(parameters=[*own_sig.parameters.values(), *given_settings])
         @wraps(own)
         def __init__(self, *args, **kwargs):
             given = full.bind(self, *args, **kwargs)
             given.apply_defaults()
             own(**{k: v for k, v in given.arguments.items() if k in own_sig.parameters})
             for k in shared: setattr(self, k, given.arguments[k])
-        __init__.__signature__, __init__.__delwrap__ = full, training_settings  # docments read both
+        __init__.__signature__, __init__.__delwrap__ = full, settings  # docments read both
         cls.__init__ = __init__
         return cls
     return decorate
+
+def with_training_settings(**defaults # the family's own defaults of some settings, e.g. `epochs=40`
+                          ):
+    "Class decorator: `__init__` takes the class's own parameters, then every `training_settings`."
+    return with_settings(training_settings, **defaults)
 
 # %% ../../nbs/10_routers_base.ipynb #7532ea55
 def family_targets(sup: Supervision, # supervision in any mode
@@ -223,6 +231,16 @@ def family_targets(sup: Supervision, # supervision in any mode
     if kind == 'risk_adjusted': return dict(quality=sup.mu_q - sup.beta * sup.sigma, mu_c=sup.mu_c)
     if kind == 'utility': return dict(utility=sup.utility)
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
+
+# %% ../../nbs/10_routers_base.ipynb #74457890
+def training_order(models, # the pool's model names, in the supervision's order
+                   first=None, # names trained first, in this order (the rest sorted); None: as given
+                  ) -> np.ndarray:
+    "Positions of `models` in the order a router trains them: `first`'s names, then the rest sorted."
+    models = [str(m) for m in models]
+    if first is None: return np.arange(len(models))
+    head = list(dict.fromkeys(str(m) for m in first if str(m) in models))
+    return np.array([models.index(m) for m in head + sorted(set(models) - set(head))])
 
 # %% ../../nbs/10_routers_base.ipynb #dcef7829
 def stats_by_query(sup: Supervision, # supervision in any mode
