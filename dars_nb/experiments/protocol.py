@@ -110,7 +110,8 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
             raise ValueError(f"family_features[{family!r}] must be a FamilyFeatures, got {type(f).__name__}")
         own[family] = FamilyFeatures(f.queries.set_axis(f.queries.index.astype(str).rename('query_id')), f.models)
         align(own[family].queries, obs['query_id'].cat.categories.astype(str))
-    return ProtocolData(name, normalize_cost(obs, formulas.cost_norm), features, truth, formulas, own)
+    return ProtocolData(name, normalize_cost(obs, formulas.cost_norm), features, truth, formulas,
+                        family_features=own)
 
 # %% ../../nbs/21a_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
