@@ -80,6 +80,7 @@ def load_ours(data: Path):
     from dars_nb.experiments.presets import AUTHORS_PROTOCOL as P
     t = time.perf_counter()
     datasets, _ = load_data(data, formulas=P.formulas, text_features=dict(method=P.features, text=P.text, **P.tfidf),
+                            family_texts=P.family_texts,
                             log=lambda *a: None)
     return datasets, time.perf_counter() - t
 

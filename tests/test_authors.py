@@ -286,3 +286,54 @@ def test_the_authors_mirt_trains_as_their_loop_does():
                         + 0.5 * F.mse_loss(torch.sigmoid(s), t[2][rows]))
                 opt.zero_grad(); loss.backward(); opt.step()
     for a, b in zip(ours.parameters(), net.parameters()): assert torch.equal(a, b)
+
+
+# their `methods/graph_router.py` (9b6da7a): each model's node text, "name. description"
+THEIR_NODE_TEXTS = [
+    'google/gemma-3-12b-it. Google Gemma 3 12B instruction tuned open model.',
+    'mistralai/mistral-small-3.2-24b-instruct. Mistral Small 3.2 24B instruction tuned model.',
+    'qwen/qwen3-32b. Qwen3 32B general reasoning and instruction model.',
+    'meta-llama/llama-3.3-70b-instruct. Meta Llama 3.3 70B instruction tuned model.',
+    'google/gemini-2.5-flash-lite. Google Gemini 2.5 Flash Lite efficient model.',
+    'deepseek/deepseek-chat-v3.1. DeepSeek Chat V3.1 general chat and reasoning model.']
+
+
+@pytest.fixture(scope='module')
+def graph_datasets():
+    text = dict(method=AUTHORS_PROTOCOL.features, text=AUTHORS_PROTOCOL.text, **AUTHORS_PROTOCOL.tfidf)
+    datasets, obs = load_data(FIXTURE, formulas=AUTHORS_PROTOCOL.formulas, text_features=text,
+                              family_texts=AUTHORS_PROTOCOL.family_texts, log=lambda *a: None)
+    return datasets, obs
+
+
+def test_the_authors_graph_router_reads_their_vectorizer(graph_datasets):
+    "GraphRouter's queries and model nodes: one TF-IDF of (1, 2)-grams fitted on the training texts and their six node texts."
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from dars_nb.experiments.inputs import authors_texts
+    datasets, obs = graph_datasets
+    texts = authors_texts(obs)
+    train = texts[texts.index.isin(pd.MultiIndex.from_frame(
+        obs.loc[obs['split'] == 'train', ['dataset', 'query_id']].astype(str)))]
+    theirs = TfidfVectorizer(max_features=20000, min_df=1, ngram_range=(1, 2)).fit(train.tolist() + THEIR_NODE_TEXTS)
+    for ds in datasets:
+        own = ds.family_features['GraphRouter']
+        names = [t.split('. ')[0] for t in THEIR_NODE_TEXTS]
+        np.testing.assert_allclose(own.models.loc[names].to_numpy(), theirs.transform(THEIR_NODE_TEXTS).toarray(), atol=1e-12)
+        ids = texts.index.get_level_values('query_id')
+        np.testing.assert_allclose(own.queries.loc[list(ids)].to_numpy(), theirs.transform(texts.tolist()).toarray(), atol=1e-12)
+        # the other families read the features fitted on the training texts alone: fewer words
+        assert ds.features.shape[1] < own.queries.shape[1] and set(ds.family_features) == {'GraphRouter'}
+
+
+def test_the_authors_graph_router_routes_as_their_script(graph_datasets):
+    "DARS on the fixture's drop-800: the utility their graph_router.py prints at seed 42 (one-hot nodes gave 0.6457)."
+    pytest.importorskip('torch')
+    from dars_nb.experiments.protocol import run_experiments
+    from dars_nb.routers import ROUTERS
+    datasets, _ = graph_datasets
+    drop = [d for d in datasets if d.name == 'drop-800']
+    res = run_experiments(drop, AUTHORS_PROTOCOL.routers({'GraphRouter': ROUTERS['GraphRouter']()}), specs=(Spec('dars', 0.2),),
+                          seed=AUTHORS_PROTOCOL.seed, n_boot=10, n_jobs=1, progress=False)
+    got = res.set_index('view')['utility']
+    # their script's decode and rewrite utilities on this folder (bench/compare_authors.py, R = 10)
+    np.testing.assert_allclose([got['decode'], got['rewrite']], [0.468464, 0.605828], atol=1e-6)

@@ -11,12 +11,12 @@ import pandas as pd
 from ..observations import validate, select, router_texts
 from ..sources import load_observations
 from ..stats import PAPER
-from .protocol import PAPER_TEST_SIZES, Formulas, datasets_from, simulated_datasets
+from .protocol import PAPER_TEST_SIZES, Formulas, FamilyFeatures, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
 
 # %% auto #0
-__all__ = ['FULL', 'QUICK', 'AUTHORS_PASSAGE_CHARS', 'TEXTS', 'Settings', 'authors_texts', 'features_from_text', 'read_features',
-           'load_data']
+__all__ = ['FULL', 'QUICK', 'AUTHORS_PASSAGE_CHARS', 'TEXTS', 'OTHER_MODEL_DESCRIPTION', 'Settings', 'authors_texts',
+           'features_from_text', 'model_texts', 'features_with_models', 'read_features', 'load_data']
 
 # %% ../../nbs/24a_inputs.ipynb #cbd81ac7
 @dataclass(frozen=True)
@@ -57,12 +57,8 @@ def authors_texts(obs: pd.DataFrame, # observations with the query columns
 
 TEXTS = {'router': router_texts, 'authors': authors_texts}
 
-def features_from_text(obs: pd.DataFrame, # observations with the query columns (or `query_text` on rewrite 0)
-                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `make_featurizer`)
-                       text: str = 'router', # 'router' (`router_texts`) or 'authors' (passage first, no options)
-                       **kwargs, # parameters of the featurizer (e.g. TF-IDF's `ngram_range`)
-                      ) -> pd.DataFrame:
-    "Features of the text a router sees for each query (`router_texts`), fitted on the training queries only."
+def _text_features(obs: pd.DataFrame, method: str, text: str, also_fit=(), **kwargs) -> tuple[pd.DataFrame, object]:
+    "Features of each query's text, and their featurizer, fitted on the training queries' texts and `also_fit`."
     from dars_nb.features import make_featurizer
     if not {'original_text', 'query_text'} & set(obs.columns):
         raise ValueError("no query features: give a features file, or a 'query_text' or 'original_text' column "
@@ -75,10 +71,42 @@ def features_from_text(obs: pd.DataFrame, # observations with the query columns 
     train = obs.loc[(obs['split'] == 'train').to_numpy(), ['dataset', 'query_id']].astype(str)
     fit_on = texts.index.isin(pd.MultiIndex.from_frame(train))
     if not fit_on.any(): raise ValueError("no training query to fit the query features on")
-    featurizer = make_featurizer(method, **kwargs).fit(texts[fit_on].tolist())   # training texts only
+    featurizer = make_featurizer(method, **kwargs).fit(texts[fit_on].tolist() + list(also_fit))
     prefix = 'emb' if featurizer.kind == 'sentence' else 'tfidf'
     X = featurizer.transform(texts.tolist())
-    return pd.DataFrame(X, index=pd.Index(ids, name='query_id'), columns=[f'{prefix}{i}' for i in range(X.shape[1])])
+    columns = [f'{prefix}{i}' for i in range(X.shape[1])]
+    return pd.DataFrame(X, index=pd.Index(ids, name='query_id'), columns=columns), featurizer
+
+def features_from_text(obs: pd.DataFrame, # observations with the query columns (or `query_text` on rewrite 0)
+                       method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `make_featurizer`)
+                       text: str = 'router', # 'router' (`router_texts`) or 'authors' (passage first, no options)
+                       **kwargs, # parameters of the featurizer (e.g. TF-IDF's `ngram_range`)
+                      ) -> pd.DataFrame:
+    "Features of the text a router sees for each query (`router_texts`), fitted on the training queries only."
+    return _text_features(obs, method, text, **kwargs)[0]
+
+# %% ../../nbs/24a_inputs.ipynb #284d30ef
+OTHER_MODEL_DESCRIPTION = 'Large language model.'   # the authors' line for a model they do not describe
+
+def model_texts(models, # model names
+                descriptions: dict, # model name -> one-line description
+               ) -> list[str]:
+    "Each model's text as the authors' GraphRouter writes it: 'name. description'."
+    return [f"{m}. {descriptions.get(m, OTHER_MODEL_DESCRIPTION)}" for m in models]
+
+def features_with_models(obs: pd.DataFrame, # observations with the query columns
+                         descriptions: dict, # model name -> one-line description (others: `OTHER_MODEL_DESCRIPTION`)
+                         method: str = 'auto', # 'auto', 'sentence' or 'tfidf' (see `make_featurizer`)
+                         text: str = 'router', # 'router' or 'authors' (see `features_from_text`)
+                         **kwargs, # parameters of the featurizer
+                        ) -> FamilyFeatures:
+    "Query features and model nodes from one featurizer fitted on the training texts and the models' texts."
+    present = set(obs['model'].astype(str))
+    models = [m for m in descriptions if m in present] + sorted(present - set(descriptions))
+    nodes = model_texts(models, descriptions)
+    queries, featurizer = _text_features(obs, method, text, also_fit=nodes, **kwargs)
+    return FamilyFeatures(queries, pd.DataFrame(featurizer.transform(nodes), columns=queries.columns,
+                                                index=pd.Index(models, name='model')))
 
 # %% ../../nbs/24a_inputs.ipynb #73d864a5
 def read_features(path, # .parquet (or .csv): one row per query, by query_id (index or column)
@@ -112,6 +140,7 @@ def load_data(data=None, # None for the simulator, an observation file (.parquet
               formulas: Formulas = Formulas(), # how the datasets' statistics are taken
               text_features: dict | None = None, # `features_from_text` arguments (method, text, featurizer's)
               reader: str = 'paper', # how a release folder is read: 'paper' (documented schema, notes) or 'authors'
+              family_texts: dict | None = None, # family name -> {model: description}: its own features from text
              ) -> tuple[list, pd.DataFrame]:
     "The protocol's datasets and the whole observation table (for diagnostics)."
     if data is None:
@@ -131,6 +160,8 @@ def load_data(data=None, # None for the simulator, an observation file (.parquet
     if (models < 2).any():
         one = models.index[int(np.argmax(models.to_numpy() < 2))]
         raise ValueError(f"dataset {one!r} has one model: routing needs two models or more")
-    feats = (read_features(features) if features is not None
-             else features_from_text(obs, **(text_features or {})))
-    return datasets_from(obs, feats, formulas=formulas), obs
+    if features is not None: return datasets_from(obs, read_features(features), formulas=formulas), obs
+    feats = features_from_text(obs, **(text_features or {}))
+    own = {family: features_with_models(obs, descriptions, **(text_features or {}))
+           for family, descriptions in (family_texts or {}).items()}
+    return datasets_from(obs, feats, formulas=formulas, family_features=own), obs

@@ -16,8 +16,8 @@ from ..stats import choose_fixed_model
 from .protocol import Formulas, ProtocolData, resolve_routers
 
 # %% auto #0
-__all__ = ['PAPER_PROTOCOL', 'AUTHORS_MODEL_ORDER', 'AUTHORS_PROTOCOL', 'PROTOCOLS', 'AUTHORS_BASELINES', 'load_design',
-           'Protocol', 'get_protocol', 'authors_baselines', 'authors_printout']
+__all__ = ['PAPER_PROTOCOL', 'AUTHORS_MODEL_ORDER', 'AUTHORS_MODEL_DESCRIPTIONS', 'AUTHORS_PROTOCOL', 'PROTOCOLS',
+           'AUTHORS_BASELINES', 'load_design', 'Protocol', 'get_protocol', 'authors_baselines', 'authors_printout']
 
 # %% ../../nbs/21e_presets.ipynb #16473e93
 def load_design(spec: str, # 'module:Class', e.g. 'dars_nb.routers.nets:AuthorsMIRTRouter'
@@ -38,6 +38,8 @@ class Protocol:
     tfidf: dict = field(default_factory=dict)  # `TfidfFeaturizer` parameters over ours
     router_settings: dict = field(default_factory=dict)  # family name -> parameters over ours
     designs: dict = field(default_factory=dict)  # family name -> 'module:Class' run instead of ours
+    # family name -> {model: description}: that family reads its own text features and model nodes
+    family_texts: dict = field(default_factory=dict)
     printout: str = 'paper'                  # 'paper'; 'authors' adds their score/cost table
     note: str = ''                           # one line for the report: what it keeps of ours
 
@@ -57,6 +59,16 @@ AUTHORS_MODEL_ORDER = ('google/gemma-3-12b-it', 'mistralai/mistral-small-3.2-24b
                        'qwen/qwen3-32b', 'meta-llama/llama-3.3-70b-instruct',
                        'google/gemini-2.5-flash-lite', 'deepseek/deepseek-chat-v3.1')
 
+# the one-line descriptions the authors' GraphRouter gives these six models: their `methods/graph_router.py`
+# (MODEL_DESCRIPTIONS, AIGNLAI/DARS at 9b6da7a), stated here as facts; any other model is "Large language model."
+AUTHORS_MODEL_DESCRIPTIONS = {
+    'google/gemma-3-12b-it': 'Google Gemma 3 12B instruction tuned open model.',
+    'mistralai/mistral-small-3.2-24b-instruct': 'Mistral Small 3.2 24B instruction tuned model.',
+    'qwen/qwen3-32b': 'Qwen3 32B general reasoning and instruction model.',
+    'meta-llama/llama-3.3-70b-instruct': 'Meta Llama 3.3 70B instruction tuned model.',
+    'google/gemini-2.5-flash-lite': 'Google Gemini 2.5 Flash Lite efficient model.',
+    'deepseek/deepseek-chat-v3.1': 'DeepSeek Chat V3.1 general chat and reasoning model.'}
+
 AUTHORS_PROTOCOL = Protocol(
     name='authors', formulas=Formulas(cost_norm='minmax', ddof=1, draw='rows'), seed=42,
     features='tfidf', text='authors', tfidf=dict(max_features=20000, ngram_range=(1, 2), sublinear_tf=False),
@@ -72,13 +84,14 @@ AUTHORS_PROTOCOL = Protocol(
     designs={name: f'dars_nb.routers.nets:Authors{cls}' for name, cls in (
         ('MIRT', 'MIRTRouter'), ('EmbedLLM', 'EmbedLLMRouter'), ('RM-Softmax', 'RMSoftmaxRouter'),
         ('GraphRouter', 'GraphRouter'))},
+    family_texts={'GraphRouter': AUTHORS_MODEL_DESCRIPTIONS},
     printout='authors',
     note=("the authors' released code where it differs from the paper: min–max cost per dataset, "
           "sample σ_q, single-shot rows drawn by default_rng(42 + r), their encoder's text (passage "
           "first, no options) in TF-IDF of (1, 2)-grams with raw tf fitted on training texts, their MLP, kNN and "
           "AvengersPro settings, seeds and model order, and their designs of MIRT, EmbedLLM, "
-          "RM-Softmax and GraphRouter "
-          "(GraphRouter's model nodes one-hot, not their descriptions' TF-IDF)"))
+          "RM-Softmax and GraphRouter (its model nodes and query features from one TF-IDF fitted on "
+          "the training texts and their one-line model descriptions)"))
 
 PROTOCOLS = {p.name: p for p in (PAPER_PROTOCOL, AUTHORS_PROTOCOL)}
 

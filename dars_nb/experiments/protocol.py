@@ -8,7 +8,7 @@ import sys
 import zlib
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
@@ -25,10 +25,10 @@ from ..routers.base import align
 from .cluster import run_calls
 
 # %% auto #0
-__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'Formulas', 'ProtocolData', 'make_dataset',
-           'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
-           'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit',
-           'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'UnitCall',
+__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'Formulas', 'FamilyFeatures', 'ProtocolData',
+           'make_dataset', 'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers',
+           'derive_seed', 'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions',
+           'score_unit', 'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'UnitCall',
            'run_experiments', 'run_protocol']
 
 # %% ../../nbs/21a_protocol.ipynb #8c647133
@@ -47,6 +47,12 @@ class Formulas(NamedTuple):
         return self
 
 # %% ../../nbs/21a_protocol.ipynb #8688cdbc
+@dataclass(frozen=True)
+class FamilyFeatures:
+    "What one router family reads instead of the shared features: its query features and its models' nodes."
+    queries: pd.DataFrame              # query features indexed by query_id (str)
+    models: pd.DataFrame | None = None  # node features by model name, given as the router's `model_features`
+
 @dataclass
 class ProtocolData:
     "One dataset for the protocol: observations with `cost_norm`, query features, optional truth."
@@ -57,6 +63,8 @@ class ProtocolData:
     # indexed (dataset, query_id, model) with mu_q, mu_c (simulator), or None
     truth: pd.DataFrame | None = None
     formulas: Formulas = Formulas()   # how its statistics are taken (the paper's by default)
+    # family name -> `FamilyFeatures` of a family that reads its own features (none by default)
+    family_features: dict = field(default_factory=dict)
 
     @property
     def grid_sides(self) -> tuple[int, int]:
@@ -75,6 +83,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
                  formulas: Formulas = Formulas(), # cost normalisation, σ_q's ddof, single-shot draw
+                 family_features: dict | None = None, # family name -> `FamilyFeatures` it reads instead
                 ) -> ProtocolData:
     "Validate one dataset's observations and features; normalise cost over train and test."
     obs, formulas = as_validated(obs), Formulas(*formulas).check()
@@ -95,7 +104,14 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
         truth = truth.xs(name, level='dataset', drop_level=False)
     elif truth is not None:
         raise ValueError(f"the truth frame has no rows for dataset {name!r}")
-    return ProtocolData(name, normalize_cost(obs, formulas.cost_norm), features, truth, formulas)
+    own = dict(family_features or {})
+    for family, f in own.items():
+        if not isinstance(f, FamilyFeatures):
+            raise ValueError(f"family_features[{family!r}] must be a FamilyFeatures, got {type(f).__name__}")
+        own[family] = FamilyFeatures(f.queries.set_axis(f.queries.index.astype(str).rename('query_id')), f.models)
+        align(own[family].queries, obs['query_id'].cat.categories.astype(str))
+    return ProtocolData(name, normalize_cost(obs, formulas.cost_norm), features, truth, formulas,
+                        family_features=own)
 
 # %% ../../nbs/21a_protocol.ipynb #8b9ba996
 PAPER_TEST_SIZES = {'gpqa_like': 250, 'math_like': 300, 'drop_like': 600}
@@ -116,10 +132,11 @@ def datasets_from(obs: pd.DataFrame, # observations of one or more datasets
                   features: pd.DataFrame, # query features by query_id (shared by all datasets)
                   truth: pd.DataFrame | None = None, # ground truth, if known
                   formulas: Formulas = Formulas(), # how the statistics are taken
+                  family_features: dict | None = None, # family name -> `FamilyFeatures` (shared by all datasets)
                  ) -> list[ProtocolData]:
     "One `ProtocolData` per dataset in `obs`."
     obs = as_validated(obs)
-    return [make_dataset(select(obs, dataset=name), features, truth, formulas)
+    return [make_dataset(select(obs, dataset=name), features, truth, formulas, family_features)
             for name in obs['dataset'].cat.categories]
 
 # %% ../../nbs/21a_protocol.ipynb #9516c7b1
@@ -194,6 +211,7 @@ class Prepared:
     true_utility: np.ndarray | None = None  # (test queries, models) U* = μ_q − λμ_c, or None
     scores: dict | None = None  # view -> (test queries × models) mean score
     costs: dict | None = None   # view -> (test queries × models) mean normalised cost
+    family_features: dict = field(default_factory=dict)  # family name -> its own `FamilyFeatures`
 
 def _true_utility(truth: pd.DataFrame, name: str, ids, models, lam: float) -> np.ndarray:
     "True U* = μ_q − λμ_c (n, K) of the test queries `ids`."
@@ -219,7 +237,7 @@ def prepare_dataset(ds: ProtocolData, # the dataset
     U = None if ds.truth is None else _true_utility(ds.truth, ds.name, test_ids, models, lam)
     return Prepared(name=ds.name, models=models, tables=tables, test_ids=test_ids,
                     features=ds.features, true_utility=U, scores={v: m[0] for v, m in means.items()},
-                    costs={v: m[1] for v, m in means.items()})
+                    costs={v: m[1] for v, m in means.items()}, family_features=ds.family_features)
 
 # %% ../../nbs/21a_protocol.ipynb #597d7746
 def _training_rows(obs: pd.DataFrame, grid) -> tuple[pd.DataFrame, str]:
@@ -267,13 +285,15 @@ def chosen_positions(prep: Prepared, # the prepared dataset
                      sup: Supervision, # the supervision to fit on
                      seed: int = 0, # the run's seed
                     ) -> np.ndarray:
-    "Fit a clone of `router` and return the positions of its chosen models: (R, n test queries)."
+    "Fit a clone of `router` (on its family's own features, if any) and return its chosen models' positions: (R, n test)."
     est = clone(router)
     if est.get_params().get('random_state', 0) is None:
         est.set_params(random_state=derive_seed(seed, 'router', prep.name, name))
+    own = prep.family_features.get(name)
+    features = prep.features if own is None else own.queries
+    if own is not None and own.models is not None: est.set_params(model_features=own.models)
     with single_threaded():
-        picked = _choices(est, align(prep.features, sup.query_ids), sup,
-                          align(prep.features, prep.test_ids))
+        picked = _choices(est, align(features, sup.query_ids), sup, align(features, prep.test_ids))
     pos = pd.Index(prep.models).get_indexer(picked.ravel()).reshape(picked.shape)
     if (pos < 0).any():
         raise ValueError(f"router {name!r} chose a model outside the pool: {picked.ravel()[np.argmax(pos.ravel() < 0)]!r}")

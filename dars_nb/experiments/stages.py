@@ -148,7 +148,8 @@ def data_stage(run: Run, # the run
     text = dict(method=p.features, text=p.text, **p.tfidf)
     datasets, obs = load_data(data, features=features, settings=settings, seed=run.seed,
                               log=run.log, drop_incomplete=drop_incomplete, formulas=p.formulas,
-                              text_features=text, reader=p.name if p.name in READ_PROTOCOLS else 'paper')
+                              text_features=text, family_texts=p.family_texts,
+                              reader=p.name if p.name in READ_PROTOCOLS else 'paper')
     run.log(f"      {len(datasets)} dataset(s), {len(routers)} router(s): {', '.join(routers)}")
     routers = sized_to_data(routers, datasets, run.log)
     return routers, datasets, obs

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from fastcore.basics import patch
 import numpy as np
+import pandas as pd
 from ..extras import require
 # a missing torch: one line naming the extra
 require('torch', 'torch', "The authors' designs of the neural routers")
@@ -317,15 +318,22 @@ class AuthorsGraphRouter(NetRouter):
     def __init__(self,
                  node_dim: int = 128, # width of the projected query and model nodes
                  hidden_layers=(256, 128), # widths of the edge MLP's hidden layers
-                 model_features=None, # (K, d_m) node features, in the training order; None: one-hot
+                 model_features=None, # node features: a frame by model name, a (K, d_m) array in the training order, or None (one-hot)
                 ):
         self.node_dim, self.hidden_layers = node_dim, hidden_layers
         self.model_features = model_features
 
     def _nodes(self, n_models: int) -> torch.Tensor:
-        "The models' node features, float32: (K, d_m)."
+        "The models' node features in the training order, float32: (K, d_m)."
         if self.model_features is None: return torch.eye(n_models)
-        nodes = np.asarray(self.model_features, np.float32)
+        nodes = self.model_features
+        if isinstance(nodes, pd.DataFrame):
+            names = [str(self.models_[i]) for i in self.order_]
+            nodes = nodes.set_axis(nodes.index.astype(str))
+            missing = [m for m in names if m not in nodes.index]
+            if missing: raise ValueError(f"model_features has no row for model {missing[0]!r}")
+            nodes = nodes.loc[names]
+        nodes = np.asarray(nodes, np.float32)
         if nodes.ndim != 2 or len(nodes) != n_models or not np.isfinite(nodes).all():
             shape = nodes.shape
             raise ValueError(f"model_features must be a finite ({n_models}, d) array, got shape {shape}")
