@@ -319,13 +319,19 @@ async def stream(self: Attempts, ranking: list, # the models to try, best first
 @patch
 async def relay(self: Attempts, answered: Attempt, # the attempt whose stream opened
                ):
-    "The lines of its stream, relayed; the answer charged (or lost) and the stream closed at the end."
+    "The lines of its stream, relayed (those that arrived together in one write); charged (or lost) and closed at the end."
     events = answered.result
     relayed = RelayedStream(answered.spec.name, self.req.hide_usage, self.state.upstreams.orjson.dumps)
     try:
-        async for line, chunk in events.lines():
-            out = relayed.line(line, chunk)
-            if out is not None: yield out + '\n'
+        async for group in events.groups():
+            out = ''
+            for line, chunk in group:
+                try: sent = relayed.line(line, chunk)
+                except UpstreamError:   # the lines before it go first
+                    if out: yield out
+                    raise
+                if sent is not None: out += sent + '\n'
+            if out: yield out
     except UpstreamError as e:
         relayed.error = True
         yield 'data: ' + json.dumps(RequestError(502, str(e), kind='upstream_error').body()) + '\n\n'
