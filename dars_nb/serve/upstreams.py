@@ -82,8 +82,10 @@ class Upstreams:
 # %% ../../nbs/36c_serve_upstreams.ipynb #94c2c365
 async def _take_slot(ups: Upstreams, spec: ModelSpec):
     "Wait for a free slot of `spec`, at most `queue_timeout_s`; or a busy `UpstreamError`."
+    slot = ups.slots[spec.name]
+    if not slot.locked(): return await slot.acquire()   # a free slot is taken at once: no deadline to set
     try:
-        async with asyncio.timeout(ups.queue_timeout_s): await ups.slots[spec.name].acquire()
+        async with asyncio.timeout(ups.queue_timeout_s): await slot.acquire()
     except TimeoutError:
         busy = f"no free slot within {ups.queue_timeout_s:g} s (concurrency {spec.concurrency})"
         raise UpstreamError(f"model {spec.name!r}: {busy}", busy=True) from None
