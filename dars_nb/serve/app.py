@@ -25,7 +25,7 @@ from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
 
 # %% auto #0
-__all__ = ['TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'list_models',
+__all__ = ['TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'ChatRoute', 'list_models',
            'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
@@ -49,35 +49,62 @@ async def __call__(self: RankBatcher, text: str, # the text to rank the pool for
                    lam: float | None = None, # λ (None: the router's own)
                   ) -> list:
     "The pool's models for `text`, best first."
-    fut = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
     self._pending.append((text, lam, fut))
-    if self._task is None: self._task = asyncio.create_task(self._drain())
+    if self._task is None:   # quick rankings: a callback once this loop turn's requests are in; slow: a task
+        self._task = loop.call_soon(self._drain_inline) if self.last_s < self.inline_s else \
+            asyncio.create_task(self._drain())
     return await fut
 
 @patch
+def _drain_inline(self: RankBatcher):
+    "Rank everything waiting on the event loop, one call per λ (quick rankings)."
+    try:
+        batch, self._pending = self._pending, []
+        for lam, items in _by_lambda(batch).items(): self._settle(items, lambda texts: self._timed(texts, lam))
+    finally: self._task = None
+
+def _by_lambda(batch: list) -> dict:
+    "{λ: [(text, future), ...]} of a batch of (text, λ, future)."
+    groups = {}
+    for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
+    return groups
+
+@patch
+def _settle(self: RankBatcher, items: list, # (text, future) of one λ
+            ranked, # ranked(texts) -> (rankings, the call's cost in seconds)
+           ):
+    "Rank `items` with `ranked` and hand each future its ranking (or the error)."
+    texts = [t for t, _ in items]
+    self.calls += 1
+    try:
+        ranks, self.last_s = ranked(texts)
+        if len(ranks) != len(texts):
+            raise RuntimeError(f"the router returned {len(ranks)} rankings for {len(texts)} texts")
+    except Exception as e:
+        for _, fut in items:
+            if not fut.done(): fut.set_exception(e)
+        return
+    for (_, fut), r in zip(items, ranks):
+        if not fut.done(): fut.set_result(list(r))
+
+@patch
 async def _drain(self: RankBatcher):
-    "Rank everything waiting, one call per λ, until nothing waits."
+    "Rank everything waiting, one call per λ, until nothing waits (a slow ranking in a worker thread)."
     try:
         while self._pending:
             batch, self._pending = self._pending, []
-            groups = {}
-            for text, lam, fut in batch: groups.setdefault(lam, []).append((text, fut))
-            for lam, items in groups.items():
-                texts = [t for t, _ in items]
-                self.calls += 1
-                try:
-                    if self.last_s < self.inline_s: ranks, self.last_s = self._timed(texts, lam)
-                    else: ranks, self.last_s = await asyncio.to_thread(self._timed, texts, lam)
-                    if len(ranks) != len(texts):
-                        got, asked = len(ranks), len(texts)
-                        raise RuntimeError(f"the router returned {got} rankings for {asked} texts")
-                except Exception as e:
-                    for _, fut in items:
-                        if not fut.done(): fut.set_exception(e)
-                    continue
-                for (_, fut), r in zip(items, ranks):
-                    if not fut.done(): fut.set_result(list(r))
+            for lam, items in _by_lambda(batch).items():
+                if self.last_s < self.inline_s: self._settle(items, lambda texts: self._timed(texts, lam))
+                else:
+                    texts = [t for t, _ in items]
+                    try: done = await asyncio.to_thread(self._timed, texts, lam)
+                    except Exception as e: done = e
+                    self._settle(items, lambda _: _raise(done) if isinstance(done, Exception) else done)
     finally: self._task = None
+
+def _raise(e: Exception): raise e
 
 # %% ../../nbs/36d_serve_app.ipynb #9e1217ea
 async def _read_body(request, limit: int) -> bytes:
@@ -319,13 +346,19 @@ async def stream(self: Attempts, ranking: list, # the models to try, best first
 @patch
 async def relay(self: Attempts, answered: Attempt, # the attempt whose stream opened
                ):
-    "The lines of its stream, relayed; the answer charged (or lost) and the stream closed at the end."
+    "The lines of its stream, relayed (those that arrived together in one write); charged (or lost) and closed at the end."
     events = answered.result
     relayed = RelayedStream(answered.spec.name, self.req.hide_usage, self.state.upstreams.orjson.dumps)
     try:
-        async for line, chunk in events.lines():
-            out = relayed.line(line, chunk)
-            if out is not None: yield out + '\n'
+        async for group in events.groups():
+            out = ''
+            for line, chunk in group:
+                try: sent = relayed.line(line, chunk)
+                except UpstreamError:   # the lines before it go first
+                    if out: yield out
+                    raise
+                if sent is not None: out += sent + '\n'
+            if out: yield out
     except UpstreamError as e:
         relayed.error = True
         yield 'data: ' + json.dumps(RequestError(502, str(e), kind='upstream_error').body()) + '\n\n'
@@ -359,6 +392,39 @@ async def chat_completions(request):
         return Response(status_code=400)
     finally:
         if not streaming: state.metrics.latency['request'].observe(time.perf_counter() - started)
+
+# %% ../../nbs/36d_serve_app.ipynb #d292bf14
+class _Posted:
+    "The parts of a request `chat_completions` reads, from the ASGI scope and messages: the app, two headers, the body."
+    __slots__ = ('app', 'scope', 'receive')
+    def __init__(self, scope, receive): self.app, self.scope, self.receive = scope['app'], scope, receive
+
+    @property
+    def headers(self): return self
+
+    def get(self, name: str, default=None):
+        "The first value of header `name` (lowercase), as text."
+        key = name.encode('latin-1')
+        return next((v.decode('latin-1') for k, v in self.scope['headers'] if k == key), default)
+
+    async def stream(self):
+        "The body's chunks as they come; `ClientDisconnect` if the client hangs up first."
+        from starlette.requests import ClientDisconnect
+        while True:
+            message = await self.receive()
+            if message['type'] == 'http.disconnect': raise ClientDisconnect()
+            if message.get('body'): yield message['body']
+            if not message.get('more_body', False): return
+
+class ChatRoute:
+    "ASGI middleware: POST /v1/chat/completions to `chat_completions` directly; everything else to the application."
+    def __init__(self, app, path: str = '/v1/chat/completions'): self.app, self.path = app, path
+
+    async def __call__(self, scope, receive, send):
+        if scope['type'] != 'http' or scope['path'] != self.path or scope['method'] != 'POST':
+            return await self.app(scope, receive, send)
+        response = await chat_completions(_Posted(scope, receive))
+        await response(scope, receive, send)
 
 # %% ../../nbs/36d_serve_app.ipynb #caafb18a
 async def list_models(request):
@@ -436,12 +502,12 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
             if posting is not None: posting.cancel(); metrics_snapshot(app.state)   # the last counts posted
             await app.state.upstreams.aclose()
 
-    routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),
+    routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),   # POST: past `ChatRoute`; others: 405
               Route('/v1/models', list_models, methods=['GET']),
               Route('/metrics', show_metrics, methods=['GET'])] + page_routes(chat)
     app = Starlette(routes=routes,
                     middleware=[Middleware(BrowserGuard, settings=settings),
-                                Middleware(ClientKeyCheck, keys=settings.client_keys)],
+                                Middleware(ClientKeyCheck, keys=settings.client_keys), Middleware(ChatRoute)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat

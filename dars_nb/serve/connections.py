@@ -165,18 +165,26 @@ class Response:
 
 # %% ../../nbs/36c_serve_connections.ipynb #04d731a3
 @patch
-async def aiter_lines(self: Response):
-    "The body's lines as text (UTF-8; '\\n', '\\r\\n' or '\\r' end a line), as they come."
+async def aiter_line_groups(self: Response):
+    "The body's lines as text (UTF-8; '\\n', '\\r\\n' or '\\r' end a line), a list of those that arrived together at a time."
     conn, rest = self._conn, b''
     try:
         while True:
             data = rest + conn.take()
             if b'\r' in data: data = data.replace(b'\r\n', b'\n').replace(b'\r', b'\n')
             *lines, rest = data.split(b'\n')
-            for line in lines: yield line.decode('utf-8', 'replace')
+            if lines: yield [line.decode('utf-8', 'replace') for line in lines]
             if conn.done and not conn.chunks: break
             if not conn.done: await conn.wait()
-        if rest: yield rest.decode('utf-8', 'replace')
+        if rest: yield [rest.decode('utf-8', 'replace')]
+    finally: await self.aclose()
+
+@patch
+async def aiter_lines(self: Response):
+    "The body's lines as text, one at a time, as they come."
+    try:
+        async for group in self.aiter_line_groups():
+            for line in group: yield line
     finally: await self.aclose()
 
 # %% ../../nbs/36c_serve_connections.ipynb #6d626b50

@@ -82,8 +82,10 @@ class Upstreams:
 # %% ../../nbs/36c_serve_upstreams.ipynb #94c2c365
 async def _take_slot(ups: Upstreams, spec: ModelSpec):
     "Wait for a free slot of `spec`, at most `queue_timeout_s`; or a busy `UpstreamError`."
+    slot = ups.slots[spec.name]
+    if not slot.locked(): return await slot.acquire()   # a free slot is taken at once: no deadline to set
     try:
-        async with asyncio.timeout(ups.queue_timeout_s): await ups.slots[spec.name].acquire()
+        async with asyncio.timeout(ups.queue_timeout_s): await slot.acquire()
     except TimeoutError:
         busy = f"no free slot within {ups.queue_timeout_s:g} s (concurrency {spec.concurrency})"
         raise UpstreamError(f"model {spec.name!r}: {busy}", busy=True) from None
@@ -129,7 +131,7 @@ class EventStream:
     "An upstream's open event stream: each line checked as it comes, the model's slot held until it closes."
     def __init__(self, ups: Upstreams, spec: ModelSpec, resp, release):
         self.ups, self.spec, self.resp, self._release = ups, spec, resp, release
-        self._lines, self._ahead, self.finished = resp.aiter_lines(), [], False
+        self._groups, self._ahead, self._rest, self.finished = resp.aiter_line_groups(), [], [], False
 
     def _check(self, line: str) -> tuple:
         "(line, its chunk or None), noting the end; a malformed line raises `UpstreamError` (sent)."
@@ -158,26 +160,42 @@ async def check_start(self: EventStream):
         raise UpstreamError(f"model {self.spec.name!r}: malformed stream: {why}", sent=True)
     try:
         async with asyncio.timeout(self.ups.timeout(self.spec)):
-            async for line in self._lines:
-                self._ahead.append(self._check(line))
-                if self._ahead[-1][1] is not None or self.finished: return
+            async for group in self._groups:
+                for k, line in enumerate(group):
+                    self._ahead.append(self._check(line))
+                    if self._ahead[-1][1] is not None or self.finished:
+                        self._rest = group[k + 1:]; return   # the rest of its group is checked as it is relayed
     except (TimeoutError, OSError) as e:
         raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
                             sent=True) from None
     raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before any event", sent=True)
 
 @patch
-async def lines(self: EventStream):
-    "Every line with its chunk (None if it has none); `UpstreamError` (sent) if it is malformed or cut short."
-    while self._ahead: yield self._ahead.pop(0)
+async def groups(self: EventStream):
+    "Lists of (line, its chunk or None), the lines that arrived together; `UpstreamError` (sent) if malformed or cut short."
+    checked, self._ahead, rest, self._rest = self._ahead, [], self._rest, []
     try:
-        async for line in self._lines: yield self._check(line)
+        for line in rest: checked.append(self._check(line))
+        if checked: yield checked
+        async for group in self._groups:
+            checked = []
+            for line in group: checked.append(self._check(line))
+            yield checked
+    except UpstreamError:   # a malformed line: the lines before it go first
+        if checked: yield checked
+        raise
     except OSError as e:
         raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
                             sent=True) from None
     if not self.finished:
         raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before its answer did",
                             sent=True)
+
+@patch
+async def lines(self: EventStream):
+    "Every line with its chunk (None if it has none), one at a time; `UpstreamError` (sent) as `groups`."
+    async for group in self.groups():
+        for item in group: yield item
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #65d16455
 async def send(ups: Upstreams, # the pool's clients and slots
