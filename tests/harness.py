@@ -184,10 +184,24 @@ def pytest_handlecrashitem(crashitem, report, sched):
         report.longrepr = f'{report.longrepr}\n\n' + '\n'.join(dumps)
     if dsession is not None:
         dsession._dars_stopped_by = dsession.shouldstop = f'{report.longrepr.splitlines()[0]}: the run stops'
-        for f in run.glob('gw*-*.txt'):              # every worker's file is named worker-pid
-            pid = int(f.stem.rsplit('-', 1)[1])
-            try: os.kill(pid, signal.SIGINT)
-            except ProcessLookupError: pass
+        pids = [int(f.stem.rsplit('-', 1)[1]) for f in run.glob('gw*-*.txt')]   # each worker's file: worker-pid
+        _signal_all(pids, signal.SIGINT)
+        # a worker may let an interrupt go by (one that lands while it waits for its next test): it is killed, and its
+        # test reported as stopped like the others
+        killer = threading.Timer(STOP_GRACE_S, _signal_all, (pids, signal.SIGKILL))
+        killer.daemon = True                          # the run may end before it fires
+        killer.start()
+
+
+STOP_GRACE_S = 10   # from the interrupt that stops a run after a crash to the kill of a worker still running
+
+
+def _signal_all(pids: list, sig: int):
+    "Send `sig` to those of `pids` that are still this process's workers (a pid may have been taken by another)."
+    for pid in pids:
+        try:
+            if psutil.Process(pid).ppid() == os.getpid(): os.kill(pid, sig)
+        except (psutil.Error, ProcessLookupError): pass
 
 
 def _gb(x: int) -> str: return f'{x / GB:.2f} GB'

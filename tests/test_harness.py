@@ -32,6 +32,7 @@ def test_kills_its_own_worker():
 @pytest.mark.xdist_group('queued')
 @pytest.mark.parametrize('i', range(30))
 def test_queued_on_the_other_worker(i):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a worker that lets the run's interrupt go by: it must be killed
     time.sleep(4)                                 # 120 s of work that a stopped run must not wait for
 
 

@@ -82,7 +82,8 @@ VARIES = 'varies'   # a cell flagged `#| varies` (timings, a live server's port)
 _NUMBER = re.compile(r'[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?')
 PROJECT = Path(__file__).resolve().parents[1]   # where this checkout lies: a path under it is shown relative to it
 _TOP = '|'.join(sorted(p.name for p in PROJECT.iterdir() if p.is_dir() and not p.name.startswith('.')))
-_MASKS = [(re.compile(re.escape(tempfile.gettempdir()) + r'/[^\s\'"),\]]+'), '<temporary path>'),
+_MASKS = [(re.compile(re.escape(str(PROJECT)) + r'(?=/)'), '<project>'),   # this checkout, even one cloned under /tmp
+          (re.compile(re.escape(tempfile.gettempdir()) + r'/[^\s\'"),\]]+'), '<temporary path>'),
           # a checkout's own folders under whatever path it was cloned to (the outputs may be saved in another)
           (re.compile(r'(?<![\w.<>])/(?:[\w.+-]+/)*?(?=(?:' + _TOP + r')/)'), '<project>/'),
           (re.compile(r' at 0x[0-9a-fA-F]{6,}'), ''),              # nbdev-clean drops an object's address from its repr
