@@ -10,26 +10,9 @@ import time
 import httpx2
 import pytest
 
-from dars_nb.bundle import RouterBundle, save_bundle
 from dars_nb.pool.server import free_port
+from test_serve import bundle_file  # noqa: F401  (the saved TF-IDF + kNN bundle `dars serve` routes with)
 from test_serve_boundaries import LIE_IN, LIE_OUT, ONE_ANSWER, USER, LyingEndpoint, burst, stream_burst
-
-TEXTS = [f'question {i} about {w}' for i, w in enumerate(['algebra', 'history', 'chemistry', 'poetry'] * 10)]
-
-
-@pytest.fixture(scope='module')
-def bundle_file(tmp_path_factory):
-    "A saved TF-IDF + kNN router bundle on simulated DARS supervision."
-    from dars_nb.features import TfidfFeaturizer
-    from dars_nb.routers import ROUTERS
-    from dars_nb.simulate import simulate
-    from dars_nb.stats import supervision
-    obs, _, _ = simulate('gpqa_like', n_train=len(TEXTS), n_test=5, seed=1)
-    sup = supervision(obs, 'dars')
-    tf = TfidfFeaturizer().fit(TEXTS)
-    router = ROUTERS['kNN'](n_neighbors=5).fit(tf.transform(TEXTS), sup)
-    b = RouterBundle(models=list(sup.models), lam=0.05, beta=0.2, mode='dars', featurizer=tf, router=router)
-    return save_bundle(b, tmp_path_factory.mktemp('bundle') / 'router.zip')
 
 
 def start_workers(bundle_file, pool_file, port, *options):
