@@ -72,6 +72,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'dars_nb.bundle.calibrate._reach_note': ( 'calibrate.html#_reach_note',
                                                                                     'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate._rounded': ('calibrate.html#_rounded', 'dars_nb/bundle/calibrate.py'),
+                                          'dars_nb.bundle.calibrate._rounded_range': ( 'calibrate.html#_rounded_range',
+                                                                                       'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate._target_lines': ( 'calibrate.html#_target_lines',
                                                                                       'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate.apart': ('calibrate.html#apart', 'dars_nb/bundle/calibrate.py'),

@@ -295,25 +295,28 @@ def _rounded(x: float, digits: int, rounding: str) -> str:
     step = Decimal(1).scaleb(x.adjusted() - digits + 1)
     return format(x.quantize(step, rounding=rounding).normalize(), 'f')
 
+def _rounded_range(lo: float, hi: float, digits: int, inwards: bool) -> tuple[str, str]:
+    "[lo, hi] in the fewest digits from `digits` up whose rounding keeps the range within a factor 2 of its width."
+    ends = (ROUND_CEILING, ROUND_FLOOR) if inwards else (ROUND_FLOOR, ROUND_CEILING)
+    for d in range(digits, 18):
+        shown = _rounded(lo, d, ends[0]), _rounded(hi, d, ends[1])
+        width = float(shown[1]) - float(shown[0])
+        if (width >= (hi - lo) / 2) if inwards else (width <= 2 * (hi - lo)): return shown
+    return repr(lo), repr(hi)
+
 def inward(lo: float, # the lower end of a range
            hi: float, # its upper end
            digits: int = 3, # the fewest significant digits shown
           ) -> tuple[str, str]:
     "A range inside [lo, hi] in few digits: `lo` rounded up, `hi` down, keeping half its width."
-    for d in range(digits, 18):
-        shown = _rounded(lo, d, ROUND_CEILING), _rounded(hi, d, ROUND_FLOOR)
-        if float(shown[1]) - float(shown[0]) >= (hi - lo) / 2: return shown
-    return repr(lo), repr(hi)
+    return _rounded_range(lo, hi, digits, inwards=True)
 
 def outward(lo: float, # the lower end of a range
             hi: float, # its upper end
             digits: int = 6, # the fewest significant digits shown
            ) -> tuple[str, str]:
     "A range around [lo, hi] in few digits: `lo` rounded down, `hi` up, at most twice as wide."
-    for d in range(digits, 18):
-        shown = _rounded(lo, d, ROUND_FLOOR), _rounded(hi, d, ROUND_CEILING)
-        if float(shown[1]) - float(shown[0]) <= 2 * (hi - lo): return shown
-    return repr(lo), repr(hi)
+    return _rounded_range(lo, hi, digits, inwards=False)
 
 # %% ../../nbs/25e_calibrate.ipynb #6e309000
 def _guard_lines(bundle: RouterBundle, cal: Calibration) -> list:
