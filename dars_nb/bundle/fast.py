@@ -4,13 +4,13 @@
 
 # %% ../../nbs/25g_fast_rank.ipynb #8bc8a362
 from __future__ import annotations
+import math
 import re
 import numpy as np
 from fastcore.basics import patch
 from sklearn.preprocessing import normalize
 from ..features import TfidfFeaturizer
 from . import RouterBundle, MARGINS_KEPT
-from .guard import guarded_choice
 
 # %% auto #0
 __all__ = ['SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'MeanScores', 'FastRanker']
@@ -21,7 +21,7 @@ class TfidfRow:
     def __init__(self, featurizer: TfidfFeaturizer, # fitted, with the settings `vectorizer()` gives
                 ):
         v = featurizer.vectorizer_
-        self.words, self.idf = v.vocabulary_, np.asarray(v.idf_, float)
+        self.words, self.idf = v.vocabulary_, np.asarray(v.idf_, float).tolist()
         self.sublinear = bool(v.sublinear_tf)
         self.find, (self.n_min, self.n_max) = re.compile(v.token_pattern).findall, v.ngram_range
 
@@ -36,13 +36,15 @@ class TfidfRow:
 
     def __call__(self, text: str) -> tuple:
         "(positions, values) of the unit TF-IDF row of `text`; empty if it has no known word."
-        seen = [self.words[t] for t in self.tokens(text) if t in self.words]
-        cols, tf = np.unique(np.array(seen, dtype=np.int64), return_counts=True)
-        vals = tf.astype(float)
-        if self.sublinear: vals = np.log(vals) + 1.0
-        vals *= self.idf[cols]
-        norm = np.sqrt(vals @ vals)
-        return cols, (vals / norm if norm > 0 else vals)
+        counts, words = {}, self.words
+        for t in self.tokens(text):
+            j = words.get(t)
+            if j is not None: counts[j] = counts.get(j, 0) + 1
+        cols = sorted(counts)
+        tf = [math.log(counts[j]) + 1.0 for j in cols] if self.sublinear else [float(counts[j]) for j in cols]
+        vals = [f * self.idf[j] for f, j in zip(tf, cols)]
+        norm = math.sqrt(sum(v * v for v in vals))
+        return np.array(cols, np.int64), np.array([v / norm for v in vals] if norm > 0 else vals, float)
 
 # %% ../../nbs/25g_fast_rank.ipynb #9b163f13
 def _dot(M: np.ndarray, # (d, n): a matrix with one row per feature
@@ -73,17 +75,19 @@ class KNNScores:
         self.k = min(int(router.n_neighbors), len(X))
         self.train_T = np.ascontiguousarray((normalize(X) if self.cosine else X).T)   # (d, Q)
         self.train_sq = np.einsum('ij,ij->i', X, X)
-        Q, _, R, K = router.targets_.shape
-        self.targets = router.targets_[:, :, 0, :]   # (Q, 3, K): the single draw
+        Q, S, R, K = router.targets_.shape
+        self.targets = np.ascontiguousarray(router.targets_[:, :, 0, :].reshape(Q, S * K))   # the single draw, (Q, 3K)
 
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
-        if self.cosine: d = np.clip(1.0 - _dot(self.train_T, _unit(row)), 0.0, None)
+        if self.cosine:
+            d = 1.0 - _dot(self.train_T, _unit(row)); np.maximum(d, 0.0, out=d)
         else:
-            d = np.sqrt(np.maximum(-2.0 * _dot(self.train_T, row) + _sq_norm(row) + self.train_sq, 0.0))
-        idx = np.argpartition(d, self.k - 1)[:self.k]
+            d = -2.0 * _dot(self.train_T, row); d += _sq_norm(row); d += self.train_sq
+            np.sqrt(np.maximum(d, 0.0, out=d), out=d)
+        idx = d.argpartition(self.k - 1)[:self.k]
         w = 1.0 / (d[idx] + self.eps)
-        return np.tensordot(w / w.sum(), self.targets[idx], 1)
+        return (w @ self.targets[idx] / w.sum()).reshape(3, -1)
 
 # %% ../../nbs/25g_fast_rank.ipynb #7c175267
 def _layers(net, d: int) -> tuple:
@@ -134,18 +138,19 @@ class AvengersScores:
         self.centroid_sq = np.einsum('ij,ij->i', centroids, centroids)
         self.empty, self.normalize = sizes == 0, bool(router.normalize)
         self.k, self.beta_d = min(int(router.top_k), len(centroids)), float(router.beta_d)
-        self.stats = np.nan_to_num(router.cluster_stats_[:, 0]).transpose(1, 0, 2)   # (C, 3, K)
+        stats = np.nan_to_num(router.cluster_stats_[:, 0]).transpose(1, 0, 2)   # (C, 3, K)
+        self.stats = np.ascontiguousarray(stats.reshape(len(stats), -1))   # (C, 3K)
 
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
         z = _unit(row) if self.normalize else row
         d = np.sqrt(np.maximum(-2.0 * _dot(self.centroids_T, z) + _sq_norm(z) + self.centroid_sq, 0.0))
         d[self.empty] = np.inf
-        idx = np.argpartition(d, self.k - 1)[:self.k]
+        idx = d.argpartition(self.k - 1)[:self.k]
         near = d[idx]
         finite = np.isfinite(near)
         w = np.where(finite, np.exp(-self.beta_d * np.where(finite, near - near.min(), 0.0)), 0.0)
-        return np.tensordot(w / w.sum(), self.stats[idx], 1)
+        return (w @ self.stats[idx] / w.sum()).reshape(3, -1)
 
 # %% ../../nbs/25g_fast_rank.ipynb #612b76ad
 class MeanScores:
@@ -168,7 +173,7 @@ class FastRanker:
     "A loaded bundle's `rank(texts, lam)`, one text at a time in numpy where its family allows."
     def __init__(self, bundle: RouterBundle, # a checked bundle (`load_bundle`)
                 ):
-        self.bundle, self.names = bundle, np.asarray(bundle.models, dtype=object)
+        self.bundle, self.names = bundle, list(bundle.models)
         kernel = SCORES.get(type(bundle.router).__name__)
         self.fast = kernel is not None and bundle.router.n_draws_ == 1
         self.scores = kernel(bundle.router) if self.fast else None
@@ -193,10 +198,11 @@ def features(self: FastRanker, text: str) -> tuple | np.ndarray:
 @patch
 def utility(self: FastRanker, text: str, # one question
             lam: float, # cost weight λ
-           ) -> np.ndarray:
-    "Predicted utility per model (K,) of `text` at λ."
-    mu_q, mu_c, sigma = self.scores(self.features(text))
-    return (mu_q - self.beta * sigma) - lam * mu_c
+           ) -> list[float]:
+    "Predicted utility per model of `text` at λ, μ_q − β·σ − λ·μ_c: K numbers, in the bundle's model order."
+    mu_q, mu_c, sigma = self.scores(self.features(text)).tolist()
+    beta = self.beta
+    return [(q - beta * s) - lam * c for q, c, s in zip(mu_q, mu_c, sigma)]
 
 # %% ../../nbs/25g_fast_rank.ipynb #a9ea136a
 @patch
@@ -218,16 +224,15 @@ def __call__(self: FastRanker, texts, # question texts
     if isinstance(texts, (str, bytes)):
         raise ValueError("texts must be a list of strings, got a single string")
     lam = self.bundle._lam(lam)
-    if not (np.isfinite(lam) and lam >= 0):
+    if not (math.isfinite(lam) and lam >= 0):
         raise ValueError(f"lam must be a finite non-negative number, got {lam}")
     fixed, margin = self.guard(lam)
     out = []
     for text in texts:
         if not isinstance(text, str): raise ValueError(f"a text is {type(text).__name__}, not a string")
-        U = self.utility(text, lam)
-        order = np.argsort(-U, kind='stable')
-        if fixed is not None:
-            choice = guarded_choice(U[None], fixed, margin)[0]
-            order = np.r_[choice, order[order != choice]]
-        out.append(self.names[order].tolist())
+        u = self.utility(text, lam)
+        order = sorted(range(len(u)), key=u.__getitem__, reverse=True)   # stable: ties keep the model order
+        if fixed is not None and not u[order[0]] - u[fixed] > margin:   # the guard keeps its fixed model
+            order.remove(fixed); order.insert(0, fixed)
+        out.append([self.names[i] for i in order])
     return out

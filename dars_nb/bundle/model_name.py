@@ -74,9 +74,10 @@ def asked_lambda(model, # the request's model name
     "(whether the request asks the router, its λ or None); a one-line ValueError for a bad or disagreeing λ."
     routed, name_lam = lambda_from_model_name(model, base)
     if not routed: return False, None
+    in_metadata, in_header = (metadata or {}).get(LAMBDA_FIELD), _header(headers, LAMBDA_HEADER)
+    if in_metadata is None and in_header is None: return True, name_lam   # the name alone: nothing to agree with
     given = {f"the λ in model name {model!r}": name_lam,
-             f"metadata.{LAMBDA_FIELD}": (metadata or {}).get(LAMBDA_FIELD),
-             f"the {LAMBDA_HEADER} header": _header(headers, LAMBDA_HEADER)}
+             f"metadata.{LAMBDA_FIELD}": in_metadata, f"the {LAMBDA_HEADER} header": in_header}
     lams = {what: check_lambda(_number_text(v), what) for what, v in given.items() if v is not None}
     if len(set(lams.values())) > 1:
         (a, x), (b, y) = list(lams.items())[:2]

@@ -23,6 +23,11 @@ from .pages import page_routes, prometheus_text, wants_prometheus, PROMETHEUS_TY
 from .workers import metrics_snapshot
 from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
+from types import SimpleNamespace
+try:   # the `serve` extra (`create_app` says what is missing)
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+except ImportError: pass
 
 # %% auto #0
 __all__ = ['TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'ChatRoute', 'list_models',
@@ -107,22 +112,28 @@ async def _drain(self: RankBatcher):
 def _raise(e: Exception): raise e
 
 # %% ../../nbs/36d_serve_app.ipynb #9e1217ea
-async def _read_body(request, limit: int) -> bytes:
-    "The request body, or a 413 `RequestError` as soon as it passes `limit` bytes."
-    too_big = RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)",
-                           code='body_too_large')
-    declared = request.headers.get('content-length')
-    if declared is not None and declared.isdigit() and int(declared) > limit: raise too_big
+def _too_big(limit: int) -> RequestError:
+    "The 413 of a body past `limit` bytes."
+    return RequestError(413, f"the body is larger than {limit} bytes (max_body_bytes)", code='body_too_large')
+
+async def _read_body(receive, # the request's ASGI `receive`
+                     declared: str | None, # its content-length header, if sent
+                     limit: int, # the most bytes it may have
+                    ) -> bytes:
+    "The request body, or a 413 `RequestError` as soon as it passes `limit` bytes; `ClientDisconnect` if the client hangs up first."
+    if declared is not None and declared.isdigit() and int(declared) > limit: raise _too_big(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message['type'] == 'http.disconnect': raise ClientDisconnect()
+        chunk = message.get('body', b'')
         size += len(chunk)
-        if size > limit: raise too_big
+        if size > limit: raise _too_big(limit)
+        if not message.get('more_body', False): return b''.join(chunks + [chunk]) if chunks else chunk
         chunks.append(chunk)
-    return b''.join(chunks)
 
 def _error_response(e: RequestError):
     "A `RequestError` as a JSON response with its status and headers."
-    from starlette.responses import JSONResponse
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
 # %% ../../nbs/36d_serve_app.ipynb #632c2187
@@ -294,7 +305,6 @@ async def first(self: Attempts, ranking: list, # the models to try, best first
 async def answer(self: Attempts, ranking: list, # the models to try, best first
                 ):
     "The first answer of the ranked models, charged, as a JSON response naming the model."
-    from starlette.responses import Response
     state, data = self.state, self.req.data
     answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data))
     completion, name = answered.result, answered.spec.name
@@ -337,7 +347,6 @@ class RelayedStream:
 async def stream(self: Attempts, ranking: list, # the models to try, best first
                 ):
     "The first stream the ranked models open, relayed as server-sent events."
-    from starlette.responses import StreamingResponse
     state, data = self.state, self.req.data
     answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data, stream=True))
     return StreamingResponse(self.relay(answered), 200, {**self.headers, 'x-dars-model': answered.spec.name},
@@ -371,12 +380,10 @@ async def relay(self: Attempts, answered: Attempt, # the attempt whose stream op
 # %% ../../nbs/36d_serve_app.ipynb #c3f3111f
 async def chat_completions(request):
     "POST /v1/chat/completions: check, rank, forward with fallback, answer."
-    from starlette.requests import ClientDisconnect
-    from starlette.responses import Response
     state, started, streaming = request.app.state, time.perf_counter(), False
     state.metrics.requests += 1
     try:
-        raw = await _read_body(request, state.settings.max_body_bytes)
+        raw = await _read_body(request.receive, request.headers.get('content-length'), state.settings.max_body_bytes)
         req = parse_chat_request(raw, state.settings, state.pool.models, request.headers.get('x-dars-lambda'))
         attempts = Attempts(state, req, request_lambda(req.lam, state.settings.lam, state.router_lam))
         ranking = await attempts.ranking()
@@ -395,7 +402,7 @@ async def chat_completions(request):
 
 # %% ../../nbs/36d_serve_app.ipynb #d292bf14
 class _Posted:
-    "The parts of a request `chat_completions` reads, from the ASGI scope and messages: the app, two headers, the body."
+    "The parts of a request `chat_completions` reads, from the ASGI scope: the app, its `receive`, two headers."
     __slots__ = ('app', 'scope', 'receive')
     def __init__(self, scope, receive): self.app, self.scope, self.receive = scope['app'], scope, receive
 
@@ -405,16 +412,9 @@ class _Posted:
     def get(self, name: str, default=None):
         "The first value of header `name` (lowercase), as text."
         key = name.encode('latin-1')
-        return next((v.decode('latin-1') for k, v in self.scope['headers'] if k == key), default)
-
-    async def stream(self):
-        "The body's chunks as they come; `ClientDisconnect` if the client hangs up first."
-        from starlette.requests import ClientDisconnect
-        while True:
-            message = await self.receive()
-            if message['type'] == 'http.disconnect': raise ClientDisconnect()
-            if message.get('body'): yield message['body']
-            if not message.get('more_body', False): return
+        for k, v in self.scope['headers']:
+            if k == key: return v.decode('latin-1')
+        return default
 
 class ChatRoute:
     "ASGI middleware: POST /v1/chat/completions to `chat_completions` directly; everything else to the application."
@@ -431,13 +431,11 @@ async def list_models(request):
     "GET /v1/models: the router's virtual model, then the pool's models."
     state = request.app.state
     names = [state.settings.router_model] + list(state.pool.models)
-    from starlette.responses import JSONResponse
     return JSONResponse({'object': 'list',
                          'data': [{'id': n, 'object': 'model', 'owned_by': 'dars'} for n in names]})
 
 async def show_metrics(request):
     "GET /metrics: counts, spend and latencies as JSON; in Prometheus' text format for a client that asks for it."
-    from starlette.responses import JSONResponse, Response
     snapshot = metrics_snapshot(request.app.state)
     if wants_prometheus(request.headers.get('accept')): return Response(prometheus_text(snapshot), media_type=PROMETHEUS_TYPE)
     return JSONResponse(snapshot)
@@ -510,6 +508,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                                 Middleware(ClientKeyCheck, keys=settings.client_keys), Middleware(ChatRoute)],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error},
                     lifespan=lifespan)
+    app.state = SimpleNamespace()   # plain attributes, read many times a request (Starlette's `State` looks each up)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
     app.state.lam = request_lambda(None, settings.lam, lam)   # a request's that sets none (/health)
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock, ledger=ledger)

@@ -15,6 +15,8 @@ from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
 from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL
 from ..bundle.model_name import asked_lambda, check_lambda
 from ..observations import chat_text
+try: import orjson   # the `serve` extra (`create_app` says what is missing)
+except ImportError: pass
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'MAX_DEPTH', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'host_values',
@@ -172,7 +174,6 @@ class RequestError(ValueError):
 # %% ../../nbs/36a_serve_requests.ipynb #225cc850
 def _json_body(raw: bytes) -> dict:
     "The request body as a JSON object without forbidden fields, or a 400 `RequestError`."
-    import orjson
     try: body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         why = str(e).splitlines()[0]
@@ -292,7 +293,6 @@ def parse_chat_request(raw: bytes, # the request body
                        lam_header: str | None = None, # the `x-dars-lambda` header, if sent
                       ) -> ChatRequest:
     "Check a chat-completion body and say how to route it; raises `RequestError`."
-    import orjson
     body = _json_body(raw)
     text = _routing_text(body.get('messages'))
     asked, lam = _lambda_of(body.pop('model', None), body, lam_header, settings)
