@@ -288,10 +288,12 @@ def profiled_run(pid, url, bodies, concurrency, out_path):
     return profile_summary(out_path)
 
 
+WARM_UP = 200   # requests of the warm-up pass (at concurrency 3) before a run is timed
+
 async def load(url, bodies, concurrency, warmed=lambda: None):
-    "Send every body at `concurrency` (after a warm-up pass, then `warmed()`); (wall seconds, latencies in ms)."
+    "Send every body at `concurrency` (after a warm-up pass of `WARM_UP` of them, then `warmed()`); (wall seconds, latencies in ms)."
     import httpx2
-    lat, queue = [], list(reversed(bodies))
+    lat, queue = [], list(reversed(bodies[:WARM_UP]))
     async with httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)) as c:
         async def worker():
             while queue:
