@@ -1,6 +1,7 @@
 """Run every benchmark, each in its own process, and print their figures and ratios.
 
 Run: .venv/bin/python bench/run_all.py [--quick] [--only bench_stats.py ...] [--markdown FILE]
+With `--only` and `--markdown`, only the rows of the scripts run are replaced in the table FILE already holds.
 Benchmarks are measurements, never pass/fail tests: these machines are noisy, so each comparison is
 measured side by side in one process and reported as medians of repeated runs. The last table
 gathers every benchmark's headline figures with its goal; `--markdown` also writes it as Markdown.
@@ -60,8 +61,32 @@ def main(argv=None):
     if a.markdown:
         head = ("# Benchmark figures\n\nWritten by `make bench` (`bench/run_all.py --markdown bench/RESULTS.md`); "
                 "each figure is a median of repeated runs, each comparison measured side by side in one process.\n\n")
+        if a.only: table = merged_table(Path(a.markdown), rows, a.only)
         Path(a.markdown).write_text(head + table + "\n" + kept_sections(Path(a.markdown)))
     return 0 if all(s == 'ok' for _, s, _ in status) else 1
+
+
+def merged_table(path: Path, rows: list, scripts: list) -> str:
+    """The table of `path` with `rows` in place of the rows of the same benchmark (new ones at the end), for a run of
+    some `scripts` only: the other rows stay as the last full run measured them, and a line says which were re-run."""
+    if not path.exists(): raise SystemExit(f"{path} has no table to update: run every benchmark first (make bench)")
+    lines = path.read_text().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('measured on ')), None)
+    if start is None: raise SystemExit(f"{path} has no 'measured on' line: run every benchmark first (make bench)")
+    end = next((i for i, l in enumerate(lines) if i > start and l.startswith('## ')), len(lines))
+    mark = {True: 'met', False: 'not met', None: ''}
+    line = lambda r: f"| {r['benchmark']} | {r['measured']} | {r['goal']} | {mark[r['met']]} |"
+    fresh = {r['benchmark']: line(r) for r in rows}
+    table, notes = [lines[start], ''], []
+    for l in lines[start + 1:end]:
+        title = l[2:].split(' | ', 1)[0] if l.startswith('| ') else None
+        if title in fresh: table.append(fresh.pop(title))
+        elif l.startswith('re-run on '):
+            if f"({', '.join(scripts)})" not in l: notes.append(l)   # an older re-run of other scripts
+        elif l.strip(): table.append(l)
+    table += list(fresh.values())
+    notes.append(f"re-run on {time.strftime('%Y-%m-%d')} alone ({', '.join(scripts)}): its rows are from that run")
+    return '\n'.join(table + [''] + notes)
 
 
 def kept_sections(path: Path) -> str:
