@@ -43,6 +43,7 @@ def main(argv=None):
     ap.add_argument('--only', nargs='*', help='run only these scripts')
     ap.add_argument('--markdown', help='also write the table of figures to this Markdown file')
     a = ap.parse_args(argv)
+    if a.only and a.markdown: merged_table(Path(a.markdown), [], a.only)   # a table to update, before anything runs
     print(f"machine: {machine()}\n")
     status, rows = [], []
     for script, full, quick in BENCHES:
@@ -74,9 +75,7 @@ def merged_table(path: Path, rows: list, scripts: list) -> str:
     start = next((i for i, l in enumerate(lines) if l.startswith('measured on ')), None)
     if start is None: raise SystemExit(f"{path} has no 'measured on' line: run every benchmark first (make bench)")
     end = next((i for i, l in enumerate(lines) if i > start and l.startswith('## ')), len(lines))
-    mark = {True: 'met', False: 'not met', None: ''}
-    line = lambda r: f"| {r['benchmark']} | {r['measured']} | {r['goal']} | {mark[r['met']]} |"
-    fresh = {r['benchmark']: line(r) for r in rows}
+    fresh = {r['benchmark']: table_row(r) for r in rows}
     table, notes = [lines[start], ''], []
     for l in lines[start + 1:end]:
         title = l[2:].split(' | ', 1)[0] if l.startswith('| ') else None
@@ -107,13 +106,17 @@ def run_echoed(cmd) -> tuple[int, str]:
     return proc.wait(), ''.join(lines)
 
 
+def table_row(r: dict) -> str:
+    "One benchmark's summary row as a line of the Markdown table."
+    mark = {True: 'met', False: 'not met', None: ''}
+    return f"| {r['benchmark']} | {r['measured']} | {r['goal']} | {mark[r['met']]} |"
+
+
 def summary_table(rows, machine_line) -> str:
     "Every benchmark's headline figures as one Markdown table."
-    mark = {True: 'met', False: 'not met', None: ''}
     out = [f"measured on {machine_line}, {time.strftime('%Y-%m-%d')}", '',
            '| benchmark | measured | goal | |', '|---|---|---|---|']
-    out += [f"| {r['benchmark']} | {r['measured']} | {r['goal']} | {mark[r['met']]} |" for r in rows]
-    return '\n'.join(out)
+    return '\n'.join(out + [table_row(r) for r in rows])
 
 
 if __name__ == '__main__':
