@@ -262,15 +262,6 @@ def cpu_seconds(pid):
     return _stat_cpu_seconds(Path(f'/proc/{pid}/stat').read_text())
 
 
-def thread_cpu_seconds(pid):
-    "{thread id: user + system CPU seconds so far} of every thread of process `pid` (Linux /proc)."
-    out = {}
-    for task in Path(f'/proc/{pid}/task').iterdir():
-        try: out[task.name] = _stat_cpu_seconds((task / 'stat').read_text())
-        except OSError: continue   # the thread ended
-    return out
-
-
 def profiled_run(pid, url, bodies, concurrency, out_path):
     "One `load` run with py-spy sampling process `pid` while it holds the GIL; the summary lines (or why there are none)."
     import shutil, signal, subprocess
