@@ -14,6 +14,9 @@ from dars_nb.pool.server import free_port
 from test_serve import bundle_file  # noqa: F401  (the saved TF-IDF + kNN bundle `dars serve` routes with)
 from test_serve_boundaries import LIE_IN, LIE_OUT, ONE_ANSWER, USER, LyingEndpoint, burst, stream_burst
 
+# one worker runs them, one after another: each starts three processes of about 140 MB (the supervisor and two workers)
+pytestmark = pytest.mark.xdist_group('serve_workers')
+
 
 def start_workers(bundle_file, pool_file, port, *options):
     "`dars serve --workers 2` on `port`, once both workers answer /health; the process."

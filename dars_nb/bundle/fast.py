@@ -17,7 +17,7 @@ __all__ = ['SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'Me
 
 # %% ../../nbs/25g_fast_rank.ipynb #657c33d5
 class TfidfRow:
-    "One text's TF-IDF row from a fitted `TfidfFeaturizer`, sparse: (positions, values)."
+    "One text's TF-IDF row from a fitted `TfidfFeaturizer`, sparse: (positions, values), two lists."
     def __init__(self, featurizer: TfidfFeaturizer, # fitted, with the settings `vectorizer()` gives
                 ):
         v = featurizer.vectorizer_
@@ -35,7 +35,7 @@ class TfidfRow:
         return grams
 
     def __call__(self, text: str) -> tuple:
-        "(positions, values) of the unit TF-IDF row of `text`; empty if it has no known word."
+        "(positions, values) of the unit TF-IDF row of `text`, as lists; empty if it has no known word."
         counts, words = {}, self.words
         for t in self.tokens(text):
             j = words.get(t)
@@ -44,27 +44,27 @@ class TfidfRow:
         tf = [math.log(counts[j]) + 1.0 for j in cols] if self.sublinear else [float(counts[j]) for j in cols]
         vals = [f * self.idf[j] for f, j in zip(tf, cols)]
         norm = math.sqrt(sum(v * v for v in vals))
-        return np.array(cols, np.int64), np.array([v / norm for v in vals] if norm > 0 else vals, float)
+        return cols, ([v / norm for v in vals] if norm > 0 else vals)
 
 # %% ../../nbs/25g_fast_rank.ipynb #9b163f13
 def _dot(M: np.ndarray, # (d, n): a matrix with one row per feature
          row, # (positions, values) or a dense (d,) row
         ) -> np.ndarray:
     "row @ M (n,), reading only the row's positions when it is sparse."
-    if isinstance(row, tuple): return row[1] @ M[row[0]]
+    if isinstance(row, tuple): return np.dot(row[1], M[row[0]])
     return row @ M
 
 def _unit(row):
     "`row` at unit length (a zero row stays zero), as scikit-learn's `normalize`."
-    vals = row[1] if isinstance(row, tuple) else row
-    norm = np.sqrt(vals @ vals)
-    if norm == 0: return row
-    return (row[0], vals / norm) if isinstance(row, tuple) else vals / norm
+    if isinstance(row, tuple):
+        norm = math.sqrt(sum(v * v for v in row[1]))
+        return (row[0], [v / norm for v in row[1]]) if norm > 0 else row
+    norm = np.sqrt(row @ row)
+    return row / norm if norm > 0 else row
 
 def _sq_norm(row) -> float:
     "Squared length of a row."
-    vals = row[1] if isinstance(row, tuple) else row
-    return float(vals @ vals)
+    return sum(v * v for v in row[1]) if isinstance(row, tuple) else float(row @ row)
 
 # %% ../../nbs/25g_fast_rank.ipynb #92515b4f
 class KNNScores:
@@ -81,13 +81,31 @@ class KNNScores:
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
         if self.cosine:
-            d = 1.0 - _dot(self.train_T, _unit(row)); np.maximum(d, 0.0, out=d)
+            idx, near = self._most_similar(row)
         else:
             d = -2.0 * _dot(self.train_T, row); d += _sq_norm(row); d += self.train_sq
             np.sqrt(np.maximum(d, 0.0, out=d), out=d)
-        idx = d.argpartition(self.k - 1)[:self.k]
-        w = 1.0 / (d[idx] + self.eps)
-        return (w @ self.targets[idx] / w.sum()).reshape(3, -1)
+            idx = d.argpartition(self.k - 1)[:self.k].tolist()
+            near = [d.item(q) for q in idx]
+        w = [1.0 / (x + self.eps) for x in near]   # k numbers: plain Python
+        total = sum(w)
+        return np.dot([x / total for x in w], self.targets[idx]).reshape(3, -1)
+
+# %% ../../nbs/25g_fast_rank.ipynb #7275cf7e
+@patch
+def _most_similar(self: KNNScores, row) -> tuple:
+    "(the k training rows nearest `row` by cosine distance, their distances), the ones the router picks."
+    s = _dot(self.train_T, row if isinstance(row, tuple) else _unit(row))   # a sparse row is unit already
+    n, k = len(s), self.k
+    if k == n: return list(range(n)), [max(1.0 - x, 0.0) for x in s.tolist()]
+    part = s.argpartition((n - k - 1, n - k))   # the k most similar last, the nearest row left out just before
+    inside, outside = max(1.0 - s.item(part[n - k]), 0.0), max(1.0 - s.item(part[n - k - 1]), 0.0)
+    if outside > inside:   # no tie across the k-th place: the k nearest are these, whatever the order of ties
+        idx = part[n - k:].tolist()
+        return idx, [max(1.0 - s.item(q), 0.0) for q in idx]
+    d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
+    idx = d.argpartition(k - 1)[:k].tolist()
+    return idx, [d.item(q) for q in idx]
 
 # %% ../../nbs/25g_fast_rank.ipynb #7c175267
 def _layers(net, d: int) -> tuple:
@@ -143,14 +161,16 @@ class AvengersScores:
 
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
-        z = _unit(row) if self.normalize else row
-        d = np.sqrt(np.maximum(-2.0 * _dot(self.centroids_T, z) + _sq_norm(z) + self.centroid_sq, 0.0))
+        z = (row if isinstance(row, tuple) else _unit(row)) if self.normalize else row   # a sparse row is unit already
+        d = -2.0 * _dot(self.centroids_T, z); d += _sq_norm(z); d += self.centroid_sq
+        np.sqrt(np.maximum(d, 0.0, out=d), out=d)
         d[self.empty] = np.inf
-        idx = d.argpartition(self.k - 1)[:self.k]
-        near = d[idx]
-        finite = np.isfinite(near)
-        w = np.where(finite, np.exp(-self.beta_d * np.where(finite, near - near.min(), 0.0)), 0.0)
-        return (w @ self.stats[idx] / w.sum()).reshape(3, -1)
+        idx = d.argpartition(self.k - 1)[:self.k].tolist()
+        near = [d.item(c) for c in idx]   # k numbers: plain Python
+        low = min(near)   # finite: a fitted router has a cluster that is not empty
+        w = [math.exp(-self.beta_d * (x - low)) if math.isfinite(x) else 0.0 for x in near]
+        total = sum(w)
+        return np.dot([x / total for x in w], self.stats[idx]).reshape(3, -1)
 
 # %% ../../nbs/25g_fast_rank.ipynb #612b76ad
 class MeanScores:
@@ -180,6 +200,7 @@ class FastRanker:
         self.row = TfidfRow(bundle.featurizer) if _tfidf_ok(bundle.featurizer) else None
         self.basis = getattr(bundle.featurizer, 'basis_', None) if self.row is not None else None
         self.beta, self._guards = bundle.router.beta_, {}
+        self.one_by_one = self.fast   # numpy, one text at a time: a batch saves nothing (`RankBatcher` reads it)
 
     def __repr__(self) -> str:
         path = 'numpy' if self.fast else 'the bundle\'s own rank'

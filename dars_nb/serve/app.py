@@ -25,13 +25,14 @@ from .door import BrowserGuard, ClientKeyCheck
 from .upstreams import Upstreams, UpstreamError, send
 from types import SimpleNamespace
 try:   # the `serve` extra (`create_app` says what is missing)
+    import orjson
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
 except ImportError: pass
 
 # %% auto #0
-__all__ = ['TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'RelayedStream', 'chat_completions', 'ChatRoute', 'list_models',
-           'show_metrics', 'create_app']
+__all__ = ['TIME_EVERY', 'TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'JSONAnswer', 'RelayedStream', 'chat_completions',
+           'ChatRoute', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -40,6 +41,7 @@ class RankBatcher:
                  inline_s: float = 0.002, # a call that cost less than this last time runs on the event loop
                 ):
         self.rank, self.inline_s, self.calls, self.last_s = rank, inline_s, 0, math.inf
+        self.direct = bool(getattr(rank, 'one_by_one', False))   # a batch costs it what its texts cost one by one
         self._pending, self._task = [], None
 
     def _timed(self, texts: list, lam) -> tuple:
@@ -54,6 +56,7 @@ async def __call__(self: RankBatcher, text: str, # the text to rank the pool for
                    lam: float | None = None, # λ (None: the router's own)
                   ) -> list:
     "The pool's models for `text`, best first."
+    if self.direct and self.last_s < self.inline_s: return self._now(text, lam)
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     self._pending.append((text, lam, fut))
@@ -69,6 +72,17 @@ def _drain_inline(self: RankBatcher):
         batch, self._pending = self._pending, []
         for lam, items in _by_lambda(batch).items(): self._settle(items, lambda texts: self._timed(texts, lam))
     finally: self._task = None
+
+TIME_EVERY = 16   # calls of a quick one-text ranker per timed one: the clocks cost as much as a tenth of a ranking
+
+@patch
+def _now(self: RankBatcher, text: str, lam) -> list:
+    "Rank `text` at once, on the loop (a quick ranker that takes one text at a time); its cost timed every `TIME_EVERY` calls."
+    self.calls += 1
+    if self.calls % TIME_EVERY: ranks = self.rank([text], lam)
+    else: ranks, self.last_s = self._timed([text], lam)
+    if len(ranks) != 1: raise RuntimeError(f"the router returned {len(ranks)} rankings for 1 text")
+    return list(ranks[0])
 
 def _by_lambda(batch: list) -> dict:
     "{λ: [(text, future), ...]} of a batch of (text, λ, future)."
@@ -300,6 +314,17 @@ async def first(self: Attempts, ranking: list, # the models to try, best first
         return Attempt(spec=spec, result=result, entry=entry, held=held)
     raise _all_failed(errors)
 
+# %% ../../nbs/36d_serve_app.ipynb #f6858110
+class JSONAnswer(Response):
+    "A 200 JSON response whose header list is written at once (Starlette's `Response` checks and encodes each header anew)."
+    media_type = 'application/json'
+    def __init__(self, body: bytes, # the JSON
+                 headers: dict, # more headers: lowercase names, Latin-1 values
+                ):
+        self.status_code, self.body, self.background = 200, body, None
+        self.raw_headers = [*[(k.encode('latin-1'), v.encode('latin-1')) for k, v in headers.items()],
+                            (b'content-length', b'%d' % len(body)), (b'content-type', b'application/json')]
+
 # %% ../../nbs/36d_serve_app.ipynb #45546912
 @patch
 async def answer(self: Attempts, ranking: list, # the models to try, best first
@@ -310,12 +335,11 @@ async def answer(self: Attempts, ranking: list, # the models to try, best first
     completion, name = answered.result, answered.spec.name
     cost = self.charge(answered, completion.get('usage'))
     completion['model'] = name
-    try: body = state.upstreams.orjson.dumps(completion)
-    except state.upstreams.orjson.JSONEncodeError:   # nested deeper than orjson writes
+    try: body = orjson.dumps(completion)
+    except orjson.JSONEncodeError:   # nested deeper than orjson writes
         raise RequestError(502, f"model {name!r}: its answer is nested too deeply to send on",
                            kind='upstream_error', code='upstream_failed') from None
-    return Response(body, 200, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'},
-                    media_type='application/json')
+    return JSONAnswer(body, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'})
 
 # %% ../../nbs/36d_serve_app.ipynb #2a9b5046
 class RelayedStream:
@@ -357,7 +381,7 @@ async def relay(self: Attempts, answered: Attempt, # the attempt whose stream op
                ):
     "The lines of its stream, relayed (those that arrived together in one write); charged (or lost) and closed at the end."
     events = answered.result
-    relayed = RelayedStream(answered.spec.name, self.req.hide_usage, self.state.upstreams.orjson.dumps)
+    relayed = RelayedStream(answered.spec.name, self.req.hide_usage, orjson.dumps)
     try:
         async for group in events.groups():
             out = ''

@@ -213,15 +213,18 @@ class HTTPPool:
 
 # %% ../../nbs/36c_serve_connections.ipynb #2a3c0c77
 @patch
-async def connection(self: HTTPPool) -> Connection:
-    "An idle connection still open, else a new one; `ConnectError` if none can be opened."
+async def connection(self: HTTPPool, deadline: float | None = None, # the event loop's time a new one must be open by
+                    ) -> Connection:
+    "An idle connection still open, else a new one; `ConnectError` if none can be opened, `TimeoutError` past `deadline`."
     while self.idle:
         conn = self.idle.pop()
         if not conn.closed and not conn.transport.is_closing(): return conn
     o, loop = self.origin, asyncio.get_running_loop()
     try:
-        _, conn = await loop.create_connection(lambda: Connection(loop), o.host, o.port, ssl=self.ssl,
-                                               server_hostname=o.host if self.ssl else None)
+        async with asyncio.timeout_at(deadline):
+            _, conn = await loop.create_connection(lambda: Connection(loop), o.host, o.port, ssl=self.ssl,
+                                                   server_hostname=o.host if self.ssl else None)
+    except TimeoutError: raise   # an OSError too, but the caller's deadline, not the upstream's refusal
     except (OSError, ssl.SSLError) as e:   # the reason without the address, named already
         why = os.strerror(e.errno) if e.errno and not isinstance(e, ssl.SSLError) else str(e)
         raise ConnectError(f"cannot connect to {o.host}:{o.port} ({why})") from None

@@ -93,12 +93,16 @@ async def _take_slot(ups: Upstreams, spec: ModelSpec):
 async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool) -> tuple:
     "(the upstream's 200 response to `data`, its body unless streamed), or an `UpstreamError`."
     request, client, sent = ups.request(spec, data), ups.clients[spec.base_url], False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ups.timeout(spec)
     try:
-        async with asyncio.timeout(ups.timeout(spec)):
-            conn = await client.connection()
-            sent = True   # from here on the upstream may do the work, and bill it
+        conn = await client.connection(deadline)
+        sent = True   # from here on the upstream may do the work, and bill it
+        late = loop.call_at(deadline, conn.fail, TimeoutError())   # breaks the connection of an answer still due
+        try:
             resp = await client.send(conn, request.path, request.content, request.headers)
             raw = await resp.read() if resp.status != 200 or not stream else b''
+        finally: late.cancel()
     except (TimeoutError, OSError) as e:   # ConnectError, ReadError, ProtocolError are OSErrors
         what = 'ConnectTimeout' if isinstance(e, TimeoutError) and not sent else type(e).__name__
         msg = redact(f"model {spec.name!r}: {what} {str(e)[:120]}".rstrip(), ups.pool)
