@@ -31,7 +31,7 @@ try:   # the `serve` extra (`create_app` says what is missing)
 except ImportError: pass
 
 # %% auto #0
-__all__ = ['TIME_EVERY', 'TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'JSONAnswer', 'RelayedStream', 'chat_completions',
+__all__ = ['TIME_EVERY', 'TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'json_answer', 'RelayedStream', 'chat_completions',
            'ChatRoute', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
@@ -315,15 +315,15 @@ async def first(self: Attempts, ranking: list, # the models to try, best first
     raise _all_failed(errors)
 
 # %% ../../nbs/36d_serve_app.ipynb #f6858110
-class JSONAnswer(Response):
-    "A 200 JSON response whose header list is written at once (Starlette's `Response` checks and encodes each header anew)."
-    media_type = 'application/json'
-    def __init__(self, body: bytes, # the JSON
-                 headers: dict, # more headers: lowercase names, Latin-1 values
-                ):
-        self.status_code, self.body, self.background = 200, body, None
-        self.raw_headers = [*[(k.encode('latin-1'), v.encode('latin-1')) for k, v in headers.items()],
-                            (b'content-length', b'%d' % len(body)), (b'content-type', b'application/json')]
+def json_answer(body: bytes, # the JSON
+                headers: dict, # more headers: lowercase names, Latin-1 values
+               ):
+    "A 200 JSON `Response` whose header list is written at once (Starlette's own checks and encodes each header anew)."
+    answer = Response.__new__(Response)
+    answer.status_code, answer.body, answer.background = 200, body, None
+    answer.raw_headers = [*[(k.encode('latin-1'), v.encode('latin-1')) for k, v in headers.items()],
+                          (b'content-length', b'%d' % len(body)), (b'content-type', b'application/json')]
+    return answer
 
 # %% ../../nbs/36d_serve_app.ipynb #45546912
 @patch
@@ -339,7 +339,7 @@ async def answer(self: Attempts, ranking: list, # the models to try, best first
     except orjson.JSONEncodeError:   # nested deeper than orjson writes
         raise RequestError(502, f"model {name!r}: its answer is nested too deeply to send on",
                            kind='upstream_error', code='upstream_failed') from None
-    return JSONAnswer(body, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'})
+    return json_answer(body, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'})
 
 # %% ../../nbs/36d_serve_app.ipynb #2a9b5046
 class RelayedStream:
