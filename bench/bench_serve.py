@@ -18,7 +18,9 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    CPU time per request of each server (/proc: its threads and its children's, to the nanosecond; the floor and the
    endpoint run back to back, and their ratio is the median of the repetitions' own ratios), and the endpoint's
    split by part: server + framework (the `server alone`), upstream client (floor - server alone), then parsing,
-   ranking and accounting timed in this process on the same bodies, and the rest (the endpoint's own glue).
+   ranking and accounting timed inside one more endpoint under the same load (`serve_parts.py`: the thread's CPU
+   time of each call; beside them, the same parts timed in a loop in this process, which understates them), and
+   the rest (the endpoint's own glue).
    Goals: endpoint CPU per routed request <= 1.0 ms and <= 1.5 x the floor's, rate >= 0.9 x direct at c = 32.
 3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
@@ -214,6 +216,27 @@ def in_process_parts(bundle_path, bodies, n=2000):
             'accounting (ledger, counts, histograms)': account / n * 1e3}
 
 
+def server_parts(bundle_path, pool_path, bodies, tmp):
+    "{part: CPU ms per request} of parsing, ranking and accounting inside a running endpoint (`serve_parts.py`)."
+    import signal, subprocess
+    from dars_nb.pool.server import free_port
+    port, out = free_port(), tmp / 'parts.json'
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name('serve_parts.py')), str(out), 'serve',
+                             '--router', str(bundle_path), '--pool', str(pool_path), '--port', str(port), '--quiet'])
+    url, totals = f'http://127.0.0.1:{port}/v1', []
+    def snapshot():   # the totals the server writes when told to
+        out.unlink(missing_ok=True); proc.send_signal(signal.SIGUSR1)
+        while not out.exists(): time.sleep(0.01)
+        time.sleep(0.05); totals.append(json.loads(out.read_text()))
+    try:
+        wait_up(url)
+        asyncio.run(load(url, bodies, 32, snapshot))
+        snapshot()
+    finally: proc.terminate(); proc.wait()
+    n = totals[1]['requests'] - totals[0]['requests']
+    return {k: (v - totals[0][k]) / n * 1e3 for k, v in totals[1].items() if k != 'requests'}
+
+
 PROFILE_GROUPS = [   # (group, substrings of a py-spy frame); a sample counts for the innermost frame that matches
     ('ranking (bundle, router, sklearn, numpy, scipy)',
      ('dars_nb/bundle', 'dars_nb/routers', 'dars_nb/features', 'sklearn/', 'numpy/', 'scipy/', 'narwhals/',
@@ -371,6 +394,7 @@ def main(argv=None):
         if a.profile:
             bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]
             profile = profiled_run(procs['endpoint'].pid, urls['endpoint'], bodies, 32, tmp / 'endpoint.pyspy.txt')
+        parts = server_parts(knn_path, tmp / 'pool1.toml', [ask(texts[i % len(texts)]) for i in range(a.calls)], tmp)
     finally:
         for p in procs.values(): p.terminate()
         for p in procs.values(): (p.join if hasattr(p, 'join') else p.wait)()
@@ -391,15 +415,17 @@ def main(argv=None):
     spaired = [e / f for e, f in zip(cpu[('endpoint', 's32')], cpu[('floor', 's32')])]
     over, sover = statistics.median(paired), statistics.median(spaired)
     alone, client = ms[('server alone', 32)], ms[('floor', 32)] - ms[('server alone', 32)]
-    parts = in_process_parts(knn_path, [ask(t) for t in probe])
+    in_loop = in_process_parts(knn_path, [ask(t) for t in probe])
     rest = end_ms - floor_ms - sum(parts.values())
     print(f"  added latency at concurrency 1: {added:+.1f} ms (p50); 's32' = streamed at concurrency 32")
     print(f"  the endpoint's CPU per request against the floor run beside it, per repetition: "
           f"{' '.join(f'{r:.2f}' for r in paired)} (median {over:.2f}x); streamed "
           f"{' '.join(f'{r:.2f}' for r in spaired)} (median {sover:.2f}x)")
-    print(f"  the endpoint's CPU per routed request at concurrency 32, {end_ms:.2f} ms, by part:")
+    print(f"  the endpoint's CPU per routed request at concurrency 32, {end_ms:.2f} ms, by part (parsing, ranking and "
+          f"accounting timed inside a running endpoint, serve_parts.py; in a loop in this process after the /):")
     for part, v in [('server + framework (uvicorn, httptools, Starlette; the server alone)', alone),
-                    ('upstream client (HTTPPool: the floor - the server alone)', client), *parts.items(),
+                    ('upstream client (HTTPPool: the floor - the server alone)', client),
+                    *[(f'{k} / {in_loop[k]:.3f} ms in a loop', v) for k, v in parts.items()],
                     ("the rest: the endpoint's own glue (middleware, headers, JSON out, slots)", rest)]:
         print(f"    {v:6.3f} ms  {part}")
     two = med[('endpoint, 2 workers', 32)][0]

@@ -80,6 +80,10 @@ class KNNScores:
 
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
+        return np.reshape(self.flat_scores(row), (3, -1))
+
+    def flat_scores(self, row) -> list:
+        "μ_q, μ_c, σ per model as one list (3K): the k nearest training rows' targets, weighted by inverse distance."
         if self.cosine:
             idx, near = self._most_similar(row)
         else:
@@ -89,7 +93,7 @@ class KNNScores:
             near = [d.item(q) for q in idx]
         w = [1.0 / (x + self.eps) for x in near]   # k numbers: plain Python
         total = sum(w)
-        return np.dot([x / total for x in w], self.targets[idx]).reshape(3, -1)
+        return np.dot([x / total for x in w], self.targets[idx]).tolist()
 
 # %% ../../nbs/25g_fast_rank.ipynb #7275cf7e
 @patch
@@ -145,6 +149,10 @@ class MLPScores:
         out[2] = np.maximum(out[2], 0.0)
         return np.clip(out, 0.0, 1.0) if self.clip else out
 
+    def flat_scores(self, row) -> list:
+        "μ_q, μ_c, σ per model as one list (3K)."
+        return self(row).ravel().tolist()
+
 # %% ../../nbs/25g_fast_rank.ipynb #c3569847
 class AvengersScores:
     "AvengersPro: softmax(−β_d·distance) over the top-k nearest clusters weights their μ_q, μ_c, σ."
@@ -161,6 +169,10 @@ class AvengersScores:
 
     def __call__(self, row) -> np.ndarray:
         "(3, K): μ_q, μ_c, σ per model."
+        return np.reshape(self.flat_scores(row), (3, -1))
+
+    def flat_scores(self, row) -> list:
+        "μ_q, μ_c, σ per model as one list (3K): the nearest clusters' statistics, softmax-weighted."
         z = (row if isinstance(row, tuple) else _unit(row)) if self.normalize else row   # a sparse row is unit already
         d = -2.0 * _dot(self.centroids_T, z); d += _sq_norm(z); d += self.centroid_sq
         np.sqrt(np.maximum(d, 0.0, out=d), out=d)
@@ -170,14 +182,16 @@ class AvengersScores:
         low = min(near)   # finite: a fitted router has a cluster that is not empty
         w = [math.exp(-self.beta_d * (x - low)) if math.isfinite(x) else 0.0 for x in near]
         total = sum(w)
-        return np.dot([x / total for x in w], self.stats[idx]).reshape(3, -1)
+        return np.dot([x / total for x in w], self.stats[idx]).tolist()
 
 # %% ../../nbs/25g_fast_rank.ipynb #612b76ad
 class MeanScores:
     "The mean router: every model's mean training statistics, whatever the row."
     def __init__(self, router):
         self.stats = np.stack([router.mean_stats_[s][0] for s in ('mu_q', 'mu_c', 'sigma')])
+        self.flat = self.stats.ravel().tolist()
     def __call__(self, row) -> np.ndarray: return self.stats
+    def flat_scores(self, row) -> list: return self.flat
 
 SCORES = {'KNNRouter': KNNScores, 'MLPRouter': MLPScores, 'AvengersProRouter': AvengersScores,
           'MeanRouter': MeanScores}   # router class -> its numpy kernel
@@ -221,9 +235,8 @@ def utility(self: FastRanker, text: str, # one question
             lam: float, # cost weight λ
            ) -> list[float]:
     "Predicted utility per model of `text` at λ, μ_q − β·σ − λ·μ_c: K numbers, in the bundle's model order."
-    mu_q, mu_c, sigma = self.scores(self.features(text)).tolist()
-    beta = self.beta
-    return [(q - beta * s) - lam * c for q, c, s in zip(mu_q, mu_c, sigma)]
+    s, K, beta = self.scores.flat_scores(self.features(text)), len(self.names), self.beta
+    return [(q - beta * g) - lam * c for q, c, g in zip(s[:K], s[K:2 * K], s[2 * K:])]
 
 # %% ../../nbs/25g_fast_rank.ipynb #a9ea136a
 @patch

@@ -1,0 +1,46 @@
+"""`dars serve` with its parts timed inside the server: the thread's CPU time of every call to parsing, ranking and
+accounting, summed, written as JSON to OUT at each SIGUSR1 and at exit (`bench_serve.py` reads the difference).
+
+Run: python bench/serve_parts.py OUT serve --router ... --pool ... --port ...
+
+The figures of a part timed in a loop understate what it costs in the server, where the socket work between two
+requests pushes its code and data out of the processor's caches; these are the ones the split of the endpoint's
+CPU uses. Each call's timing adds two reads of the thread's clock to the part it times.
+"""
+import atexit, json, signal, sys, time
+
+from dars_nb.bundle.fast import FastRanker
+from dars_nb.serve import app
+from dars_nb.serve.metrics import DailyLedger, Histogram
+
+TOTALS = {'parsing (parse_chat_request)': 0, 'ranking (FastRanker, one text)': 0,
+          'accounting (ledger, counts, histograms)': 0, 'requests': 0}
+
+
+def timed(fn, part, counts=False):
+    "`fn`, its thread CPU time added to `TOTALS[part]` at every call (and the call counted as a request)."
+    def wrapper(*args, **kwargs):
+        t0 = time.thread_time_ns()
+        try: return fn(*args, **kwargs)
+        finally:
+            TOTALS[part] += time.thread_time_ns() - t0
+            if counts: TOTALS['requests'] += 1
+    return wrapper
+
+
+def write(*_):
+    "The totals so far (seconds, and requests) to the file named on the command line."
+    with open(OUT, 'w') as f: json.dump({k: v / 1e9 if k != 'requests' else v for k, v in TOTALS.items()}, f)
+
+
+if __name__ == '__main__':
+    OUT = sys.argv[1]
+    app.parse_chat_request = timed(app.parse_chat_request, 'parsing (parse_chat_request)', counts=True)
+    FastRanker.__call__ = timed(FastRanker.__call__, 'ranking (FastRanker, one text)')
+    for cls, name in ((app.Attempts, 'charge'), (DailyLedger, 'reserve'), (Histogram, 'observe')):
+        setattr(cls, name, timed(getattr(cls, name), 'accounting (ledger, counts, histograms)'))
+    signal.signal(signal.SIGUSR1, write)
+    atexit.register(write)
+    from dars_nb.cli import main
+    sys.argv = ['dars'] + sys.argv[2:]
+    sys.exit(main())
