@@ -214,7 +214,11 @@ class FastRanker:
         self.row = TfidfRow(bundle.featurizer) if _tfidf_ok(bundle.featurizer) else None
         self.basis = getattr(bundle.featurizer, 'basis_', None) if self.row is not None else None
         self.beta, self._guards = bundle.router.beta_, {}
-        self.one_by_one = self.fast   # numpy, one text at a time: a batch saves nothing (`RankBatcher` reads it)
+
+    @property
+    def one_by_one(self) -> bool:
+        "Whether it ranks one text at a time (numpy), so that a batch saves nothing (`RankBatcher` reads it)."
+        return self.fast
 
     def __repr__(self) -> str:
         path = 'numpy' if self.fast else 'the bundle\'s own rank'

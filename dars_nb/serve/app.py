@@ -81,8 +81,12 @@ def _now(self: RankBatcher, text: str, lam) -> list:
     self.calls += 1
     if self.calls % TIME_EVERY: ranks = self.rank([text], lam)
     else: ranks, self.last_s = self._timed([text], lam)
-    if len(ranks) != 1: raise RuntimeError(f"the router returned {len(ranks)} rankings for 1 text")
+    _one_each(ranks, 1)
     return list(ranks[0])
+
+def _one_each(ranks: list, n: int):
+    "A `RuntimeError` unless the router returned one ranking for each of its `n` texts."
+    if len(ranks) != n: raise RuntimeError(f"the router returned {len(ranks)} rankings for {n} text{'s' * (n != 1)}")
 
 def _by_lambda(batch: list) -> dict:
     "{λ: [(text, future), ...]} of a batch of (text, λ, future)."
@@ -99,8 +103,7 @@ def _settle(self: RankBatcher, items: list, # (text, future) of one λ
     self.calls += 1
     try:
         ranks, self.last_s = ranked(texts)
-        if len(ranks) != len(texts):
-            raise RuntimeError(f"the router returned {len(ranks)} rankings for {len(texts)} texts")
+        _one_each(ranks, len(texts))
     except Exception as e:
         for _, fut in items:
             if not fut.done(): fut.set_exception(e)

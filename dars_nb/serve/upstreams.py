@@ -11,6 +11,8 @@ from fastcore.basics import patch
 from ..pool.models import ModelSpec, Pool, redact
 from typing import NamedTuple
 from .connections import HTTPPool, ConnectError
+try: import orjson   # the `serve` extra (`create_app` says what is missing)
+except ImportError: pass
 
 # %% auto #0
 __all__ = ['UpstreamError', 'UpstreamRequest', 'Upstreams', 'EventStream', 'send']
@@ -48,8 +50,7 @@ class Upstreams:
     def __init__(self, pool: Pool, # the models and where they are served
                  queue_timeout_s: float = 30.0, # seconds an attempt may wait for a free slot
                 ):
-        import orjson
-        self.orjson, self.pool, self.queue_timeout_s = orjson, pool, queue_timeout_s
+        self.pool, self.queue_timeout_s = pool, queue_timeout_s
         connections = {}
         for spec in pool.models.values():
             connections[spec.base_url] = connections.get(spec.base_url, 0) + spec.concurrency
@@ -72,7 +73,7 @@ class Upstreams:
                 raise UpstreamError(f"model {spec.name!r}: environment variable {spec.api_key_env} holds a "
                                     "character a header cannot carry")
             headers = b'authorization: Bearer ' + key.encode() + b'\r\n'
-        content = b'{"model":' + self.orjson.dumps(spec.remote_name) + (b',' + data[1:] if len(data) > 2 else b'}')
+        content = b'{"model":' + orjson.dumps(spec.remote_name) + (b',' + data[1:] if len(data) > 2 else b'}')
         return UpstreamRequest('/chat/completions', headers, content)
 
     async def aclose(self):
@@ -112,14 +113,14 @@ async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool) -> t
 
 def _completion(ups: Upstreams, spec: ModelSpec, content: bytes) -> dict:
     "A 200 body as a chat completion; or an `UpstreamError` (sent: the upstream did answer)."
-    try: data = ups.orjson.loads(content)
-    except ups.orjson.JSONDecodeError: data = None
+    try: data = orjson.loads(content)
+    except orjson.JSONDecodeError: data = None
     if not isinstance(data, dict) or not isinstance(data.get('choices'), list) or not data['choices']:
         raise UpstreamError(f"model {spec.name!r}: the answer is not a chat completion", sent=True)
     return data
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #70001930
-def _event_chunk(line: str, orjson) -> dict | None:
+def _event_chunk(line: str) -> dict | None:
     "The JSON chunk of an SSE line (None for a blank line, a comment, a field or `[DONE]`); ValueError if malformed."
     if not line or line.startswith(':') or line.startswith(('event:', 'id:', 'retry:')): return None
     if not line.startswith('data:'): raise ValueError(f"not an event line: {line[:60]!r}")
@@ -139,7 +140,7 @@ class EventStream:
 
     def _check(self, line: str) -> tuple:
         "(line, its chunk or None), noting the end; a malformed line raises `UpstreamError` (sent)."
-        try: chunk = _event_chunk(line, self.ups.orjson)
+        try: chunk = _event_chunk(line)
         except ValueError as e:
             raise UpstreamError(f"model {self.spec.name!r}: malformed stream: {e}", sent=True) from None
         if line.startswith('data:') and line[5:].strip() == '[DONE]': self.finished = True
