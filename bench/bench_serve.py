@@ -14,13 +14,16 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
      with the same upstream client (`dars_nb.serve.connections.HTTPPool`), no ranking and no accounting;
      `floor-httpx2` the same with httpx2 as its client (the client the endpoint used before: the choice measured);
      `server alone` the same stack answering a fixed body without any upstream (CPU only);
-   - endpoint: `dars serve --workers 1` (TF-IDF kNN bundle, guarded), and `--workers 2`.
+   - endpoint: `dars serve --workers 1` (TF-IDF kNN bundle, guarded), and `--workers 2`;
+   - endpoint, no ranking: the same endpoint with every request given the bundle's model order
+     (`serve_parts.py --no-ranking`): what the endpoint costs without its ranking.
    CPU time per request of each server (/proc: its threads and its children's, to the nanosecond; the floor and the
    endpoint run back to back, and their ratio is the median of the repetitions' own ratios), and the endpoint's
    split by part: server + framework (the `server alone`), upstream client (floor - server alone), then parsing,
    ranking and accounting timed inside one more endpoint under the same load (`serve_parts.py`: the thread's CPU
    time of each call; beside them, the same parts timed in a loop in this process, which understates them), and
-   the rest (the endpoint's own glue).
+   the rest (the endpoint's own glue). The ranking's cost is also read without any clock in the server: the
+   endpoint minus the endpoint without ranking, per repetition.
    Goals: endpoint CPU per routed request <= 1.0 ms and <= 1.5 x the floor's, rate >= 0.9 x direct at c = 32.
 3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
@@ -156,6 +159,14 @@ def start_endpoint(port, upstream, bundle_path, tmp, workers):
                             for i, m in enumerate(load_bundle(bundle_path).models)))
     return subprocess.Popen([sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_path), '--pool', str(pool),
                              '--port', str(port), '--workers', str(workers), '--quiet'])
+
+
+def start_unranked(port, bundle_path, pool_path):
+    "The endpoint of `start_endpoint` (one process) with every request given the bundle's model order; the process."
+    import subprocess
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name('serve_parts.py')), '--no-ranking',
+                             '-', 'serve', '--router', str(bundle_path), '--pool', str(pool_path),
+                             '--port', str(port), '--quiet'])
 
 
 def tree_cpu_seconds(pid):
@@ -374,7 +385,8 @@ def main(argv=None):
 
     from dars_nb.pool.server import free_port
     ctx = mp.get_context('spawn')
-    ports = {k: free_port() for k in ('direct', 'floor', 'floor-httpx2', 'server alone', 'endpoint', 'endpoint, 2 workers')}
+    ports = {k: free_port() for k in ('direct', 'floor', 'floor-httpx2', 'server alone', 'endpoint', 'endpoint, no ranking',
+                                      'endpoint, 2 workers')}
     direct = f"http://127.0.0.1:{ports['direct']}/v1"
     procs = {'direct': ctx.Process(target=serve_fixed, args=(ports['direct'], a.delay), daemon=True)}
     for name, client in (('floor', 'pool'), ('floor-httpx2', 'httpx2'), ('server alone', None)):
@@ -382,11 +394,13 @@ def main(argv=None):
     for p in procs.values(): p.start()
     procs['endpoint'] = start_endpoint(ports['endpoint'], direct, knn_path, tmp, 1)
     procs['endpoint, 2 workers'] = start_endpoint(ports['endpoint, 2 workers'], direct, knn_path, tmp, 2)
+    procs['endpoint, no ranking'] = start_unranked(ports['endpoint, no ranking'], knn_path, tmp / 'pool1.toml')
     urls = {k: f'http://127.0.0.1:{port}/v1' for k, port in ports.items()}
     ask = lambda t, stream=False: json.dumps({'model': 'dars-router', 'max_tokens': 16, 'stream': stream,
                                               'messages': [{'role': 'user', 'content': t}]}, separators=(',', ':')).encode()
     # the floor and the endpoint run back to back in each repetition: their CPU ratio is taken per repetition
-    runs = [('direct', 1), ('endpoint', 1), ('direct', 32), ('floor', 32), ('endpoint', 32), ('floor-httpx2', 32),
+    runs = [('direct', 1), ('endpoint', 1), ('direct', 32), ('floor', 32), ('endpoint', 32), ('endpoint, no ranking', 32),
+            ('floor-httpx2', 32),
             ('endpoint, 2 workers', 32), ('server alone', 32)] + \
            [(w, 's32') for w in ('direct', 'floor', 'endpoint', 'floor-httpx2')]
     results, cpu, profile = {r: [] for r in runs}, {r: [] for r in runs}, []
@@ -423,6 +437,8 @@ def main(argv=None):
     paired = [e / f for e, f in zip(cpu[('endpoint', 32)], cpu[('floor', 32)])]
     spaired = [e / f for e, f in zip(cpu[('endpoint', 's32')], cpu[('floor', 's32')])]
     over, sover = statistics.median(paired), statistics.median(spaired)
+    unranked = [u / f for u, f in zip(cpu[('endpoint, no ranking', 32)], cpu[('floor', 32)])]
+    ranking = statistics.median(e - u for e, u in zip(cpu[('endpoint', 32)], cpu[('endpoint, no ranking', 32)]))
     alone, client = ms[('server alone', 32)], ms[('floor', 32)] - ms[('server alone', 32)]
     in_loop = in_process_parts(knn_path, [ask(t) for t in probe])
     rest = end_ms - floor_ms - sum(parts.values())
@@ -430,6 +446,9 @@ def main(argv=None):
     print(f"  the endpoint's CPU per request against the floor run beside it, per repetition: "
           f"{' '.join(f'{r:.2f}' for r in paired)} (median {over:.2f}x); streamed "
           f"{' '.join(f'{r:.2f}' for r in spaired)} (median {sover:.2f}x)")
+    print(f"  without its ranking (every request given the bundle's model order), the endpoint against the floor: "
+          f"{' '.join(f'{r:.2f}' for r in unranked)} (median {statistics.median(unranked):.2f}x); the ranking, "
+          f"the endpoint minus that, per repetition: {ranking:.3f} ms per request (median)")
     print(f"  the endpoint's CPU per routed request at concurrency 32, {end_ms:.2f} ms, by part (parsing, ranking and "
           f"accounting timed inside a running endpoint, serve_parts.py; in a loop in this process after the /):")
     for part, v in [('server + framework (uvicorn, httptools, Starlette; the server alone)', alone),

@@ -201,6 +201,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'dars_nb.bundle.guard.fold_ids': ('guard.html#fold_ids', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.guard_comparison': ('guard.html#guard_comparison', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.guarded_choice': ('guard.html#guarded_choice', 'dars_nb/bundle/guard.py'),
+                                      'dars_nb.bundle.guard.guarded_order': ('guard.html#guarded_order', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.observed_means': ('guard.html#observed_means', 'dars_nb/bundle/guard.py')},
             'dars_nb.bundle.litellm': { 'dars_nb.bundle.litellm.DarsRoutingPlugin': ( 'litellm_router.html#darsroutingplugin',
                                                                                       'dars_nb/bundle/litellm.py'),

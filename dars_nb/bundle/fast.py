@@ -11,6 +11,7 @@ from fastcore.basics import patch
 from sklearn.preprocessing import normalize
 from ..features import TfidfFeaturizer
 from . import RouterBundle, MARGINS_KEPT
+from .guard import guarded_order
 
 # %% auto #0
 __all__ = ['SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'MeanScores', 'FastRanker']
@@ -268,9 +269,5 @@ def __call__(self: FastRanker, texts, # question texts
     out = []
     for text in texts:
         if not isinstance(text, str): raise ValueError(f"a text is {type(text).__name__}, not a string")
-        u = self.utility(text, lam)
-        order = sorted(range(len(u)), key=u.__getitem__, reverse=True)   # stable: ties keep the model order
-        if fixed is not None and not u[order[0]] - u[fixed] > margin:   # the guard keeps its fixed model
-            order.remove(fixed); order.insert(0, fixed)
-        out.append([self.names[i] for i in order])
+        out.append([self.names[i] for i in guarded_order(self.utility(text, lam), fixed, margin)])
     return out

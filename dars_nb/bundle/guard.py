@@ -13,7 +13,7 @@ from ..stats import Supervision, normalize_cost
 from ..stats import choose_fixed_model
 
 # %% auto #0
-__all__ = ['guarded_choice', 'fold_ids', 'GuardCV', 'cross_validate', 'observed_means', 'guard_comparison']
+__all__ = ['guarded_choice', 'guarded_order', 'fold_ids', 'GuardCV', 'cross_validate', 'observed_means', 'guard_comparison']
 
 # %% ../../nbs/25b_guard.ipynb #64b86afc
 def guarded_choice(U: np.ndarray, # predicted utility (n, K)
@@ -26,6 +26,17 @@ def guarded_choice(U: np.ndarray, # predicted utility (n, K)
     fixed = np.broadcast_to(np.asarray(fixed), best.shape)
     gain = U[np.arange(len(U)), best] - U[np.arange(len(U)), fixed]
     return np.where(gain > margin, best, fixed)
+
+# %% ../../nbs/25b_guard.ipynb #636c9fac
+def guarded_order(u: list, # predicted utility of one query, per model
+                  fixed: int | None, # index of the best fixed model (None: no guard)
+                  margin: float | None, # route away only for a gain above this; None: no guard
+                 ) -> list[int]:
+    "Model indices best-first for one query: `guarded_choice`'s pick, then the rest by utility (ties in model order)."
+    order = sorted(range(len(u)), key=u.__getitem__, reverse=True)   # stable: ties keep the model order
+    if margin is not None and not u[order[0]] - u[fixed] > margin:   # the gain is too small: the fixed model first
+        order.remove(fixed); order.insert(0, fixed)
+    return order
 
 # %% ../../nbs/25b_guard.ipynb #fb67232e
 def fold_ids(n: int, # number of queries
