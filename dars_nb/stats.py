@@ -13,11 +13,11 @@ from .observations import as_validated, to_dense, dense_index, Dense
 from .grid_sums import grid_sums
 
 # %% auto #0
-__all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'TIE_TOL', 'MODES', 'DRAWS', 'PaperDefaults', 'cost_scale', 'cost_floor',
-           'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread', 'stats_from_sums',
-           'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models', 'noise_tolerance',
-           'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single', 'draw_rows',
-           'supervision', 'FixedModel', 'choose_fixed_model']
+__all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'GRID_COLUMNS', 'TIE_TOL', 'MODES', 'DRAWS', 'PaperDefaults', 'cost_scale',
+           'cost_floor', 'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread',
+           'stats_from_sums', 'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models',
+           'noise_tolerance', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
+           'draw_rows', 'supervision', 'FixedModel', 'choose_fixed_model']
 
 # %% ../nbs/01b_stats.ipynb #73bd57cb
 @dataclass(frozen=True)
@@ -180,6 +180,8 @@ def utility(mu_q, mu_c, sigma, lam: float = PAPER.lam, beta: float = PAPER.beta)
     return mu_q - lam * mu_c - beta * sigma
 
 # %% ../nbs/01b_stats.ipynb #1c11961b
+GRID_COLUMNS = ['dataset', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score']   # what a grid is built from
+
 def _grid_rows(obs: pd.DataFrame, use_all_rows: bool) -> tuple[pd.DataFrame, np.ndarray]:
     "The training-grid rows of a validated table (every row with `use_all_rows`) and their `cost_norm`."
     cost = cost_norm_array(obs)
@@ -189,8 +191,8 @@ def _grid_rows(obs: pd.DataFrame, use_all_rows: bool) -> tuple[pd.DataFrame, np.
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         want = "rows with split 'train' and view 'grid'"
         raise ValueError(f"no training grid: the table has no {want} (it has: {kinds})")
-    # a table that is all grid is used as it is: no copy
-    return (obs, cost) if mask.all() else (obs.loc[mask], cost[mask])
+    # a table that is all grid is used as it is: no copy; else only the columns a grid reads are copied
+    return (obs, cost) if mask.all() else (obs.loc[mask, GRID_COLUMNS], cost[mask])
 
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
