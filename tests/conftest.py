@@ -1,6 +1,9 @@
-"""Shared fixtures: a real local LLM server (started once per test session) and fault-injecting proxies in front of it.
+"""Shared fixtures: a real local LLM server and fault-injecting proxies in front of it.
 
-`local_server`  the running `dars_nb.pool.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M)
+`local_server`  the running `dars_nb.pool.local.LocalServer` (SmolLM2-135M-Instruct and Gemma-3-270M), one per test
+                module that uses it; every test that needs it carries `xdist_group('local_models')`, so they run one
+                after another on one worker and the models (about 1.5 GB once used) are stopped when the last
+                module that needs them is done, not kept beside the rest of the run
 `llama_server`  its OpenAI-compatible base URL, e.g. http://127.0.0.1:PORT/v1
 `quick_report`  (report folder, finished process) of one `dars reproduce --quick --quiet`, run as a user runs it;
                 tests that read it carry `xdist_group('quick_report')`, so one worker runs it once
@@ -20,7 +23,15 @@ import pytest
 pytest_plugins = ['harness']   # time limits with stacks, a crash that names its test, the memory report, a fresh cache
 
 
-@pytest.fixture(scope='session')
+@pytest.hookimpl(tryfirst=True)   # before xdist names the tests by their group
+def pytest_collection_modifyitems(items):
+    "Every test that uses the local models, on one worker, one after another (see `local_server`)."
+    for item in items:
+        if 'local_server' in getattr(item, 'fixturenames', ()):
+            item.add_marker(pytest.mark.xdist_group('local_models'))
+
+
+@pytest.fixture(scope='module')
 def local_server():
     from dars_nb.pool.local import start_local_server, LocalModelError
     try:
@@ -34,7 +45,7 @@ def local_server():
         server.stop()
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def llama_server(local_server):
     return local_server.base_url
 

@@ -50,6 +50,14 @@ def pss(pid: int) -> int:
     return 0
 
 
+def _what(pid: int) -> str:
+    "A process in a few words: its command line, the interpreter's path left out (or '?' once it is gone)."
+    try: cmd = psutil.Process(pid).cmdline()
+    except psutil.Error: return '?'
+    if cmd and Path(cmd[0]).name.startswith('python'): cmd = cmd[1:]   # the interpreter says nothing
+    return ' '.join([Path(cmd[0]).name] + cmd[1:])[:90] if cmd else '?'
+
+
 class PeakSampler:
     """Peaks since the last `reset`, sampled on a thread: the process's own RSS every `SAMPLE_S`, and every `TREE_S` the
     memory of its descendants (or of the whole tree, itself included), as summed PSS: shared pages counted once."""
@@ -58,15 +66,19 @@ class PeakSampler:
         self.peak = self.tree_peak = 0
         self.running = set()           # ids of the tests under way, kept by the controller
         self.running_at_peak = []
+        self.largest_at_peak = []      # (PSS, what the process is) of the largest processes at the tree's peak
         threading.Thread(target=self._run, daemon=True, name='rss-sampler').start()
 
     def rss(self) -> int:
         return self.proc.memory_info().rss
 
-    def tree(self) -> int:
+    def tree(self, detail: bool = False):
+        "Summed PSS of the descendants (and of this process with `whole_tree`); with `detail`, also [(PSS, pid)]."
         try: pids = [c.pid for c in self.proc.children(recursive=True)]
         except psutil.Error: pids = []
-        return sum(map(pss, pids + ([self.proc.pid] if self.whole_tree else [])))
+        sizes = [(pss(p), p) for p in pids + ([self.proc.pid] if self.whole_tree else [])]
+        total = sum(s for s, _ in sizes)
+        return (total, sizes) if detail else total
 
     def _run(self):
         n = 0
@@ -74,8 +86,10 @@ class PeakSampler:
             self.peak = max(self.peak, self.rss())
             n += 1
             if n % round(TREE_S / SAMPLE_S) == 0:
-                t = self.tree()
-                if t > self.tree_peak: self.tree_peak, self.running_at_peak = t, sorted(self.running)
+                t, sizes = self.tree(detail=True)
+                if t > self.tree_peak:
+                    self.tree_peak, self.running_at_peak = t, sorted(self.running)
+                    self.largest_at_peak = [(s, _what(p)) for s, p in sorted(sizes, reverse=True)[:6]]
 
     def reset(self) -> int:
         self.peak, self.tree_peak = self.rss(), 0
@@ -224,6 +238,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line('peak RSS of each test process: ' + ', '.join(f'{w} {_gb(p)}' for w, p in sorted(workers.items())))
     tr.write_line(f'peak of the whole run (pytest, its workers and every process they started; summed PSS): '
                   f'{_gb(run.tree_peak)}, while these ran: {", ".join(run.running_at_peak) or "-"}')
+    if run.largest_at_peak:
+        tr.write_line('  its largest processes: ' + '; '.join(f'{_gb(s)} {what}' for s, what in run.largest_at_peak))
 
 
 def pytest_unconfigure(config):

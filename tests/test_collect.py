@@ -1,6 +1,6 @@
 """Collection end to end against real local models (llama.cpp), a SIGKILL mid-run, and bad input through the CLI functions.
 
-Uses the session fixtures of conftest.py (`local_server`: SmolLM2-135M-Instruct and Gemma-3-270M behind one
+Uses the fixtures of conftest.py (`local_server`: SmolLM2-135M-Instruct and Gemma-3-270M behind one
 OpenAI-compatible base URL; `fault_proxy`). The benchmark questions come from the samples in the repository's
 data/ folder (each config's `data_dir`; the full sets are not needed). SmolLM2 is also the
 rewriter: its rewrites are poor and the validity checks flag them — expected, and not what is tested here.

@@ -7,7 +7,7 @@ and printed text keeps its lines, no heading id appears twice on a page, API hea
 written, pages link to each other and not to the published copy, and the README's links into the docs site
 name pages, anchors and images the site has.
 
-The site is built once per session with `tools.docs_site.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
+The site is built once for this module with `tools.docs_site.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
 system's chromium and chromedriver (Debian packages `chromium`, `chromium-driver`; `make setup`
 installs them). Screenshots of the home page and a tutorial go to `test-artifacts/`.
@@ -30,7 +30,8 @@ import pytest
 
 from dars_nb.testing import forced_test_flags
 
-pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the session's fixture once
+pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the site once, for this module
+# (module fixtures: the browser, about 1 GB, is closed when the module ends, not kept to the end of the run)
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / 'test-artifacts'
@@ -47,9 +48,9 @@ class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args): pass
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def site(tmp_path_factory):
-    "The built site: `DARS_DOCS_SITE` if set, else built once for this session."
+    "The built site: `DARS_DOCS_SITE` if set, else built once for this module."
     if os.environ.get('DARS_DOCS_SITE'): return Path(os.environ['DARS_DOCS_SITE'])
     from tools.docs_site import build_docs
     t = time.time()
@@ -60,7 +61,7 @@ def site(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def base_url(site):
     "The site served by a local HTTP server on 127.0.0.1 (any free port)."
     httpd = ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(_QuietHandler, directory=str(site)))
@@ -70,7 +71,7 @@ def base_url(site):
     httpd.server_close()
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def browser(tmp_path_factory):
     "Headless Chromium through chromedriver, logging console messages and every network request."
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):

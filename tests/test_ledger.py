@@ -1,6 +1,6 @@
 """Money you can trust, against real local models: the spend ledger across kills and runs, one writer per store, SIGTERM.
 
-Uses the session fixtures of conftest.py (`local_server`, `fault_proxy`). Every chat request goes through a FaultProxy that
+Uses the fixtures of conftest.py (`local_server`, `fault_proxy`). Every chat request goes through a FaultProxy that
 only passes requests on, so `proxy.log` counts what the endpoint was really asked — independent of the ledger under test.
 """
 import os
