@@ -157,10 +157,6 @@ def _diagnose_grid(q, c, lam=PAPER.lam, eps=PAPER.eps, tol=TIE_TOL) -> dict:
                 single_vs_da_disagreement=float(dis), input_variance=float(inp),
                 output_variance=float(out))
 
-def _dataset_rows(obs: pd.DataFrame, ds: str) -> pd.DataFrame:
-    "The rows of dataset `ds`: the table itself when it holds no other (no copy of its millions of rows)."
-    return obs if list(obs['dataset'].cat.categories) == [ds] else select(obs, dataset=ds)
-
 def diagnose(obs: pd.DataFrame, # observations of one or more datasets
              lam: float = PAPER.lam, # cost weight λ
              eps: float = PAPER.eps, # tolerance for outcome instability
@@ -170,7 +166,7 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
     obs = as_validated(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
-        try: q, c = _scores_and_costs(training_grid(_dataset_rows(obs, ds)))
+        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         if q.shape[1] < 2:   # no winner can flip: the diagnostics would read 0
             raise ValueError(f"dataset {ds!r}: routing needs two models or more; the training grid has one")
@@ -184,7 +180,7 @@ def routing_headroom(obs: pd.DataFrame, # observations of one or more datasets (
     "Per dataset: mean over queries of the best μ_q − λμ_c, minus the best single model's mean."
     obs, out = as_validated(obs), {}
     for ds in obs['dataset'].cat.categories:
-        try: q, c = _scores_and_costs(training_grid(_dataset_rows(obs, ds)))
+        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
         s = grid_stats(q, c)
         u = s['mu_q'] - lam * s['mu_c']                                   # (queries, models)

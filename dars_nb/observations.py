@@ -331,7 +331,8 @@ def select(obs: pd.DataFrame, # validated observation table
     mask = np.ones(len(obs), bool)
     for col, v in (('split', split), ('view', view), ('dataset', dataset)):
         if v is not None: mask &= (obs[col] == v).to_numpy()
-    out = obs.loc[mask]
+    # every row kept: no `loc` copy; `assign` still makes a new table (that copies nothing under copy-on-write)
+    out = obs if mask.all() else obs.loc[mask]
     return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 

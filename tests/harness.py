@@ -72,13 +72,11 @@ class PeakSampler:
     def rss(self) -> int:
         return self.proc.memory_info().rss
 
-    def tree(self, detail: bool = False):
-        "Summed PSS of the descendants (and of this process with `whole_tree`); with `detail`, also [(PSS, pid)]."
+    def tree(self) -> list:
+        "[(PSS, pid)] of the descendants (and of this process with `whole_tree`)."
         try: pids = [c.pid for c in self.proc.children(recursive=True)]
         except psutil.Error: pids = []
-        sizes = [(pss(p), p) for p in pids + ([self.proc.pid] if self.whole_tree else [])]
-        total = sum(s for s, _ in sizes)
-        return (total, sizes) if detail else total
+        return [(pss(p), p) for p in pids + ([self.proc.pid] if self.whole_tree else [])]
 
     def _run(self):
         n = 0
@@ -86,7 +84,8 @@ class PeakSampler:
             self.peak = max(self.peak, self.rss())
             n += 1
             if n % round(TREE_S / SAMPLE_S) == 0:
-                t, sizes = self.tree(detail=True)
+                sizes = self.tree()
+                t = sum(s for s, _ in sizes)
                 if t > self.tree_peak:
                     self.tree_peak, self.running_at_peak = t, sorted(self.running)
                     self.largest_at_peak = [(s, _what(p)) for s, p in sorted(sizes, reverse=True)[:6]]
