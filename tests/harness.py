@@ -12,6 +12,10 @@ before and after and the peak while it ran, and the controller samples the whole
 their children: notebook runs, local LLM servers, subprocesses). The summary prints the ten largest growths and peaks
 with the tests' names, each worker's peak and the run's peak.
 
+Cells. A notebook cell that is still running when its test ends (a cell past its time limit runs on in its shell's
+thread) would, when it ends, put back the streams it found: that test's capture, closed by then, under whichever test
+runs at that moment. The test that leaves one fails at its teardown, with the cell's stack.
+
 Cache. The run uses a cache folder of its own (`DARS_CACHE`, a fresh temporary folder unless `DARS_TEST_CACHE` names
 one), so the encoder's export, the embedding store and the local models are built from nothing on every `make test`, as
 on a new machine.
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import psutil
@@ -149,6 +154,25 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         faulthandler.cancel_dump_traceback_later()
         _release_freed_memory()
+
+
+def running_cells() -> list:
+    "[(thread, its stack)] of the notebook shells (execnb's `CaptureShell`) in this process that are running a cell."
+    frames = sys._current_frames()
+    stacks = [(t, traceback.extract_stack(frames[t.ident])) for t in threading.enumerate()
+              if t.name == 'CaptureShell-loop' and t.ident in frames]
+    return [(t, s) for t, s in stacks if any(f.name == '_run_async' for f in s)]
+
+
+@pytest.fixture(autouse=True)
+def _no_cell_outlives_its_test():
+    """A notebook cell still running when its test ends (a cell past its time limit runs on in its shell's thread)
+    puts back, when it ends, the `sys.stdout` and `sys.stderr` it found: that test's capture, closed by then, under
+    whichever test runs at that moment. The test that leaves one fails, with the cell's stack, not the test it hits."""
+    yield
+    left = running_cells()
+    if left: pytest.fail('a notebook cell outlived this test, still running:\n' +
+                         '\n'.join(''.join(traceback.format_list(s[-8:])) for _, s in left), pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

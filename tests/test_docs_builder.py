@@ -5,10 +5,12 @@ Each test builds what it needs in a temporary folder: a toy notebook, or a toy p
 import contextlib
 import io
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from harness import running_cells
 from fastcore.nbio import mk_cell, new_nb, read_nb, write_nb
 from fastcore import test as fc
 from fastcore.xtras import working_directory
@@ -156,13 +158,22 @@ def test_failing_notebook_stops_and_names_the_line(tmp_path):
 
 
 def test_a_cell_out_of_time_fails_with_every_threads_stack(tmp_path, capfd):
+    # the cell waits until the test lets it go: a cell past its limit runs on in its shell's thread, and when it ends
+    # it puts back the streams it found (this test's capture); it must end before the capture does
+    release = tmp_path / 'release'
     slow = tmp_path/'03_slow.ipynb'
-    write_nb(new_nb([mk_cell('import time'), mk_cell('def wait(): time.sleep(60)'), mk_cell('wait()'),
-                     mk_cell('print("after")')]), slow)
-    nb = processed_notebook(slow, timeout=2)
+    write_nb(new_nb([mk_cell('import time, pathlib'),
+                     mk_cell(f'def wait():\n    while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)'),
+                     mk_cell('wait()'), mk_cell('print("after")')]), slow)
+    before = set(threading.enumerate())
+    try: nb = processed_notebook(slow, timeout=2)
+    finally:
+        release.touch()
+        for t in set(threading.enumerate()) - before: t.join(30)
     fc.test_eq(failure_text(nb.failure_), '03_slow.ipynb: cell 2: TimeoutError: Timed out after 2s')
     err = capfd.readouterr().err
     assert 'a cell ran out of time; every thread' in err and 'in wait' in err, err[-2000:]   # where it waited
+    assert not running_cells()                   # the shell's thread ended with the cell
 
 
 def test_markdown_ready(toy):

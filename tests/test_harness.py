@@ -1,6 +1,6 @@
 """`make test` fails a hang or a crash with the test's name and stack, and goes on no longer than it must.
 
-The three tests that misbehave on purpose are skipped unless `DARS_TEST_MISBEHAVE` names them; the last test runs them
+The four tests that misbehave on purpose are skipped unless `DARS_TEST_MISBEHAVE` names them; the last test runs them
 in a pytest of their own, started with `make test`'s own options (read from the Makefile), and reads its output.
 """
 import ctypes
@@ -49,6 +49,14 @@ def test_waits_in_native_code_holding_the_lock():
     libc, mutex = ctypes.PyDLL(None), ctypes.create_string_buffer(64)   # zeros: PTHREAD_MUTEX_INITIALIZER
     libc.pthread_mutex_lock(mutex)
     libc.pthread_mutex_lock(mutex)               # no signal ends this wait, and the lock is never let go
+
+
+@_only_when('cell-left-running')
+def test_leaves_a_cell_running():
+    "A cell past its time limit runs on in its shell's thread after the test that started it."
+    from execnb.shell import CaptureShell
+    shell = CaptureShell()
+    shell.run('import time\ndef wait(): time.sleep(3)\nwait()', timeout=1)
 
 
 def test_a_bystander():
@@ -105,3 +113,14 @@ def test_a_hang_in_native_code_holding_the_lock_ends_with_every_stack():
     # the watchdog's dump: the test's own line, under the header that names it
     assert 'passed its limit of 3 s by 3 s; every thread' in out, out[-3000:]
     assert re.search(r'test_harness.py", line \d+ in test_waits_in_native_code_holding_the_lock', out), out[-3000:]
+
+
+@pytest.mark.timeout(200)
+def test_a_cell_that_outlives_its_test_fails_that_test():
+    res, took = run_misbehaving('cell-left-running', 'test_leaves_a_cell_running', 'test_a_bystander')
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert 'ERROR tests/test_harness.py::test_leaves_a_cell_running' in out, out[-3000:]
+    assert 'ERROR at teardown of test_leaves_a_cell_running' in out, out[-3000:]   # the test that left it, not a later one
+    assert 'a notebook cell outlived this test, still running' in out and 'line 2, in wait' in out, out[-3000:]
+    assert re.search(r'2 passed, 1 error', out), out[-3000:]       # the test itself and the bystander pass

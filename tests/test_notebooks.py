@@ -49,6 +49,7 @@ def test_notebook(nb, monkeypatch):
         for shell in shells:
             atexit.unregister(shell.atexit_operations)
             shell.reset(new_session=False)
+            shell.close()                  # and its thread ends
         gc.collect()
 
 
