@@ -236,23 +236,25 @@ def canonical_layout(obs: pd.DataFrame, # validated observation table
                     ) -> Dense | None:
     "The axes when `obs` is a complete grid sorted by (query, model, rewrite, decode), else None."
     models = model_order(obs, models)
-    qc = obs['query_id'].cat.codes.to_numpy()
     if len(obs['dataset'].cat.categories) != 1 or len(obs) == 0: return None
     r, s = obs['rewrite_id'].to_numpy(), obs['sample_id'].to_numpy()
     r0, s0 = int(r[0]), int(s[0])
-    Q, K = len(obs['query_id'].cat.categories), len(models)
-    N, M = int(r.max()) - r0 + 1, int(s.max()) - s0 + 1
-    if Q * K * N * M != len(obs): return None
+    K, N, M = len(models), int(r.max()) - r0 + 1, int(s.max()) - s0 + 1
+    Q, rest = divmod(len(obs), K * N * M)
+    if rest: return None
     cats = list(map(str, obs['model'].cat.categories))
     if any(m not in cats for m in models): return None
     want = np.array([cats.index(m) for m in models])
-    checks = ((qc.reshape(Q, -1), np.arange(Q)[:, None]),
+    qc = obs['query_id'].cat.codes.to_numpy().reshape(Q, -1)
+    first = qc[:, :1]                          # each query's code: ascending, unused codes skipped
+    if first[0, 0] < 0 or not (first[1:] > first[:-1]).all(): return None
+    checks = ((qc, first),
               (obs['model'].cat.codes.to_numpy().reshape(Q, K, -1), want[None, :, None]),
               (r.reshape(Q * K, N, M), np.arange(r0, r0 + N)[None, :, None]),
               (s.reshape(-1, M), np.arange(s0, s0 + M)[None, :]))
     if not all((a == b).all() for a, b in checks): return None
     queries = pd.MultiIndex.from_arrays([np.repeat(str(obs['dataset'].cat.categories[0]), Q),
-                                         obs['query_id'].cat.categories.astype(str)],
+                                         obs['query_id'].cat.categories[first[:, 0]].astype(str)],
                                          names=['dataset', 'query_id'])
     return Dense(queries, models, np.arange(r0, r0 + N), np.arange(s0, s0 + M))
 

@@ -191,8 +191,11 @@ def _grid_rows(obs: pd.DataFrame, use_all_rows: bool) -> tuple[pd.DataFrame, np.
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         want = "rows with split 'train' and view 'grid'"
         raise ValueError(f"no training grid: the table has no {want} (it has: {kinds})")
-    # a table that is all grid is used as it is: no copy; else only the columns a grid reads are copied
-    return (obs, cost) if mask.all() else (obs.loc[mask, GRID_COLUMNS], cost[mask])
+    if mask.all(): return obs, cost          # a table that is all grid is used as it is
+    first, last = int(mask.argmax()), len(mask) - int(mask[::-1].argmax())
+    if mask[first:last].all():               # grid rows in one run (a table sorted by split): a slice, no copy
+        return obs.iloc[first:last][GRID_COLUMNS], cost[first:last]
+    return obs.loc[mask, GRID_COLUMNS], cost[mask]   # else only the columns a grid reads are copied
 
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)
