@@ -34,9 +34,10 @@ The whole protocol a second time does not fit the time budget, so by default a r
 ways, on the full dataset: the families of `--dask-routers` (a non-parametric and a cluster-based one) under
 both supervisions, R = 100 — every step of the protocol (supervision, units on the workers, intervals) on the
 full data, with the cheapest families. The prepared dataset and the supervisions (1 GB at R = 100 x 30,000
-queries x 11 models) go to each worker once; each unit's task carries references to them. Printed: the bytes
-sent to the workers (shared data once per worker, and the tasks' own arguments), whether Dask warned about a
-large graph, and the cluster's time beside joblib's for the same units on the same cores (goal: within
+queries x 11 models) are written once to a file that both workers map, as joblib's workers do (the workers
+run on this machine; a cluster elsewhere is sent them once per worker); each unit's task carries references
+to them. Printed: the bytes sent to the workers (the shared data's paths once per worker, and the tasks' own
+arguments), the bytes mapped, whether Dask warned about a large graph, and the cluster's time beside joblib's for the same units on the same cores (goal: within
 1.2x). `--dask-only` skips the stage table and runs just this comparison on the full size.
 """
 import argparse, contextlib, os, sys, threading, time
@@ -229,14 +230,16 @@ def print_dask(same, what, joblib_seconds, secs, shipped, caught, n_train):
     print(f"\nDask (local cluster, 2 processes x 1 thread, scheduler=client), {what}, {n_train:,} queries: "
           f"{secs:.0f} s; joblib (n_jobs = -1, same cores) {joblib_seconds:.0f} s; ratio {ratio:.2f}; "
           f"identical: {'yes' if same else 'no'}")
-    print(f"sent to the workers: {shipped.to_workers / 1e6:,.1f} MB = shared {shipped.shared / 1e6:,.1f} MB x "
+    print(f"sent to the workers: {shipped.to_workers / 1e6:,.1f} MB = shared {shipped.shared / 1e3:,.1f} kB x "
           f"{shipped.workers} workers + {shipped.tasks} tasks {shipped.task_bytes / 1e3:,.1f} kB "
-          f"(largest {shipped.largest_task:,} B); 'large graph' warnings: {len(large)}")
+          f"(largest {shipped.largest_task:,} B); written once for the workers to map (they are on this machine): "
+          f"{shipped.mapped / 1e6:,.1f} MB; 'large graph' warnings: {len(large)}")
     emit("scale: Dask cluster against joblib (identical tables)", f"{what}: {'yes' if same else 'no'}",
          'identical', same)
     emit("scale: Dask cluster, bytes to the workers and time against joblib",
-         f"{shipped.to_workers / 1e6:,.0f} MB ({shipped.shared / 1e6:,.0f} MB shared x {shipped.workers}, tasks "
-         f"{shipped.task_bytes / 1e3:,.0f} kB); {len(large)} large-graph warnings; {secs:.0f} s vs joblib "
+         f"{shipped.to_workers / 1e6:,.1f} MB sent ({shipped.shared / 1e3:,.1f} kB shared x {shipped.workers}, tasks "
+         f"{shipped.task_bytes / 1e3:,.0f} kB), {shipped.mapped / 1e6:,.0f} MB mapped from one file; "
+         f"{len(large)} large-graph warnings; {secs:.0f} s vs joblib "
          f"{joblib_seconds:.0f} s (x{ratio:.2f})", 'no large graph; <= x1.2 of joblib', not large and ratio <= 1.2)
 
 

@@ -112,8 +112,9 @@ def test_sweep_on_cluster_matches_local_and_ships_data_once(cluster, reference, 
     assert not [w for w in caught if 'large graph' in str(w.message)]
     units = 2 * 3 * 4                                                 # datasets × routers × specs
     assert (shipped.workers, shipped.tasks) == (2, units)
-    # shared: two prepared datasets and eight supervisions; a task carries its router, spec and references
-    assert shipped.shared > 100_000 and shipped.largest_task < SHARE_BYTES
+    # shared: two prepared datasets and eight supervisions, written once and mapped by the workers (on this machine);
+    # each worker is sent their paths, and a task carries its router, spec and references
+    assert shipped.mapped > 100_000 and shipped.shared < 10 * 300 and shipped.largest_task < SHARE_BYTES
     assert shipped.to_workers == 2 * shipped.shared + shipped.task_bytes
 
 
