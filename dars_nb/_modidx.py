@@ -777,6 +777,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster.payload_bytes': ( 'cluster.html#payload_bytes',
                                                                                             'dars_nb/experiments/cluster.py'),
+                                             'dars_nb.experiments.cluster.remove_orphans': ( 'cluster.html#remove_orphans',
+                                                                                             'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster.run_calls': ( 'cluster.html#run_calls',
                                                                                         'dars_nb/experiments/cluster.py'),
                                              'dars_nb.experiments.cluster.scheduler_address': ( 'cluster.html#scheduler_address',

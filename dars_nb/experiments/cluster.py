@@ -31,7 +31,7 @@ from ..extras import require
 # %% auto #0
 __all__ = ['SCHEDULER_ENV', 'SCHEMES', 'CONNECT_TIMEOUT_S', 'SHARE_BYTES', 'SHM_SPARE', 'ClusterError', 'check_scheduler_address',
            'scheduler_address', 'connect', 'cluster_client', 'payload_bytes', 'shared_arguments', 'MappedArgument',
-           'map_argument', 'mapping_parent', 'shared_folder', 'Shipped', 'run_calls', 'cluster_text']
+           'map_argument', 'mapping_parent', 'remove_orphans', 'shared_folder', 'Shipped', 'run_calls', 'cluster_text']
 
 # %% ../../nbs/21_cluster.ipynb #58f75cc0
 SCHEDULER_ENV = 'DARS_SCHEDULER'
@@ -284,11 +284,24 @@ def mapping_parent(nbytes: int = 0, # bytes the run will write
     except OSError: pass
     return Path(tempfile.gettempdir())
 
+def remove_orphans(parent: Path, # where shared folders are made
+                   ) -> list[Path]:
+    "Remove the shared folders in `parent` whose process is gone (killed before it could): the ones removed."
+    gone = []
+    for folder in Path(parent).glob('dars-shared-*-*'):
+        try: os.kill(int(folder.name.split('-')[2]), 0)
+        except ProcessLookupError: gone.append(folder)
+        except (ValueError, PermissionError): pass        # not ours, or another user's live process
+    for folder in gone: shutil.rmtree(folder, ignore_errors=True)
+    return gone
+
 def shared_folder(client, # a connected `distributed.Client`
                   nbytes: int = 0, # bytes the run will write there
                  ) -> Path | None:
     "A new folder that every worker of `client` reads as this process wrote it, or None (it is then removed)."
-    folder = Path(tempfile.mkdtemp(prefix='dars-shared-', dir=mapping_parent(nbytes)))
+    parent = mapping_parent(nbytes)
+    remove_orphans(parent)                   # /dev/shm is memory: what a killed run left there is freed here
+    folder = Path(tempfile.mkdtemp(prefix=f'dars-shared-{os.getpid()}-', dir=parent))
     token = uuid.uuid4().hex
     (folder / 'token').write_text(token)
     seen = client.run(_read_text, str(folder / 'token'))
