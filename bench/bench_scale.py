@@ -37,8 +37,8 @@ full data, with the cheapest families. The prepared dataset and the supervisions
 queries x 11 models) are written once to a file that both workers map, as joblib's workers do (the workers
 run on this machine; a cluster elsewhere is sent them once per worker); each unit's task carries references
 to them. Printed: the bytes sent to the workers (the shared data's paths once per worker, and the tasks' own
-arguments), the bytes mapped, whether Dask warned about a large graph, and the cluster's time beside joblib's for the same units on the same cores (goal: within
-1.2x). `--dask-only` skips the stage table and runs just this comparison on the full size.
+arguments), the bytes mapped, whether Dask warned about a large graph, and the cluster's time beside joblib's
+for the same units on the same cores (goal: within 1.2x). `--dask-only` skips the stage table and runs just this comparison on the full size.
 """
 import argparse, contextlib, os, sys, threading, time
 from pathlib import Path

@@ -1170,6 +1170,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'dars_nb/observations.py'),
                                       'dars_nb.observations.router_text': ('observations.html#router_text', 'dars_nb/observations.py'),
                                       'dars_nb.observations.router_texts': ('observations.html#router_texts', 'dars_nb/observations.py'),
+                                      'dars_nb.observations.row_indexer': ('observations.html#row_indexer', 'dars_nb/observations.py'),
                                       'dars_nb.observations.select': ('observations.html#select', 'dars_nb/observations.py'),
                                       'dars_nb.observations.to_dense': ('observations.html#to_dense', 'dars_nb/observations.py'),
                                       'dars_nb.observations.validate': ('observations.html#validate', 'dars_nb/observations.py'),

@@ -12,9 +12,10 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
-           'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated', 'model_order',
-           'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'select', 'router_text',
-           'format_options', 'parse_options', 'router_texts', 'chat_text', 'write_observations', 'read_observations']
+           'EVERY_ROW', 'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated',
+           'model_order', 'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select',
+           'router_text', 'format_options', 'parse_options', 'router_texts', 'chat_text', 'write_observations',
+           'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -323,6 +324,16 @@ def from_dense(d: Dense, # dense observations
     out['score'], out['cost'] = score, cost
     return out
 
+# %% ../nbs/00_observations.ipynb #d6735a06
+EVERY_ROW = slice(None)
+
+def row_indexer(mask: np.ndarray, # bool per row
+               ) -> slice | np.ndarray:
+    "What picks the rows where `mask` holds: a slice when they lie in one run (a view: no copy), else `mask`."
+    if mask.all(): return EVERY_ROW
+    first, last = int(mask.argmax()), len(mask) - int(mask[::-1].argmax())
+    return slice(first, last) if mask[first:last].all() else mask
+
 # %% ../nbs/00_observations.ipynb #c64f6740
 def select(obs: pd.DataFrame, # validated observation table
            split: str | None = None, # 'train' or 'test', or None for both
@@ -333,8 +344,7 @@ def select(obs: pd.DataFrame, # validated observation table
     mask = np.ones(len(obs), bool)
     for col, v in (('split', split), ('view', view), ('dataset', dataset)):
         if v is not None: mask &= (obs[col] == v).to_numpy()
-    # every row kept: no `loc` copy; `assign` still makes a new table (that copies nothing under copy-on-write)
-    out = obs if mask.all() else obs.loc[mask]
+    out = obs.iloc[row_indexer(mask)]   # a new table; a copy only when the rows kept are not one run
     return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
-from .observations import as_validated, to_dense, dense_index, Dense
+from .observations import as_validated, to_dense, dense_index, Dense, row_indexer, EVERY_ROW
 from .grid_sums import grid_sums
 
 # %% auto #0
@@ -191,11 +191,10 @@ def _grid_rows(obs: pd.DataFrame, use_all_rows: bool) -> tuple[pd.DataFrame, np.
         kinds = ', '.join(sorted({f'{s}/{v}' for s, v in zip(obs['split'], obs['view'])})) or 'no rows'
         want = "rows with split 'train' and view 'grid'"
         raise ValueError(f"no training grid: the table has no {want} (it has: {kinds})")
-    if mask.all(): return obs, cost          # a table that is all grid is used as it is
-    first, last = int(mask.argmax()), len(mask) - int(mask[::-1].argmax())
-    if mask[first:last].all():               # grid rows in one run (a table sorted by split): a slice, no copy
-        return obs.iloc[first:last][GRID_COLUMNS], cost[first:last]
-    return obs.loc[mask, GRID_COLUMNS], cost[mask]   # else only the columns a grid reads are copied
+    rows = row_indexer(mask)
+    if rows is EVERY_ROW: return obs, cost       # a table that is all grid is used as it is
+    # grid rows in one run (a table sorted by split) are a slice; else only the columns a grid reads are copied
+    return obs[GRID_COLUMNS].iloc[rows], cost[rows]
 
 def training_grid(obs: pd.DataFrame, # observations, possibly with test views
                   models: list | None = None, # model order (default: sorted names)

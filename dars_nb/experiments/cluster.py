@@ -361,7 +361,8 @@ class _ClusterRun:
                     self.handles[k] = map_argument(a, self.folder, f'{len(self.handles)}')
                     self.shipped.mapped += size
         sending = [self.handles.get(k, a) for k, (a, _) in missing.items()]
-        self.shipped.shared += sum(map(payload_bytes, sending))
+        self.shipped.shared += sum(payload_bytes(self.handles[k]) if k in self.handles else size   # sizes known
+                                   for k, (_, size) in missing.items())
         sent = self.client.scatter(sending, broadcast=True, hash=False)
         self.futures.update(zip(missing, sent))
 
