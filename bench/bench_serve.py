@@ -18,7 +18,8 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    - endpoint, no ranking: the same endpoint with every request given the bundle's model order
      (`serve_parts.py --no-ranking`): what the endpoint costs without its ranking.
    CPU time per request of each server (/proc: its threads and its children's, to the nanosecond; the floor and the
-   endpoint run back to back, and their ratio is the median of the repetitions' own ratios), and the endpoint's
+   endpoint run back to back, --pairs times in each repetition, and their ratio is the median of the pairs' own
+   ratios: the machine's speed drifts between pairs by more than the difference measured), and the endpoint's
    split by part: server + framework (the `server alone`), upstream client (floor - server alone), then parsing,
    ranking and accounting timed inside one more endpoint under the same load (`serve_parts.py`: the thread's CPU
    time of each call; beside them, the same parts timed in a loop in this process, which understates them), and
@@ -351,10 +352,12 @@ def main(argv=None):
     ap.add_argument('--calls1', type=int, default=60, help='requests per run at concurrency 1')
     ap.add_argument('--delay', type=float, default=0.05)
     ap.add_argument('--reps', type=int, default=5)
+    ap.add_argument('--pairs', type=int, default=3,
+                    help='floor/endpoint pairs per repetition (plain and streamed): their CPU ratio is the goal')
     ap.add_argument('--endpoint-only', action='store_true', help='skip the routing-decision timings')
     ap.add_argument('--profile', action='store_true', help='profile the endpoint with py-spy in one more run')
     a = ap.parse_args(argv)
-    if a.quick: a.decisions, a.calls, a.calls1, a.reps = 100, 640, 30, 2
+    if a.quick: a.decisions, a.calls, a.calls1, a.reps, a.pairs = 100, 640, 30, 2, 1
     texts, source = question_texts(305 + a.decisions)
     train, warm, probe = texts[:300], texts[300:305], texts[305:]
     tmp = Path(tempfile.mkdtemp(prefix='dars_bench_serve_'))
@@ -398,22 +401,24 @@ def main(argv=None):
     urls = {k: f'http://127.0.0.1:{port}/v1' for k, port in ports.items()}
     ask = lambda t, stream=False: json.dumps({'model': 'dars-router', 'max_tokens': 16, 'stream': stream,
                                               'messages': [{'role': 'user', 'content': t}]}, separators=(',', ':')).encode()
-    # the floor and the endpoint run back to back in each repetition: their CPU ratio is taken per repetition
+    # the floor and the endpoint run back to back, --pairs times in each repetition: their CPU ratio is taken per pair
     runs = [('direct', 1), ('endpoint', 1), ('direct', 32), ('floor', 32), ('endpoint', 32), ('endpoint, no ranking', 32),
             ('floor-httpx2', 32),
             ('endpoint, 2 workers', 32), ('server alone', 32)] + \
            [(w, 's32') for w in ('direct', 'floor', 'endpoint', 'floor-httpx2')]
     results, cpu, profile = {r: [] for r in runs}, {r: [] for r in runs}, []
+    pairs = [(w, c) for _ in range(a.pairs - 1) for c in (32, 's32') for w in ('floor', 'endpoint')]
+    schedule, more = [(cpu, r) for r in runs] + [(None, r) for r in pairs], {r: [] for r in pairs}   # `more`: the further pairs' CPU
     try:
         for url in urls.values(): wait_up(url)
         for rep in range(a.reps):
-            for who, c in (runs if rep % 2 == 0 else runs[::-1]):
+            for into, (who, c) in (schedule if rep % 2 == 0 else schedule[::-1]):
                 n, conc = (a.calls1, 1) if c == 1 else (a.calls, 32)
                 bodies = [ask(texts[i % len(texts)], stream=c == 's32') for i in range(n)]
                 c0 = []   # the CPU so far once the warm-up pass is over: only the timed requests count
                 wall, lat = asyncio.run(load(urls[who], bodies, conc, lambda: c0.append(tree_cpu_seconds(procs[who].pid))))
-                cpu[(who, c)].append((tree_cpu_seconds(procs[who].pid) - c0[0]) / n * 1e3)
-                results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
+                (into or more)[(who, c)].append((tree_cpu_seconds(procs[who].pid) - c0[0]) / n * 1e3)
+                if into is not None: results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
         if a.profile:
             bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]
             profile = profiled_run(procs['endpoint'].pid, urls['endpoint'], bodies, 32, tmp / 'endpoint.pyspy.txt')
@@ -434,8 +439,9 @@ def main(argv=None):
     ratio, sratio = med[('endpoint', 32)][0] / med[('direct', 32)][0], med[('endpoint', 's32')][0] / med[('direct', 's32')][0]
     floor_ms, end_ms = ms[('floor', 32)], ms[('endpoint', 32)]
     # each repetition's endpoint against the floor run beside it: the machine's drift between repetitions cancels
-    paired = [e / f for e, f in zip(cpu[('endpoint', 32)], cpu[('floor', 32)])]
-    spaired = [e / f for e, f in zip(cpu[('endpoint', 's32')], cpu[('floor', 's32')])]
+    both = lambda r: cpu[r] + more.get(r, [])   # each repetition's first pair, then the further ones, in the same order
+    paired = [e / f for e, f in zip(both(('endpoint', 32)), both(('floor', 32)))]
+    spaired = [e / f for e, f in zip(both(('endpoint', 's32')), both(('floor', 's32')))]
     over, sover = statistics.median(paired), statistics.median(spaired)
     unranked = [u / f for u, f in zip(cpu[('endpoint, no ranking', 32)], cpu[('floor', 32)])]
     ranking = statistics.median(e - u for e, u in zip(cpu[('endpoint', 32)], cpu[('endpoint, no ranking', 32)]))
@@ -443,7 +449,7 @@ def main(argv=None):
     in_loop = in_process_parts(knn_path, [ask(t) for t in probe])
     rest = end_ms - floor_ms - sum(parts.values())
     print(f"  added latency at concurrency 1: {added:+.1f} ms (p50); 's32' = streamed at concurrency 32")
-    print(f"  the endpoint's CPU per request against the floor run beside it, per repetition: "
+    print(f"  the endpoint's CPU per request against the floor run beside it, per pair: "
           f"{' '.join(f'{r:.2f}' for r in paired)} (median {over:.2f}x); streamed "
           f"{' '.join(f'{r:.2f}' for r in spaired)} (median {sover:.2f}x)")
     print(f"  without its ranking (every request given the bundle's model order), the endpoint against the floor: "
@@ -471,7 +477,7 @@ def main(argv=None):
          f"{med[('endpoint', 's32')][0]:.0f} vs {med[('direct', 's32')][0]:.0f} req/s ({sratio:.2f}x)", '>= 0.9x direct', bool(sratio >= 0.9))
     emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)
     emit(f"routing endpoint CPU per routed request, concurrency 32",
-         f"{end_ms:.2f} ms ({over:.2f}x the floor, the median of {len(paired)} repetitions' ratios "
+         f"{end_ms:.2f} ms ({over:.2f}x the floor, the median of {len(paired)} pairs' ratios "
          f"{min(paired):.2f}-{max(paired):.2f}; streamed {sover:.2f}x)",
          '<= 1.0 ms and <= 1.5x the floor', bool(end_ms <= 1.0 and over <= 1.5))
     emit(f"dars serve --workers 1 / 2, concurrency 32", f"{med[('endpoint', 32)][0]:.0f} / {two:.0f} req/s", '', None)

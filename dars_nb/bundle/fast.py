@@ -14,9 +14,24 @@ from . import RouterBundle, MARGINS_KEPT
 from .guard import guarded_order
 
 # %% auto #0
-__all__ = ['SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'MeanScores', 'FastRanker']
+__all__ = ['DEFAULT_PATTERN', 'WORD_BYTES', 'SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'MeanScores',
+           'FastRanker']
 
 # %% ../../nbs/25g_fast_rank.ipynb #657c33d5
+DEFAULT_PATTERN = r"(?u)\b\w\w+\b"   # scikit-learn's word: two or more word characters
+
+# each byte: an ASCII word character (letter, digit, underscore) in lower case, anything else a space
+WORD_BYTES = bytes(c + 32 if 65 <= c <= 90 else c if chr(c).isalnum() or c == 95 else 32 for c in range(128)) + b' ' * 128
+_ascii_token = re.compile(r'[a-z0-9_]{2,}( [a-z0-9_]{2,})*').fullmatch   # a vocabulary entry ASCII text can give
+
+def _grams(words: list, n_min: int, n_max: int, sep) -> list:
+    "The words and their n-grams for n from `n_min` to `n_max`, in scikit-learn's order."
+    if n_max == 1: return words
+    grams = list(words) if n_min == 1 else []
+    for n in range(max(n_min, 2), min(n_max, len(words)) + 1):
+        grams += [sep.join(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return grams
+
 class TfidfRow:
     "One text's TF-IDF row from a fitted `TfidfFeaturizer`, sparse: (positions, values), two lists."
     def __init__(self, featurizer: TfidfFeaturizer, # fitted, with the settings `vectorizer()` gives
@@ -25,19 +40,22 @@ class TfidfRow:
         self.words, self.idf = v.vocabulary_, np.asarray(v.idf_, float).tolist()
         self.sublinear = bool(v.sublinear_tf)
         self.find, (self.n_min, self.n_max) = re.compile(v.token_pattern).findall, v.ngram_range
+        self.ascii_words = {w.encode(): j for w, j in self.words.items() if _ascii_token(w)} \
+            if v.token_pattern == DEFAULT_PATTERN else None   # the same vocabulary, as bytes
 
     def tokens(self, text: str) -> list:
-        "The words and word n-grams of `text` that the vectorizer counts, in its order."
-        words = self.find(text.lower())
-        if self.n_max == 1: return words
-        grams = list(words) if self.n_min == 1 else []
-        for n in range(max(self.n_min, 2), min(self.n_max, len(words)) + 1):
-            grams += [' '.join(words[i:i + n]) for i in range(len(words) - n + 1)]
-        return grams
+        "The words and word n-grams of `text` that the vectorizer counts, in its order (bytes for ASCII text)."
+        if not self._ascii(text): return _grams(self.find(text.lower()), self.n_min, self.n_max, ' ')
+        words = text.encode().translate(WORD_BYTES).split()   # one pass in C: lower case, and split at non-word bytes
+        if self.n_max > 1: words = [w for w in words if len(w) > 1]   # alone, a 1-letter word matches no entry
+        return _grams(words, self.n_min, self.n_max, b' ')
+
+    def _ascii(self, text: str) -> bool: return self.ascii_words is not None and text.isascii()
 
     def __call__(self, text: str) -> tuple:
         "(positions, values) of the unit TF-IDF row of `text`, as lists; empty if it has no known word."
-        counts, words = {}, self.words
+        counts = {}
+        words = self.ascii_words if self._ascii(text) else self.words
         for t in self.tokens(text):
             j = words.get(t)
             if j is not None: counts[j] = counts.get(j, 0) + 1
@@ -52,7 +70,7 @@ def _dot(M: np.ndarray, # (d, n): a matrix with one row per feature
          row, # (positions, values) or a dense (d,) row
         ) -> np.ndarray:
     "row @ M (n,), reading only the row's positions when it is sparse."
-    if isinstance(row, tuple): return np.dot(row[1], M[row[0]])
+    if isinstance(row, tuple): return np.dot(row[1], M.take(row[0], 0))   # `take`: numpy's quickest gather of rows
     return row @ M
 
 def _unit(row):
@@ -91,10 +109,10 @@ class KNNScores:
             d = -2.0 * _dot(self.train_T, row); d += _sq_norm(row); d += self.train_sq
             np.sqrt(np.maximum(d, 0.0, out=d), out=d)
             idx = d.argpartition(self.k - 1)[:self.k].tolist()
-            near = [d.item(q) for q in idx]
+            near = d.take(idx).tolist()
         w = [1.0 / (x + self.eps) for x in near]   # k numbers: plain Python
         total = sum(w)
-        return np.dot([x / total for x in w], self.targets[idx]).tolist()
+        return np.dot([x / total for x in w], self.targets.take(idx, 0)).tolist()
 
 # %% ../../nbs/25g_fast_rank.ipynb #7275cf7e
 @patch
@@ -103,11 +121,11 @@ def _most_similar(self: KNNScores, row) -> tuple:
     s = _dot(self.train_T, row if isinstance(row, tuple) else _unit(row))   # a sparse row is unit already
     n, k = len(s), self.k
     if k == n: return list(range(n)), [max(1.0 - x, 0.0) for x in s.tolist()]
-    part = s.argpartition((n - k - 1, n - k))   # the k most similar last, the nearest row left out just before
-    inside, outside = max(1.0 - s.item(part[n - k]), 0.0), max(1.0 - s.item(part[n - k - 1]), 0.0)
-    if outside > inside:   # no tie across the k-th place: the k nearest are these, whatever the order of ties
-        idx = part[n - k:].tolist()
-        return idx, [max(1.0 - s.item(q), 0.0) for q in idx]
+    part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
+    idx = part[n - k:].tolist()
+    near = [max(1.0 - x, 0.0) for x in s.take(idx).tolist()]
+    if max(1.0 - s.item(part[n - k - 1]), 0.0) > max(near):   # no tie across the k-th place: these k, whatever the order of ties
+        return idx, near
     d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
     idx = d.argpartition(k - 1)[:k].tolist()
     return idx, [d.item(q) for q in idx]
@@ -179,11 +197,11 @@ class AvengersScores:
         np.sqrt(np.maximum(d, 0.0, out=d), out=d)
         d[self.empty] = np.inf
         idx = d.argpartition(self.k - 1)[:self.k].tolist()
-        near = [d.item(c) for c in idx]   # k numbers: plain Python
+        near = d.take(idx).tolist()   # k numbers: plain Python
         low = min(near)   # finite: a fitted router has a cluster that is not empty
         w = [math.exp(-self.beta_d * (x - low)) if math.isfinite(x) else 0.0 for x in near]
         total = sum(w)
-        return np.dot([x / total for x in w], self.stats[idx]).tolist()
+        return np.dot([x / total for x in w], self.stats.take(idx, 0)).tolist()
 
 # %% ../../nbs/25g_fast_rank.ipynb #612b76ad
 class MeanScores:
