@@ -21,8 +21,9 @@ __all__ = ['DEFAULT_PATTERN', 'WORD_BYTES', 'SCORES', 'TfidfRow', 'KNNScores', '
 DEFAULT_PATTERN = r"(?u)\b\w\w+\b"   # scikit-learn's word: two or more word characters
 
 # each byte: an ASCII word character (letter, digit, underscore) in lower case, anything else a space
-WORD_BYTES = bytes(c + 32 if 65 <= c <= 90 else c if chr(c).isalnum() or c == 95 else 32 for c in range(128)) + b' ' * 128
-_ascii_token = re.compile(r'[a-z0-9_]{2,}( [a-z0-9_]{2,})*').fullmatch   # a vocabulary entry ASCII text can give
+WORD_BYTES = bytes(c + 32 if 65 <= c <= 90 else c if chr(c).isalnum() or c == 95 else 32
+                   for c in range(128)) + b' ' * 128
+_ascii_token = re.compile(r'[a-z0-9_]{2,}( [a-z0-9_]{2,})*').fullmatch   # an entry ASCII text can give
 
 def _grams(words: list, n_min: int, n_max: int, sep) -> list:
     "The words and their n-grams for n from `n_min` to `n_max`, in scikit-learn's order."
@@ -44,7 +45,7 @@ class TfidfRow:
             if v.token_pattern == DEFAULT_PATTERN else None   # the same vocabulary, as bytes
 
     def tokens(self, text: str) -> list:
-        "The words and word n-grams of `text` that the vectorizer counts, in its order (bytes for ASCII text)."
+        "The words and word n-grams of `text` that the vectorizer counts, in its order (bytes if ASCII)."
         if not self._ascii(text): return _grams(self.find(text.lower()), self.n_min, self.n_max, ' ')
         words = text.encode().translate(WORD_BYTES).split()   # one pass in C: lower case, and split at non-word bytes
         if self.n_max > 1: words = [w for w in words if len(w) > 1]   # alone, a 1-letter word matches no entry
@@ -124,8 +125,8 @@ def _most_similar(self: KNNScores, row) -> tuple:
     part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
     idx = part[n - k:].tolist()
     near = [max(1.0 - x, 0.0) for x in s.take(idx).tolist()]
-    if max(1.0 - s.item(part[n - k - 1]), 0.0) > max(near):   # no tie across the k-th place: these k, whatever the order of ties
-        return idx, near
+    if max(1.0 - s.item(part[n - k - 1]), 0.0) > max(near):   # no tie across the k-th place: these k,
+        return idx, near                                      # whatever the order of ties among them
     d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
     idx = d.argpartition(k - 1)[:k].tolist()
     return idx, [d.item(q) for q in idx]
