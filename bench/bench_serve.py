@@ -417,7 +417,7 @@ def main(argv=None):
                 bodies = [ask(texts[i % len(texts)], stream=c == 's32') for i in range(n)]
                 c0 = []   # the CPU so far once the warm-up pass is over: only the timed requests count
                 wall, lat = asyncio.run(load(urls[who], bodies, conc, lambda: c0.append(tree_cpu_seconds(procs[who].pid))))
-                (into or more)[(who, c)].append((tree_cpu_seconds(procs[who].pid) - c0[0]) / n * 1e3)
+                (more if into is None else into)[(who, c)].append((tree_cpu_seconds(procs[who].pid) - c0[0]) / n * 1e3)
                 if into is not None: results[(who, c)].append((n / wall, np.percentile(lat, 50), np.percentile(lat, 99)))
         if a.profile:
             bodies = [ask(texts[i % len(texts)]) for i in range(a.calls)]

@@ -141,7 +141,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast.TfidfRow.__init__': ( 'fast_rank.html#tfidfrow.__init__',
                                                                                 'dars_nb/bundle/fast.py'),
-                                     'dars_nb.bundle.fast.TfidfRow._ascii': ('fast_rank.html#tfidfrow._ascii', 'dars_nb/bundle/fast.py'),
+                                     'dars_nb.bundle.fast.TfidfRow._split': ('fast_rank.html#tfidfrow._split', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast.TfidfRow.tokens': ('fast_rank.html#tfidfrow.tokens', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._dot': ('fast_rank.html#_dot', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._grams': ('fast_rank.html#_grams', 'dars_nb/bundle/fast.py'),

@@ -44,20 +44,22 @@ class TfidfRow:
         self.ascii_words = {w.encode(): j for w, j in self.words.items() if _ascii_token(w)} \
             if v.token_pattern == DEFAULT_PATTERN else None   # the same vocabulary, as bytes
 
-    def tokens(self, text: str) -> list:
-        "The words and word n-grams of `text` that the vectorizer counts, in its order (bytes if ASCII)."
-        if not self._ascii(text): return _grams(self.find(text.lower()), self.n_min, self.n_max, ' ')
+    def _split(self, text: str) -> tuple:
+        "(the words and word n-grams of `text` the vectorizer counts, in its order; the vocabulary that keys them)."
+        if self.ascii_words is None or not text.isascii():
+            return _grams(self.find(text.lower()), self.n_min, self.n_max, ' '), self.words
         words = text.encode().translate(WORD_BYTES).split()   # one pass in C: lower case, and split at non-word bytes
         if self.n_max > 1: words = [w for w in words if len(w) > 1]   # alone, a 1-letter word matches no entry
-        return _grams(words, self.n_min, self.n_max, b' ')
+        return _grams(words, self.n_min, self.n_max, b' '), self.ascii_words
 
-    def _ascii(self, text: str) -> bool: return self.ascii_words is not None and text.isascii()
+    def tokens(self, text: str) -> list:
+        "The words and word n-grams of `text` that the vectorizer counts, in its order (bytes if ASCII)."
+        return self._split(text)[0]
 
     def __call__(self, text: str) -> tuple:
         "(positions, values) of the unit TF-IDF row of `text`, as lists; empty if it has no known word."
-        counts = {}
-        words = self.ascii_words if self._ascii(text) else self.words
-        for t in self.tokens(text):
+        counts, (tokens, words) = {}, self._split(text)
+        for t in tokens:
             j = words.get(t)
             if j is not None: counts[j] = counts.get(j, 0) + 1
         cols = sorted(counts)
