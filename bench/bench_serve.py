@@ -29,7 +29,7 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
 3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
 """
-import argparse, asyncio, json, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
+import argparse, asyncio, json, math, multiprocessing as mp, os, statistics, sys, tempfile, threading, time
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +168,15 @@ def start_unranked(port, bundle_path, pool_path):
     return subprocess.Popen([sys.executable, str(Path(__file__).with_name('serve_parts.py')), '--no-ranking',
                              '-', 'serve', '--router', str(bundle_path), '--pool', str(pool_path),
                              '--port', str(port), '--quiet'])
+
+
+def median_interval(values, level=0.9):
+    "(low, high): scipy's percentile bootstrap interval of the median of `values` (the pairs' ratios)."
+    from scipy.stats import bootstrap
+    if len(values) < 2: return math.nan, math.nan
+    ci = bootstrap((np.asarray(values),), np.median, confidence_level=level, method='percentile', n_resamples=4000,
+                   rng=np.random.default_rng(0)).confidence_interval
+    return float(ci.low), float(ci.high)
 
 
 def tree_cpu_seconds(pid):
@@ -443,6 +452,7 @@ def main(argv=None):
     paired = [e / f for e, f in zip(both(('endpoint', 32)), both(('floor', 32)))]
     spaired = [e / f for e, f in zip(both(('endpoint', 's32')), both(('floor', 's32')))]
     over, sover = statistics.median(paired), statistics.median(spaired)
+    (low, high), (slow, shigh) = median_interval(paired), median_interval(spaired)
     unranked = [u / f for u, f in zip(cpu[('endpoint, no ranking', 32)], cpu[('floor', 32)])]
     ranking = statistics.median(e - u for e, u in zip(cpu[('endpoint', 32)], cpu[('endpoint, no ranking', 32)]))
     alone, client = ms[('server alone', 32)], ms[('floor', 32)] - ms[('server alone', 32)]
@@ -450,8 +460,8 @@ def main(argv=None):
     rest = end_ms - floor_ms - sum(parts.values())
     print(f"  added latency at concurrency 1: {added:+.1f} ms (p50); 's32' = streamed at concurrency 32")
     print(f"  the endpoint's CPU per request against the floor run beside it, per pair: "
-          f"{' '.join(f'{r:.2f}' for r in paired)} (median {over:.2f}x); streamed "
-          f"{' '.join(f'{r:.2f}' for r in spaired)} (median {sover:.2f}x)")
+          f"{' '.join(f'{r:.2f}' for r in paired)} (median {over:.2f}x, 90% bootstrap interval {low:.2f}-{high:.2f}); "
+          f"streamed {' '.join(f'{r:.2f}' for r in spaired)} (median {sover:.2f}x, {slow:.2f}-{shigh:.2f})")
     print(f"  without its ranking (every request given the bundle's model order), the endpoint against the floor: "
           f"{' '.join(f'{r:.2f}' for r in unranked)} (median {statistics.median(unranked):.2f}x); the ranking, "
           f"the endpoint minus that, per repetition: {ranking:.3f} ms per request (median)")
@@ -478,7 +488,7 @@ def main(argv=None):
     emit(f"routing endpoint, concurrency 1: added latency (p50)", f"{added:+.1f} ms", '', None)
     emit(f"routing endpoint CPU per routed request, concurrency 32",
          f"{end_ms:.2f} ms ({over:.2f}x the floor, the median of {len(paired)} pairs' ratios "
-         f"{min(paired):.2f}-{max(paired):.2f}; streamed {sover:.2f}x)",
+         f"{min(paired):.2f}-{max(paired):.2f}, 90% interval of that median {low:.2f}-{high:.2f}; streamed {sover:.2f}x)",
          '<= 1.0 ms and <= 1.5x the floor', bool(end_ms <= 1.0 and over <= 1.5))
     emit(f"dars serve --workers 1 / 2, concurrency 32", f"{med[('endpoint', 32)][0]:.0f} / {two:.0f} req/s", '', None)
     return 0
