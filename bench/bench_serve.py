@@ -19,11 +19,11 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
      (`serve_parts.py --no-ranking`): what the endpoint costs without its ranking.
    CPU time per request of each server (/proc: its threads and its children's, to the nanosecond; the floor and the
    endpoint run back to back, --pairs times in each repetition, and their ratio is the median of the pairs' own
-   ratios: the machine's speed drifts between pairs by more than the difference measured), and the endpoint's
-   split by part: server + framework (the `server alone`), upstream client (floor - server alone), then parsing,
-   ranking and accounting timed inside one more endpoint under the same load (`serve_parts.py`: the thread's CPU
-   time of each call; beside them, the same parts timed in a loop in this process, which understates them), and
-   the rest (the endpoint's own glue). The ranking's cost is also read without any clock in the server: the
+   ratios: the machine's speed drifts between pairs by more than the difference measured; printed with scipy's 90%
+   bootstrap interval of that median), and the endpoint's split by part: server + framework (the `server alone`),
+   upstream client (floor - server alone), then parsing, ranking and accounting timed inside one more endpoint under
+   the same load (`serve_parts.py`: the thread's CPU time of each call; beside them, the same parts timed in a loop in
+   this process, which understates them), and the rest (the endpoint's own glue). The ranking's cost is also read without any clock in the server: the
    endpoint minus the endpoint without ranking, per repetition.
    Goals: endpoint CPU per routed request <= 1.0 ms and <= 1.5 x the floor's, rate >= 0.9 x direct at c = 32.
 3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
@@ -175,7 +175,7 @@ def median_interval(values, level=0.9):
     from scipy.stats import bootstrap
     if len(values) < 2: return math.nan, math.nan
     ci = bootstrap((np.asarray(values),), np.median, confidence_level=level, method='percentile', n_resamples=4000,
-                   rng=np.random.default_rng(0)).confidence_interval
+                   random_state=np.random.default_rng(0)).confidence_interval
     return float(ci.low), float(ci.high)
 
 
