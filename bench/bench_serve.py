@@ -23,8 +23,8 @@ Run: .venv/bin/python bench/bench_serve.py [--quick] [--decisions 300] [--calls 
    bootstrap interval of that median), and the endpoint's split by part: server + framework (the `server alone`),
    upstream client (floor - server alone), then parsing, ranking and accounting timed inside one more endpoint under
    the same load (`serve_parts.py`: the thread's CPU time of each call; beside them, the same parts timed in a loop in
-   this process, which understates them), and the rest (the endpoint's own glue). The ranking's cost is also read without any clock in the server: the
-   endpoint minus the endpoint without ranking, per repetition.
+   this process, which understates them), and the rest (the endpoint's own glue). The ranking's cost is also read
+   without any clock in the server: the endpoint minus the endpoint without ranking, per repetition.
    Goals: endpoint CPU per routed request <= 1.0 ms and <= 1.5 x the floor's, rate >= 0.9 x direct at c = 32.
 3. With --profile (needs py-spy): one more run at concurrency 32 with py-spy sampling the endpoint.
 Question texts are MATH-500 problems from $DARS_DATA when it is set (made-up questions otherwise, said so).
