@@ -88,6 +88,16 @@ def _sq_norm(row) -> float:
     "Squared length of a row."
     return sum(v * v for v in row[1]) if isinstance(row, tuple) else float(row @ row)
 
+def _smallest(d: np.ndarray, k: int) -> tuple:
+    "(positions of the k smallest entries of `d`, in no set order; their values), as two lists."
+    idx = d.argpartition(k - 1)[:k].tolist()
+    return idx, d.take(idx).tolist()
+
+def _weighted_rows(w: list, M: np.ndarray, idx: list) -> list:
+    "The rows `idx` of `M` averaged with weights `w` (normalised to sum to one), as one list."
+    total = sum(w)   # k numbers: plain Python
+    return np.dot([x / total for x in w], M.take(idx, 0)).tolist()
+
 # %% ../../nbs/25g_fast_rank.ipynb #92515b4f
 class KNNScores:
     "kNN: inverse-distance average of the k nearest training rows' μ_q, μ_c, σ."
@@ -111,11 +121,8 @@ class KNNScores:
         else:
             d = -2.0 * _dot(self.train_T, row); d += _sq_norm(row); d += self.train_sq
             np.sqrt(np.maximum(d, 0.0, out=d), out=d)
-            idx = d.argpartition(self.k - 1)[:self.k].tolist()
-            near = d.take(idx).tolist()
-        w = [1.0 / (x + self.eps) for x in near]   # k numbers: plain Python
-        total = sum(w)
-        return np.dot([x / total for x in w], self.targets.take(idx, 0)).tolist()
+            idx, near = _smallest(d, self.k)
+        return _weighted_rows([1.0 / (x + self.eps) for x in near], self.targets, idx)
 
 # %% ../../nbs/25g_fast_rank.ipynb #7275cf7e
 @patch
@@ -130,8 +137,7 @@ def _most_similar(self: KNNScores, row) -> tuple:
     if max(1.0 - s.item(part[n - k - 1]), 0.0) > max(near):   # no tie across the k-th place: these k,
         return idx, near                                      # whatever the order of ties among them
     d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
-    idx = d.argpartition(k - 1)[:k].tolist()
-    return idx, [d.item(q) for q in idx]
+    return _smallest(d, k)
 
 # %% ../../nbs/25g_fast_rank.ipynb #7c175267
 def _layers(net, d: int) -> tuple:
@@ -199,12 +205,10 @@ class AvengersScores:
         d = -2.0 * _dot(self.centroids_T, z); d += _sq_norm(z); d += self.centroid_sq
         np.sqrt(np.maximum(d, 0.0, out=d), out=d)
         d[self.empty] = np.inf
-        idx = d.argpartition(self.k - 1)[:self.k].tolist()
-        near = d.take(idx).tolist()   # k numbers: plain Python
+        idx, near = _smallest(d, self.k)
         low = min(near)   # finite: a fitted router has a cluster that is not empty
-        w = [math.exp(-self.beta_d * (x - low)) if math.isfinite(x) else 0.0 for x in near]
-        total = sum(w)
-        return np.dot([x / total for x in w], self.stats.take(idx, 0)).tolist()
+        return _weighted_rows([math.exp(-self.beta_d * (x - low)) if math.isfinite(x) else 0.0 for x in near],
+                              self.stats, idx)
 
 # %% ../../nbs/25g_fast_rank.ipynb #612b76ad
 class MeanScores:
