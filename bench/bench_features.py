@@ -5,10 +5,11 @@ Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size
 
 1. Encoding throughput on real GSM8K questions (the GSM8K rows of the LLMRouter table in data/routing):
    the reference path (sentence-transformers on torch, batch 64; its `encode` sorts the texts by length
-   itself) against `sentence_encoder().encode` (OpenVINO on the ONNX export, batches of similar token
+   itself) against `sentence_encoder(precision='auto').encode` (OpenVINO on the ONNX export, batches of similar token
    length, one per core, in the CPU's best precision: bfloat16 where it has bfloat16 arithmetic) and
    against the same in float32, alternating, median of `--reps`. Goal: >= 150 questions/s on 2 cores
-   for the library's default. The largest coordinate difference to the reference is printed beside.
+   for the library at precision='auto' (its default, f32, gives the same vectors on every CPU). The largest
+   coordinate difference to the reference is printed beside.
 2. The disk cache: `sentence_embeddings` on the same questions with an empty cache (encode + store) and
    a second time (read back: nothing encoded), then the store alone at `--store-size` texts (write, read).
 3. The one-time ONNX export of the packaged model (first use on a machine).
@@ -59,7 +60,7 @@ def throughput(texts, reps):
     from dars_nb.features.encoder import sentence_encoder
     ref_model = sentence_encoder('torch')._model
     ref = lambda: ref_model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
-    paths = {'reference': ref, 'library': lambda: sentence_encoder().encode(texts),
+    paths = {'reference': ref, 'library': lambda: sentence_encoder(precision='auto').encode(texts),
              'library f32': lambda: sentence_encoder(precision='f32').encode(texts)}
     rows = {k: f() for k, f in paths.items()}  # warm every path
     times, cpu = {k: [] for k in paths}, {k: [] for k in paths}
@@ -76,7 +77,7 @@ def cache_runs(texts):
     "Seconds of `sentence_embeddings` with an empty cache and again; texts encoded the second time."
     from dars_nb.features.encoder import sentence_encoder
     from dars_nb.features.embedding_store import sentence_embeddings
-    enc = sentence_encoder()
+    enc = sentence_encoder(precision='auto')
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); sentence_embeddings(texts, tmp); first = time.perf_counter() - t
         n = enc.n_encoded
@@ -118,15 +119,15 @@ def main(argv=None):
     if a.quick: a.reps, a.store_size = 1, 5000
     from dars_nb.features.encoder import sentence_encoder
     texts = gsm8k_questions()
-    tokens = np.array([len(e.ids) for e in sentence_encoder()._tokenizer.encode_batch(texts)])
+    tokens = np.array([len(e.ids) for e in sentence_encoder(precision='auto')._tokenizer.encode_batch(texts)])
     print(f"{len(texts)} GSM8K questions, {tokens.mean():.0f} tokens on average (max {tokens.max()}); {load()}")
-    precision = sentence_encoder().precision
+    precision = sentence_encoder(precision='auto').precision
     qps, per_cpu, rows = throughput(texts, a.reps)
     speedup, met = qps['library'] / qps['reference'], qps['library'] >= GOAL
     print(f"encoding, questions/s (median of {a.reps}; per CPU second in brackets, less sensitive to other work "
           f"on the machine); {load()}:")
     for name, what in (('reference', 'sentence-transformers on torch, batch 64'),
-                       ('library', f'OpenVINO {precision} (the default here), length-sorted batches, one per core'),
+                       ('library', f"OpenVINO {precision} (precision='auto': the CPU's best), length-sorted batches, one per core"),
                        ('library f32', 'OpenVINO f32, the same batches')):
         R, N = rows['reference'], rows[name]
         print(f"  {name:12s} {qps[name]:6.0f} ({per_cpu[name]:4.0f})  x{qps[name] / qps['reference']:.1f}  "

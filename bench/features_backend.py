@@ -65,7 +65,7 @@ def main(backend: str, reps: int, n: int = 0) -> dict:
         export_s = time.perf_counter() - t
         library = SentenceTransformer(tmp, device='cpu', backend=backend)
         paths = {'reference': lambda: reference.encode(texts, batch_size=64, normalize_embeddings=True),
-                 'ours': lambda: sentence_encoder().encode(texts),
+                 'ours': lambda: sentence_encoder(precision='auto').encode(texts),
                  'ours f32': lambda: sentence_encoder(precision='f32').encode(texts),
                  f'sentence-transformers {backend}': lambda: library.encode(texts, batch_size=64, normalize_embeddings=True)}
         if backend == 'openvino':

@@ -94,7 +94,7 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
                  batch_size: int = 16, # texts per forward pass
                  cache: bool = True, # keep embeddings on disk (False: write nothing)
                  runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
-                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                 precision: str = 'f32', # 'f32' (the same on every CPU), 'auto' (bf16 where the CPU has it) or 'bf16'
                 ):
         self.cache_dir, self.batch_size, self.cache = cache_dir, batch_size, cache
         self.runtime, self.precision = runtime, precision

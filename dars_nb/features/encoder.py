@@ -207,7 +207,7 @@ def inference_precision(precision: str = 'auto', # 'auto' (the CPU's best), 'f32
 
 # %% ../../nbs/09a_encoder.ipynb #49f73cd5
 def encoder_precision(runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
-                      precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                      precision: str = 'f32', # 'f32' (the same on every CPU), 'auto' (bf16 where the CPU has it) or 'bf16'
                      ) -> str:
     "What `runtime` computes in when asked for `precision` (the torch runtime: f32 only)."
     if _check_runtime(runtime) == 'openvino': return inference_precision(precision)
@@ -237,7 +237,7 @@ class SentenceEncoder:
     "all-MiniLM-L6-v2, loaded once: texts in, unit-length float32 rows out, batched by token length."
     def __init__(self,
                  runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
-                 precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                 precision: str = 'f32', # 'f32' (the same on every CPU), 'auto' (bf16 where the CPU has it) or 'bf16'
                  cache_dir=None, # where the ONNX export is kept (default `cache_root()`)
                 ):
         self.runtime, self.precision = _check_runtime(runtime), encoder_precision(runtime, precision)
@@ -255,7 +255,7 @@ def _loaded_encoder(runtime: str, precision: str) -> SentenceEncoder:
     return SentenceEncoder(runtime, precision)
 
 def sentence_encoder(runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)
-                     precision: str = 'auto', # 'auto' (bf16 where the CPU has it), 'f32' or 'bf16'
+                     precision: str = 'f32', # 'f32' (the same on every CPU), 'auto' (bf16 where the CPU has it) or 'bf16'
                     ) -> SentenceEncoder:
     "This process's one `SentenceEncoder` for `runtime` and `precision`: loaded once, then shared."
     return _loaded_encoder(runtime, encoder_precision(runtime, precision))
