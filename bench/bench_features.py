@@ -5,8 +5,8 @@ Run: .venv/bin/python bench/bench_features.py [--quick] [--reps 3] [--store-size
 
 1. Encoding throughput on real GSM8K questions (the GSM8K rows of the LLMRouter table in data/routing):
    the reference path (sentence-transformers on torch, batch 64; its `encode` sorts the texts by length
-   itself) against `sentence_encoder(precision='auto').encode` (OpenVINO on the ONNX export, batches of similar token
-   length, one per core, in the CPU's best precision: bfloat16 where it has bfloat16 arithmetic) and
+   itself) against `sentence_encoder(precision='auto').encode` (OpenVINO on the ONNX export, batches of
+   similar token length, one per core, in the CPU's best precision: bfloat16 where it has bfloat16 arithmetic) and
    against the same in float32, alternating, median of `--reps`. Goal: >= 150 questions/s on 2 cores
    for the library at precision='auto' (its default, f32, gives the same vectors on every CPU). The largest
    coordinate difference to the reference is printed beside.
@@ -77,7 +77,7 @@ def cache_runs(texts):
     "Seconds of `sentence_embeddings` with an empty cache and again; texts encoded the second time."
     from dars_nb.features.encoder import sentence_encoder
     from dars_nb.features.embedding_store import sentence_embeddings
-    enc = sentence_encoder(precision='auto')
+    enc = sentence_encoder()   # the encoder `sentence_embeddings` uses: the library's default
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter(); sentence_embeddings(texts, tmp); first = time.perf_counter() - t
         n = enc.n_encoded
