@@ -123,6 +123,25 @@ def test_processed_notebook(toy):
     assert 'image/svg+xml' in [c for c in nb.cells if 'alt.Chart' in c.source][0].outputs[0]['data']
 
 
+def test_processed_notebook_leaves_no_shell_to_the_exit(tmp_path):
+    """IPython resets, when the process exits, every shell still registered (a full garbage collection apiece: in a docs
+    worker that exit took longer than half its rendering). A rendered notebook, run or not, leaves none, and leaves the
+    process its own `__main__` (a shell's emptied namespace there breaks `multiprocessing`'s spawn)."""
+    import subprocess, sys
+    root = Path(__file__).resolve().parents[1]
+    code = (f"import sys; sys.path[:0] = [{str(root)!r}, {str(root / 'tests')!r}]\n"
+            "from IPython.core.interactiveshell import InteractiveShell\n"
+            "InteractiveShell.atexit_operations = lambda self: print('a shell reset at exit', flush=True)\n"
+            "from tools.docs_notebooks import processed_notebook\n"
+            "from test_docs_builder import toy_nb\n"
+            "main = sys.modules['__main__']\n"
+            f"for execute in (False, True): processed_notebook(toy_nb({str(tmp_path)!r}), execute=execute)\n"
+            "print('rendered twice', sys.modules['__main__'] is main, hasattr(sys.modules['__main__'], '__spec__'), flush=True)\n")
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    fc.test_eq(res.stdout.splitlines(), ['rendered twice True True'])
+
+
 def test_patched_method_documented_once(tmp_path):
     "A `@patch`-ed method documented by its own `show_doc(Class.method)` gets no second entry from nbdev."
     path = tmp_path/'03_patch.ipynb'

@@ -1,11 +1,13 @@
 """The docs site in a real browser: every page opens in headless Chromium with no console error, every
 internal link resolves, no request leaves this machine, every chart is a drawn SVG that fits the text
 column at 1280 px and whose text stays at least 9 px at 400 px, every code block wraps to its column at
-1280 px (these two open the pages with the widest code and three chart pages; every page with
-DARS_TEST_FLAGS=slow), at 400 px no page scrolls sideways (charts, tables and formulas scroll in their own box)
-and printed text keeps its lines, no heading id appears twice on a page, API headings show dunder names as
-written, pages link to each other and not to the published copy, and the README's links into the docs site
-name pages, anchors and images the site has.
+1280 px, at 400 px no page scrolls sideways (charts, tables and formulas scroll in their own box) and printed
+text keeps its lines, no heading id appears twice on a page, API headings show dunder names as written, pages
+link to each other and not to the published copy, and the README's links into the docs site name pages,
+anchors and images the site has.
+
+Each page is opened once (the `visits` fixture): measured at 1280 px, then with the window narrowed to 400 px;
+a few pages opened in a 400 px window check that narrowing a page measures as opening it narrow.
 
 The site is built once for this module with `tools.docs_site.build_docs` (set `DARS_DOCS_SITE=/path/to/_site`
 to check an already built site instead), served on 127.0.0.1, and visited through selenium with the
@@ -28,7 +30,6 @@ from urllib.request import urlopen
 
 import pytest
 
-from dars_nb.testing import forced_test_flags
 
 pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the site once, for this module
 # (module fixtures: the browser, about 1 GB, is closed when the module ends, not kept to the end of the run)
@@ -95,19 +96,32 @@ def _pages(site):
     return sorted(p.relative_to(site).as_posix() for p in site.rglob('*.html') if p.name != '404.html')
 
 
-def _open(browser, url):
-    "Load `url`, wait until it is complete, and return the network requests it made."
+SETTLE_S = 0.3   # after a page is complete, for its scripts and the search worker to start (and log what they do)
+
+def _load(browser, url) -> float:
+    "Load `url` and wait until it is complete (the network log emptied first); the monotonic time it was."
     browser.get_log('performance')                                  # drop what came before
     browser.get(url)
     for _ in range(100):
         if browser.execute_script('return document.readyState') == 'complete': break
         time.sleep(0.05)
-    time.sleep(0.3)                                                  # let scripts and the search worker start
+    return time.monotonic()
+
+
+def _requests(browser) -> list:
+    "The URLs of the network requests made since the network log was last read."
     urls = []
     for entry in browser.get_log('performance'):
         msg = json.loads(entry['message'])['message']
         if msg.get('method') == 'Network.requestWillBeSent': urls.append(msg['params']['request']['url'])
     return urls
+
+
+def _open(browser, url) -> list:
+    "Load `url`, let it settle, and return the network requests it made."
+    _load(browser, url)
+    time.sleep(SETTLE_S)
+    return _requests(browser)
 
 
 _status_cache = {}
@@ -138,84 +152,22 @@ def test_one_page_per_notebook(site):
     assert readme_images and sorted(f.name for f in (site / 'docs_assets').iterdir()) == readme_images
 
 
-def test_every_page_in_the_browser(site, base_url, browser):
-    problems = []
-    for page in _pages(site):
-        url = base_url + page
-        requests = _open(browser, url)
-        for u in requests:
-            parts = urlsplit(u)
-            if parts.scheme in ('http', 'https', 'ws', 'wss') and parts.hostname not in LOCAL_HOSTS:
-                problems.append(f'{page}: request to another host: {u}')
-        for e in browser.get_log('browser'):
-            if e['level'] == 'SEVERE': problems.append(f"{page}: console error: {e['message']}")
-        hrefs = browser.execute_script("return Array.from(document.querySelectorAll('a[href]'), a => a.href)")
-        for href in set(hrefs):
-            parts = urlsplit(href)
-            if parts.scheme not in ('http', 'https') or parts.hostname not in LOCAL_HOSTS: continue
-            target, frag = urldefrag(href)
-            status, body = _fetch(target)
-            if status != 200: problems.append(f'{page}: broken link {href} (HTTP {status})')
-            elif frag and target.endswith('.html') and not _has_anchor(body, frag):
-                problems.append(f'{page}: link to a missing anchor {href}')
-        charts = browser.execute_script("""
-            return Array.from(document.querySelectorAll('.chart-output'), d => {
-                const s = d.querySelector('svg'); if (!s) return null;
-                const r = s.getBoundingClientRect();
-                return [s.querySelectorAll('path, rect, line, text, circle').length, r.width, r.height];
-            });""")
-        for i, c in enumerate(charts):
-            if c is None or c[0] < 3 or c[1] < 10 or c[2] < 10:
-                problems.append(f'{page}: chart {i} did not render (svg marks, width, height = {c})')
-        n_outputs = len(re.findall(r'<div class="chart-output">', (site / page).read_text(encoding='utf-8')))
-        if n_outputs != len(charts): problems.append(f'{page}: {n_outputs} chart outputs but {len(charts)} in the page')
-    assert not problems, '\n'.join(problems[:40])
+# What a page shows at 1280 px: its links, its charts (marks, size, column, scroll width, drawn width) and the code blocks
+# (not printed text) wider than their column
+WIDE = """
+    const charts = Array.from(document.querySelectorAll('.chart-output'), d => {
+        const s = d.querySelector('svg'); if (!s) return null;
+        const r = s.getBoundingClientRect();
+        return [s.querySelectorAll('path, rect, line, text, circle').length, r.width, r.height, d.clientWidth,
+                d.scrollWidth, parseFloat(s.getAttribute('width')) || null];
+    });
+    const code = Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth, c])
+                      .filter(([i, s, w, c]) => !c.closest('.language-text') && s > w + 1).map(x => x.slice(0, 3));
+    return [Array.from(document.querySelectorAll('a[href]'), a => a.href), charts, code,
+            document.querySelectorAll('.md-content pre > code').length];"""
 
-
-def test_charts_fit_the_text_column(site, base_url, browser):
-    "At a 1280 px window every chart fits its container: nothing scrolls sideways or is cut off."
-    offenders = []
-    for page in _pages(site):
-        if '<div class="chart-output">' not in (site / page).read_text(encoding='utf-8'): continue
-        _open(browser, base_url + page)
-        charts = browser.execute_script("""
-            return Array.from(document.querySelectorAll('.chart-output'), (d, i) => {
-                const s = d.querySelector('svg'); if (!s) return null;
-                return [i, s.getBoundingClientRect().width, d.clientWidth, d.scrollWidth,
-                        parseFloat(s.getAttribute('width')) || null];
-            });""")
-        for c in charts:
-            if c is None: continue
-            i, shown, room, scroll, drawn = c
-            if shown > room + 0.5 or scroll > room + 0.5:
-                offenders.append(f'{page}: chart {i} is {shown:.0f} px wide (drawn {drawn} px) in a {room} px column')
-    assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
-
-
-ALL_PAGES = 'slow' in forced_test_flags()   # else the checks below open a few pages each
-
-def _widest_code(site, k=4):
-    "The `k` pages whose longest code line is longest (every page with code when DARS_TEST_FLAGS has slow)."
-    width = {}
-    for page in _pages(site):
-        blocks = re.findall(r'<pre[^>]*>(.*?)</pre>', (site / page).read_text(encoding='utf-8'), re.S)
-        lines = [unescape(re.sub('<[^>]+>', '', b)).splitlines() for b in blocks]
-        if blocks: width[page] = max((len(l) for ls in lines for l in ls), default=0)
-    return sorted(width, key=width.get, reverse=True)[:None if ALL_PAGES else k]
-
-
-def test_code_blocks_fit_the_text_column(site, base_url, browser):
-    "At a 1280 px window no code block scrolls sideways: long lines wrap (printed text keeps its lines: see below)."
-    offenders = []
-    for page in _widest_code(site):
-        _open(browser, base_url + page)
-        wide = browser.execute_script("""
-            return Array.from(document.querySelectorAll('.md-content pre > code'), (c, i) => [i, c.scrollWidth, c.clientWidth, c])
-                        .filter(([i, s, w, c]) => !c.closest('.language-text') && s > w + 1).map(x => x.slice(0, 3));""")
-        offenders += [f'{page}: code block {i} is {s} px wide in {w} px' for i, s, w in wide]
-    assert not offenders, f'{len(offenders)} code block(s) scroll sideways:\n' + '\n'.join(offenders[:40])
-
-
+# What it shows at 400 px: the page's width and the window's, each printed text block (lines, lines shown, white-space,
+# outside the window), how many charts, tables or formulas reach outside the window, each chart's smallest text in px
 NARROW = """
     const de = document.documentElement, room = de.clientWidth;
     const out = (e) => e.getBoundingClientRect().right > room + 0.5 || e.getBoundingClientRect().left < -0.5;
@@ -226,48 +178,128 @@ NARROW = """
     });
     const boxes = Array.from(document.querySelectorAll('.md-content .chart-output, .md-content table, .md-content math'),
                              e => out(e.closest('.chart-output, .html-output, .md-typeset__scrollwrap') || e));
-    return [de.scrollWidth, room, text, boxes.filter(Boolean).length];"""
+    const chart_text = Array.from(document.querySelectorAll('.chart-output svg'), s => {
+        const scale = s.getBoundingClientRect().width / s.viewBox.baseVal.width;
+        const px = Array.from(s.querySelectorAll('text'), t => parseFloat(getComputedStyle(t).fontSize) * scale);
+        return px.length ? Math.min(...px) : null;
+    });
+    return [de.scrollWidth, room, text, boxes.filter(Boolean).length, chart_text];"""
 
-def test_narrow_screen_scrolls_boxes_not_pages(site, base_url, browser):
+
+def _window(browser, width):
+    "Resize the window to `width` px and wait two frames, so that the page has laid itself out and handled the resize."
+    browser.set_window_size(width, 1000)
+    shown = browser.execute_async_script(
+        'const done = arguments[arguments.length - 1];'
+        'requestAnimationFrame(() => requestAnimationFrame(() => done(window.innerWidth)));')
+    assert shown == width, f'the window is {shown} px wide, not {width}'
+
+
+@pytest.fixture(scope='module')
+def visits(site, base_url, browser) -> dict:
+    """Every page opened once: {page: {requests, errors, hrefs, charts, code, n_code, narrow}}, what it asked the network
+    for and logged as errors, what `WIDE` measures at 1280 px, and what `NARROW` measures once the window is 400 px."""
+    seen = {}
+    try:
+        for page in _pages(site):
+            loaded = _load(browser, base_url + page)
+            hrefs, charts, code, n_code = browser.execute_script(WIDE)
+            _window(browser, 400)
+            narrow = browser.execute_script(NARROW)
+            _window(browser, 1280)
+            time.sleep(max(0.0, SETTLE_S - (time.monotonic() - loaded)))   # the page has settled (the two layouts took a while)
+            requests = _requests(browser)
+            errors = [e['message'] for e in browser.get_log('browser') if e['level'] == 'SEVERE']
+            seen[page] = dict(requests=requests, errors=errors, hrefs=hrefs, charts=charts, code=code, n_code=n_code,
+                              narrow=narrow)
+    finally:
+        browser.set_window_size(1280, 1000)
+    return seen
+
+
+def test_every_page_in_the_browser(site, visits):
+    problems = []
+    for page, v in visits.items():
+        for u in v['requests']:
+            parts = urlsplit(u)
+            if parts.scheme in ('http', 'https', 'ws', 'wss') and parts.hostname not in LOCAL_HOSTS:
+                problems.append(f'{page}: request to another host: {u}')
+        problems += [f'{page}: console error: {e}' for e in v['errors']]
+        for href in set(v['hrefs']):
+            parts = urlsplit(href)
+            if parts.scheme not in ('http', 'https') or parts.hostname not in LOCAL_HOSTS: continue
+            target, frag = urldefrag(href)
+            status, body = _fetch(target)
+            if status != 200: problems.append(f'{page}: broken link {href} (HTTP {status})')
+            elif frag and target.endswith('.html') and not _has_anchor(body, frag):
+                problems.append(f'{page}: link to a missing anchor {href}')
+        for i, c in enumerate(v['charts']):
+            if c is None or c[0] < 3 or c[1] < 10 or c[2] < 10:
+                problems.append(f'{page}: chart {i} did not render (svg marks, width, height = {c and c[:3]})')
+        n_outputs = len(re.findall(r'<div class="chart-output">', (site / page).read_text(encoding='utf-8')))
+        if n_outputs != len(v['charts']): problems.append(f"{page}: {n_outputs} chart outputs but {len(v['charts'])} in the page")
+    assert len(visits) == len(_pages(site))
+    assert not problems, '\n'.join(problems[:40])
+
+
+def test_charts_fit_the_text_column(visits):
+    "At a 1280 px window every chart fits its container: nothing scrolls sideways or is cut off."
+    offenders = [f'{page}: chart {i} is {shown:.0f} px wide (drawn {drawn} px) in a {room} px column'
+                 for page, v in visits.items() for i, c in enumerate(v['charts']) if c is not None
+                 for _, shown, _, room, scroll, drawn in [c] if shown > room + 0.5 or scroll > room + 0.5]
+    assert sum(map(len, (v['charts'] for v in visits.values()))) > 20, 'fewer than 20 charts on the site'
+    assert not offenders, f'{len(offenders)} chart(s) overflow the text column:\n' + '\n'.join(offenders)
+
+
+def test_code_blocks_fit_the_text_column(visits):
+    "At a 1280 px window no code block scrolls sideways: long lines wrap (printed text keeps its lines: see below)."
+    offenders = [f'{page}: code block {i} is {s} px wide in {w} px' for page, v in visits.items() for i, s, w in v['code']]
+    assert sum(v['n_code'] for v in visits.values()) > 500, 'fewer than 500 code blocks on the site'
+    assert not offenders, f'{len(offenders)} code block(s) scroll sideways:\n' + '\n'.join(offenders[:40])
+
+
+def test_narrow_screen_scrolls_boxes_not_pages(visits):
     """At a 400 px window no page scrolls sideways: a chart, a table or a formula wider than the column scrolls in its
     own box; printed text (a text table) keeps each line on one line, aligned, and scrolls in its box."""
     problems, n_text = [], 0
-    browser.set_window_size(400, 1000)
-    try:
-        assert browser.execute_script('return window.innerWidth') == 400
-        for page in _pages(site):
-            _open(browser, base_url + page)
-            page_width, room, text, boxes_out = browser.execute_script(NARROW)
-            if page_width > room: problems.append(f'{page}: the page is {page_width} px wide in a {room} px window')
-            if boxes_out: problems.append(f'{page}: {boxes_out} chart(s), table(s) or formula(s) reach outside the window')
-            for i, (lines, shown, white_space, out) in enumerate(text):
-                if white_space != 'pre' or abs(shown - lines) > 0.5 or out:
-                    problems.append(f'{page}: text block {i} has {lines} lines shown on {shown:.1f} ({white_space}, outside: {out})')
-            n_text += len(text)
-    finally:
-        browser.set_window_size(1280, 1000)
+    for page, v in visits.items():
+        page_width, room, text, boxes_out, _ = v['narrow']
+        if page_width > room: problems.append(f'{page}: the page is {page_width} px wide in a {room} px window')
+        if boxes_out: problems.append(f'{page}: {boxes_out} chart(s), table(s) or formula(s) reach outside the window')
+        for i, (lines, shown, white_space, out) in enumerate(text):
+            if white_space != 'pre' or abs(shown - lines) > 0.5 or out:
+                problems.append(f'{page}: text block {i} has {lines} lines shown on {shown:.1f} ({white_space}, outside: {out})')
+        n_text += len(text)
     assert n_text > 50, f'only {n_text} printed text blocks on the site: are outputs still rendered as text blocks?'
     assert not problems, f'{len(problems)} problem(s) at 400 px:\n' + '\n'.join(problems[:40])
 
 
-def test_chart_text_legible_on_a_narrow_screen(site, base_url, browser):
+def test_chart_text_legible_on_a_narrow_screen(visits):
     "At a 400 px window every chart's smallest text is drawn at 9 px or more (the chart scrolls instead of shrinking)."
-    small = []
-    browser.set_window_size(400, 1000)
-    try:
-        charts = [p for p in _pages(site) if '<div class="chart-output">' in (site / p).read_text(encoding='utf-8')]
-        for page in charts if ALL_PAGES else charts[:3]:
-            _open(browser, base_url + page)
-            sizes = browser.execute_script("""
-                return Array.from(document.querySelectorAll('.chart-output svg'), s => {
-                    const scale = s.getBoundingClientRect().width / s.viewBox.baseVal.width;
-                    const px = Array.from(s.querySelectorAll('text'), t => parseFloat(getComputedStyle(t).fontSize) * scale);
-                    return px.length ? Math.min(...px) : null;
-                });""")
-            small += [f'{page}: chart {i} has text at {px:.1f} px' for i, px in enumerate(sizes) if px is not None and px < 8.99]
-    finally:
-        browser.set_window_size(1280, 1000)
+    small = [f'{page}: chart {i} has text at {px:.1f} px' for page, v in visits.items()
+             for i, px in enumerate(v['narrow'][4]) if px is not None and px < 8.99]
     assert not small, f'{len(small)} chart(s) shrink their text below 9 px at 400 px:\n' + '\n'.join(small[:40])
+
+
+def _narrow_view(measured) -> tuple:
+    "What `NARROW` measured, its fractions rounded to 0.01 px or line (layouts of one width agree far closer than that)."
+    page_width, room, text, boxes_out, chart_text = measured
+    r = lambda x: None if x is None else round(x, 2)
+    return page_width, room, [(lines, r(shown), ws, out) for lines, shown, ws, out in text], boxes_out, [r(px) for px in chart_text]
+
+
+def test_a_page_opened_narrow_is_the_page_narrowed(base_url, browser, visits):
+    """The 400 px checks above measure pages narrowed after loading; the first pages with charts and the page with the
+    most printed text, opened in a 400 px window, measure the same."""
+    charts = [p for p, v in visits.items() if v['charts']][:2]
+    text = max(visits, key=lambda p: len(visits[p]['narrow'][2]))
+    _window(browser, 400)
+    try:
+        for page in charts + [text]:
+            _open(browser, base_url + page)
+            assert _narrow_view(browser.execute_script(NARROW)) == _narrow_view(visits[page]['narrow']), page
+    finally:
+        _window(browser, 1280)
 
 
 def test_headings_unique_and_dunders_as_code(site):

@@ -1,19 +1,17 @@
 """Run every notebook through nbdev's own test runner, so one pytest summary covers notebooks and tests/; and check that
 the outputs a notebook keeps are the ones its code produces now (`tools.docs_outputs.compare_outputs`)."""
-import atexit
 import gc
 import json
 import sys
 
 import pytest
 from nbdev.config import get_config
-import nbdev.processors
 import nbdev.test
 from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
 from execnb.shell import CaptureShell
 
 from dars_nb.testing import forced_test_flags
-from tools.docs_notebooks import processed_notebook, runs_in_tests
+from tools.docs_notebooks import release_shell, runs_in_tests
 from tools.docs_outputs import compare_outputs
 
 CFG = get_config()
@@ -38,7 +36,6 @@ def test_notebook(nb, monkeypatch):
     class _Shell(CaptureShell):
         def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs); shells.append(self)
     monkeypatch.setattr(nbdev.test, 'CaptureShell', _Shell)
-    monkeypatch.setattr(nbdev.processors, 'CaptureShell', _Shell)     # the docs build's shell (`exec_show_docs`)
     # IPython installs its user namespace as `sys.modules['__main__']`, a module without `__spec__`; left there, a
     # later test in this worker that spawns processes (a Dask `LocalCluster`) fails in `multiprocessing.spawn`
     monkeypatch.setitem(sys.modules, '__main__', sys.modules['__main__'])
@@ -46,10 +43,7 @@ def test_notebook(nb, monkeypatch):
     finally:
         # IPython keeps every shell alive until exit (an atexit hook), and with it every object the notebook made:
         # a worker that runs forty notebooks would hold all of them
-        for shell in shells:
-            atexit.unregister(shell.atexit_operations)
-            shell.reset(new_session=False)
-            shell.close()                  # and its thread ends
+        for shell in shells: release_shell(shell)
         gc.collect()
 
 
@@ -60,10 +54,8 @@ def _run_and_compare(nb, ran):
     ok, _ = run_notebook(nb, skip_flags=skip, force_flags=force, basepath=CFG.config_path, cell_timeout=None,
                          save=True)
     assert ok, f'{nb.name} failed (see the cell error above)'
-    # the docs build renders kept outputs and runs only what `show_doc` needs: exported cells and every cell with an
-    # import (nbdev's `exec_show_docs`), so a cell that mixes imports with code must run on those alone
-    try: processed_notebook(nb, execute=False)
-    except Exception as e: pytest.fail(f"the docs build cannot render {nb.name}: {str(e)[:1500]}")
+    # (that the docs build can render it, running only exported cells and cells with an import, is tests/test_docs_site.py's
+    # check: its site is built from every notebook, and a page that cannot be made fails it, named)
     if nb.parent != NBS_PATH or not nb.name[:1].isdigit(): return   # the pages keep outputs of their slow cells too
     executed = [c for c in ran[0].cells if c.cell_type == 'code']
     ids = {c.get('id') for c in executed if runs_in_tests(c, skip) and 'outputs' in c}

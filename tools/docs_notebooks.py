@@ -1,7 +1,7 @@
 """Running a notebook the way the tests run it, for the docs: nbdev's processors, every tested cell executed,
 the first failure kept as one line naming the notebook, the cell, the line and what failed."""
 from __future__ import annotations
-import faulthandler, os, re, sys, threading, traceback
+import atexit, faulthandler, os, re, sys, threading, traceback
 from pathlib import Path
 from execnb.shell import CaptureShell
 from fastcore.nbio import read_nb
@@ -127,6 +127,19 @@ def thread_stacks() -> str:
     return '\n'.join(f'Thread {names.get(i, i)}:\n' + ''.join(traceback.format_stack(f))
                      for i, f in sys._current_frames().items())
 
+def release_shell(shell: CaptureShell,
+                  main=None, # the `__main__` module the shell replaced on creation, put back (None: left as it is)
+                 ):
+    """Let a shell that has run its notebook go now. IPython keeps every shell, and all its notebook made, until the
+    process exits, and then resets each one, a full garbage collection apiece over everything still kept: in a process
+    that renders many notebooks that exit took longer than rendering half of them."""
+    atexit.unregister(shell.atexit_operations)
+    shell.reset(new_session=False)
+    shell.close()
+    if not shell.loop.is_running(): shell.loop.close()
+    # the shell's namespace, emptied, as `__main__` (no `__spec__`) would break `multiprocessing`'s spawn in this process
+    if main is not None and sys.modules.get('__main__') is shell.user_module: sys.modules['__main__'] = main
+
 class ExecCells(Processor):
     "Run the cells `nbdev-test` runs in one `CaptureShell`, keeping outputs; the first failure stops the run and is kept as `nb.failure_`."
     def __init__(self, nb, # the notebook being processed
@@ -141,6 +154,7 @@ class ExecCells(Processor):
         self.default_eval = str(fm.get('eval', 'true')).lower() != 'false'
 
     def begin(self):
+        self.main = sys.modules.get('__main__')
         self.k = CaptureShell(getattr(self.nb, 'path_', None))
         self.k.run_cell('from nbdev.showdoc import show_doc')
         self.k.run_cell(SVG_CHARTS)
@@ -161,9 +175,18 @@ class ExecCells(Processor):
                                                    cell=cell.get('src_idx_'), line=line, code=code,
                                                    message=assertion_message(e))
 
+    def end(self): release_shell(self.k, self.main)
+
+
+class ExecShowDocs(exec_show_docs):
+    "nbdev's `exec_show_docs` (the cells `show_doc` needs: exported ones and those with an import), its shell let go at the end."
+    def begin(self):
+        self.main = sys.modules.get('__main__')
+        super().begin()
+
     def end(self):
-        self.k.close()
-        if not self.k.loop.is_running(): self.k.loop.close()
+        super().end()
+        if hasattr(self, 'k'): release_shell(self.k, self.main)
 
 
 _re_show_doc = re.compile(r'^show_doc\(\s*([\w.]+)\s*[,)]', re.M)
@@ -192,7 +215,8 @@ class DocFilter(FilterDefaults):
 
     def nb_proc(self, nb):
         procs = [AddShowDocs if p is add_show_docs else p for p in self.procs()]
-        if self.execute: procs = [ExecCells(nb, self.skip_flags, self.timeout) if p is exec_show_docs else p for p in procs]
+        run = (lambda nb: ExecCells(nb, self.skip_flags, self.timeout)) if self.execute else ExecShowDocs
+        procs = [run(nb) if p is exec_show_docs else p for p in procs]
         return NBProcessor(nb=nb, procs=procs, rm_directives='quarto')
 
 def project_skip_flags(cfg, force=None) -> list:
