@@ -30,7 +30,6 @@ from urllib.request import urlopen
 
 import pytest
 
-
 pytestmark = pytest.mark.xdist_group('docs_site')   # one worker builds the site once, for this module
 # (module fixtures: the browser, about 1 GB, is closed when the module ends, not kept to the end of the run)
 
