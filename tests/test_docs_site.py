@@ -211,8 +211,9 @@ def visits(site, base_url, browser) -> dict:
             errors = [e['message'] for e in browser.get_log('browser') if e['level'] == 'SEVERE']
             seen[page] = dict(requests=requests, errors=errors, hrefs=hrefs, charts=charts, code=code, n_code=n_code,
                               narrow=narrow)
-    finally:
+    except BaseException:   # a page that failed mid-visit leaves the window wide for the tests that follow
         browser.set_window_size(1280, 1000)
+        raise
     return seen
 
 

@@ -32,19 +32,20 @@ def test_notebook(nb, monkeypatch):
     alt.renderers.enable('svg')            # charts as the saved outputs hold them (`make outputs`)
     ran = []                               # nbdev's runner hands the notebook it ran to `write_nb` when asked to save
     monkeypatch.setattr(nbdev.test, 'write_nb', lambda executed, path: ran.append(executed))
-    shells = []                            # the shell that ran it, so that its namespace is let go afterwards
+    shells = []                            # (the shell that ran it, the `__main__` it replaced), to put both right afterwards
     class _Shell(CaptureShell):
-        def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs); shells.append(self)
+        def __init__(self, *args, **kwargs):
+            main = sys.modules.get('__main__'); super().__init__(*args, **kwargs); shells.append((self, main))
     monkeypatch.setattr(nbdev.test, 'CaptureShell', _Shell)
-    # IPython installs its user namespace as `sys.modules['__main__']`, a module without `__spec__`; left there, a
-    # later test in this worker that spawns processes (a Dask `LocalCluster`) fails in `multiprocessing.spawn`
-    monkeypatch.setitem(sys.modules, '__main__', sys.modules['__main__'])
     try: _run_and_compare(nb, ran)
     finally:
-        # IPython keeps every shell alive until exit (an atexit hook), and with it every object the notebook made:
-        # a worker that runs forty notebooks would hold all of them
-        for shell in shells: release_shell(shell)
+        # IPython keeps every shell alive until exit (an atexit hook), and with it every object the notebook made (a
+        # worker that runs forty notebooks would hold all of them); and it installs the shell's namespace as
+        # `sys.modules['__main__']`, a module without `__spec__`: left there, a later test in this worker that spawns
+        # processes (a Dask `LocalCluster`) fails in `multiprocessing.spawn`
+        for shell, main in shells: release_shell(shell, main)
         gc.collect()
+    assert shells and sys.modules.get('__main__') is shells[0][1], 'the notebook\'s shell did not give `__main__` back'
 
 
 def _run_and_compare(nb, ran):

@@ -140,7 +140,18 @@ def release_shell(shell: CaptureShell,
     # the shell's namespace, emptied, as `__main__` (no `__spec__`) would break `multiprocessing`'s spawn in this process
     if main is not None and sys.modules.get('__main__') is shell.user_module: sys.modules['__main__'] = main
 
-class ExecCells(Processor):
+class ReleasesShell:
+    "A processor that makes its shell `self.k` in `begin`: the `__main__` it replaces is noted first, and both put right at `end`."
+    def begin(self):
+        self.main = sys.modules.get('__main__')
+        if (begin := getattr(super(), 'begin', None)): begin()
+
+    def end(self):
+        if (end := getattr(super(), 'end', None)): end()
+        if hasattr(self, 'k'): release_shell(self.k, self.main)
+
+
+class ExecCells(ReleasesShell, Processor):
     "Run the cells `nbdev-test` runs in one `CaptureShell`, keeping outputs; the first failure stops the run and is kept as `nb.failure_`."
     def __init__(self, nb, # the notebook being processed
                  skip_flags=(), # flags whose cells are not run
@@ -154,7 +165,7 @@ class ExecCells(Processor):
         self.default_eval = str(fm.get('eval', 'true')).lower() != 'false'
 
     def begin(self):
-        self.main = sys.modules.get('__main__')
+        super().begin()
         self.k = CaptureShell(getattr(self.nb, 'path_', None))
         self.k.run_cell('from nbdev.showdoc import show_doc')
         self.k.run_cell(SVG_CHARTS)
@@ -175,18 +186,9 @@ class ExecCells(Processor):
                                                    cell=cell.get('src_idx_'), line=line, code=code,
                                                    message=assertion_message(e))
 
-    def end(self): release_shell(self.k, self.main)
 
-
-class ExecShowDocs(exec_show_docs):
+class ExecShowDocs(ReleasesShell, exec_show_docs):
     "nbdev's `exec_show_docs` (the cells `show_doc` needs: exported ones and those with an import), its shell let go at the end."
-    def begin(self):
-        self.main = sys.modules.get('__main__')
-        super().begin()
-
-    def end(self):
-        super().end()
-        if hasattr(self, 'k'): release_shell(self.k, self.main)
 
 
 _re_show_doc = re.compile(r'^show_doc\(\s*([\w.]+)\s*[,)]', re.M)
