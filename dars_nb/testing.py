@@ -264,8 +264,10 @@ async def handle(self: FaultProxy, request):
     if action in _BROKEN_STREAMS: return Response(_BROKEN_STREAMS[action], 200, media_type='text/event-stream')
     if action == 'no_answer': return _strip_final_answer(await self._pass(request))
     if action == 'slow':
-        await asyncio.sleep(self.slow_s)
-        if await request.is_disconnected(): return None   # the client gave up: no work for nobody
+        end = time.monotonic() + self.slow_s
+        while time.monotonic() < end:   # a stall, until the client gives up (then no work for nobody)
+            if await request.is_disconnected(): return None
+            await asyncio.sleep(min(0.05, max(0.0, end - time.monotonic())))
         return await self._pass(request)
     status = int(action)
     headers = {'retry-after': f'{self.retry_after:g}'} if status == 429 else {}

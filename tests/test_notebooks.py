@@ -59,7 +59,10 @@ def _run_and_compare(nb, ran):
     # check: its site is built from every notebook, and a page that cannot be made fails it, named)
     if nb.parent != NBS_PATH or not nb.name[:1].isdigit(): return   # the pages keep outputs of their slow cells too
     executed = [c for c in ran[0].cells if c.cell_type == 'code']
-    ids = {c.get('id') for c in executed if runs_in_tests(c, skip) and 'outputs' in c}
+    # the cells whose outputs `make outputs` keeps: those the tests run by default (`DARS_TEST_FLAGS=slow` runs the
+    # `slow` ones too, and their outputs are not kept)
+    kept = CFG.tst_flags.split()
+    ids = {c.get('id') for c in executed if runs_in_tests(c, kept) and 'outputs' in c}
     saved = [c for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
     diffs = compare_outputs(saved, executed, ids)
     assert not diffs, (f"{nb.name}: {len(diffs)} kept output(s) differ from what the code shows now "

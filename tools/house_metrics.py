@@ -216,12 +216,16 @@ def cross_room_imports():
     return found
 
 def positional_records():
-    "Tuples of 4 or more values returned, and calls with 6 or more positional arguments, in the package."
+    """Tuples of 4 or more values returned, and calls with 6 or more positional arguments, in the package. An array
+    shape (a `shape` property, as numpy's own) is a tuple by convention, not a record."""
     out = []
     for p in (ROOT/'dars_nb').rglob('*.py'):
         if p.name == '_modidx.py': continue
-        for n in ast.walk(ast.parse(p.read_text())):
-            if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple) and len(n.value.elts) >= 4:
+        tree = ast.parse(p.read_text())
+        shapes = {id(r) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == 'shape'
+                  for r in ast.walk(f) if isinstance(r, ast.Return)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple) and len(n.value.elts) >= 4 and id(n) not in shapes:
                 out.append((str(p.relative_to(ROOT)), n.lineno, f'returns a {len(n.value.elts)}-tuple'))
             if isinstance(n, ast.Call) and sum(not isinstance(a, ast.Starred) for a in n.args) >= 6:
                 out.append((str(p.relative_to(ROOT)), n.lineno, f'{ast.unparse(n.func)} with {len(n.args)} positional arguments'))
