@@ -2,7 +2,9 @@
 the outputs a notebook keeps are the ones its code produces now (`tools.docs_outputs.compare_outputs`)."""
 import gc
 import json
+import re
 import sys
+from pathlib import Path
 
 import pytest
 from nbdev.config import get_config
@@ -67,3 +69,26 @@ def _run_and_compare(nb, ran):
     diffs = compare_outputs(saved, executed, ids)
     assert not diffs, (f"{nb.name}: {len(diffs)} kept output(s) differ from what the code shows now "
                        f"(make outputs saves them again):\n" + '\n'.join(diffs[:10]))
+
+
+def _machine_paths() -> re.Pattern:
+    "Where a kept output shows the machine it was made on: an installed package's file, the home folder, a checkout's path."
+    top = sorted(p.name for p in CFG.config_path.iterdir() if p.is_dir() and not p.name.startswith('.'))
+    return re.compile(r'site-packages/'                                    # a traceback or a warning from a package
+                      r'|' + re.escape(str(Path.home())) + r'/'            # whoever made the outputs
+                      r'|(?<![\w.<>~])/(?:[\w.+-]+/)+(?:' + '|'.join(map(re.escape, top)) + r')\b')   # a checkout
+
+
+def test_kept_outputs_name_no_machine_paths():
+    """The outputs the notebooks keep (shown on the site and by a code host) hold no path of the machine that made them:
+    no traceback or warning of an installed package, no home folder, no checkout's own path."""
+    machine, found = _machine_paths(), []
+    for nb in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(nb.read_text())['cells']):
+            for out in cell.get('outputs', []):
+                texts = [out.get('text', '')] + [v for k, v in out.get('data', {}).items() if k != 'image/png']
+                for text in (''.join(t) if isinstance(t, list) else str(t) for t in texts):
+                    found += [f'{nb.relative_to(NBS_PATH)} cell {i}: …{text[max(m.start() - 40, 0):m.end() + 20]!r}'
+                              for m in machine.finditer(text)]
+    assert NOTEBOOKS and not found, f'{len(found)} kept output(s) show a machine path:\n' + '\n'.join(found[:20])
+
