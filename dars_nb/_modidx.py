@@ -66,6 +66,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'dars_nb.bundle.calibrate._jump': ('calibrate.html#_jump', 'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate._jump_note': ( 'calibrate.html#_jump_note',
                                                                                    'dars_nb/bundle/calibrate.py'),
+                                          'dars_nb.bundle.calibrate._mean_known': ( 'calibrate.html#_mean_known',
+                                                                                    'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate._positional': ( 'calibrate.html#_positional',
                                                                                     'dars_nb/bundle/calibrate.py'),
                                           'dars_nb.bundle.calibrate._printed': ('calibrate.html#_printed', 'dars_nb/bundle/calibrate.py'),

@@ -79,13 +79,18 @@ class Outcome:
     cost_usd: float | None # mean predicted dollars per request (None: the bundle has no dollar scale)
     quality: float # mean predicted μ_q of the chosen models
 
+def _mean_known(values: np.ndarray) -> float:
+    "Mean of the values that are not NaN; NaN when none is (a router that predicts no μ_q), without a warning."
+    known = values[~np.isnan(values)]
+    return float(known.mean()) if known.size else math.nan
+
 @patch
 def at(self: RouteOutcomes, lam: float) -> Outcome:
     "Share per model, mean predicted dollars and mean predicted μ_q of the chosen models at λ."
     c, rows = self.choice(lam), np.arange(self.n)
     share = np.bincount(c, minlength=len(self.bundle.models)) / self.n
     cost = None if self.dollars is None else float(self.dollars[rows, c].mean())
-    return Outcome(float(lam), share, cost, float(np.nanmean(self.mu_q[rows, c])))
+    return Outcome(float(lam), share, cost, _mean_known(self.mu_q[rows, c]))
 
 # %% ../../nbs/25e_calibrate.ipynb #0d4fad89
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +230,7 @@ def _fixed_alone(out: RouteOutcomes, lam: float) -> FixedAlone | None:
     if out.bundle.guard_cv is None: return None
     k = out.bundle.best_fixed(lam)
     cost = None if out.dollars is None else float(out.dollars[:, k].mean())
-    quality = float(np.nanmean(out.mu_q[:, k]))
+    quality = _mean_known(out.mu_q[:, k])
     return FixedAlone(model=out.bundle.models[k], quality=quality, cost_usd=cost)
 
 def _jump(out: RouteOutcomes, f, brackets: list, lam: float) -> Jump | None:
@@ -406,8 +411,9 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
     cost = ("expected cost: unknown (this bundle stores no dollar scale)" if o.cost_usd is None else
             f"expected cost: {fmt_usd(o.cost_usd)} per request, {fmt_usd(1000 * o.cost_usd)} per 1,000"
             + alone('cost_usd', fmt_usd))
-    quality = (f"expected quality (predicted μ_q of the chosen models): {o.quality:.4f}"
-               + alone('quality', '{:.4f}'.format))
+    quality = ("expected quality: not predicted (this router ranks the models without predicting μ_q)"
+               if math.isnan(o.quality) else
+               f"expected quality (predicted μ_q of the chosen models): {o.quality:.4f}" + alone('quality', '{:.4f}'.format))
     shares = table.to_string(formatters={'share': '{:.1%}'.format})
     return '\n'.join(_target_lines(cal) + ['', shares, '', cost, quality] + _guard_lines(bundle, cal))
 
