@@ -4,6 +4,7 @@ import gc
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,12 +72,16 @@ def _run_and_compare(nb, ran):
                        f"(make outputs saves them again):\n" + '\n'.join(diffs[:10]))
 
 
+PROJECT_FOLDERS = ('bench', 'dars_nb', 'data', 'docs_assets', 'examples', 'nbs', 'tests', 'tools')   # a checkout's own
+
+
 def _machine_paths() -> re.Pattern:
-    "Where a kept output shows the machine it was made on: an installed package's file, the home folder, a checkout's path."
-    top = sorted(p.name for p in CFG.config_path.iterdir() if p.is_dir() and not p.name.startswith('.'))
+    """Where a kept output shows the machine it was made on: an installed package's file, the home folder, a checkout's
+    path (a path into one of its folders, outside the temporary folder: `report.md` in a run's temporary folder is not one)."""
+    tmp = re.escape(tempfile.gettempdir().rstrip('/'))
     return re.compile(r'site-packages/'                                    # a traceback or a warning from a package
                       r'|' + re.escape(str(Path.home())) + r'/'            # whoever made the outputs
-                      r'|(?<![\w.<>~])/(?:[\w.+-]+/)+(?:' + '|'.join(map(re.escape, top)) + r')\b')   # a checkout
+                      r'|(?<![\w.<>~])(?!' + tmp + r'/)/(?:[\w.+-]+/)+(?:' + '|'.join(PROJECT_FOLDERS) + r')\b')
 
 
 def test_kept_outputs_name_no_machine_paths():
