@@ -2232,6 +2232,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'dars_nb.testing.LoopbackEndpoint.stop': ('testing.html#loopbackendpoint.stop', 'dars_nb/testing.py'),
                                  'dars_nb.testing._asked': ('testing.html#_asked', 'dars_nb/testing.py'),
                                  'dars_nb.testing._check_action': ('testing.html#_check_action', 'dars_nb/testing.py'),
+                                 'dars_nb.testing._client_leaves': ('testing.html#_client_leaves', 'dars_nb/testing.py'),
                                  'dars_nb.testing._strip_final_answer': ('testing.html#_strip_final_answer', 'dars_nb/testing.py'),
                                  'dars_nb.testing.chat_completion_body': ('testing.html#chat_completion_body', 'dars_nb/testing.py'),
                                  'dars_nb.testing.chat_completion_events': ('testing.html#chat_completion_events', 'dars_nb/testing.py'),

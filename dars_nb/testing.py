@@ -248,6 +248,11 @@ _BROKEN_STREAMS = {'broken_stream': b'data: {"id": "chatcmpl-cut", "choi\n\n',
                    'cut_stream': _GOOD_CHUNK + b'data: {"id": "chatcmpl-cut", "choi\n\n'}
 
 # %% ../nbs/39_testing.ipynb #39a00014
+async def _client_leaves(request):
+    "Return once the client of `request` hangs up (its body read first and kept for the request)."
+    await request.body()
+    while (await request.receive())['type'] != 'http.disconnect': pass
+
 @patch
 async def handle(self: FaultProxy, request):
     "Forward `request`, or misbehave as the plan or the dice say."
@@ -263,12 +268,10 @@ async def handle(self: FaultProxy, request):
         return Response(cut, 200, media_type='application/json')
     if action in _BROKEN_STREAMS: return Response(_BROKEN_STREAMS[action], 200, media_type='text/event-stream')
     if action == 'no_answer': return _strip_final_answer(await self._pass(request))
-    if action == 'slow':
-        end = time.monotonic() + self.slow_s
-        while time.monotonic() < end:   # a stall, until the client gives up (then no work for nobody)
-            if await request.is_disconnected(): return None
-            await asyncio.sleep(min(0.05, max(0.0, end - time.monotonic())))
-        return await self._pass(request)
+    if action == 'slow':   # a stall of slow_s, cut short when the client gives up (then no work for nobody)
+        try: await asyncio.wait_for(_client_leaves(request), self.slow_s)
+        except asyncio.TimeoutError: return await self._pass(request)
+        return None
     status = int(action)
     headers = {'retry-after': f'{self.retry_after:g}'} if status == 429 else {}
     body = error_body(status, f'injected {status}', 'injected')

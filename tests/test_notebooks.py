@@ -3,6 +3,7 @@ the outputs a notebook keeps are the ones its code produces now (`tools.docs_out
 import gc
 import json
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from execnb.shell import CaptureShell
 
 from dars_nb.testing import forced_test_flags
 from tools.docs_notebooks import release_shell, runs_in_tests
-from tools.docs_outputs import compare_outputs
+from tools.docs_outputs import PROJECT_FOLDERS, compare_outputs
 
 CFG = get_config()
 NBS_PATH = CFG.path('nbs_path')
@@ -72,9 +73,6 @@ def _run_and_compare(nb, ran):
                        f"(make outputs saves them again):\n" + '\n'.join(diffs[:10]))
 
 
-PROJECT_FOLDERS = ('bench', 'dars_nb', 'data', 'docs_assets', 'examples', 'nbs', 'tests', 'tools')   # a checkout's own
-
-
 def _machine_paths() -> re.Pattern:
     """Where a kept output shows the machine it was made on: an installed package's file, the home folder, a checkout's
     path (a path into one of its folders, outside the temporary folder: `report.md` in a run's temporary folder is not one)."""
@@ -82,6 +80,15 @@ def _machine_paths() -> re.Pattern:
     return re.compile(r'site-packages/'                                    # a traceback or a warning from a package
                       r'|' + re.escape(str(Path.home())) + r'/'            # whoever made the outputs
                       r'|(?<![\w.<>~])(?!' + tmp + r'/)/(?:[\w.+-]+/)+(?:' + '|'.join(PROJECT_FOLDERS) + r')\b')
+
+
+def test_project_folders_are_the_checkouts_own():
+    "The folders the output checks take for a checkout's own are the ones it tracks (a new one would go unmasked)."
+    root = Path(__file__).resolve().parents[1]
+    if not (root / '.git').exists(): pytest.skip('not a git checkout: no list of tracked folders to compare with')
+    tracked = subprocess.run(['git', 'ls-files'], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    top = {f.split('/')[0] for f in tracked if '/' in f and not f.startswith('.')}
+    assert top == set(PROJECT_FOLDERS), f'tracked top folders {sorted(top)} against PROJECT_FOLDERS {sorted(PROJECT_FOLDERS)}'
 
 
 def test_kept_outputs_name_no_machine_paths():

@@ -81,7 +81,8 @@ def save_outputs(paths=None, # notebooks to run (default: every notebook that be
 VARIES = 'varies'   # a cell flagged `#| varies` (timings, a live server's port): only that it shows something is checked
 _NUMBER = re.compile(r'[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?')
 PROJECT = Path(__file__).resolve().parents[1]   # where this checkout lies: a path under it is shown relative to it
-_TOP = '|'.join(sorted(p.name for p in PROJECT.iterdir() if p.is_dir() and not p.name.startswith('.')))
+PROJECT_FOLDERS = ('bench', 'dars_nb', 'data', 'docs_assets', 'examples', 'nbs', 'tests', 'tools')   # a checkout's own
+_TOP = '|'.join(PROJECT_FOLDERS)   # not what lies beside them, which a run may have made (report/, build/)
 _MASKS = [(re.compile(re.escape(str(PROJECT)) + r'(?=/)'), '<project>'),   # this checkout, even one cloned under /tmp
           (re.compile(re.escape(tempfile.gettempdir()) + r'/[^\s\'"),\]]+'), '<temporary path>'),
           # a checkout's own folders under whatever path it was cloned to (the outputs may be saved in another)

@@ -413,7 +413,8 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
             + alone('cost_usd', fmt_usd))
     quality = ("expected quality: not predicted (this router ranks the models without predicting μ_q)"
                if math.isnan(o.quality) else
-               f"expected quality (predicted μ_q of the chosen models): {o.quality:.4f}" + alone('quality', '{:.4f}'.format))
+               f"expected quality (predicted μ_q of the chosen models): {o.quality:.4f}"
+               + alone('quality', '{:.4f}'.format))
     shares = table.to_string(formatters={'share': '{:.1%}'.format})
     return '\n'.join(_target_lines(cal) + ['', shares, '', cost, quality] + _guard_lines(bundle, cal))
 
