@@ -9,10 +9,11 @@ Last, it adds the `serve` extra and routes a chat request through `dars serve` t
 The size of the core install is a benchmark figure, not a test: this only catches a heavy extra
 leaking into the core. Marked `slow` (a heavier check, run by `make test` like the others).
 """
-import json, os, shutil, signal, subprocess, sys, tempfile, textwrap, time, urllib.error, urllib.request, venv
+import json, os, re, shlex, shutil, signal, subprocess, sys, tempfile, textwrap, time, urllib.error, urllib.request, venv
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from dars_nb.cli import COMMANDS
 from dars_nb.pool.server import free_port
@@ -210,9 +211,13 @@ def _post(url: str, body: dict) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_serve_extra_routes_a_request(core_venv, wheel, tmp_path):
-    "Runs last (it adds the serve extra to the core venv): `dars serve` routes to a fixed-answer endpoint."
+    """Runs last: the serve extra added to the core venv with the command the library's message names (pip keeps the
+    installed dars_nb, which no index has, and fetches the extra's packages); `dars serve` routes to a fixed-answer endpoint."""
+    from dars_nb.extras import install_hint
     from dars_nb.testing import FixedEndpoint
-    res = _run(core_venv / 'bin' / 'python', '-m', 'pip', 'install', '-q', f'dars_nb[serve] @ {wheel.as_uri()}')
+    pip, install, *packages = shlex.split(install_hint('serve'))
+    assert (pip, install, packages) == ('pip', 'install', ['dars_nb[serve]'])
+    res = _run(core_venv / 'bin' / 'python', '-m', 'pip', 'install', '-q', *packages)
     assert res.returncode == 0, res.stderr[-2000:]
     res = _dars(core_venv, 'train', _train_config(tmp_path, 'kNN', n_neighbors=5), '--out', tmp_path / 'r.dars', '--quiet')
     assert res.returncode == 0, res.stderr[-2000:]
@@ -242,3 +247,19 @@ def test_serve_extra_routes_a_request(core_venv, wheel, tmp_path):
     assert proc.returncode == 0, err[-1000:]
     assert body['choices'][0]['message']['content'] == 'Final Answer: 12'
     assert body['model'] == headers['x-dars-model'] == chosen   # the model `dars route` picks answered
+
+
+INSTALL_PAGES = [ROOT / 'nbs' / 'how_to' / '01_install.ipynb', ROOT / 'nbs' / '08_extras.ipynb']
+
+
+@pytest.mark.parametrize('page', INSTALL_PAGES, ids=lambda p: p.name)
+def test_install_pages_name_what_pyproject_installs(page):
+    "The pages on installing name every package the core brings and every extra (a row of their table each)."
+    project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+    text = ''.join(''.join(c['source']) for c in json.loads(page.read_text())['cells'] if c['cell_type'] == 'markdown')
+    core = text[text.index('brings'):text.index('MB')]   # the sentence that lists the core's packages, up to its size
+    named = {re.split(r'[<>=\[ ]', d)[0].removesuffix('-python') for d in project['dependencies']}
+    assert {n for n in named if n not in core} == set(), core
+    rows = set(re.findall(r'^\| `([\w-]+)`(?:, `([\w-]+)`)? \|', text, re.M))
+    extras = {e for row in rows for e in row if e}
+    assert set(project['optional-dependencies']) - {'dev'} <= extras, (sorted(project['optional-dependencies']), extras)

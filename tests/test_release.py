@@ -163,7 +163,8 @@ def test_rows_without_a_finite_score_or_cost_are_refused_with_a_count(tmp_path):
     with pytest.raises(ReleaseError) as e: read_release(tmp_path)
     assert str(e.value) == ("3 row(s) without a finite score or cost (drop-800/test_scored_generations.jsonl: 1, "
                             "gpqa/train_scored_generations.jsonl: 2; the first is drop-800/test_scored_generations.jsonl "
-                            "line 4); drop_incomplete=True (dars: --drop-incomplete) drops them")
+                            "line 4); drop_incomplete drops them (dars diagnose and dars reproduce: --drop-incomplete; "
+                            "dars train: drop_incomplete = true in its config)")
     said = []
     o = read_release(tmp_path, drop_incomplete=True, log=said.append)
     assert len(o) == 3 * 1044 - 3
@@ -219,7 +220,8 @@ def test_dars_diagnose_reads_a_release_folder(tmp_path, dars):
     assert code == 1 and 'Traceback' not in err
     assert err.strip().splitlines() == [
         'dars diagnose: error: 1 row(s) without a finite score or cost (gpqa/train_scored_generations.jsonl: 1; '
-        'the first is gpqa/train_scored_generations.jsonl line 2); drop_incomplete=True (dars: --drop-incomplete) drops them']
+        'the first is gpqa/train_scored_generations.jsonl line 2); drop_incomplete drops them (dars diagnose and dars reproduce: '
+        '--drop-incomplete; dars train: drop_incomplete = true in its config)']
     code, out, err = dars('diagnose', tmp_path, '--drop-incomplete')
     assert code == 0 and '| gpqa |' in out
     assert 'dropped 1 row(s) without a finite score or cost' in err
@@ -234,6 +236,22 @@ def test_dars_train_reads_a_release_folder(tmp_path, dars):
     assert 'trained kNN on 18 training queries × 6 models' in out
     code, out, err = dars('route', tmp_path / 'router.zip', 'Which organelle makes most of the ATP?')
     assert code == 0 and out.strip() in RELEASE_MODELS
+
+
+def test_dars_train_names_its_own_way_to_drop_incomplete_rows(tmp_path, dars):
+    "`dars train` on a release folder with a row lacking its score: refused with the config key that drops it, then dropped."
+    copy_fixture(tmp_path, RELEASE_DATASETS)
+    spoil(tmp_path, 'gpqa', 'train', 2, lambda l: {**l, 'score': float('nan')})
+    config = tmp_path / 'router.toml'
+    body = f'observations = "{tmp_path}"\n\n[router]\nfamily = "kNN"\nn_neighbors = 5\n\n[features]\nkind = "tfidf"\n'
+    config.write_text(body)
+    code, out, err = dars('train', config, '--out', tmp_path / 'router.zip')
+    assert code == 1 and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith('dars train: drop_incomplete = true in its config)'), err
+    config.write_text('drop_incomplete = true\n' + body)
+    code, out, err = dars('train', config, '--out', tmp_path / 'router.zip')
+    assert code == 0, err
+    assert 'dropped 1 row(s) without a finite score or cost (gpqa/train_scored_generations.jsonl: 1)' in out + err
 
 
 def test_reproduce_reads_a_release_folder(tmp_path):

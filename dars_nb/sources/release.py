@@ -436,7 +436,8 @@ def _drop_or_refuse(parts: dict, drop_incomplete: bool, log) -> list:
         name = next(iter(counts))
         line = int(parts[name]['line'].to_numpy()[bad[name]][0])
         raise ReleaseError(f"{total} row(s) without a finite score or cost ({per_file}; the first is {name} "
-                           f"line {line}); drop_incomplete=True (dars: --drop-incomplete) drops them")
+                           f"line {line}); drop_incomplete drops them (dars diagnose and dars reproduce: --drop-incomplete; "
+                           "dars train: drop_incomplete = true in its config)")
     log(f"dropped {total} row(s) without a finite score or cost ({per_file})")
     return [df[~bad[name]] for name, df in parts.items()]
 
