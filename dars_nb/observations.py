@@ -12,10 +12,10 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
-           'EVERY_ROW', 'PASSAGE_CHARS', 'ObservationError', 'example_observations', 'validate', 'as_validated',
-           'model_order', 'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select',
-           'router_text', 'format_options', 'parse_options', 'router_texts', 'chat_text', 'write_observations',
-           'read_observations']
+           'MAX_ID', 'EVERY_ROW', 'PASSAGE_CHARS', 'AS_TEXT', 'ObservationError', 'example_observations', 'validate',
+           'as_validated', 'model_order', 'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense',
+           'row_indexer', 'select', 'router_text', 'format_options', 'parse_options', 'router_texts', 'chat_text',
+           'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -110,16 +110,31 @@ def _check_query_columns(df: pd.DataFrame):
                   f"(a query has one)")
 
 # %% ../nbs/00_observations.ipynb #5acb33ba
+MAX_ID = 2**31 - 1   # rewrite_id and sample_id are stored as int32
+
+def _empty(s: pd.Series) -> np.ndarray:
+    "Per row, whether a key is missing: null, or the empty string."
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        blank = np.append(np.asarray(s.cat.categories.astype(str) == ''), True)   # code -1 (null) is the last
+        return blank[s.cat.codes.to_numpy()]
+    text = s.dtype == object or pd.api.types.is_string_dtype(s)
+    return (s.isna() | (s == '')).to_numpy(bool) if text else s.isna().to_numpy()
+
 def _check_values(df):
     "Raise on the first value-level problem in `df`."
     score, cost = _check_measures(df['score'], df['cost'], lambda i: df.iloc[i][KEY_COLUMNS].to_dict())
     for col, allowed in (('split', SPLITS), ('view', VIEWS)):
         unknown = sorted(set(_present(df[col])) - set(allowed))
         if unknown: _fail(f"unknown {col} {unknown[0]!r} (expected one of {', '.join(allowed)})")
-    for col in ('rewrite_id', 'sample_id'):
+    for col in ('rewrite_id', 'sample_id'):   # int32 in the validated table: a larger id would wrap around
         ids = pd.to_numeric(df[col], errors='coerce')
-        if ids.isna().any() or (ids < 0).any() or (ids % 1 != 0).any():
-            _fail(f"{col} must be a non-negative integer in every row")
+        if ids.isna().any() or (ids < 0).any() or (ids % 1 != 0).any() or (ids > MAX_ID).any():
+            _fail(f"{col} must be a non-negative integer below 2**31 in every row")
+    for col in CATEGORICAL_COLUMNS:   # a key left empty would make the row a model, query or dataset of its own
+        empty = _empty(df[col])
+        if empty.any():
+            i = int(np.argmax(empty))
+            _fail(f"{col} is missing in {int(empty.sum())} row(s), first {df.iloc[i][KEY_COLUMNS].to_dict()}")
     return score, cost
 
 def _as_category(s: pd.Series) -> pd.Series:
@@ -198,6 +213,9 @@ def _compact(codes: np.ndarray, size: int):
     "Positions of integer `codes` in [0, size) among the values present (ascending), and the values."
     lo = int(codes.min())
     if lo: codes, size = codes - lo, size - lo
+    if size > 4 * len(codes) + 2**16:   # values far apart (ids like 2**31 - 1): a sort, not a table of `size` flags
+        values, pos = np.unique(codes, return_inverse=True)
+        return pos.astype(np.min_scalar_type(len(values))), values + lo
     present = np.zeros(size, bool)
     present[codes] = True
     if present.all(): return codes, np.arange(lo, lo + size)   # the common case: nothing to remap
@@ -435,6 +453,8 @@ def write_observations(obs: pd.DataFrame, # observation table
     return path
 
 # %% ../nbs/00_observations.ipynb #32aa57e4
+AS_TEXT = {c: str for c in CATEGORICAL_COLUMNS}   # model '0' and model '00' are two models
+
 def read_observations(path, # a .parquet, .jsonl or .csv file
                      ) -> pd.DataFrame:
     "Read and validate an observation file."
@@ -443,9 +463,8 @@ def read_observations(path, # a .parquet, .jsonl or .csv file
     ext = path.suffix.lower()
     try:
         if ext == '.parquet': df = pd.read_parquet(path)
-        elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl',
-                                                           dtype={'query_id': str})
-        elif ext == '.csv': df = pd.read_csv(path, dtype={'query_id': str})
+        elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)
+        elif ext == '.csv': df = pd.read_csv(path, dtype=AS_TEXT)
         else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
     except ObservationError: raise
     except Exception as e: _fail(f"cannot read {path.name}: "

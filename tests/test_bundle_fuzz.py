@@ -163,6 +163,21 @@ def test_route_and_serve_refuse_a_bomb_at_start(valid, bombs, tmp_path):
         assert 'over the' in res.stderr and 'bundle size cap' in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize('how', ['option', 'environment'])
+@pytest.mark.parametrize('cap', ['inf', '1e308'])
+def test_route_refuses_a_cap_past_any_size_in_one_line(valid, cap, how):
+    "A cap of 1e308 MiB (infinitely many bytes once a float) is refused like inf, from --max-bundle-mb or the environment."
+    args, env = ['route', str(valid['kNN']['path']), 'a question'], {k: v for k, v in os.environ.items() if k != 'DARS_BUNDLE_MAX_MB'}
+    if how == 'option': args += ['--max-bundle-mb', cap]
+    else: env['DARS_BUNDLE_MAX_MB'] = cap
+    res = subprocess.run(DARS + args, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 1, res.stderr
+    assert 'Traceback' not in res.stderr and res.stderr.count('\n') == 1, res.stderr
+    source = 'the bundle size cap' if how == 'option' else '$DARS_BUNDLE_MAX_MB'
+    assert res.stderr.startswith(f'dars route: error: {source} must be a positive number of MiB'), res.stderr
+    if cap == '1e308': assert 'up to 2**44 (16 EiB, the most a zip can declare)' in res.stderr, res.stderr
+
+
 # ---- Hypothesis ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope='module')

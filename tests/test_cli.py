@@ -85,6 +85,74 @@ def test_diagnose_a_real_file(tmp_path):
     assert (tmp_path / 'diag2' / 'instability.svg').exists()
 
 
+def _capped(gb: float):
+    "A preexec_fn that caps the child's address space at `gb` GB: an allocation past it fails instead of swapping."
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (int(gb * 2**30), int(gb * 2**30)))
+
+
+def test_ids_are_bounded_and_far_apart_ids_cost_no_memory(tmp_path):
+    """A decode id of 2**31 - 1 (one row of a CSV table) diagnoses under a 3 GB cap (a table as long as the largest id
+    took 22 GB); 2**31 and past it, which int32 would wrap around, and a row without its model are refused in one line."""
+    from dars_nb.observations import read_observations
+    rows = read_observations(Path(__file__).resolve().parents[1] / 'data' / 'local_grid' / 'local_grid.jsonl')
+    rows = rows.astype({**{c: str for c in ('dataset', 'split', 'view', 'query_id', 'model')}, 'sample_id': 'int64'})
+    first = rows.index[(rows['view'] == 'grid') & (rows['sample_id'] == 0)][0]
+    for sample_id, ok in ((2**31 - 1, True), (2**31, False), (2**32 + 1, False)):
+        path = tmp_path / f'{sample_id}.csv'
+        rows.assign(sample_id=rows['sample_id'].where(rows.index != first, sample_id)).to_csv(path, index=False)
+        res = subprocess.run(DARS + ['diagnose', str(path)], capture_output=True, text=True, timeout=600,
+                             preexec_fn=_capped(3))
+        if ok: assert res.returncode == 0 and '| dataset |' in res.stdout, res.stderr[-2000:]
+        else:
+            assert_one_line_error(res, 'diagnose')
+            assert 'sample_id must be a non-negative integer below 2**31 in every row' in res.stderr
+    path = tmp_path / 'no_model.csv'
+    rows.assign(model=rows['model'].where(rows.index != first, '')).to_csv(path, index=False)
+    res = run('diagnose', str(path))
+    assert_one_line_error(res, 'diagnose')
+    assert 'model is missing in 1 row(s)' in res.stderr
+
+
+GRID = Path(__file__).resolve().parents[1] / 'data' / 'local_grid' / 'local_grid.jsonl'
+
+
+@pytest.mark.parametrize('config, said', [
+    ('observations = 5\n', 'observations must be the path of a table or a release folder, got 5'),
+    ('pool = 3\n', 'pool must be the path of a pool file (pool = "FILE"), got 3'),
+    ('[supervision]\nlam = -1\n', '[supervision] lam must be a finite number >= 0, got -1'),
+    ('[supervision]\nbeta = -5\n', '[supervision] beta must be a finite number >= 0, got -5'),
+    ('[supervision]\nlam = 1e13\n', '[supervision] lam must be at most 1e+12'),
+    ('[supervision]\nseed = -1\n', '[supervision] seed must be an integer from 0 to 2**32 - 1, got -1'),
+])
+def test_train_refuses_a_bad_setting_before_training(tmp_path, config, said):
+    "A setting that would fail later, or make a bundle no command loads, is refused in one line when the config is read."
+    lines = {'observations': f'observations = "{GRID}"\n', 'router': '[router]\nfamily = "kNN"\n'}
+    key = config.split(' ')[0]
+    text = (config if key == 'observations' else lines['observations'] + (config if key == 'pool' else '')) + \
+        lines['router'] + (config if config.startswith('[') else '')
+    (tmp_path / 'train.toml').write_text(text)
+    res = run('train', str(tmp_path / 'train.toml'), '--out', str(tmp_path / 'r.dars'))
+    assert_one_line_error(res, 'train')
+    assert said in res.stderr and not (tmp_path / 'r.dars').exists()
+
+
+def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
+    "`--out` in a missing folder is refused before any training; a λ past 1e12 is refused by route in one line."
+    config = tmp_path / 'train.toml'
+    config.write_text(f'observations = "{GRID}"\n[router]\nfamily = "kNN"\nn_neighbors = 5\n[guard]\nfolds = 4\n')
+    res = run('train', str(config), '--out', str(tmp_path / 'no' / 'r.dars'))
+    assert_one_line_error(res, 'train')
+    assert 'the folder' in res.stderr and 'does not exist' in res.stderr and res.stdout == ''   # nothing trained
+    res = run('train', str(config), '--out', str(tmp_path / 'r.dars'), '--quiet')
+    assert res.returncode == 0, res.stderr
+    res = run('route', str(tmp_path / 'r.dars'), 'What is 12 * 7?', '--lam', '1e308', '--explain')
+    assert_one_line_error(res, 'route')
+    assert 'lam must be at most 1e+12 (beyond it only cost decides), got 1e+308' in res.stderr
+    res = run('route', str(tmp_path / 'r.dars'), 'What is 12 * 7?', '--lam', '1e12')
+    assert res.returncode == 0 and res.stdout.strip() in ('smollm2', 'gemma3'), res.stderr
+
+
 @pytest.mark.xdist_group('quick_report')
 def test_reproduce_quiet_shows_no_progress_bar(quick_report):
     "The console script's `reproduce --quick --quiet` (its report is checked in tests/test_reproduce.py)."

@@ -269,3 +269,34 @@ def test_data_folder_on_the_command_line_overrides_the_config(tmp_path, capsys):
     assert 'no/such/folder' in capsys.readouterr().err
     assert collect_main(str(cfg), dry_run=True, data=str(DATA)) == EXIT_OK
     assert 'observations planned' in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a config that is bound to fail is refused by the `dars` command itself, --dry-run or not, before any call
+
+DARS = str(Path(sys.executable).with_name('dars'))
+
+
+@pytest.mark.parametrize('case', ['output type', 'path not a string', 'gpqa path not a string', 'absurd grid'])
+def test_dars_collect_refuses_a_config_bound_to_fail_before_any_call(tmp_path, case):
+    from dars_nb.pool.server import free_port
+    _tasks_file(tmp_path / 'tasks.jsonl', GOOD_TASKS)
+    dead = f'http://127.0.0.1:{free_port()}/v1'            # a real run would name it if it got as far as a call
+    dataset = '[[datasets]]\npath = "tasks.jsonl"\ntrain = 2\ntest = 1\n'
+    collection = collection_toml()
+    if case == 'output type': collection = collection_toml(output='x.txt')
+    if case == 'path not a string': dataset = dataset.replace('path = "tasks.jsonl"', 'name = "mine"\npath = 5')
+    if case == 'gpqa path not a string': dataset = '[[datasets]]\nsource = "gpqa"\noptions = { path = 5 }\ntrain = 2\n'
+    if case == 'absurd grid': collection = collection_toml(n=1000000, m=1000000)
+    expect = {'output type': "[collection] output: unknown observation file type '.txt' (use .parquet, .jsonl or .csv)",
+              'path not a string': '[[datasets]] #1: path must be a path string (a JSONL task file), got 5',
+              'gpqa path not a string': '[[datasets]] #1 (gpqa): options.path must be a path string (your own GPQA copy), got 5',
+              'absurd grid': 'the config plans 4,000,000,000,012 observations, more than one run takes (10,000,000)'}[case]
+    (tmp_path / 'c.toml').write_text(pool_toml({'m1': (dead, 0.1, 0.2, 'm1', 1), 'm2': (dead, 0.1, 0.2, 'm2', 1)},
+                                               rewriter='m1') + collection + dataset)
+    for dry in (['--dry-run'], []):
+        res = subprocess.run([DARS, 'collect', 'c.toml', *dry], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert res.returncode == 1, (dry, res.returncode, res.stderr)
+        assert 'Traceback' not in res.stderr and res.stderr.count('\n') == 1, res.stderr
+        assert res.stderr.startswith('dars collect: error: ') and expect in res.stderr, res.stderr
+        assert res.stdout == '' and not (tmp_path / 'store.sqlite').exists()

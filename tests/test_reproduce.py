@@ -95,3 +95,24 @@ def test_missing_file_and_missing_features(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert "query_text" in err
+
+
+@pytest.mark.parametrize('with_data,message', [
+    (False, '--features needs --data: a features file describes the queries of an observation file or release folder'),
+    (True, 'no features file at nope.parquet'),
+])
+def test_dars_reproduce_refuses_a_features_file_it_cannot_use_before_any_work(tmp_path, with_data, message):
+    "`dars reproduce --quick --features F`: without --data, or F not there, one line and exit 1 at once, nothing written."
+    import subprocess, sys
+    from pathlib import Path
+    from dars_nb.simulate import simulate
+    args = ['reproduce', '--out', 'out', '--quick', '--quiet', '--features', 'nope.parquet']
+    if with_data:
+        simulate('gpqa_like', n_train=20, n_test=10, seed=0)[0].to_parquet(tmp_path / 'obs.parquet')
+        args += ['--data', 'obs.parquet']
+    res = subprocess.run([str(Path(sys.executable).with_name('dars')), *args], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert res.returncode == 1, (res.returncode, res.stderr[-2000:])
+    assert 'Traceback' not in res.stderr and res.stderr.count('\n') == 1, res.stderr
+    assert res.stderr.startswith(f'dars reproduce: error: {message}'), res.stderr
+    assert not (tmp_path / 'out').exists() and not list(tmp_path.glob('.out.partial-*'))

@@ -473,3 +473,33 @@ def test_a_model_name_that_cannot_go_in_a_header_is_refused_when_the_pool_is_rea
     lines = [l for l in run.stderr.splitlines() if l.strip()]
     assert run.returncode != 0 and len(lines) == 1 and says in lines[0], run.stderr
     assert 'Traceback' not in run.stderr
+
+
+# --- settings no server can run with: refused by the command in one line, before anything loads ----------------------
+
+def _dars(*args):
+    return subprocess.run([sys.executable, '-m', 'dars_nb', *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize('command', ['local', 'serve'])
+@pytest.mark.parametrize('port', ['99999', '-5', '65536'])
+def test_a_port_no_socket_can_bind_is_one_line_for_serve_and_local(tmp_path, command, port):
+    "`dars local --port 99999` says what `dars serve --port 99999` says, before a model or a bundle loads."
+    cfg = tmp_path / 'pool.toml'
+    cfg.write_text('[models.small]\nbase_url = "http://127.0.0.1:9/v1"\n')
+    extra = ['--router', str(tmp_path / 'no-router.dars'), '--pool', str(cfg)] if command == 'serve' else []
+    run = _dars(command, *extra, f'--port={port}')
+    assert run.returncode == 1 and 'Traceback' not in run.stderr and run.stderr.count('\n') == 1, run.stderr
+    assert run.stderr == f'dars {command}: error: {command}: port must be an integer from 0 to 65535, got {port}\n'
+
+
+@pytest.mark.parametrize('router_model, says', [
+    ('small', "[serve] router_model 'small' is also a model of the pool: requests for it would be routed"),
+    ('gpt', "[serve] router_model 'gpt' covers the pool's model 'gpt-4': its name reads as gpt-<λ>")])
+def test_a_router_name_that_hides_a_pool_model_is_refused_when_the_pool_is_read(tmp_path, router_model, says):
+    cfg = tmp_path / 'pool.toml'
+    cfg.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n' for m in ('small', 'gpt-4'))
+                   + f'[serve]\nrouter_model = "{router_model}"\n')
+    run = _dars('serve', '--router', str(tmp_path / 'no-router.dars'), '--pool', str(cfg))
+    assert run.returncode == 1 and 'Traceback' not in run.stderr and run.stderr.count('\n') == 1, run.stderr
+    assert run.stderr.startswith('dars serve: error: ') and says in run.stderr, run.stderr

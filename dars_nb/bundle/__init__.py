@@ -23,6 +23,7 @@ from ..observations import router_text
 from ..observations import format_options
 from ..features import TfidfFeaturizer, SentenceFeaturizer
 from .guard import GuardCV, guarded_choice
+from .model_name import check_lambda
 from ..stats import choose_fixed_model
 from ..routers import FAMILIES
 from ..routers.base import native_thread_pools
@@ -30,6 +31,7 @@ from ..stats import MODES
 from .format import BundleError, encode, decode, write_archive, read_archive, short_repr
 from .state import check_state
 from ..pool.config import is_finite_number, is_integer
+from ..cache_folder import cache_root
 
 # %% auto #0
 __all__ = ['MARGINS_KEPT', 'ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle',
@@ -110,8 +112,8 @@ def features(self: RouterBundle, texts, # question texts
 @patch
 def _lam(self: RouterBundle, lam: float | None, # a cost weight λ asked for (None: none)
         ) -> float:
-    "The λ to route at: `lam`, else the bundle's own."
-    return self.lam if lam is None else float(lam)
+    "The λ to route at: `lam` (checked), else the bundle's own."
+    return self.lam if lam is None else check_lambda(float(lam))
 
 # %% ../../nbs/25c_bundle.ipynb #45bb2428
 MARGINS_KEPT = 256   # margins remembered per bundle: a server asked for ever new λ values stays bounded
@@ -353,6 +355,10 @@ def _probe(bundle: RouterBundle, path):
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             ranked = bundle.rank([PROBE])
+    except OSError as e:   # the machine's files (the encoder in the cache folder), not the bundle's state
+        raise BundleError(f"cannot route with {path} on this machine: {type(e).__name__}: "
+                          f"{short_repr(str(e).splitlines()[0] if str(e) else '', 100)} (the cache folder: "
+                          f"{cache_root()})") from None
     # the boundary of a file from elsewhere: whatever its state makes the router raise is damage
     except Exception as e:
         raise BundleError(f"{path} is damaged: its router fails on a question ({type(e).__name__}: "
@@ -425,13 +431,14 @@ def route_main(router: str, # path of a router bundle
     "Print the model a saved router picks for each question (with --file, one JSON line each)."
     if (question is None) == (file is None):
         raise ValueError("give one question or --file, not both and not neither")
+    if explain and quiet: raise ValueError("--explain prints more and --quiet only the choices: give one of them")
     bundle = load_bundle(router, max_bundle_mb)
     ids, questions = ([None], [question]) if file is None else read_questions(file)
     if explain: stats = bundle.predict_stats(questions, lam)
     for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
         print(model if file is None else json.dumps({'id': qid, 'model': model},
                                                     ensure_ascii=False))
-        if explain and not quiet:
+        if explain:
             one = stats[stats.text == i]
             print(_explain_table(one))
             print(bundle.guard_note(one['utility'].to_numpy(), lam))

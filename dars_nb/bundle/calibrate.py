@@ -107,6 +107,8 @@ class Target:
             if self.model is None: raise ValueError("a target share needs the model it is a share of (--model)")
             if not 0 <= self.share <= 1:
                 raise ValueError(f"a target share is between 0 and 1, got {self.share:g}")
+        elif self.model is not None:
+            raise ValueError(f"--model {self.model} goes with a target share (--share), not with a target cost (--cost)")
         elif not (math.isfinite(self.cost_usd) and self.cost_usd >= 0):
             raise ValueError(f"a target cost is a non-negative number of dollars, got {self.cost_usd:g}")
 

@@ -22,8 +22,8 @@ from ..routers import FAMILIES
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'MAX_DEPTH', 'DEFAULT_MAX_MB', 'MAX_MB_ENV',
-           'BundleError', 'encode', 'short_repr', 'decode', 'write_archive', 'BundleLimits', 'bundle_limits',
-           'read_archive']
+           'MAX_CAP_MB', 'BundleError', 'encode', 'short_repr', 'decode', 'write_archive', 'BundleLimits',
+           'bundle_limits', 'read_archive']
 
 # %% ../../nbs/25a_bundle_format.ipynb #f89f4b3d
 class BundleError(ValueError):
@@ -243,6 +243,7 @@ def _check_manifest(m, path: Path):
 # %% ../../nbs/25a_bundle_format.ipynb #80be129f
 DEFAULT_MAX_MB = 512           # MiB: 4.8x the largest bundle the seven families make at 30,000 queries
 MAX_MB_ENV = 'DARS_BUNDLE_MAX_MB'
+MAX_CAP_MB = 2**44             # MiB: 2**64 bytes, the most a zip64 archive can declare; a larger cap means nothing
 
 @dataclasses.dataclass(frozen=True)
 class BundleLimits:
@@ -263,6 +264,9 @@ def bundle_limits(max_mb: float | None = None, # cap in MiB (None: $DARS_BUNDLE_
     except (TypeError, ValueError): mb = float('nan')
     if not (math.isfinite(mb) and mb > 0):
         raise BundleError(f"{source} must be a positive number of MiB, got {short_repr(max_mb)}")
+    if mb > MAX_CAP_MB:   # 1e308 MiB is no cap at all, and in bytes past a float's range
+        raise BundleError(f"{source} must be a positive number of MiB up to 2**44 (16 EiB, the most a zip "
+                          f"can declare), got {short_repr(max_mb)}")
     cap = int(mb * 2**20)
     return BundleLimits(cap, max_manifest_bytes=cap // 32)
 

@@ -9,8 +9,8 @@ import re
 import reprlib
 
 # %% auto #0
-__all__ = ['ROUTER_MODEL', 'LAMBDA_FIELD', 'LAMBDA_HEADER', 'router_model_name', 'check_lambda', 'lambda_from_model_name',
-           'asked_lambda', 'request_lambda']
+__all__ = ['ROUTER_MODEL', 'MAX_LAMBDA', 'LAMBDA_FIELD', 'LAMBDA_HEADER', 'router_model_name', 'check_lambda',
+           'lambda_from_model_name', 'asked_lambda', 'request_lambda']
 
 # %% ../../nbs/25f_model_name.ipynb #78933304
 ROUTER_MODEL = 'dars-router'
@@ -29,6 +29,8 @@ def _shown(value) -> str:
         return 'an integer too large for a float'
     return reprlib.repr(value)
 
+MAX_LAMBDA = 1e12   # beyond it only cost decides, and λ times a cost, summed, could overflow
+
 def check_lambda(value, # a λ as it arrived: a number is kept, anything else refused
                  what: str = 'lam', # how the message names it, e.g. 'dars_lambda'
                 ) -> float:
@@ -38,6 +40,7 @@ def check_lambda(value, # a λ as it arrived: a number is kept, anything else re
     except OverflowError: lam = math.inf   # an int past a float's range, e.g. 10**400
     if not (math.isfinite(lam) and lam >= 0):
         raise ValueError(f"{what} must be a finite number >= 0, got {_shown(value)}")
+    if lam > MAX_LAMBDA: raise ValueError(f"{what} must be at most {MAX_LAMBDA:g} (beyond it only cost decides), got {lam:g}")
     return lam
 
 # %% ../../nbs/25f_model_name.ipynb #b2838fcf

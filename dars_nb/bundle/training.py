@@ -18,10 +18,11 @@ from ..pool.models import Pool
 from ..routers import FAMILIES
 from .guard import cross_validate
 from . import RouterBundle, observations_fingerprint, save_bundle
+from .model_name import check_lambda
 
 # %% auto #0
 __all__ = ['CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'kept_texts', 'train',
-           'train_main']
+           'writable_file', 'train_main']
 
 # %% ../../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -50,6 +51,11 @@ class TrainConfig:
         if self.family not in [f.name for f in FAMILIES]:
             expected = _family_names()
             raise ConfigError(f"unknown router family {self.family!r} (expected one of {expected})")
+        for what, weight in (('[supervision] lam', self.lam), ('[supervision] beta', self.beta)):
+            try: check_lambda(weight, what)   # a bundle with a negative weight would not load
+            except ValueError as e: raise ConfigError(str(e)) from None
+        for what, seed in (('[supervision] seed', self.seed), ('[guard] seed', self.fold_seed)):
+            if not 0 <= seed < 2**32: raise ConfigError(f"{what} must be an integer from 0 to 2**32 - 1, got {seed}")
 
 # %% ../../nbs/25d_training.ipynb #4f01b3b8
 _TOML_FIELDS = dict(router=dict(family='family'), features=dict(kind='features'),
@@ -74,6 +80,8 @@ def _config_pool(raw: dict, base: Path) -> Pool | None:
         raise ConfigError('give the pool either as pool = "FILE" or as a [models] table, not both')
     if 'models' in raw: return Pool.from_dict(dict(models=raw['models']), check_env=False)
     if 'pool' not in raw: return None
+    if not isinstance(raw['pool'], str) or not raw['pool'].strip():
+        raise ConfigError(f'pool must be the path of a pool file (pool = "FILE"), got {raw["pool"]!r}')
     path = base / raw['pool']
     pool_file = read_toml(path)
     return Pool.from_dict(pool_file, check_env=False, also=tuple(pool_file), source=str(path))
@@ -96,7 +104,10 @@ def load_train_config(config, # a TOML path, or a dict of that layout (observati
     settings, params = _config_fields(raw)
     if 'family' not in settings: raise ConfigError(f"[router] needs a family ({_family_names()})")
     observations = raw['observations']
-    if not isinstance(observations, pd.DataFrame): observations = base / observations
+    if not isinstance(observations, pd.DataFrame):
+        if not isinstance(observations, str) or not observations.strip():
+            raise ConfigError(f'observations must be the path of a table or a release folder, got {observations!r}')
+        observations = base / observations
     drop = raw.get('drop_incomplete', False)
     if not isinstance(drop, bool): raise ConfigError(f"drop_incomplete must be true or false, got {drop!r}")
     given = dict(observations=observations, router_params=params['router'], drop_incomplete=drop,
@@ -199,11 +210,21 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     return bundle
 
 # %% ../../nbs/25d_training.ipynb #421df77a
+def writable_file(path, # where a command will write a file
+                  what: str, # how the message names it, e.g. '--out'
+                 ) -> Path:
+    "`path` if a file can be written there (its folder exists, it is no folder itself): checked before any work."
+    p = Path(path)
+    if not str(path).strip() or p.is_dir(): raise ConfigError(f"{what} must name a file, got {str(path)!r}")
+    if not p.parent.is_dir(): raise ConfigError(f"{what} {path}: the folder {p.parent} does not exist")
+    return p
+
 def train_main(config: str, # path of the training TOML file
                out: Annotated[str, {'opt': True, 'required': True}], # file to write the router bundle to
                quiet: bool = False, # print nothing
               ) -> int:
     "Train a router from a TOML config and save it as one file."
-    path = save_bundle(train(config, quiet=quiet), out)
+    target = writable_file(out, '--out')   # before the training, not after it
+    path = save_bundle(train(config, quiet=quiet), target)
     if not quiet: print(f"saved the router bundle to {path}")
     return 0

@@ -14,7 +14,8 @@ from ..pool.models import Pool
 from .prompts import KINDS
 
 # %% auto #0
-__all__ = ['SOURCES', 'DatasetSpec', 'CollectConfig', 'load_config']
+__all__ = ['SOURCES', 'OUTPUT_TYPES', 'MAX_PLANNED_OBSERVATIONS', 'DatasetSpec', 'count_observations', 'check_plan_size',
+           'CollectConfig', 'load_config']
 
 # %% ../../nbs/35a_collect_config.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train',
@@ -33,6 +34,10 @@ class DatasetSpec:
 # %% ../../nbs/35a_collect_config.ipynb #40ce9371
 _DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 
+def _is_path_text(p) -> bool:
+    "Whether `p` can be a path in a config file: a string that is not blank."
+    return isinstance(p, str) and bool(p.strip())
+
 def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
     "The `i`-th [[datasets]] entry, checked, its paths resolved against the folder `base`."
     where = f"[[datasets]] #{i + 1}"
@@ -44,6 +49,8 @@ def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
     if src is not None and src not in SOURCES:
         expected = f"expected one of {', '.join(SOURCES)}, or a path to a JSONL file"
         raise ConfigError(f"{where}: unknown source {src!r} ({expected})")
+    if path is not None and not _is_path_text(path):
+        raise ConfigError(f"{where}: path must be a path string (a JSONL task file), got {path!r}")
     name = d.get('name', src if src is not None else Path(str(path)).stem)
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{where}: name must be a non-empty string")
@@ -58,6 +65,9 @@ def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
     if src == 'gpqa':
         if 'path' not in opts:
             raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")
+        if not _is_path_text(opts['path']):
+            raise ConfigError(f"{where} ({name}): options.path must be a path string (your own GPQA copy), "
+                              f"got {opts['path']!r}")
         opts = {**opts, 'path': str((base / opts['path']).resolve())}
     return DatasetSpec(name=name, source=src,
                        path=(base / path).resolve() if path is not None else None,
@@ -128,6 +138,42 @@ def _check_views(datasets: tuple, test_rewrites: int, test_decodes: int, rewrite
     if (any(s.train > 0 for s in datasets) or (tested and test_rewrites > 0)) and rewriter is None:
         raise ConfigError('rewrites are needed but the pool names no rewriter (add rewriter = "model")')
 
+# %% ../../nbs/35a_collect_config.ipynb #6eb281a2
+OUTPUT_TYPES = ('.parquet', '.jsonl', '.csv') # the file types `write_observations` writes
+
+def _output_path(output) -> Path:
+    "The `[collection] output` as a `Path`, if `write_observations` can write its file type."
+    path = Path(output)
+    ext = path.suffix.lower()
+    if ext not in OUTPUT_TYPES:
+        raise ConfigError(f"[collection] output: unknown observation file type {ext or path.name!r} "
+                          f"(use .parquet, .jsonl or .csv)")
+    return path
+
+# %% ../../nbs/35a_collect_config.ipynb #e413e6b5
+MAX_PLANNED_OBSERVATIONS = 10_000_000 # the most observations one config may plan
+
+def count_observations(n_models: int, # models collected
+                       n_train: int, # training queries, each on the N × M grid
+                       n_test: int, # test queries, each on the two test views
+                       *,
+                       n_rewrites: int, # N
+                       n_decodes: int, # M
+                       test_rewrites: int, # rewrite view size
+                       test_decodes: int, # decode view size
+                      ) -> int:
+    "How many observations a grid plans, counted with integers before anything is listed."
+    return n_models * (n_train * n_rewrites * n_decodes + n_test * (test_rewrites + test_decodes))
+
+def check_plan_size(n: int, # planned observations (see `count_observations`)
+                   ) -> int:
+    "`n` if one run can list and make that many observations, else a one-line `ConfigError` naming it."
+    if n > MAX_PLANNED_OBSERVATIONS:
+        raise ConfigError(f"the config plans {n:,} observations, more than one run takes "
+                          f"({MAX_PLANNED_OBSERVATIONS:,}): lower n_rewrites, n_decodes, train or test, "
+                          "or split the datasets over several configs")
+    return n
+
 # %% ../../nbs/35a_collect_config.ipynb #052a8829
 @dataclass(frozen=True)
 class CollectConfig:
@@ -160,10 +206,15 @@ class CollectConfig:
         if self.similarity not in ('auto', 'sentence', 'tfidf'):
             raise ConfigError(f"[collection] similarity must be auto, sentence or tfidf, got {self.similarity!r}")
         _check_views(self.datasets, self.test_rewrites, self.test_decodes, self.pool.rewriter)
-        normal = dict(store=Path(self.store), output=Path(self.output),
+        normal = dict(store=Path(self.store), output=_output_path(self.output),
                       models=_model_names(self.models, self.pool),
                       answer_grammar=_answer_grammar(self.answer_grammar))
         for k, v in normal.items(): object.__setattr__(self, k, v)
+        n_models = len(self.models or self.pool.models)
+        grid = dict(n_rewrites=self.n_rewrites, n_decodes=self.n_decodes, test_rewrites=self.test_rewrites,
+                    test_decodes=self.test_decodes)
+        check_plan_size(count_observations(n_models, sum(s.train for s in self.datasets),
+                                           sum(s.test for s in self.datasets), **grid))
 
 # %% ../../nbs/35a_collect_config.ipynb #4ca5fef0
 @patch(as_prop=True)

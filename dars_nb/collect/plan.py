@@ -8,7 +8,7 @@ import pandas as pd
 from ..observations import KEY_COLUMNS
 from .prompts import generation_messages, rewrite_messages, KINDS
 from .rewrite import rewrite_calls_max
-from .config import load_config
+from .config import load_config, count_observations, check_plan_size
 from .tasks import load_tasks
 from ..pool.usage import estimate_prompt_tokens
 
@@ -32,6 +32,10 @@ def plan_calls(config, # a CollectConfig, TOML path or dict
     "Every planned observation: natural key, kind, max tokens and estimated prompt tokens."
     cfg = load_config(config, check_env=False)
     tasks = load_tasks(cfg) if tasks is None else tasks
+    n_train, n_test = int((tasks['split'] == 'train').sum()), int((tasks['split'] == 'test').sum())
+    grid = dict(n_rewrites=cfg.n_rewrites, n_decodes=cfg.n_decodes, test_rewrites=cfg.test_rewrites,
+                test_decodes=cfg.test_decodes)
+    check_plan_size(count_observations(len(cfg.model_names), n_train, n_test, **grid))   # counted before it is listed
     t = tasks[['dataset', 'split', 'query_id', 'kind']].assign(
         prompt_tokens_est=[estimate_prompt_tokens(generation_messages(r), 'typical')
                            for r in tasks.to_dict('records')])

@@ -8,13 +8,16 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import sys
 import sqlite3
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 from fastcore.basics import patch
 from ..markdown import markdown_table
 from ..pool.usage import fmt_usd
@@ -25,7 +28,7 @@ from ..observations import (
 
 # %% auto #0
 __all__ = ['EXTRA_COLUMNS', 'STORE_COLUMNS', 'SCHEMA_VERSION', 'LEDGER_KINDS', 'LEDGER_STATUSES', 'StoreError', 'Store',
-           'StoreLedger', 'check_store', 'salvage_store', 'store_main', 'store_status', 'status_main']
+           'StoreLedger', 'check_store', 'Salvaged', 'salvage_store', 'store_main', 'store_status', 'status_main']
 
 # %% ../../nbs/31_store.ipynb #53ce4b85
 EXTRA_COLUMNS = ['top_p', 'seed', 'answer', 'finish_reason', 'attempts', 'extra']
@@ -460,10 +463,9 @@ def rewrites_frame(self: Store) -> pd.DataFrame:
 # %% ../../nbs/31_store.ipynb #bce2abbd
 @patch
 def set_meta(self: Store, key: str, value) -> None:
-    "Store a JSON-serialisable value under `key` (replacing any earlier value)."
-    self._q('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE '
-            'SET value = excluded.value',
-            (str(key), json.dumps(value)))
+    "Store a JSON-serialisable value under `key` (replacing any earlier value; the key becomes the latest written)."
+    # REPLACE deletes the earlier row and inserts a new one, with the highest rowid: the order of writing
+    self._q('INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)', (str(key), json.dumps(value)))
 
 @patch
 def get_meta(self: Store, key: str, default=None):
@@ -686,55 +688,108 @@ def _copy_rows(new: Store, table: str, rows: list) -> int:
         except _ROW_REFUSED: pass
     return done
 
+# %% ../../nbs/31_store.ipynb #6c785cef
+def _pages_held(path: Path, folder: Path) -> Path:
+    "`path`, or when it is shorter than its header says, a copy in `folder` whose header counts the pages it holds."
+    with open(path, 'rb') as f: head = f.read(100)
+    if len(head) < 100 or not head.startswith(b'SQLite format 3\x00'): return path
+    page = int.from_bytes(head[16:18], 'big')
+    page = 65536 if page == 1 else page
+    declared, held = int.from_bytes(head[28:32], 'big'), path.stat().st_size // page
+    if held == 0 or declared <= held: return path
+    copy = folder / path.name
+    with open(path, 'rb') as src, open(copy, 'wb') as dst:
+        shutil.copyfileobj(src, dst); dst.truncate(held * page)
+        dst.seek(28); dst.write(held.to_bytes(4, 'big'))
+    if Path(f'{path}-wal').is_file(): shutil.copyfile(f'{path}-wal', f'{copy}-wal')
+    return copy
+
 # %% ../../nbs/31_store.ipynb #f23ddf13
 def _remove_store(path: Path):
     "Delete a store this process made and could not finish, with its WAL and shared-memory files."
     for p in (path, Path(f'{path}-wal'), Path(f'{path}-shm')): p.unlink(missing_ok=True)
 
+class Salvaged(NamedTuple):
+    "What a salvage did with one table of the damaged store."
+    held: int | None # rows the table held (None: its rows cannot be counted, the table is damaged)
+    readable: int # rows that could be read
+    copied: int # rows the new store took
+
+def _held(conn, table: str) -> int | None:
+    "How many rows `table` holds (the meta table: besides the schema version), or None when they cannot be counted."
+    where = " WHERE key != 'schema_version'" if table == 'meta' else ''
+    try: return conn.execute(f'SELECT COUNT(*) FROM {table}{where}').fetchone()[0]
+    except sqlite3.DatabaseError: return None
+
 def salvage_store(path, # the damaged store
                   out, # a new store file to create (it must not exist)
-                 ) -> dict: # rows read and rows copied, per table
+                 ) -> dict: # {table: Salvaged(held, readable, copied)}
     "Copy every readable row of a damaged store into a fresh one; the damaged file is only read."
     path, out = Path(path), Path(out)
     if not path.is_file() or path.stat().st_size == 0:
         raise StoreError(f"nothing to salvage: {path} is missing or empty")
     if out.exists(): raise StoreError(f"{out} exists; name a new file with --out")
-    conn = sqlite3.connect(path.resolve().as_uri() + '?mode=ro', uri=True)
-    report = {}
+    report, work = {}, Path(tempfile.mkdtemp(prefix='dars-salvage-'))
+    conn = sqlite3.connect(_pages_held(path, work).resolve().as_uri() + '?mode=ro', uri=True)
     try:
         with Store(out) as new:
             for table, cols in [('observations', STORE_COLUMNS + ['created_at']),
                                 *_COPY_COLS.items()]:
                 try: rows = _readable_rows(conn, table, cols)
                 except sqlite3.DatabaseError: rows = []      # the table itself cannot be found
+                if table == 'meta': rows = [r for r in rows if r['key'] != 'schema_version']  # the new store writes its own
                 # one commit per table, not one per row
                 with new._sql() as c:
                     c.execute('BEGIN')
-                    try: report[table] = (len(rows), _copy_rows(new, table, rows)); c.execute('COMMIT')
+                    try:
+                        report[table] = Salvaged(_held(conn, table), len(rows), _copy_rows(new, table, rows))
+                        c.execute('COMMIT')
                     finally: _rollback(c)
     except StoreError:
         _remove_store(out)       # a half-made copy is no store: the same command can run again
         raise
-    finally: conn.close()
+    finally: conn.close(); shutil.rmtree(work, ignore_errors=True)
     return report
 
 # %% ../../nbs/31_store.ipynb #f9b38b05
+def _salvage_line(table: str, s: Salvaged) -> str:
+    "What the salvage did with one table, in words: rows there, rows readable, rows copied."
+    if s.held is not None and s.held == s.readable == s.copied: got = f"{s.copied} of {s.held} row(s) copied"
+    else:
+        of = f"of {s.held}" if s.held is not None else "of an unknown number (the table cannot be counted)"
+        got = f"{s.readable} row(s) readable {of}, {s.copied} copied"
+        if s.copied < s.readable: got += f" ({s.readable - s.copied} refused by the new store)"
+    return f"  {table}: {got}" + (" besides the schema version (the new store writes its own)" if table == 'meta' else '')
+
+def _damaged_source(got: dict) -> bool:
+    "Whether some table of the salvaged store could not be read whole."
+    return any(s.held is None or s.readable < s.held for s in got.values())
+
 def store_main(action: str, # 'check' (read every page and row) or 'salvage' (readable rows to --out)
                store: str, # path of the store file
-               out: str | None = None, # salvage: the new store file to write
+               out: str | None = None, # salvage only: the new store file to write
               ) -> int:
     "Check a store, or salvage the readable rows of a damaged one into a new store."
     try:
-        if action == 'check': print(check_store(store)); return 0
-        if action != 'salvage':
+        if action not in ('check', 'salvage'):
             raise StoreError(f"unknown action {action!r} (expected check or salvage)")
+        if action == 'check':
+            if out is not None: raise StoreError(f"--out {out} goes with salvage; check writes nothing")
+            print(check_store(store)); return 0
         if out is None:
             raise StoreError("salvage needs --out NEW.sqlite (the damaged file is left as it is)")
         got = salvage_store(store, out)
+        if not any(s.copied for s in got.values()) and _damaged_source(got):
+            _remove_store(Path(out))
+            raise StoreError(f"nothing could be salvaged from {store}: not one row of it can be read; "
+                             "no new store was written")
     except StoreError as e:
         print(f"dars store: error: {e}", file=sys.stderr); return 1
-    copied = ', '.join(f"{t}: {c} of {n} readable row(s) copied" for t, (n, c) in got.items())
-    print(f"{copied}; new store: {out}")
+    print(f"salvaged {store}; new store: {out}")
+    print('\n'.join(_salvage_line(t, s) for t, s in got.items()))
+    if not got['observations'].copied and _damaged_source(got):
+        print(f"no observation could be read from {store}: every observation must be collected again "
+              "(the rows copied above are kept)")
     return 0
 
 # %% ../../nbs/31_store.ipynb #0bfdbfd7
@@ -748,11 +803,22 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
 
+def _unfinished_run(path, plan: dict) -> str:
+    "The last run, which recorded its plan and not its end: still running (it holds the writer lock) or interrupted."
+    started = f"started {plan.get('started', '?')}"
+    holder = _writer_of(path)
+    if holder: return f"last run: still running ({started}; written by {holder})"
+    return (f"last run: interrupted ({started}; it ended before recording its end: Ctrl-C, a kill or a crash); "
+            "every answer received is stored: resume with the same command")
+
 def store_status(path, # the store file
                 ) -> str:
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
     with Store(path, readonly=True) as s:
         plan, last, ledger = s.get_meta('plan', {}), s.get_meta('last_run'), s.ledger()
+        written = dict(s._q("SELECT key, rowid FROM meta WHERE key IN ('plan', 'last_run')"))
+        # the latest plan written after the last end recorded: that run never recorded its end
+        unfinished = 'plan' in written and written['plan'] > written.get('last_run', 0)
         lines = [f"store {path}: {s.count()} observations, "
                  f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
@@ -762,7 +828,8 @@ def store_status(path, # the store file
     lim = plan.get('limits', {})
     lines.append(f"total: {n} requests, {fmt_usd(usd)}; call_budget {lim.get('call_budget')}, "
                  f"spend_cap_usd {lim.get('spend_cap_usd')}")
-    if last:
+    if unfinished: lines += ['', _unfinished_run(path, plan)]
+    elif last:
         lines += ['',
                   f"last run: {last['status']}{'; ' + last['message'] if last.get('message') else ''}"]
     return '\n'.join(lines)

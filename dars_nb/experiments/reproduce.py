@@ -25,9 +25,11 @@ from .presets import get_protocol
 from .cluster import CONNECT_TIMEOUT_S, cluster_client, cluster_text, scheduler_address
 
 # %% auto #0
-__all__ = ['TORCH_ROUTERS', 'staged_folder', 'reproduce', 'reproduce_main']
+__all__ = ['REPORT_FILES', 'TORCH_ROUTERS', 'staged_folder', 'reproduce', 'reproduce_main']
 
 # %% ../../nbs/24d_reproduce.ipynb #2cf87fa6
+REPORT_FILES = '.report-files'   # in a report folder: the files its report wrote
+
 @contextmanager
 def staged_folder(out: Path, # the report folder (created at the end if needed)
                  ) -> Iterator[Path]:
@@ -41,10 +43,26 @@ def staged_folder(out: Path, # the report folder (created at the end if needed)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    if not out.exists(): folder.rename(out)
-    else:
-        for path in folder.iterdir(): os.replace(path, out / path.name)
-        folder.rmdir()
+    written = sorted(p.name for p in folder.iterdir())
+    (folder / REPORT_FILES).write_text(''.join(f'{name}\n' for name in written))
+    if not out.exists(): folder.rename(out); return
+    listed = out / REPORT_FILES   # what the report before this one wrote: whatever of it this run does not replace goes
+    earlier = set(listed.read_text().splitlines()) if listed.is_file() else set()
+    for path in folder.iterdir(): os.replace(path, out / path.name)
+    for name in earlier - set(written):
+        if name and '/' not in name and not name.startswith('.'): (out / name).unlink(missing_ok=True)
+    folder.rmdir()
+
+# %% ../../nbs/24d_reproduce.ipynb #12756b9f
+def _check_inputs(data, # None (the simulator), an observation file or a release folder
+                  features, # features file for `data`, or None
+                 ) -> None:
+    "Refuse at once the inputs no run can use: a features file without `data`, or one that is not there."
+    if features is None: return
+    if data is None:
+        raise ValueError("--features needs --data: a features file describes the queries of an observation file "
+                         "or release folder (the simulator makes its own features)")
+    if not Path(features).is_file(): raise ValueError(f"no features file at {features}")
 
 # %% ../../nbs/24d_reproduce.ipynb #4eaf5179
 # default families that need `torch`
@@ -89,6 +107,7 @@ def reproduce(out, # folder for the report (created if needed)
               connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for something to answer at the scheduler's address
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
+    _check_inputs(data, features)
     protocol = get_protocol(protocol)
     if routers is None and importlib.util.find_spec('torch') is None:
         raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")

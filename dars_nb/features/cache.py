@@ -26,6 +26,11 @@ def _files(root: Path, part: str) -> list:
     return sorted({f for p in CACHE_PARTS[part] for f in folder.glob(p) if f.is_file()})
 
 # %% ../../nbs/09d_cache.ipynb #e65e0752
+def _check_root(root: Path, src: str = ''):
+    "Refuse a cache root that exists but is not a folder (a file given as --cache-dir, say)."
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"cache folder {root}{src} is a file, not a folder: name a folder (or none, for the default)")
+
 def _store_lines(root: Path, files: list) -> list:
     "Vectors per encoder in the store, and the one-file-per-text .npy files nothing reads."
     lines = [f"    {n:,} vectors from {e}" for e, n in EmbeddingStore(embeddings_dir(root)).counts().items()]
@@ -38,6 +43,9 @@ def cache_info(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/.
     "Where the cache is, the size of each part, and the vectors it holds per encoder."
     root = cache_root(cache_dir)
     src = f' (from ${CACHE_ENV})' if cache_dir is None and os.environ.get(CACHE_ENV) else ''
+    _check_root(root, src)
+    if not root.exists():
+        return f"no cache folder at {root}{src} yet: nothing is cached (it is made when something is first cached)"
     lines = [f"cache folder: {root}{src}"]
     for part in CACHE_PARTS:
         files = _files(root, part)
@@ -56,18 +64,26 @@ def clear_cache(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/
     if part not in (*CLEARED_PARTS, 'all'):
         raise ValueError(f"cannot clear cache part {part!r} (expected embeddings, encoders or all)")
     root, freed = cache_root(cache_dir), 0
+    _check_root(root)
     for p in CLEARED_PARTS if part == 'all' else (part,):
         for f in _files(root, p): freed += f.stat().st_size; f.unlink(missing_ok=True)
     return freed
 
 # %% ../../nbs/09d_cache.ipynb #02257313
 def cache_main(action: str, # 'info' (where the cache is, what it holds) or 'clear' (delete it)
-               part: str = 'all', # clear: 'embeddings', 'encoders' or 'all'
+               part: str | None = None, # clear only: 'embeddings', 'encoders' or 'all' (the default)
                cache_dir: str | None = None, # the cache folder (default $DARS_CACHE, else ~/.cache/dars_nb)
               ) -> int:
     "Show the cache (embeddings, the encoder's ONNX export, local models' weights), or clear what it rebuilds."
-    if action == 'info': print(cache_info(cache_dir)); return 0
-    if action != 'clear': raise ValueError(f"unknown action {action!r} (expected info or clear)")
+    if action not in ('info', 'clear'): raise ValueError(f"unknown action {action!r} (expected info or clear)")
+    if action == 'info':
+        if part is not None: raise ValueError(f"--part {part} goes with clear, not info (info shows every part)")
+        print(cache_info(cache_dir)); return 0
+    part, root = part or 'all', cache_root(cache_dir)
+    _check_root(root)
+    if not root.exists(): print(f"nothing to clear: no cache folder at {root}"); return 0
+    held = sum(len(_files(root, p)) for p in (CLEARED_PARTS if part == 'all' else (part,)) if p in CACHE_PARTS)
     freed = clear_cache(cache_dir, part)
-    print(f"cleared {part} in {cache_root(cache_dir)}: {freed / 1e6:.1f} MB freed")
+    print(f"cleared {part} in {root}: {held} file(s), {freed / 1e6:.1f} MB freed" if held else
+          f"nothing to clear: {part} of the cache in {root} holds no file")
     return 0

@@ -12,7 +12,7 @@ from dataclasses import fields, MISSING
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['ConfigError', 'is_finite_number', 'is_integer', 'check_known_keys', 'read_toml', 'from_table']
+__all__ = ['ConfigError', 'is_finite_number', 'is_integer', 'check_port', 'check_known_keys', 'read_toml', 'from_table']
 
 # %% ../../nbs/08a_pool_config.ipynb #26a1019a
 class ConfigError(ValueError):
@@ -29,6 +29,15 @@ def is_finite_number(v) -> bool:
 def is_integer(v) -> bool:
     "Whether `v` is an int (a bool is not)."
     return isinstance(v, int) and not isinstance(v, bool)
+
+# %% ../../nbs/08a_pool_config.ipynb #e294ce5e
+def check_port(port, # a TCP port to listen on (0: any free one)
+               where: str, # who listens, as the message names it, e.g. 'serve' or 'local'
+              ) -> int:
+    "`port` if a server can listen on it, else a one-line `ConfigError` naming it."
+    if not is_integer(port) or not 0 <= port < 65536:
+        raise ConfigError(f"{where}: port must be an integer from 0 to 65535, got {port!r}")
+    return port
 
 # %% ../../nbs/08a_pool_config.ipynb #59ec2459
 def check_known_keys(keys, # the keys a table holds

@@ -19,6 +19,7 @@ from pathlib import Path
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from ..cache_folder import cache_folder
+from .config import check_port
 from .models import ModelSpec, Pool, Limits
 from .http import endpoint_client, http_get, EndpointUnreachable
 from .server import BackgroundServer, free_port, relay, stop_signals
@@ -306,6 +307,7 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
     models = (models,) if isinstance(models, str) else tuple(models)
     if not models: raise ValueError("start_local_server needs at least one model")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
+    if port is not None: check_port(port, 'local')   # as `dars serve` checks its own, before a model loads
     if importlib.util.find_spec('llama_cpp') is None:
         install = "pip install 'llama-cpp-python[server]==0.3.36'"
         raise LocalModelError(f"llama-cpp-python is not installed; {install}")

@@ -16,7 +16,7 @@ from ..extras import missing_extra
 from ..pool.config import ConfigError, is_integer
 from ..pool.models import Pool, ModelSpec
 from ..pool.usage import fmt_usd
-from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request
+from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, check_router_model
 from ..bundle.model_name import request_lambda
 from .metrics import ServeMetrics, Reservation, SLACK
 from .pages import page_routes, prometheus_text, wants_prometheus, PROMETHEUS_TYPE
@@ -514,6 +514,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         raise ConfigError(f"settings must be a ServeSettings, got {type(settings).__name__}")
     if not isinstance(pool, Pool):
         raise ConfigError(f"pool must be a Pool, got {type(pool).__name__}")
+    check_router_model(settings.router_model, pool.models)   # as `load_serve_config` does for a file
     if not callable(rank): raise ConfigError("rank must be callable: rank(texts, lam) -> rankings")
     pool.check_env()
 

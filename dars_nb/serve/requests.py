@@ -9,18 +9,18 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from ..pool.config import ConfigError, is_finite_number, is_integer, from_table, read_toml
+from ..pool.config import ConfigError, check_port, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
 from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL
-from ..bundle.model_name import asked_lambda, check_lambda
+from ..bundle.model_name import asked_lambda, check_lambda, lambda_from_model_name
 from ..observations import chat_text
 try: import orjson   # the `serve` extra (`create_app` says what is missing)
 except ImportError: pass
 
 # %% auto #0
 __all__ = ['MIN_CLIENT_KEY_CHARS', 'MAX_DEPTH', 'FORBIDDEN_FIELDS', 'MAX_CHOICES', 'is_loopback', 'ServeSettings', 'host_values',
-           'load_serve_config', 'RequestError', 'ChatRequest', 'parse_chat_request']
+           'check_router_model', 'load_serve_config', 'RequestError', 'ChatRequest', 'parse_chat_request']
 
 # %% ../../nbs/36a_serve_requests.ipynb #ab11fe30
 def is_loopback(host: str, # an address or host name to listen on
@@ -37,8 +37,7 @@ def _check_listen(host, port, keys):
     "Raise `ConfigError` for a bad address, port or client key, or an open address without keys."
     if not isinstance(host, str) or not host:
         raise ConfigError(f"serve: host must be an address, got {host!r}")
-    if not is_integer(port) or not 0 <= port < 65536:
-        raise ConfigError(f"serve: port must be an integer from 0 to 65535, got {port!r}")
+    check_port(port, 'serve')   # the check `dars local` makes too (`dars_nb.pool.config`)
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise ConfigError("serve: client_keys must be a sequence of strings")
     short = [i for i, k in enumerate(keys) if len(k) < MIN_CLIENT_KEY_CHARS]
@@ -118,6 +117,21 @@ def host_values(host: str, # the address it listens on
     values = {f'{n}:{port}' for n in names} | (names if port == 80 else set())
     return frozenset(v.encode() for v in values)
 
+# %% ../../nbs/36a_serve_requests.ipynb #c160af3b
+def check_router_model(router_model: str, # the name that asks the endpoint to route (`[serve] router_model`)
+                       models, # the pool's model names
+                      ) -> None:
+    "Refuse a pool model that requests could not reach by name because the router's name covers it."
+    for m in models:
+        if m == router_model:
+            raise ConfigError(f"[serve] router_model {router_model!r} is also a model of the pool: requests for "
+                              "it would be routed and that model could not be asked for by name (rename one)")
+        try: routed = lambda_from_model_name(m, router_model)[0]
+        except ValueError: routed = True   # a λ out of range: refused, never sent to the model either
+        if routed:
+            raise ConfigError(f"[serve] router_model {router_model!r} covers the pool's model {m!r}: its name reads "
+                              f"as {router_model}-<λ>, so requests for it would be routed (rename one)")
+
 # %% ../../nbs/36a_serve_requests.ipynb #c479df6a
 _OTHER_TABLES = ('serve', 'collection', 'datasets')   # a `dars collect` configuration serves as is
 
@@ -148,7 +162,9 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
     given = dict(client_keys=_client_keys(serve, env), host=ServeSettings.host if host is None else host,
                  port=ServeSettings.port if port is None else port)
     pool = Pool.from_dict(d, also=_OTHER_TABLES, source=str(path))
-    return pool, from_table(ServeSettings, serve, '[serve]', given, other_keys=('client_keys_env',))
+    settings = from_table(ServeSettings, serve, '[serve]', given, other_keys=('client_keys_env',))
+    check_router_model(settings.router_model, pool.models)
+    return pool, settings
 
 # %% ../../nbs/36a_serve_requests.ipynb #0504e077
 MAX_DEPTH = 254   # the deepest nesting orjson encodes: a body is sent on as orjson writes it

@@ -273,8 +273,8 @@ def release_line_limit(max_line_mb: float | None = None, # longest line in MiB (
     if max_line_mb is None: return DEFAULT_MAX_LINE_MB * 2**20
     try: mb = float(max_line_mb)
     except (TypeError, ValueError): mb = math.nan
-    if not (math.isfinite(mb) and mb > 0):
-        raise ReleaseError(f"{source} must be a positive number of MiB, got {_shown(max_line_mb)}")
+    if not (math.isfinite(mb) and 0 < mb <= 2**44):   # 2**44 MiB = 2**64 bytes: no file holds a longer line
+        raise ReleaseError(f"{source} must be a positive number of MiB up to 2**44, got {_shown(max_line_mb)}")
     return max(1, int(mb * 2**20))
 
 # %% ../../nbs/07_release.ipynb #c9b764f6
@@ -402,8 +402,11 @@ def release_files(folder, # the release folder, or one dataset's folder inside i
         missing = sorted(set(datasets) - {d for d, _, _ in found})
         if missing: raise ReleaseError(f"no release files for dataset {missing[0]!r} in {folder}")
         found = [f for f in found if f[0] in datasets]
-    if not found:
-        raise ReleaseError(f"no {' or '.join(RELEASE_FILES[s] for s in splits)} in {folder} or its subfolders")
+    if not found:   # a folder one level too high (a data folder holding the release) is named
+        deeper = sorted({p.parent.parent for s in splits for p in folder.glob(f'*/*/{RELEASE_FILES[s]}')})
+        hint = f" (the release folder may be {deeper[0]})" if deeper else ''
+        files = ' or '.join(RELEASE_FILES[s] for s in splits)
+        raise ReleaseError(f"no {files} in {folder} or the folders directly inside it{hint}")
     return found
 
 # %% ../../nbs/07_release.ipynb #05376152
