@@ -243,10 +243,15 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv), or
     "Print the four diagnostics of an observation file per dataset, and write tables and charts."
     import sys
     from dars_nb.sources import load_observations
-    table = diagnose(load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr)))
+    from dars_nb.sources.release import IncompleteRowsError
+    from dars_nb.cli import writable_folder
+    d = None if out is None else writable_folder(out)   # before the observations are read
+    try: obs_table = load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr))
+    except IncompleteRowsError as e: raise e.spelled('--drop-incomplete') from None
+    table = diagnose(obs_table)
     print(markdown_table(table))
-    if out is None: return 0
-    d = Path(out); d.mkdir(parents=True, exist_ok=True)
+    if d is None: return 0
+    d.mkdir(parents=True, exist_ok=True)
     table.to_csv(d / 'diagnostics.csv')
     (d / 'diagnostics.md').write_text(f"# Diagnostics of {Path(obs).name}\n\n{markdown_table(table)}\n")
     for name, chart in (('instability', plot_instability(table)),

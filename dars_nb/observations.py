@@ -12,10 +12,11 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
-           'MAX_ID', 'EVERY_ROW', 'PASSAGE_CHARS', 'AS_TEXT', 'ObservationError', 'example_observations', 'validate',
-           'as_validated', 'model_order', 'Dense', 'dense_index', 'canonical_layout', 'to_dense', 'from_dense',
-           'row_indexer', 'select', 'router_text', 'format_options', 'parse_options', 'router_texts', 'chat_text',
-           'write_observations', 'read_observations']
+           'MAX_ID', 'EVERY_ROW', 'PASSAGE_CHARS', 'OBSERVATION_TYPES', 'AS_TEXT', 'ObservationError',
+           'example_observations', 'validate', 'as_validated', 'model_order', 'Dense', 'dense_index',
+           'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select', 'router_text', 'format_options',
+           'parse_options', 'router_texts', 'chat_text', 'observation_file_type', 'write_observations',
+           'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -438,35 +439,43 @@ def chat_text(content, # a chat message's `content`: a string, or a list of type
     parts = [p.get('text') for p in content if isinstance(p, dict) and p.get('type') == 'text']
     return '\n'.join(parts) if parts and all(isinstance(t, str) for t in parts) else None
 
+# %% ../nbs/00_observations.ipynb #5d1c0e94
+OBSERVATION_TYPES = ('.parquet', '.jsonl', '.csv') # the file types observations are written to
+
+def observation_file_type(path, # where observations are (to be) written
+                         ) -> str:
+    "The extension of `path` in lower case if it is one of `OBSERVATION_TYPES`, else a one-line `ObservationError`."
+    ext = Path(path).suffix.lower()
+    if ext not in OBSERVATION_TYPES:
+        _fail(f"unknown observation file type {ext or Path(path).name!r} (use .parquet, .jsonl or .csv)")
+    return ext
+
 # %% ../nbs/00_observations.ipynb #a4efccad
 def write_observations(obs: pd.DataFrame, # observation table
                        path, # destination ending in .parquet, .jsonl or .csv
                       ) -> Path:
     "Write `obs` (validated first) to Parquet, JSONL or CSV by the file's extension."
-    path, obs = Path(path), validate(obs)
+    path, ext, obs = Path(path), observation_file_type(path), validate(obs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ext = ''.join(path.suffixes[-1:]).lower()
     if ext == '.parquet': obs.to_parquet(path, index=False)
     elif ext == '.jsonl': obs.to_json(path, orient='records', lines=True, force_ascii=False)
-    elif ext == '.csv': obs.to_csv(path, index=False)
-    else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
+    else: obs.to_csv(path, index=False)
     return path
 
 # %% ../nbs/00_observations.ipynb #32aa57e4
 AS_TEXT = {c: str for c in CATEGORICAL_COLUMNS}   # model '0' and model '00' are two models
 
-def read_observations(path, # a .parquet, .jsonl or .csv file
+def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSON array of rows)
                      ) -> pd.DataFrame:
     "Read and validate an observation file."
     path = Path(path)
+    ext = '.json' if path.suffix.lower() == '.json' else observation_file_type(path)
     if not path.exists(): _fail(f"no observation file at {path}")
-    ext = path.suffix.lower()
+    if not path.is_file(): _fail(f"{path} is not a regular file (a folder, a device or a pipe)")
     try:
         if ext == '.parquet': df = pd.read_parquet(path)
         elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)
-        elif ext == '.csv': df = pd.read_csv(path, dtype=AS_TEXT)
-        else: _fail(f"unknown observation file type {ext or path.name!r} (use .parquet, .jsonl or .csv)")
-    except ObservationError: raise
+        else: df = pd.read_csv(path, dtype=AS_TEXT)
     except Exception as e: _fail(f"cannot read {path.name}: "
                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return validate(df)

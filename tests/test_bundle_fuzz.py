@@ -23,7 +23,7 @@ from dars_nb.stats import supervision
 from dars_nb.testing import forced_test_flags, simulated_texts
 
 MiB = 2**20
-DARS = [str(Path(sys.executable).with_name('dars'))]
+from dars_command import DARS
 CAP_MB = 2            # the fuzzed loads' cap: a fuzzed bundle holds 50 kB
 FUZZ = settings(max_examples=300 if 'slow' in forced_test_flags() else 20, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -16,7 +16,7 @@ import pytest
 from dars_nb.testing import forced_test_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-DARS = str(Path(sys.executable).with_name('dars'))
+from dars_command import DARS_SCRIPT as DARS
 NEMOTRON, GEMMA = 'llama-3.1-nemotron-51b-instruct', 'gemma-2-9b-it'
 # the LLMRouter bundle trains on 5,160 questions (about 20 s alone, up to 2 minutes on 2 busy cores): its tests run
 # with DARS_TEST_FLAGS=slow; the local grid's check the same properties in `make test`

@@ -5,19 +5,7 @@ from pathlib import Path
 import pytest
 
 from dars_nb.cli import COMMANDS
-
-DARS = [str(Path(sys.executable).with_name('dars'))]
-
-
-def run(*args, timeout=600, cmd=DARS):
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(res, command, code=1):
-    assert res.returncode == code, (res.returncode, res.stderr)
-    assert 'Traceback' not in res.stderr
-    assert res.stderr.strip().count('\n') == 0, res.stderr
-    assert res.stderr.startswith(f'dars {command}: error: '), res.stderr
+from dars_command import DARS, run, assert_one_line_error
 
 
 def test_help_lists_every_command():
@@ -83,6 +71,10 @@ def test_diagnose_a_real_file(tmp_path):
     quiet = run('diagnose', str(path), '--out', str(tmp_path / 'diag2'), '--quiet')
     assert quiet.returncode == 0 and 'written:' not in quiet.stdout and '| dataset |' in quiet.stdout
     assert (tmp_path / 'diag2' / 'instability.svg').exists()
+    (tmp_path / 'notes.txt').write_text('mine')   # an --out that cannot be a folder: refused before the file is read
+    res = run('diagnose', str(tmp_path / 'missing.parquet'), '--out', str(tmp_path / 'notes.txt' / 'diag'))
+    assert_one_line_error(res, 'diagnose')
+    assert res.stderr.strip().endswith(f'{tmp_path}/notes.txt is a file, not a folder') and res.stdout == ''
 
 
 def _capped(gb: float):
@@ -151,6 +143,12 @@ def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
     assert 'lam must be at most 1e+12 (beyond it only cost decides), got 1e+308' in res.stderr
     res = run('route', str(tmp_path / 'r.dars'), 'What is 12 * 7?', '--lam', '1e12')
     assert res.returncode == 0 and res.stdout.strip() in ('smollm2', 'gemma3'), res.stderr
+    (tmp_path / 'latin1.txt').write_bytes('Combien font 12 × 7 ?\n'.encode('latin-1'))   # a query file that is not UTF-8
+    for file, said in (('/dev/zero', 'query file /dev/zero is not a regular file'),
+                       (str(tmp_path / 'latin1.txt'), f'query file {tmp_path}/latin1.txt is not UTF-8 text (byte 16 is 0xd7)')):
+        res = run('route', str(tmp_path / 'r.dars'), '--file', file, timeout=120)
+        assert_one_line_error(res, 'route')
+        assert said in res.stderr, res.stderr
 
 
 @pytest.mark.xdist_group('quick_report')

@@ -14,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-DARS = [str(Path(sys.executable).with_name('dars'))]
+from dars_command import DARS, run, assert_one_line_error
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args, timeout=600, cmd=DARS, cwd=None, env=None):
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-
-
-def assert_one_line_error(res, command, code=1):
-    assert res.returncode == code, (res.returncode, res.stderr)
-    assert 'Traceback' not in res.stderr
-    assert res.stderr.strip().count('\n') == 0, res.stderr
-    assert res.stderr.startswith(f'dars {command}: error: '), res.stderr
 
 
 @pytest.fixture

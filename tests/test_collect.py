@@ -274,7 +274,7 @@ def test_data_folder_on_the_command_line_overrides_the_config(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # a config that is bound to fail is refused by the `dars` command itself, --dry-run or not, before any call
 
-DARS = str(Path(sys.executable).with_name('dars'))
+from dars_command import DARS_SCRIPT as DARS
 
 
 @pytest.mark.parametrize('case', ['output type', 'path not a string', 'gpqa path not a string', 'absurd grid'])

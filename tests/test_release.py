@@ -163,8 +163,7 @@ def test_rows_without_a_finite_score_or_cost_are_refused_with_a_count(tmp_path):
     with pytest.raises(ReleaseError) as e: read_release(tmp_path)
     assert str(e.value) == ("3 row(s) without a finite score or cost (drop-800/test_scored_generations.jsonl: 1, "
                             "gpqa/train_scored_generations.jsonl: 2; the first is drop-800/test_scored_generations.jsonl "
-                            "line 4); drop_incomplete drops them (dars diagnose and dars reproduce: --drop-incomplete; "
-                            "dars train: drop_incomplete = true in its config)")
+                            "line 4); drop_incomplete=True drops them")
     said = []
     o = read_release(tmp_path, drop_incomplete=True, log=said.append)
     assert len(o) == 3 * 1044 - 3
@@ -220,8 +219,9 @@ def test_dars_diagnose_reads_a_release_folder(tmp_path, dars):
     assert code == 1 and 'Traceback' not in err
     assert err.strip().splitlines() == [
         'dars diagnose: error: 1 row(s) without a finite score or cost (gpqa/train_scored_generations.jsonl: 1; '
-        'the first is gpqa/train_scored_generations.jsonl line 2); drop_incomplete drops them (dars diagnose and dars reproduce: '
-        '--drop-incomplete; dars train: drop_incomplete = true in its config)']
+        'the first is gpqa/train_scored_generations.jsonl line 2); --drop-incomplete drops them']
+    code, out, err = dars('reproduce', '--quick', '--quiet', '--data', tmp_path, '--out', tmp_path / 'report')
+    assert code == 1 and err.strip().splitlines()[-1].endswith('line 2); --drop-incomplete drops them'), err
     code, out, err = dars('diagnose', tmp_path, '--drop-incomplete')
     assert code == 0 and '| gpqa |' in out
     assert 'dropped 1 row(s) without a finite score or cost' in err
@@ -247,7 +247,7 @@ def test_dars_train_names_its_own_way_to_drop_incomplete_rows(tmp_path, dars):
     config.write_text(body)
     code, out, err = dars('train', config, '--out', tmp_path / 'router.zip')
     assert code == 1 and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
-    assert err.strip().endswith('dars train: drop_incomplete = true in its config)'), err
+    assert err.strip().endswith('line 2); drop_incomplete = true in the config drops them'), err
     config.write_text('drop_incomplete = true\n' + body)
     code, out, err = dars('train', config, '--out', tmp_path / 'router.zip')
     assert code == 0, err

@@ -21,7 +21,7 @@ from dars_nb.collect.command import collect_main
 from dars_nb.collect.store import SCHEMA_VERSION, Store, status_main
 from dars_nb.testing import FixedEndpoint
 
-DARS = str(Path(sys.executable).with_name('dars'))
+from dars_command import DARS_SCRIPT as DARS
 ENV = {**os.environ, 'PYTHONUNBUFFERED': '1'}
 PAD = ' and so on' * 200                    # ~2 KB in every question and every answer
 

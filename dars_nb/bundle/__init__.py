@@ -398,9 +398,13 @@ def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]},
                   ) -> tuple[list, list[str]]:
     "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
     path = Path(file)
-    if not path.is_file(): raise ValueError(f"query file not found: {path}")
+    if not path.exists(): raise ValueError(f"query file not found: {path}")
+    if not path.is_file(): raise ValueError(f"query file {path} is not a regular file (a folder, a device or a pipe)")
+    try: text = path.read_text(encoding='utf-8')
+    except UnicodeDecodeError as e:
+        raise ValueError(f"query file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
     ids, questions = [], []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip(): continue
         try: item = json.loads(line)
         except json.JSONDecodeError: item = line

@@ -12,6 +12,7 @@ from typing import Annotated
 from ..features import make_featurizer
 from ..observations import router_texts
 from ..sources import load_observations
+from ..sources.release import IncompleteRowsError
 from ..stats import PAPER, supervision, normalize_cost
 from ..pool.config import ConfigError, check_known_keys, from_table, read_toml
 from ..pool.models import Pool
@@ -22,7 +23,7 @@ from .model_name import check_lambda
 
 # %% auto #0
 __all__ = ['CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'kept_texts', 'train',
-           'writable_file', 'train_main']
+           'train_main']
 
 # %% ../../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -186,8 +187,8 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
          ) -> RouterBundle:
     "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     settings = config if isinstance(config, TrainConfig) else load_train_config(config)
-    obs = settings.observations
-    obs = load_observations(obs, settings.drop_incomplete, log=(lambda m: None) if quiet else print)
+    try: obs = load_observations(settings.observations, settings.drop_incomplete, log=(lambda m: None) if quiet else print)
+    except IncompleteRowsError as e: raise e.spelled('drop_incomplete = true in the config') from None
     sup = supervision(obs, settings.mode, settings.lam, settings.beta, seed=settings.seed)
     _check_pool(settings.pool, list(sup.models))
     dars = settings.mode == 'dars'
@@ -210,21 +211,13 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
     return bundle
 
 # %% ../../nbs/25d_training.ipynb #421df77a
-def writable_file(path, # where a command will write a file
-                  what: str, # how the message names it, e.g. '--out'
-                 ) -> Path:
-    "`path` if a file can be written there (its folder exists, it is no folder itself): checked before any work."
-    p = Path(path)
-    if not str(path).strip() or p.is_dir(): raise ConfigError(f"{what} must name a file, got {str(path)!r}")
-    if not p.parent.is_dir(): raise ConfigError(f"{what} {path}: the folder {p.parent} does not exist")
-    return p
-
 def train_main(config: str, # path of the training TOML file
                out: Annotated[str, {'opt': True, 'required': True}], # file to write the router bundle to
                quiet: bool = False, # print nothing
               ) -> int:
     "Train a router from a TOML config and save it as one file."
-    target = writable_file(out, '--out')   # before the training, not after it
+    from dars_nb.cli import writable_file
+    target = writable_file(out)   # before the training, not after it
     path = save_bundle(train(config, quiet=quiet), target)
     if not quiet: print(f"saved the router bundle to {path}")
     return 0

@@ -11,11 +11,12 @@ from fastcore.basics import patch
 from ..pool.config import (ConfigError, check_known_keys, from_table, is_finite_number, is_integer,
                                  read_toml)
 from ..pool.models import Pool
+from ..observations import ObservationError, observation_file_type
 from .prompts import KINDS
 
 # %% auto #0
-__all__ = ['SOURCES', 'OUTPUT_TYPES', 'MAX_PLANNED_OBSERVATIONS', 'DatasetSpec', 'count_observations', 'check_plan_size',
-           'CollectConfig', 'load_config']
+__all__ = ['SOURCES', 'MAX_PLANNED_OBSERVATIONS', 'DatasetSpec', 'count_observations', 'check_plan_size', 'CollectConfig',
+           'load_config']
 
 # %% ../../nbs/35a_collect_config.ipynb #911b8444
 SOURCES = {'mmlu': 'load_mmlu', 'math500': 'load_math500', 'math': 'load_math_train',
@@ -139,16 +140,11 @@ def _check_views(datasets: tuple, test_rewrites: int, test_decodes: int, rewrite
         raise ConfigError('rewrites are needed but the pool names no rewriter (add rewriter = "model")')
 
 # %% ../../nbs/35a_collect_config.ipynb #6eb281a2
-OUTPUT_TYPES = ('.parquet', '.jsonl', '.csv') # the file types `write_observations` writes
-
 def _output_path(output) -> Path:
     "The `[collection] output` as a `Path`, if `write_observations` can write its file type."
-    path = Path(output)
-    ext = path.suffix.lower()
-    if ext not in OUTPUT_TYPES:
-        raise ConfigError(f"[collection] output: unknown observation file type {ext or path.name!r} "
-                          f"(use .parquet, .jsonl or .csv)")
-    return path
+    try: observation_file_type(output)
+    except ObservationError as e: raise ConfigError(f"[collection] output: {e}") from None
+    return Path(output)
 
 # %% ../../nbs/35a_collect_config.ipynb #e413e6b5
 MAX_PLANNED_OBSERVATIONS = 10_000_000 # the most observations one config may plan
@@ -210,11 +206,14 @@ class CollectConfig:
                       models=_model_names(self.models, self.pool),
                       answer_grammar=_answer_grammar(self.answer_grammar))
         for k, v in normal.items(): object.__setattr__(self, k, v)
-        n_models = len(self.models or self.pool.models)
-        grid = dict(n_rewrites=self.n_rewrites, n_decodes=self.n_decodes, test_rewrites=self.test_rewrites,
-                    test_decodes=self.test_decodes)
-        check_plan_size(count_observations(n_models, sum(s.train for s in self.datasets),
-                                           sum(s.test for s in self.datasets), **grid))
+        check_plan_size(self.planned_observations(sum(s.train for s in self.datasets),
+                                                  sum(s.test for s in self.datasets)))
+
+    def planned_observations(self, n_train: int, n_test: int) -> int:
+        "How many observations the grid plans for `n_train` training and `n_test` test queries (counted, not listed)."
+        return count_observations(len(self.models or self.pool.models), n_train, n_test, n_rewrites=self.n_rewrites,
+                                  n_decodes=self.n_decodes, test_rewrites=self.test_rewrites,
+                                  test_decodes=self.test_decodes)
 
 # %% ../../nbs/35a_collect_config.ipynb #4ca5fef0
 @patch(as_prop=True)

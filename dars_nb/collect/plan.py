@@ -8,7 +8,7 @@ import pandas as pd
 from ..observations import KEY_COLUMNS
 from .prompts import generation_messages, rewrite_messages, KINDS
 from .rewrite import rewrite_calls_max
-from .config import load_config, count_observations, check_plan_size
+from .config import load_config, check_plan_size
 from .tasks import load_tasks
 from ..pool.usage import estimate_prompt_tokens
 
@@ -31,11 +31,9 @@ def plan_calls(config, # a CollectConfig, TOML path or dict
               ) -> pd.DataFrame:
     "Every planned observation: natural key, kind, max tokens and estimated prompt tokens."
     cfg = load_config(config, check_env=False)
-    tasks = load_tasks(cfg) if tasks is None else tasks
-    n_train, n_test = int((tasks['split'] == 'train').sum()), int((tasks['split'] == 'test').sum())
-    grid = dict(n_rewrites=cfg.n_rewrites, n_decodes=cfg.n_decodes, test_rewrites=cfg.test_rewrites,
-                test_decodes=cfg.test_decodes)
-    check_plan_size(count_observations(len(cfg.model_names), n_train, n_test, **grid))   # counted before it is listed
+    if tasks is None: tasks = load_tasks(cfg)   # no more than the counts the config was checked for
+    else: check_plan_size(cfg.planned_observations(int((tasks['split'] == 'train').sum()),
+                                                   int((tasks['split'] == 'test').sum())))
     t = tasks[['dataset', 'split', 'query_id', 'kind']].assign(
         prompt_tokens_est=[estimate_prompt_tokens(generation_messages(r), 'typical')
                            for r in tasks.to_dict('records')])

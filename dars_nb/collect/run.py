@@ -229,16 +229,17 @@ def _open_for_run(cfg) -> Store:
 
 # %% ../../nbs/35f_collect_run.ipynb #88c70914
 def _record_plan(store, cfg, plan: pd.DataFrame):
-    "Settle what a killed run left in flight, and record this run's plan (for `dars status`)."
+    "Settle what a killed run left in flight, and record this run as running and its plan (for `dars status`)."
     store.ledger().settle_lost()
+    started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
+    # the run is recorded as running before anything else of it: killed from here on, it reads as interrupted
+    store.set_meta('last_run', dict(status='running', started=started))
     planned = plan.groupby(['dataset', 'model'], sort=False).size()
     lim = cfg.pool.limits
     store.set_meta('plan',
-                   dict(config=cfg.source,
-                        started=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),
-                                limits=dict(call_budget=lim.call_budget,
-                                            spend_cap_usd=lim.spend_cap_usd),
-                                planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
+                   dict(config=cfg.source, started=started,
+                        limits=dict(call_budget=lim.call_budget, spend_cap_usd=lim.spend_cap_usd),
+                        planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
 
 # %% ../../nbs/35f_collect_run.ipynb #0f6521ca
 @dataclass(frozen=True)
@@ -311,9 +312,10 @@ def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the r
     fails = calls.failures
     message = (calls.stop if calls.stop else
                f"{len(fails)} call(s) failed permanently, first: {fails[0].message}" if fails else '')
+    started = store.get_meta('last_run', {}).get('started')      # this run's, recorded by `_record_plan`
     store.set_meta('last_run',
-                   dict(status=status, message=message, collected=calls.collected, missing=missing,
-                        failures=len(fails), first_failures=[f.message for f in fails[:5]]))
+                   dict(status=status, started=started, message=message, collected=calls.collected,
+                        missing=missing, failures=len(fails), first_failures=[f.message for f in fails[:5]]))
     table, out, rv = store.to_frame(), None, None
     if len(table): table = with_query_columns(table, tasks)
     if write_output and len(table):

@@ -792,6 +792,22 @@ def store_main(action: str, # 'check' (read every page and row) or 'salvage' (re
               "(the rows copied above are kept)")
     return 0
 
+# %% ../../nbs/31_store.ipynb #a3c51e07
+def _last_run(s: Store) -> tuple:
+    "The last run's record (None: no run recorded) and whether that run never recorded its end."
+    last = s.get_meta('last_run')
+    if last is not None and 'started' in last: return last, last.get('status') == 'running'
+    # an earlier release's store records a run's end only: a plan written after it is a run that never ended
+    written = dict(s._q("SELECT key, rowid FROM meta WHERE key IN ('plan', 'last_run')"))
+    return last, 'plan' in written and written['plan'] > written.get('last_run', 0)
+
+def _unfinished_run(path, started: str) -> str:
+    "The last run, which never recorded its end: still running (it holds the writer lock) or interrupted."
+    holder = _writer_of(path)
+    if holder: return f"last run: still running (started {started}; written by {holder})"
+    return (f"last run: interrupted (started {started}; it ended before recording its end: Ctrl-C, "
+            "a kill or a crash); every answer received is stored: resume with the same command")
+
 # %% ../../nbs/31_store.ipynb #0bfdbfd7
 def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     "Planned and stored observations per dataset and model."
@@ -803,22 +819,11 @@ def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))
 
-def _unfinished_run(path, plan: dict) -> str:
-    "The last run, which recorded its plan and not its end: still running (it holds the writer lock) or interrupted."
-    started = f"started {plan.get('started', '?')}"
-    holder = _writer_of(path)
-    if holder: return f"last run: still running ({started}; written by {holder})"
-    return (f"last run: interrupted ({started}; it ended before recording its end: Ctrl-C, a kill or a crash); "
-            "every answer received is stored: resume with the same command")
-
 def store_status(path, # the store file
                 ) -> str:
     "The status report of a store: plan vs stored, spend ledger, last run; nothing is written."
     with Store(path, readonly=True) as s:
-        plan, last, ledger = s.get_meta('plan', {}), s.get_meta('last_run'), s.ledger()
-        written = dict(s._q("SELECT key, rowid FROM meta WHERE key IN ('plan', 'last_run')"))
-        # the latest plan written after the last end recorded: that run never recorded its end
-        unfinished = 'plan' in written and written['plan'] > written.get('last_run', 0)
+        plan, (last, unfinished), ledger = s.get_meta('plan', {}), _last_run(s), s.ledger()
         lines = [f"store {path}: {s.count()} observations, "
                  f"{s._q('SELECT COUNT(*) FROM rewrites')[0][0]} rewrites", '',
                  f"plan of the last run (started {plan.get('started', '?')}, config {plan.get('config', '?')})",
@@ -828,10 +833,10 @@ def store_status(path, # the store file
     lim = plan.get('limits', {})
     lines.append(f"total: {n} requests, {fmt_usd(usd)}; call_budget {lim.get('call_budget')}, "
                  f"spend_cap_usd {lim.get('spend_cap_usd')}")
-    if unfinished: lines += ['', _unfinished_run(path, plan)]
+    if unfinished: lines += ['', _unfinished_run(path, (last or {}).get('started') or plan.get('started', '?'))]
     elif last:
-        lines += ['',
-                  f"last run: {last['status']}{'; ' + last['message'] if last.get('message') else ''}"]
+        lines += ['', f"last run: {last.get('status', 'finished')}"
+                      f"{'; ' + last['message'] if last.get('message') else ''}"]
     return '\n'.join(lines)
 
 # %% ../../nbs/31_store.ipynb #f88774e4

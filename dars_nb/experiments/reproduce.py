@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 from ..extras import install_hint, MissingExtra, error_line
 from ..routers import FAMILIES
+from ..sources.release import IncompleteRowsError
 from .inputs import Settings, FULL, QUICK
 from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
                                         ablation_stage,
@@ -142,6 +143,7 @@ def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # repor
                    drop_incomplete=drop_incomplete, protocol=protocol, scheduler=scheduler_address(scheduler),
                    connect_timeout=connect_timeout)
     except (ValueError, OSError, MissingExtra) as e:
+        if isinstance(e, IncompleteRowsError): e = e.spelled('--drop-incomplete')
         print(f'dars reproduce: error: {error_line(e)}', file=sys.stderr)
         return 1
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from ..cache_folder import cache_folder
-from .config import check_port
+from .config import check_port, is_finite_number, is_integer
 from .models import ModelSpec, Pool, Limits
 from .http import endpoint_client, http_get, EndpointUnreachable
 from .server import BackgroundServer, free_port, relay, stop_signals
@@ -136,12 +136,42 @@ def model_path(alias: str) -> Path:
     return smollm2_path() if alias == 'smollm2' else gemma3_path()
 
 # %% ../../nbs/32_local.ipynb #6f37e990
-def _model_of(raw: bytes) -> str | None:
-    "The `model` a request body names (None if the body is not a JSON object)."
-    try: body = json.loads(raw)
-    except ValueError: return None
-    return body.get('model') if isinstance(body, dict) else None
+class _Refused(ValueError):
+    "A request the front answers itself: its HTTP status and the field at fault."
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
 
+_SAMPLING = {   # field llama.cpp reads -> (what it must be, the check); null is its default where it has one
+    'temperature': ('a number from 0 to 2', lambda v: is_finite_number(v) and 0 <= v <= 2),
+    'top_p': ('a number from 0 to 1', lambda v: is_finite_number(v) and 0 <= v <= 1),
+    'stream': ('true or false', lambda v: isinstance(v, bool)),
+    'max_tokens': ('a positive integer', lambda v: v is None or is_integer(v) and v >= 1),
+    'n': ('a positive integer', lambda v: v is None or is_integer(v) and v >= 1),
+    'seed': ('an integer', lambda v: v is None or is_integer(v)),
+}
+
+def _served_model(raw: bytes, # a request body
+                  upstreams: dict, # model alias -> base URL of the process that serves it
+                 ) -> str:
+    "The served model a body names, its sampling fields checked; else `_Refused` (404: a model not served)."
+    try: body = json.loads(raw)
+    except RecursionError: raise _Refused(400, "the body is not valid JSON: it is nested too deeply") from None
+    except ValueError as e: raise _Refused(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
+    model, served = body.get('model'), ', '.join(upstreams)
+    if model is None: raise _Refused(400, f"the body names no model (available: {served})", 'model')
+    if not isinstance(model, str):
+        raise _Refused(400, f"model must be a string, got {type(model).__name__}", 'model')
+    if model not in upstreams:
+        raise _Refused(404, f"model {model!r} is not served here (available: {served})", 'model')
+    for k, (what, ok) in _SAMPLING.items():
+        if k in body and not ok(body[k]):
+            raise _Refused(400, f"{k} must be {what}, got {json.dumps(body[k])}", k)
+    return model
+
+# %% ../../nbs/32_local.ipynb #6f37e991
 def front_app(upstreams: dict, # model alias -> base URL of the process that serves it
              ):
     "One OpenAI-compatible application in front of several model servers, routing by `model`."
@@ -149,9 +179,9 @@ def front_app(upstreams: dict, # model alias -> base URL of the process that ser
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
-    clients, served = {}, ', '.join(upstreams)
-    error = lambda status, message, kind: JSONResponse(
-        {'error': {'message': message, 'type': kind, 'code': status}}, status)
+    clients = {}
+    error = lambda status, message, kind, param=None: JSONResponse(
+        {'error': {'message': message, 'type': kind, 'param': param, 'code': status}}, status)
 
     async def answer(request):
         if request.method == 'GET' and request.url.path.rstrip('/').endswith('/models'):
@@ -159,9 +189,9 @@ def front_app(upstreams: dict, # model alias -> base URL of the process that ser
             return JSONResponse({'object': 'list', 'data': data})
         if request.method != 'POST':
             return error(404, f'no route for {request.method} {request.url.path}', 'error')
-        model = _model_of(await request.body())
-        if model not in upstreams:
-            return error(404, f"model {model!r} is not served here (available: {served})", 'not_found')
+        try: model = _served_model(await request.body(), upstreams)
+        except _Refused as e:
+            return error(e.status, str(e), 'not_found' if e.status == 404 else 'invalid_request_error', e.param)
         return await relay(request, upstreams[model], clients[model])
 
     @asynccontextmanager

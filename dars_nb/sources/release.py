@@ -24,7 +24,7 @@ from .release_rows import tell_views, settle_ids, first_row_texts
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
            'STRATEGY_KEYS', 'MAX_ID', 'MAX_TOKEN_COUNT', 'AUTHORS_QUESTION_FIELDS', 'NUMBER_COLUMNS', 'TEXT_COLUMNS',
            'DEFAULT_MAX_LINE_MB', 'MAX_LINE_MB_ENV', 'release_line_limit', 'release_files', 'is_release',
-           'read_release']
+           'IncompleteRowsError', 'read_release']
 
 # %% ../../nbs/07_release.ipynb #7f86b085
 RELEASE_DATASETS = ('gpqa', 'math-500', 'drop-800')   # the release's dataset folders
@@ -427,9 +427,22 @@ def _concat(parts: list) -> pd.DataFrame:
         else: out[c] = pd.concat(cols, ignore_index=True)
     return pd.DataFrame(out)
 
+# %% ../../nbs/07_release.ipynb #a7c4e2d9
+class IncompleteRowsError(ReleaseError):
+    "Rows without a finite score or cost: what was found, and the switch that drops them as the caller spells it."
+    def __init__(self, found: str, # how many rows, in which files, and where the first is
+                 switch: str = 'drop_incomplete=True', # the way to drop them, as the reader of the message can
+                ):
+        self.found, self.switch = found, switch
+        super().__init__(f"{found}; {switch} drops them")
+
+    def spelled(self, switch: str) -> IncompleteRowsError:
+        "The same error, naming `switch` as the way to drop the rows."
+        return IncompleteRowsError(self.found, switch)
+
 # %% ../../nbs/07_release.ipynb #53783e99
 def _drop_or_refuse(parts: dict, drop_incomplete: bool, log) -> list:
-    "The files' rows without incomplete ones (printing how many), or a ReleaseError with the count."
+    "The files' rows without incomplete ones (printing how many), or an `IncompleteRowsError` with the count."
     bad = {name: _incomplete(df) for name, df in parts.items()}
     counts = {name: int(b.sum()) for name, b in bad.items() if b.any()}
     if not counts: return list(parts.values())
@@ -438,9 +451,8 @@ def _drop_or_refuse(parts: dict, drop_incomplete: bool, log) -> list:
     if not drop_incomplete:
         name = next(iter(counts))
         line = int(parts[name]['line'].to_numpy()[bad[name]][0])
-        raise ReleaseError(f"{total} row(s) without a finite score or cost ({per_file}; the first is {name} "
-                           f"line {line}); drop_incomplete drops them (dars diagnose and dars reproduce: --drop-incomplete; "
-                           "dars train: drop_incomplete = true in its config)")
+        raise IncompleteRowsError(f"{total} row(s) without a finite score or cost ({per_file}; the first is {name} "
+                                  f"line {line})")
     log(f"dropped {total} row(s) without a finite score or cost ({per_file})")
     return [df[~bad[name]] for name, df in parts.items()]
 
