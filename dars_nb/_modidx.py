@@ -1244,6 +1244,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'dars_nb.pool.local._gemma_parts': ('local.html#_gemma_parts', 'dars_nb/pool/local.py'),
                                     'dars_nb.pool.local._launch': ('local.html#_launch', 'dars_nb/pool/local.py'),
                                     'dars_nb.pool.local._package_dir': ('local.html#_package_dir', 'dars_nb/pool/local.py'),
+                                    'dars_nb.pool.local._plain_error': ('local.html#_plain_error', 'dars_nb/pool/local.py'),
                                     'dars_nb.pool.local._served_model': ('local.html#_served_model', 'dars_nb/pool/local.py'),
                                     'dars_nb.pool.local._signal_group': ('local.html#_signal_group', 'dars_nb/pool/local.py'),
                                     'dars_nb.pool.local._stop_processes': ('local.html#_stop_processes', 'dars_nb/pool/local.py'),

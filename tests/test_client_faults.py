@@ -100,6 +100,23 @@ def test_unknown_model_is_a_real_404(llama_server):
     assert (err.status, err.attempts, c.calls) == (404, 1, 1)
 
 
+def test_the_local_front_reads_a_form_posted_body_and_answers_bad_fields_in_one_line(llama_server):
+    """As `curl -d` sends it (a JSON body called a form) a request is answered; a field llama.cpp's own validation refuses
+    is a 400 naming it, without the Python stack its server appends, and a wrong sampling field never reaches it."""
+    import httpx2, json
+    url = llama_server + '/chat/completions'
+    body = {'model': 'smollm2', 'messages': MESSAGES, 'max_tokens': MAX_TOKENS, 'temperature': 0}
+    as_form = {'content-type': 'application/x-www-form-urlencoded'}
+    answered = httpx2.post(url, content=json.dumps(body), headers=as_form, timeout=120)
+    assert answered.status_code == 200 and answered.json()['choices'][0]['message']['content'], answered.text
+    stop = httpx2.post(url, json={**body, 'stop': 5}, timeout=120)              # refused by llama.cpp itself
+    assert stop.status_code == 400 and 'File' not in stop.text, stop.text
+    said = stop.json()['error']['message']   # pydantic names the union's members: stop.str, stop.list[str]
+    assert said.startswith('stop.str: Input should be a valid string') and '\n' not in said, said
+    hot = httpx2.post(url, json={**body, 'temperature': 'hot'}, timeout=120)    # refused by the front
+    assert (hot.status_code, hot.json()['error']['param']) == (400, 'temperature')
+
+
 def test_exhausted_retries_end_in_permanent_error(fault_proxy):
     proxy = fault_proxy(plan=['503'] * 3)
     (err,), c = run(calls(pool_at(proxy.base_url, max_retries=2)))

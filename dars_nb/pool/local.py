@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -171,6 +172,28 @@ def _served_model(raw: bytes, # a request body
             raise _Refused(400, f"{k} must be {what}, got {json.dumps(body[k])}", k)
     return model
 
+# %% ../../nbs/32_local.ipynb #5c0a7e32
+_STACK = '\n  File "'   # where llama.cpp's server appends the Python stack to an error message
+_FIELD_PROBLEM = re.compile(r"'loc': \(([^)]*)\), 'msg': '([^']*)'")   # one problem of its validation error
+
+def _plain_error(reply, # the upstream's answer (a Starlette `Response`)
+                ):
+    "`reply`, or, if it is an error whose message carries a Python stack, the same error in one line without it."
+    if reply.status_code < 400 or b'  File ' not in reply.body: return reply   # (a quick look before parsing)
+    from starlette.responses import JSONResponse
+    try: message = str(json.loads(reply.body)['error']['message'])
+    except (ValueError, KeyError, TypeError): message = reply.body.decode(errors='replace')
+    if _STACK not in message: return reply
+    problems = [('.'.join(p.strip(" '") for p in loc.split(',') if p.strip(" '") not in ('', 'body')), msg)
+                for loc, msg in _FIELD_PROBLEM.findall(message)]
+    if 'validation error' in message.split('\n', 1)[0] and problems:
+        text = '; '.join(f"{field}: {msg}" for field, msg in problems)
+        return JSONResponse({'error': {'message': text, 'type': 'invalid_request_error', 'param': problems[0][0],
+                                       'code': 400}}, 400)
+    first = message.split(_STACK)[0].strip().splitlines()[0]
+    return JSONResponse({'error': {'message': first, 'type': 'error', 'param': None, 'code': reply.status_code}},
+                        reply.status_code)
+
 # %% ../../nbs/32_local.ipynb #6f37e991
 def front_app(upstreams: dict, # model alias -> base URL of the process that serves it
              ):
@@ -192,7 +215,8 @@ def front_app(upstreams: dict, # model alias -> base URL of the process that ser
         try: model = _served_model(await request.body(), upstreams)
         except _Refused as e:
             return error(e.status, str(e), 'not_found' if e.status == 404 else 'invalid_request_error', e.param)
-        return await relay(request, upstreams[model], clients[model])
+        # the body is a JSON object (checked above), whatever its Content-Type says: `curl -d` calls it a form
+        return _plain_error(await relay(request, upstreams[model], clients[model], content_type='application/json'))
 
     @asynccontextmanager
     async def lifespan(app):

@@ -178,6 +178,7 @@ _HOP_HEADERS = {'host', 'content-length', 'connection', 'transfer-encoding', 'ke
 async def relay(request, # a Starlette request
                 upstream: str, # base URL of the endpoint that answers it, e.g. 'http://127.0.0.1:8081/v1'
                 client, # that endpoint's `endpoint_client`
+                content_type: str | None = None, # the body's type, where the caller knows it better than the request says
                ):
     "The upstream's answer to `request` (same method, path, headers and body), or a 502 if none comes."
     import httpx2
@@ -185,6 +186,7 @@ async def relay(request, # a Starlette request
     origin = httpx2.URL(upstream)
     url = origin.copy_with(path=request.url.path, query=request.url.query.encode() or None)
     headers = {k: v for k, v in request.headers.items() if k not in _HOP_HEADERS}
+    if content_type: headers['content-type'] = content_type
     try: reply = await client.request(request.method, url, headers=headers, content=await request.body())
     except httpx2.HTTPError as e:
         message = f"upstream {origin.netloc.decode()} did not answer: {type(e).__name__}"
