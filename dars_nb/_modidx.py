@@ -2094,6 +2094,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'dars_nb/sources/release.py'),
                                          'dars_nb.sources.release.IncompleteRowsError.__init__': ( 'release.html#incompleterowserror.__init__',
                                                                                                    'dars_nb/sources/release.py'),
+                                         'dars_nb.sources.release.IncompleteRowsError.__reduce__': ( 'release.html#incompleterowserror.__reduce__',
+                                                                                                     'dars_nb/sources/release.py'),
                                          'dars_nb.sources.release.IncompleteRowsError.spelled': ( 'release.html#incompleterowserror.spelled',
                                                                                                   'dars_nb/sources/release.py'),
                                          'dars_nb.sources.release._Cell': ('release.html#_cell', 'dars_nb/sources/release.py'),

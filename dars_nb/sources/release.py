@@ -440,6 +440,8 @@ class IncompleteRowsError(ReleaseError):
         "The same error, naming `switch` as the way to drop the rows."
         return IncompleteRowsError(self.found, switch)
 
+    def __reduce__(self): return IncompleteRowsError, (self.found, self.switch)   # the same error in another process
+
 # %% ../../nbs/07_release.ipynb #53783e99
 def _drop_or_refuse(parts: dict, drop_incomplete: bool, log) -> list:
     "The files' rows without incomplete ones (printing how many), or an `IncompleteRowsError` with the count."
