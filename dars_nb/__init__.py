@@ -11,7 +11,7 @@ MOVED_MODULES = {
     'bootstrap': ('evaluate.bootstrap',), 'curves': ('evaluate.curves',), 'draws': ('evaluate.draws',),
     'bundle_format': ('bundle.format',), 'guard': ('bundle.guard',), 'bundle_state': ('bundle.state',),
     'training': ('bundle.training',), 'calibrate': ('bundle.calibrate', 'bundle.model_name'),
-    'litellm_router': ('bundle.litellm',), 'collect.local': ('pool.local',),
+    'litellm_router': ('bundle.litellm',), 'collect.local': ('pool.local',), 'cache_folder': ('files.cache_folder',),
 }
 
 class _MovedModuleFinder(_abc.MetaPathFinder, _abc.Loader):

@@ -20,7 +20,7 @@ from .extras import check_extra, error_line
 
 # %% auto #0
 __all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'Command', 'summary', 'entry_function', 'command_parser', 'build_parser',
-           'parse_args', 'exit_code', 'writable_file', 'writable_folder', 'main']
+           'parse_args', 'exit_code', 'main']
 
 # %% ../nbs/90_cli.ipynb #9635f99c
 @dataclass(frozen=True)
@@ -124,27 +124,6 @@ def exit_code(e: BaseException, # what a subcommand raised
     if isinstance(e, (ValueError, OSError, ImportError, RuntimeError, LookupError)):
         return 1, error_line(e)
     raise e
-
-# %% ../nbs/90_cli.ipynb #8b1e4d27
-def writable_file(path, # where a command will write a file
-                  what: str = '--out', # how the message names it
-                 ) -> Path:
-    "`path` if a file can be written there (its folder exists, it is no folder itself), else a one-line `ValueError`."
-    p = Path(path)
-    if not str(path).strip() or p.is_dir(): raise ValueError(f"{what} must name a file, got {str(path)!r}")
-    if not p.parent.is_dir(): raise ValueError(f"{what} {path}: the folder {p.parent} does not exist")
-    return p
-
-def writable_folder(path, # a folder a command will make if it is missing, and write files into
-                    what: str = '--out', # how the message names it
-                   ) -> Path:
-    "`path` if it is a folder, or one can be made there (the nearest existing path above it is a folder), else a one-line `ValueError`."
-    p = Path(path)
-    if not str(path).strip(): raise ValueError(f"{what} must name a folder, got {str(path)!r}")
-    if p.exists() and not p.is_dir(): raise ValueError(f"{what} {path} is a file, not a folder")
-    above = next(a for a in p.absolute().parents if a.exists())
-    if not p.exists() and not above.is_dir(): raise ValueError(f"{what} {path}: {above} is a file, not a folder")
-    return p
 
 # %% ../nbs/90_cli.ipynb #859680e6
 class _CommandStderr:

@@ -12,6 +12,7 @@ import altair as alt
 from .markdown import markdown_table
 from .observations import as_validated, select, Dense
 from .stats import PAPER, grid_stats, training_grid, best_models, TIE_TOL
+from .files.paths import writable_folder
 
 # %% auto #0
 __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate', 'single_vs_da_disagreement',
@@ -244,7 +245,6 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv), or
     import sys
     from dars_nb.sources import load_observations
     from dars_nb.sources.release import IncompleteRowsError
-    from dars_nb.cli import writable_folder
     d = None if out is None else writable_folder(out)   # before the observations are read
     try: obs_table = load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr))
     except IncompleteRowsError as e: raise e.spelled('--drop-incomplete') from None

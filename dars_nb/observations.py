@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from .files.paths import readable_file
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
@@ -470,8 +471,7 @@ def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSO
     "Read and validate an observation file."
     path = Path(path)
     ext = '.json' if path.suffix.lower() == '.json' else observation_file_type(path)
-    if not path.exists(): _fail(f"no observation file at {path}")
-    if not path.is_file(): _fail(f"{path} is not a regular file (a folder, a device or a pipe)")
+    readable_file(path, 'observation file', ObservationError)
     try:
         if ext == '.parquet': df = pd.read_parquet(path)
         elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)

@@ -131,7 +131,7 @@ def test_train_save_load_route(small, tmp_path, capsys):
     with pytest.raises(ValueError, match='give one question or --file'): route_main(str(tmp_path / 'r.zip'))
     (tmp_path / 'bad.jsonl').write_text('{"id": 1}\n')
     with pytest.raises(ValueError, match='line 1: no "question"'): route_main(str(tmp_path / 'r.zip'), file=str(tmp_path / 'bad.jsonl'))
-    with pytest.raises(ValueError, match='config file not found'): train_main(str(tmp_path / 'nope.toml'), str(tmp_path / 'x.zip'))
+    with pytest.raises(ValueError, match='no config file at'): train_main(str(tmp_path / 'nope.toml'), str(tmp_path / 'x.zip'))
 
 
 def test_example_config_layout(small):

@@ -150,7 +150,7 @@ def test_core_trains_and_routes_mlp_and_avengers(core_venv, tmp_path):
 def test_missing_config_is_named(core_venv, tmp_path):
     res = _dars(core_venv, 'train', '/nonexist.toml', '--out', tmp_path / 'r.dars')
     _one_line_error(res, 'train')
-    assert 'config file not found: /nonexist.toml' in res.stderr
+    assert 'no config file at /nonexist.toml' in res.stderr
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ from ..stats import MODES
 from .format import BundleError, encode, decode, write_archive, read_archive, short_repr
 from .state import check_state
 from ..pool.config import is_finite_number, is_integer
-from ..cache_folder import cache_root
+from ..files.cache_folder import cache_root
+from ..files.paths import read_text
 
 # %% auto #0
 __all__ = ['MARGINS_KEPT', 'ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle',
@@ -397,12 +398,7 @@ def _query_item(item: dict, where: str) -> str:
 def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line
                   ) -> tuple[list, list[str]]:
     "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
-    path = Path(file)
-    if not path.exists(): raise ValueError(f"query file not found: {path}")
-    if not path.is_file(): raise ValueError(f"query file {path} is not a regular file (a folder, a device or a pipe)")
-    try: text = path.read_text(encoding='utf-8')
-    except UnicodeDecodeError as e:
-        raise ValueError(f"query file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+    path, text = Path(file), read_text(file, 'query file')
     ids, questions = [], []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip(): continue

@@ -19,6 +19,7 @@ import numpy as np
 from .. import __version__
 from ..extras import install_hint
 from ..routers import FAMILIES
+from ..files.paths import readable_file
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'MAX_DEPTH', 'DEFAULT_MAX_MB', 'MAX_MB_ENV',
@@ -391,7 +392,7 @@ def read_archive(path, # a file written by `write_archive`
                 ) -> tuple[dict, dict]:
     "The manifest and arrays of a bundle file; a one-line BundleError if missing, damaged, too large or of another version."
     path, limits = Path(path), bundle_limits(max_mb)
-    if not path.is_file(): raise BundleError(f"no router bundle at {path}")
+    readable_file(path, 'router bundle', BundleError)
     try:
         with open(path, 'rb') as f: return _read_zip(f, path, limits)
     except BundleError: raise

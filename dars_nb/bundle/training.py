@@ -20,6 +20,7 @@ from ..routers import FAMILIES
 from .guard import cross_validate
 from . import RouterBundle, observations_fingerprint, save_bundle
 from .model_name import check_lambda
+from ..files.paths import writable_file
 
 # %% auto #0
 __all__ = ['CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'kept_texts', 'train',
@@ -216,7 +217,6 @@ def train_main(config: str, # path of the training TOML file
                quiet: bool = False, # print nothing
               ) -> int:
     "Train a router from a TOML config and save it as one file."
-    from dars_nb.cli import writable_file
     target = writable_file(out)   # before the training, not after it
     path = save_bundle(train(config, quiet=quiet), target)
     if not quiet: print(f"saved the router bundle to {path}")

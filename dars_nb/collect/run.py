@@ -228,8 +228,8 @@ def _open_for_run(cfg) -> Store:
     return store
 
 # %% ../../nbs/35f_collect_run.ipynb #88c70914
-def _record_plan(store, cfg, plan: pd.DataFrame):
-    "Settle what a killed run left in flight, and record this run as running and its plan (for `dars status`)."
+def _record_plan(store, cfg, plan: pd.DataFrame) -> str:
+    "Settle what a killed run left in flight, record this run as running and its plan (for `dars status`); its start."
     store.ledger().settle_lost()
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
     # the run is recorded as running before anything else of it: killed from here on, it reads as interrupted
@@ -240,6 +240,7 @@ def _record_plan(store, cfg, plan: pd.DataFrame):
                    dict(config=cfg.source, started=started,
                         limits=dict(call_budget=lim.call_budget, spend_cap_usd=lim.spend_cap_usd),
                         planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
+    return started
 
 # %% ../../nbs/35f_collect_run.ipynb #0f6521ca
 @dataclass(frozen=True)
@@ -305,6 +306,7 @@ class CollectResult:
 
 def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the run did
             skipped: int, # planned observations already stored when the run started
+            started: str, # when the run started, as `_record_plan` recorded it
             validity: bool, similarity, write_output: bool) -> CollectResult:
     "What the run did: its status, the complete table (written out), the rewrite validity; recorded in the store."
     missing = len(_pending(plan, store.keys()))
@@ -312,7 +314,6 @@ def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the r
     fails = calls.failures
     message = (calls.stop if calls.stop else
                f"{len(fails)} call(s) failed permanently, first: {fails[0].message}" if fails else '')
-    started = store.get_meta('last_run', {}).get('started')      # this run's, recorded by `_record_plan`
     store.set_meta('last_run',
                    dict(status=status, started=started, message=message, collected=calls.collected,
                         missing=missing, failures=len(fails), first_failures=[f.message for f in fails[:5]]))
@@ -343,10 +344,10 @@ async def acollect(config, # a CollectConfig, TOML path or dict
     store = _open_for_run(cfg)
     try:
         _check_decoding(store, cfg)
-        _record_plan(store, cfg, plan)
+        started = _record_plan(store, cfg, plan)
         skipped = len(plan) - len(_pending(plan, store.keys()))
         calls = await _run_calls(cfg, store, tasks, plan, progress)
-        return _finish(cfg, store, tasks, plan, calls, skipped=skipped, validity=validity,
+        return _finish(cfg, store, tasks, plan, calls, skipped=skipped, started=started, validity=validity,
                        similarity=similarity, write_output=write_output)
     finally: store.close()
 

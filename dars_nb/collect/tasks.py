@@ -11,6 +11,7 @@ import pandas as pd
 from ..pool.config import ConfigError
 from .prompts import KINDS, LETTERS, choice_list
 from .config import SOURCES, DatasetSpec, load_config
+from ..files.paths import read_text
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'load_task_file', 'load_tasks']
@@ -23,9 +24,8 @@ def load_task_file(path, # a JSONL file, one task per line
                   ) -> pd.DataFrame:
     "A user's JSONL task file as a task table, checked line by line."
     path = Path(path)
-    if not path.is_file(): raise ValueError(f"task file not found: {path}")
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(read_text(path, 'task file').splitlines(), 1):
         if not line.strip(): continue
         where = f"{path.name} line {i}"
         try: r = json.loads(line)

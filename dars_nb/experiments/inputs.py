@@ -13,6 +13,7 @@ from ..sources import load_observations
 from ..stats import PAPER
 from .protocol import PAPER_TEST_SIZES, Formulas, FamilyFeatures, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
+from ..files.paths import readable_file
 
 # %% auto #0
 __all__ = ['FULL', 'QUICK', 'AUTHORS_PASSAGE_CHARS', 'TEXTS', 'OTHER_MODEL_DESCRIPTION', 'Settings', 'authors_texts',
@@ -113,7 +114,7 @@ def read_features(path, # .parquet (or .csv): one row per query, by query_id (in
                  ) -> pd.DataFrame:
     "A features table indexed by query_id (str), all columns numeric."
     path = Path(path)
-    if not path.exists(): raise ValueError(f"no features file at {path}")
+    readable_file(path, 'features file')
     try: table = pd.read_parquet(path) if path.suffix.lower() == '.parquet' else pd.read_csv(path)
     except Exception as e:
         raise ValueError(f"cannot read {path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

@@ -24,6 +24,7 @@ from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
 from .report import run_summary, report_text, summary_text
 from .presets import get_protocol
 from .cluster import CONNECT_TIMEOUT_S, cluster_client, cluster_text, scheduler_address
+from ..files.paths import readable_file, writable_folder
 
 # %% auto #0
 __all__ = ['REPORT_FILES', 'TORCH_ROUTERS', 'staged_folder', 'reproduce', 'reproduce_main']
@@ -36,7 +37,7 @@ def staged_folder(out: Path, # the report folder (created at the end if needed)
                  ) -> Iterator[Path]:
     "A new hidden folder beside `out` for the block; its files move into `out` at the end, or it is removed."
     out = Path(out)
-    if out.exists() and not out.is_dir(): raise ValueError(f"{out} exists and is not a folder")
+    writable_folder(out, 'report folder')
     out.parent.mkdir(parents=True, exist_ok=True)
     folder = out.parent / f'.{out.name}.partial-{uuid.uuid4().hex[:8]}'
     folder.mkdir()
@@ -63,7 +64,7 @@ def _check_inputs(data, # None (the simulator), an observation file or a release
     if data is None:
         raise ValueError("--features needs --data: a features file describes the queries of an observation file "
                          "or release folder (the simulator makes its own features)")
-    if not Path(features).is_file(): raise ValueError(f"no features file at {features}")
+    readable_file(features, 'features file')
 
 # %% ../../nbs/24d_reproduce.ipynb #4eaf5179
 # default families that need `torch`

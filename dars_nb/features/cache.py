@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os
 from pathlib import Path
-from ..cache_folder import CACHE_ENV, CACHE_FOLDERS, cache_root, cache_folder
+from ..files.cache_folder import CACHE_ENV, CACHE_FOLDERS, cache_root, cache_folder
 from .embedding_store import EmbeddingStore, embeddings_dir
 
 # %% auto #0

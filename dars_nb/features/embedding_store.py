@@ -13,7 +13,7 @@ import warnings
 import zlib
 from pathlib import Path
 import numpy as np
-from ..cache_folder import cache_folder
+from ..files.cache_folder import cache_folder
 from .encoder import check_texts, SentenceEncoder, sentence_encoder
 
 # %% auto #0
@@ -22,7 +22,7 @@ __all__ = ['embeddings_dir', 'EmbeddingStore', 'sentence_embeddings']
 # %% ../../nbs/09b_embedding_store.ipynb #d4efccc6
 def embeddings_dir(cache_dir=None, # the cache root (default $DARS_CACHE, else ~/.cache/dars_nb)
                   ) -> Path:
-    "The embedding store's folder: the `embeddings` folder of the cache (`dars_nb.cache_folder`)."
+    "The embedding store's folder: the `embeddings` folder of the cache (`dars_nb.files.cache_folder`)."
     return cache_folder('embeddings', cache_dir)
 
 # %% ../../nbs/09b_embedding_store.ipynb #854589a7

@@ -15,7 +15,7 @@ import os
 import warnings
 from pathlib import Path
 import numpy as np
-from ..cache_folder import cache_root, cache_folder
+from ..files.cache_folder import cache_root, cache_folder
 from ..extras import install_hint, require
 
 # %% auto #0
@@ -186,7 +186,7 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
     finally: part.unlink(missing_ok=True)
     return target
 
-def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of `dars_nb.cache_folder`)
+def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of `dars_nb.files.cache_folder`)
                    ) -> Path:
     "The ONNX file of the encoder in the cache, exported first if it is not there yet."
     name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}"

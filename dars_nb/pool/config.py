@@ -10,6 +10,7 @@ import types
 import typing
 from dataclasses import fields, MISSING
 from pathlib import Path
+from ..files.paths import read_text
 
 # %% auto #0
 __all__ = ['ConfigError', 'is_finite_number', 'is_integer', 'check_port', 'check_known_keys', 'read_toml', 'from_table']
@@ -55,9 +56,9 @@ def read_toml(path, # a TOML file
              ) -> dict:
     "The parsed contents of a configuration file, or a one-line `ConfigError`."
     path = Path(path)
-    if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-    try: return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    text = read_text(path, 'config file', ConfigError)
+    try: return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
 
 # %% ../../nbs/08a_pool_config.ipynb #ce018b3d

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from fastcore.basics import patch
 from fastcore.meta import delegates
-from ..cache_folder import cache_folder
+from ..files.cache_folder import cache_folder
 from .config import check_port, is_finite_number, is_integer
 from .models import ModelSpec, Pool, Limits
 from .http import endpoint_client, http_get, EndpointUnreachable
@@ -92,7 +92,7 @@ def smollm2_path() -> Path:
 
 # %% ../../nbs/32_local.ipynb #21661c52
 def cache_dir() -> Path:
-    "Where reassembled weights are kept: the `models` folder of the cache (`dars_nb.cache_folder`)."
+    "Where reassembled weights are kept: the `models` folder of the cache (`dars_nb.files.cache_folder`)."
     return cache_folder('models')
 
 # %% ../../nbs/32_local.ipynb #bb5b20bb

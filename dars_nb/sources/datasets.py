@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from ..files.paths import readable_file
 
 # %% auto #0
 __all__ = ['TASK_COLUMNS', 'MMLU_SCIENCE', 'data_dir', 'load_math500', 'load_math_train', 'split_drop_prompt', 'load_drop',
@@ -158,7 +159,7 @@ def load_gpqa(path, # your GPQA file: a CSV, or the official zip
              ) -> pd.DataFrame:
     "A GPQA copy as a multiple-choice task table with deterministically shuffled options."
     path = Path(path)
-    if not path.is_file(): raise ValueError(f"no GPQA file at {path}")
+    readable_file(path, 'GPQA file')
     df = _read_gpqa_csv(path, subset, password)
     missing = [c for c in ['Question'] + _GPQA_OPTIONS if c not in df.columns]
     if missing: raise ValueError(f"GPQA file lacks the column {missing[0]!r}")

@@ -16,6 +16,7 @@ from ..observations import validate, ObservationError
 from ..stats import PAPER, normalize_cost
 from .datasets import data_dir
 from ..pool.usage import estimate_prompt_tokens
+from ..files.paths import readable_file, read_text
 
 # %% auto #0
 __all__ = ['read_prices', 'from_llmrouter', 'read_llmrouter', 'model_means', 'plot_model_means', 'from_routerbench',
@@ -28,16 +29,16 @@ def _records(source) -> pd.DataFrame:
     "A DataFrame of records from a path (.json/.jsonl), a list of dicts or a DataFrame."
     if isinstance(source, pd.DataFrame): return source.reset_index(drop=True)
     if isinstance(source, (list, tuple)): return pd.DataFrame(list(source))
-    path = Path(source)
-    if not path.is_file(): _fail(f"no routing file at {path}")
+    path = readable_file(source, 'routing file')
+    kind = path.suffix.lower()
+    if kind not in ('.json', '.jsonl'): _fail(f"unknown routing file type {path.suffix or path.name!r} (use .json or .jsonl)")
+    text = read_text(path, 'routing file')
     try:
-        if path.suffix.lower() == '.jsonl':
-            rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-        elif path.suffix.lower() == '.json':
-            rows = json.loads(path.read_text())
+        if kind == '.jsonl': rows = [json.loads(l) for l in text.splitlines() if l.strip()]
+        else:
+            rows = json.loads(text)
             if isinstance(rows, dict): rows = rows.get('data', rows.get('records'))
             if not isinstance(rows, list): _fail(f"{path.name} does not hold a list of records")
-        else: _fail(f"unknown routing file type {path.suffix or path.name!r} (use .json or .jsonl)")
     except json.JSONDecodeError as e:
         _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
     if not rows: _fail(f"{path.name} holds no records")
@@ -51,8 +52,9 @@ def read_prices(source, # llm_candidates.json, or {model: {input_price, output_p
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
         path = Path(source)
-        if not path.is_file(): _fail(f"no candidates file at {path}")
-        source = json.loads(path.read_text())
+        try: source = json.loads(read_text(path, 'candidates file'))
+        except json.JSONDecodeError as e: _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
+        if not isinstance(source, dict): _fail(f"{path.name} does not hold an object of model cards")
     rows = {}
     for m, card in source.items():
         if not isinstance(card, dict): _fail(f"model card of {m!r} is not an object")
@@ -275,7 +277,7 @@ _READERS = {'.pkl': pd.read_pickle, '.csv': pd.read_csv, '.parquet': pd.read_par
 
 def _read_routerbench(p: Path) -> pd.DataFrame:
     "The RouterBench table in file `p`, read by its suffix."
-    if not p.is_file(): _fail(f"no RouterBench file at {p}")
+    readable_file(p, 'RouterBench file')
     if p.suffix.lower() not in _READERS: _fail(f"unknown RouterBench file type {p.suffix!r}")
     return _READERS[p.suffix.lower()](p)
 
