@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .files.paths import readable_file
+from .files.paths import readable_file, not_utf8
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
@@ -476,6 +476,7 @@ def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSO
         if ext == '.parquet': df = pd.read_parquet(path)
         elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)
         else: df = pd.read_csv(path, dtype=AS_TEXT)
+    except UnicodeDecodeError: raise not_utf8(path, 'observation file', ObservationError) from None
     except Exception as e: _fail(f"cannot read {path.name}: "
                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return validate(df)

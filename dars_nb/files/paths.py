@@ -4,10 +4,11 @@
 
 # %% ../../nbs/00c_paths.ipynb #ce289225
 from __future__ import annotations
+import codecs
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['readable_file', 'read_text', 'writable_file', 'writable_folder']
+__all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'writable_file', 'writable_folder']
 
 # %% ../../nbs/00c_paths.ipynb #fa518a85
 def readable_file(path, # a file the caller will read
@@ -20,6 +21,33 @@ def readable_file(path, # a file the caller will read
     if not p.is_file(): raise error(f"{what} {path} is not a regular file (a folder, a device or a pipe)")
     return p
 
+# %% ../../nbs/00c_paths.ipynb #c1332725
+def first_non_utf8(path, # a file
+                   chunk: int = 1 << 20, # bytes read at a time
+                  ) -> tuple[int, int] | None:
+    "(offset, value) of the first byte of the file at `path` that does not decode as UTF-8; None if the whole file does."
+    decoder, offset = codecs.getincrementaldecoder('utf-8')(), 0
+    with open(path, 'rb') as f:
+        for piece in iter(lambda: f.read(chunk), b''):
+            start = offset - len(decoder.getstate()[0])   # a character cut at the end of the last piece is decoded again
+            try: decoder.decode(piece)
+            except UnicodeDecodeError as e: return start + e.start, e.object[e.start]
+            offset += len(piece)
+        start = offset - len(decoder.getstate()[0])
+        try: decoder.decode(b'', final=True)
+        except UnicodeDecodeError as e: return start + e.start, e.object[e.start]
+    return None
+
+# %% ../../nbs/00c_paths.ipynb #4aa787a8
+def not_utf8(path, # a file that failed to decode as UTF-8
+             what: str, # how the message names it
+             error: type[Exception] = ValueError, # the exception to return
+            ) -> Exception:
+    "The one-line `error` (to raise) for a file that is not UTF-8 text: its first byte that is not, found in the file."
+    at = first_non_utf8(path)
+    where = f" (byte {at[0]} is {at[1]:#04x})" if at else ''   # (a file rewritten since, and UTF-8 now)
+    return error(f"{what} {path} is not UTF-8 text{where}")
+
 # %% ../../nbs/00c_paths.ipynb #ccc12c66
 def read_text(path, # a text file the caller will read
               what: str, # how the message names it
@@ -28,8 +56,7 @@ def read_text(path, # a text file the caller will read
     "The UTF-8 text of the regular file at `path`; else a one-line `error` naming the file (and the first byte that is not UTF-8)."
     p = readable_file(path, what, error)
     try: return p.read_text(encoding='utf-8')
-    except UnicodeDecodeError as e:
-        raise error(f"{what} {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+    except UnicodeDecodeError: raise not_utf8(p, what, error) from None
 
 # %% ../../nbs/00c_paths.ipynb #b52382df
 def writable_file(path, # where a command will write a file
