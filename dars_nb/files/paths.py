@@ -5,6 +5,7 @@
 # %% ../../nbs/00c_paths.ipynb #ce289225
 from __future__ import annotations
 import codecs
+import os
 from pathlib import Path
 
 # %% auto #0
@@ -15,8 +16,9 @@ def readable_file(path, # a file the caller will read
                   what: str, # how the message names it, e.g. 'query file'
                   error: type[Exception] = ValueError, # the exception to raise
                  ) -> Path:
-    "`path` as a `Path` if a regular file is there; else a one-line `error` (nothing there, or not a regular file)."
+    "`path` as a `Path` if a regular file is there; else a one-line `error` (nothing there, a broken link, not a regular file)."
     p = Path(path)
+    if p.is_symlink() and not p.exists(): raise error(f"{what} {path} is a broken link (to {os.readlink(p)})")
     if not p.exists(): raise error(f"no {what} at {path}")
     if not p.is_file(): raise error(f"{what} {path} is not a regular file (a folder, a device or a pipe)")
     return p

@@ -19,6 +19,7 @@ import pandas as pd
 from ..observations import KEY_COLUMNS, validate, format_options, parse_options
 from .release_rows import ReleaseError, READ_PROTOCOLS, departures, departure_notes
 from .release_rows import tell_views, settle_ids, first_row_texts
+from ..files.paths import readable_file
 
 # %% auto #0
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
@@ -396,8 +397,9 @@ def release_files(folder, # the release folder, or one dataset's folder inside i
     if bad: raise ReleaseError(f"unknown split {bad[0]!r} (expected train or test)")
     own = any((folder / f).is_file() for f in RELEASE_FILES.values())
     dirs = [folder] if own else sorted(p for p in folder.iterdir() if p.is_dir())
-    found = [(d.name, s, d / RELEASE_FILES[s]) for d in dirs for s in splits
-             if (d / RELEASE_FILES[s]).is_file()]
+    named = [(d.name, s, d / RELEASE_FILES[s]) for d in dirs for s in splits]
+    # a file by a release file's name that cannot be read (a folder, a pipe, a broken link) stops here, not skipped
+    found = [(d, s, readable_file(p, 'release file', ReleaseError)) for d, s, p in named if p.exists() or p.is_symlink()]
     if datasets is not None:
         missing = sorted(set(datasets) - {d for d, _, _ in found})
         if missing: raise ReleaseError(f"no release files for dataset {missing[0]!r} in {folder}")
