@@ -5,6 +5,7 @@
 # %% ../../nbs/00c_paths.ipynb #ce289225
 from __future__ import annotations
 import codecs
+import itertools
 import os
 from pathlib import Path
 
@@ -30,14 +31,11 @@ def first_non_utf8(path, # a file
     "(offset, value) of the first byte of the file at `path` that does not decode as UTF-8; None if the whole file does."
     decoder, offset = codecs.getincrementaldecoder('utf-8')(), 0
     with open(path, 'rb') as f:
-        for piece in iter(lambda: f.read(chunk), b''):
+        for piece in itertools.chain(iter(lambda: f.read(chunk), b''), [b'']):   # b'': the end, where a cut character fails
             start = offset - len(decoder.getstate()[0])   # a character cut at the end of the last piece is decoded again
-            try: decoder.decode(piece)
+            try: decoder.decode(piece, final=not piece)
             except UnicodeDecodeError as e: return start + e.start, e.object[e.start]
             offset += len(piece)
-        start = offset - len(decoder.getstate()[0])
-        try: decoder.decode(b'', final=True)
-        except UnicodeDecodeError as e: return start + e.start, e.object[e.start]
     return None
 
 # %% ../../nbs/00c_paths.ipynb #4aa787a8
@@ -68,7 +66,8 @@ def writable_file(path, # where a command will write a file
     "`path` if a file can be written there (its folder exists, it is no folder itself), else a one-line `error`."
     p = Path(path)
     if not str(path).strip() or p.is_dir(): raise error(f"{what} must name a file, got {str(path)!r}")
-    if not p.parent.is_dir(): raise error(f"{what} {path}: the folder {p.parent} does not exist")
+    folder = p.resolve().parent   # through a link, the folder its file is written in
+    if not folder.is_dir(): raise error(f"{what} {path}: the folder {folder} does not exist")
     return p
 
 # %% ../../nbs/00c_paths.ipynb #0ae6054a
@@ -80,6 +79,7 @@ def writable_folder(path, # a folder a command will make if it is missing, and w
     p = Path(path)
     if not str(path).strip(): raise error(f"{what} must name a folder, got {str(path)!r}")
     if p.exists() and not p.is_dir(): raise error(f"{what} {path} is a file, not a folder")
+    if p.is_symlink() and not p.exists(): raise error(f"{what} {path} is a broken link (to {os.readlink(p)})")
     above = next(a for a in p.absolute().parents if a.exists())
     if not p.exists() and not above.is_dir(): raise error(f"{what} {path}: {above} is a file, not a folder")
     return p
