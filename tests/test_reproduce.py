@@ -34,7 +34,7 @@ def test_report_mentions_every_router(report):
     routers = list(available_routers())
     assert len(routers) == 7
     for name in routers: assert name in text, name
-    assert 'True regret' in text and 'DARS beats single-shot in' in text
+    assert 'True regret' in text and 'DARS is above single-shot in' in text
     for label in ('beats the best fixed model (chosen on training data, interval above 0)',
                   'best fixed model chosen on training data', 'chosen on test, optimistic', 'oracle', 'random'):
         assert label in text, label
@@ -58,6 +58,12 @@ def test_quick_tables_are_complete(report):
     fixed = base.xs('best fixed model (training)', level='policy')
     expected = res['utility'].to_numpy() - fixed.loc[list(zip(res['dataset'], res['view']))].to_numpy()
     assert abs(res['vs_best_fixed'].to_numpy() - expected).max() < 1e-9   # mean of differences = difference of means (CSV keeps 15+ digits)
+    # every DARS row against its single-shot twin: the difference of their utilities, inside its paired interval
+    keys = ['dataset', 'router', 'view']
+    dars, single = (res[res['supervision'] == s].set_index(keys) for s in ('dars', 'single'))
+    assert abs(dars['vs_single'] - (dars['utility'] - single['utility'].reindex(dars.index))).max() < 1e-9
+    assert ((dars['vs_single_low'] <= dars['vs_single']) & (dars['vs_single'] <= dars['vs_single_high'])).all()
+    assert single[['vs_single', 'vs_single_low', 'vs_single_high']].isna().all().all()
 
 
 def _run(tmp_path, capsys, name, text):

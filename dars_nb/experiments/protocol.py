@@ -25,11 +25,11 @@ from ..routers.base import align
 from .cluster import run_calls
 
 # %% auto #0
-__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'Formulas', 'FamilyFeatures', 'ProtocolData',
-           'make_dataset', 'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers',
-           'derive_seed', 'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions',
-           'score_unit', 'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'add_intervals', 'UnitCall',
-           'run_experiments', 'run_protocol']
+__all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'VS_SINGLE', 'VS_FIXED', 'Formulas',
+           'FamilyFeatures', 'ProtocolData', 'make_dataset', 'simulated_datasets', 'datasets_from', 'as_datasets',
+           'available_routers', 'resolve_routers', 'derive_seed', 'single_threaded', 'Spec', 'Prepared',
+           'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit', 'run_unit', 'scalars', 'baseline_values',
+           'protocol_baselines', 'single_shot_twins', 'add_intervals', 'UnitCall', 'run_experiments', 'run_protocol']
 
 # %% ../../nbs/21a_protocol.ipynb #8c647133
 class Formulas(NamedTuple):
@@ -369,7 +369,7 @@ def run_unit(ds: ProtocolData, # the dataset
 RESULT_COLUMNS = ['dataset', 'router', 'supervision', 'beta', 'grid', 'view', 'utility', 'score', 'cost', 'ci_low',
                   'ci_high',
                   'best_fixed', 'vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high',
-                  'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']
+                  'vs_single', 'vs_single_low', 'vs_single_high', 'single_std', 'n_draws', 'true_regret', 'draw_utilities', 'per_query']
 ARRAY_COLUMNS = ['draw_utilities', 'per_query']
 
 def scalars(results: pd.DataFrame, # output of `run_experiments` / `run_protocol`
@@ -426,26 +426,47 @@ def protocol_baselines(datasets, # `ProtocolData`(s), or a mapping name -> (obs,
     return pd.DataFrame(rows)
 
 # %% ../../nbs/21a_protocol.ipynb #784ec264
+VS_SINGLE = ['vs_single', 'vs_single_low', 'vs_single_high']
+VS_FIXED = ['vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high']
+
+def single_shot_twins(rows: pd.DataFrame, # unit rows of one dataset and view
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    "Positions of the rows that have one single-shot row of their router and grid, and that row's positions."
+    rows, keys = rows.reset_index(drop=True), [c for c in ('router', 'grid') if c in rows]
+    single = rows[rows['supervision'] == 'single']
+    single = single[~single.duplicated(keys, keep=False)]   # two of them: no one twin
+    twin = rows[keys].merge(single[keys].assign(twin=single.index), how='left')['twin']
+    paired = (rows['supervision'] != 'single').to_numpy() & twin.notna().to_numpy()
+    return np.flatnonzero(paired), twin[paired].to_numpy(int)
+
+# %% ../../nbs/21a_protocol.ipynb #ee88155f
+def _columns(ci, part: slice) -> np.ndarray:
+    "The estimates, lows and highs of `part` of an interval's columns, side by side."
+    return np.column_stack([ci.estimate[part], ci.low[part], ci.high[part]])
+
 def add_intervals(table: pd.DataFrame, # unit rows with `per_query` values (e.g. from `score_unit`)
                   n_boot: int = 1000, # bootstrap resamples
                   alpha: float = 0.05, # 1 − confidence level
                   seed: int = 0, # the run's seed
                   baselines: dict | None = None, # dataset -> `baseline_values`: adds differences
                  ) -> pd.DataFrame:
-    "Paired bootstrap intervals per (dataset, view); each row's difference to the best fixed model."
+    "Paired bootstrap intervals per (dataset, view); each row's difference to its single-shot twin and to the best fixed model."
     table = table.copy()
-    table[['vs_best_fixed', 'vs_best_fixed_low', 'vs_best_fixed_high']] = np.nan
+    table[VS_SINGLE + VS_FIXED] = np.nan
     table['best_fixed'] = ''
     for (name, view), idx in table.groupby(['dataset', 'view'], sort=False).groups.items():
         P = np.column_stack(table.loc[idx, 'per_query'].to_list())
-        k, (values, models) = P.shape[1], (baselines or {}).get(name, {}).get(view, (None, None))
-        if values is not None:  # the differences to the reference: one call, the same resamples
-            P = np.column_stack([P, P - values[BASELINES[0]].to_numpy()[:, None]])
-        ci = bootstrap_ci(P, n_boot, alpha, derive_seed(seed, 'bootstrap', name, view))
+        values, models = (baselines or {}).get(name, {}).get(view, (None, None))
+        rows, twins = single_shot_twins(table.loc[idx])
+        # the rows, their differences to single-shot and to the reference: one call, the same resamples
+        parts = [P, P[:, rows] - P[:, twins]]
+        if values is not None: parts.append(P - values[BASELINES[0]].to_numpy()[:, None])
+        ci = bootstrap_ci(np.column_stack(parts), n_boot, alpha, derive_seed(seed, 'bootstrap', name, view))
+        k, m = P.shape[1], P.shape[1] + len(rows)
         table.loc[idx, 'ci_low'], table.loc[idx, 'ci_high'] = ci.low[:k], ci.high[:k]
+        if len(rows): table.loc[idx[rows], VS_SINGLE] = _columns(ci, slice(k, m))
         if values is None: continue
-        (table.loc[idx, 'vs_best_fixed'], table.loc[idx, 'vs_best_fixed_low'],
-         table.loc[idx, 'vs_best_fixed_high']) = ci.estimate[k:], ci.low[k:], ci.high[k:]
+        table.loc[idx, VS_FIXED] = _columns(ci, slice(m, None))
         table.loc[idx, 'best_fixed'] = models[BASELINES[0]]
     return table
 

@@ -10,7 +10,7 @@ import pandas as pd
 from fastcore.basics import patch
 from ..markdown import markdown_table
 from ..stats import noise_tolerance
-from .protocol import BASELINES
+from .protocol import BASELINES, VS_SINGLE
 
 # %% auto #0
 __all__ = ['VIEW_LABELS', 'compare_supervision', 'Verdict', 'count_verdicts', 'Table', 'table1', 'table_vs_fixed', 'table5',
@@ -45,6 +45,10 @@ def compare_supervision(results: pd.DataFrame, # `run_protocol` output (or any s
                 out[f'{side}_{col}'] = rows[src].reindex(out.index)
         fixed = part.set_index(keys)['best_fixed'].groupby(level=keys).first()
         out['best_fixed'] = fixed.reindex(out.index)
+    if baseline == 'single' and 'vs_single' in part.columns:   # the paired interval of the difference
+        rows = part[part['supervision'] == treatment].set_index(keys)
+        out['difference_low'] = rows['vs_single_low'].reindex(out.index)
+        out['difference_high'] = rows['vs_single_high'].reindex(out.index)
     out = out.dropna(subset=['single', 'dars'])
     # the input's order of appearance
     order = {c: list(dict.fromkeys(results[c])) for c in keys}
@@ -56,14 +60,17 @@ class Verdict(NamedTuple):
     "DARS against single-shot, and both against the best fixed model chosen on training data."
     settings: int            # router–dataset–view settings
     dars_beats_single: int   # DARS utility above the single-shot mean
+    dars_beats_single_ci: int   # the interval of that difference above 0
+    dars_below_single_ci: int   # that interval below 0
     # DARS router: interval of the difference to the best fixed model above 0
     dars_beats_fixed: int
     dars_below_fixed: int    # DARS router: that interval below 0
     single_beats_fixed: int  # single-shot routers (mean over draws): interval above 0
     def __str__(self):
         n = self.settings
-        single = (f"DARS beats single-shot in {self.dars_beats_single} of {n} "
-                  "router–dataset–view settings")
+        single = (f"DARS is above single-shot in {self.dars_beats_single} of {n} router–dataset–view "
+                  f"settings, with the interval of the difference above 0 in {self.dars_beats_single_ci} "
+                  f"and below 0 in {self.dars_below_single_ci}")
         fixed = ("it beats the best fixed model (chosen on training data, interval above 0) in "
                  f"{self.dars_beats_fixed} of {n} (single-shot: {self.single_beats_fixed} of {n}) "
                  f"and falls below it in {self.dars_below_fixed} of {n}")
@@ -76,8 +83,12 @@ def count_verdicts(results: pd.DataFrame, # output of `run_protocol` (or of `com
     comparison = results if 'win' in results.columns else compare_supervision(results)
     if 'dars_vs_fixed' not in comparison.columns or comparison['dars_vs_fixed'].isna().any():
         raise ValueError("results have no difference to the best fixed model: pass the output of run_protocol")
+    if 'difference_low' not in comparison.columns or comparison['difference_low'].isna().any():
+        raise ValueError("results have no interval of DARS against single-shot: pass the output of run_protocol")
     tol = noise_tolerance(comparison[['single', 'dars']].to_numpy())
     flags = pd.DataFrame({'dars_beats_single': comparison['win'],
+                          'dars_beats_single_ci': comparison['difference_low'] > tol,
+                          'dars_below_single_ci': comparison['difference_high'] < -tol,
                           'dars_beats_fixed': comparison['dars_vs_fixed_low'] > tol,
                           'dars_below_fixed': comparison['dars_vs_fixed_high'] < -tol,
                           'single_beats_fixed': comparison['single_vs_fixed_low'] > tol})
