@@ -1189,6 +1189,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'dars_nb.observations._compact': ('observations.html#_compact', 'dars_nb/observations.py'),
                                       'dars_nb.observations._empty': ('observations.html#_empty', 'dars_nb/observations.py'),
                                       'dars_nb.observations._fail': ('observations.html#_fail', 'dars_nb/observations.py'),
+                                      'dars_nb.observations._missing_text': ('observations.html#_missing_text', 'dars_nb/observations.py'),
                                       'dars_nb.observations._not_finite': ('observations.html#_not_finite', 'dars_nb/observations.py'),
                                       'dars_nb.observations._originals': ('observations.html#_originals', 'dars_nb/observations.py'),
                                       'dars_nb.observations._present': ('observations.html#_present', 'dars_nb/observations.py'),

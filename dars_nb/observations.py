@@ -145,12 +145,21 @@ def _as_category(s: pd.Series) -> pd.Series:
         return _without_unused(s)
     return s.astype(str).astype('category')
 
+def _missing_text(missing: list, columns) -> str:
+    "The message of missing columns; when the schema has none there, the columns the table has instead."
+    text = f"missing column(s): {', '.join(missing)}"
+    if len(missing) < len(REQUIRED_COLUMNS): return text
+    names = [str(c) for c in columns]
+    has = ', '.join(names[:8]) + (f' and {len(names) - 8} more' if len(names) > 8 else '')
+    return (f"{text}: not an observation table (its columns: {has or 'none'}); a routing table of one answer "
+            "per query and model converts to one with dars_nb.sources.importers")
+
 def validate(obs: pd.DataFrame, # the long observation table
             ) -> pd.DataFrame: # a validated copy with categorical key columns
     "Check `obs` against the schema; raise one `ObservationError` naming the first problem."
     if not isinstance(obs, pd.DataFrame): _fail(f"observations must be a pandas DataFrame, got {type(obs).__name__}")
     missing = [c for c in REQUIRED_COLUMNS if c not in obs.columns]
-    if missing: _fail(f"missing column(s): {', '.join(missing)}")
+    if missing: _fail(_missing_text(missing, obs.columns))
     if len(obs) == 0: _fail("the observation table is empty")
     score, cost = _check_values(obs)
     df = obs.copy()
