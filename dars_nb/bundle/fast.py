@@ -9,9 +9,10 @@ import re
 import numpy as np
 from fastcore.basics import patch
 from sklearn.preprocessing import normalize
-from ..features import TfidfFeaturizer
+from ..features import TfidfFeaturizer, OUTSIDE_NORM
 from . import RouterBundle, MARGINS_KEPT
 from .guard import guarded_order
+from ..routers.knn import DISTANCE_DIGITS, k_smallest
 
 # %% auto #0
 __all__ = ['DEFAULT_PATTERN', 'WORD_BYTES', 'SCORES', 'TfidfRow', 'KNNScores', 'MLPScores', 'AvengersScores', 'MeanScores',
@@ -89,8 +90,9 @@ def _sq_norm(row) -> float:
     return sum(v * v for v in row[1]) if isinstance(row, tuple) else float(row @ row)
 
 def _smallest(d: np.ndarray, k: int) -> tuple:
-    "(positions of the k smallest entries of `d`, in no set order; their values), as two lists."
-    idx = d.argpartition(k - 1)[:k].tolist()
+    "(positions of the k smallest entries of `d`, rounded, as the router chooses them (`k_smallest`); their values), as two lists."
+    d = np.round(d, DISTANCE_DIGITS)
+    idx = k_smallest(d[None], k)[0].tolist()
     return idx, d.take(idx).tolist()
 
 def _weighted_rows(w: list, M: np.ndarray, idx: list) -> list:
@@ -133,9 +135,9 @@ def _most_similar(self: KNNScores, row) -> tuple:
     if k == n: return list(range(n)), [max(1.0 - x, 0.0) for x in s.tolist()]
     part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
     idx = part[n - k:].tolist()
-    near = [max(1.0 - x, 0.0) for x in s.take(idx).tolist()]
-    if max(1.0 - s.item(part[n - k - 1]), 0.0) > max(near):   # no tie across the k-th place: these k,
-        return idx, near                                      # whatever the order of ties among them
+    near = np.round(np.maximum(1.0 - s.take(idx), 0.0), DISTANCE_DIGITS).tolist()   # the router's rounding
+    if np.round(max(1.0 - s.item(part[n - k - 1]), 0.0), DISTANCE_DIGITS) > max(near):   # no tie across the k-th
+        return idx, near                                      # place: these k, whatever the order of ties among them
     d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
     return _smallest(d, k)
 
@@ -258,7 +260,7 @@ def features(self: FastRanker, text: str) -> tuple | np.ndarray:
     row = self.row(text)
     if self.basis is None: return row
     z = _dot(self.basis, row) if len(row[0]) else np.zeros(self.basis.shape[1])
-    return _unit(z)
+    return _unit(z) if _sq_norm(z) > OUTSIDE_NORM ** 2 else np.zeros_like(z)   # the featurizer's rule
 
 @patch
 def utility(self: FastRanker, text: str, # one question

@@ -14,7 +14,8 @@ from .encoder import check_texts, sentence_model_path, sentence_model_width, enc
 from .embedding_store import sentence_embeddings
 
 # %% auto #0
-__all__ = ['FEATURIZERS', 'TfidfFeaturizer', 'SentenceFeaturizer', 'make_featurizer', 'tfidf_features', 'query_features']
+__all__ = ['OUTSIDE_NORM', 'FEATURIZERS', 'TfidfFeaturizer', 'SentenceFeaturizer', 'make_featurizer', 'tfidf_features',
+           'query_features']
 
 # %% ../../nbs/09c_features.ipynb #49462608
 class TfidfFeaturizer(TransformerMixin, BaseEstimator):
@@ -72,6 +73,8 @@ def fit(self: TfidfFeaturizer, texts, # training texts
     return self
 
 # %% ../../nbs/09c_features.ipynb #a07bc25a
+OUTSIDE_NORM = 1e-9   # a projection of a unit TF-IDF row shorter than this: the text lies outside the basis
+
 @patch
 def transform(self: TfidfFeaturizer, texts, # texts to featurize
              ) -> np.ndarray:
@@ -82,7 +85,8 @@ def transform(self: TfidfFeaturizer, texts, # texts to featurize
     if self.basis_ is None: return M.toarray()
     Z = np.asarray(M @ self.basis_)  # the SVD projection, as TruncatedSVD.transform
     norm = np.sqrt(np.einsum('ij,ij->i', Z, Z))[:, None]
-    return Z / np.where(norm > 0, norm, 1.0)  # unit rows (a text of unknown words stays 0)
+    inside = norm > OUTSIDE_NORM   # else rounding noise, which a unit row would blow up into a direction
+    return np.where(inside, Z / np.where(inside, norm, 1.0), 0.0)  # unit rows; a text outside the basis is 0
 
 # %% ../../nbs/09c_features.ipynb #ed49870d
 class SentenceFeaturizer(TransformerMixin, BaseEstimator):

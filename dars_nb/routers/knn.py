@@ -12,7 +12,20 @@ from sklearn.preprocessing import normalize
 from .base import Router, stats_by_query
 
 # %% auto #0
-__all__ = ['NEIGHBOURS', 'cosine_neighbours', 'euclidean_neighbours', 'KNNRouter']
+__all__ = ['DISTANCE_DIGITS', 'NEIGHBOURS', 'k_smallest', 'cosine_neighbours', 'euclidean_neighbours', 'KNNRouter']
+
+# %% ../../nbs/12_router_knn.ipynb #9b027499
+DISTANCE_DIGITS = 9   # decimals a distance is rounded to before the nearest are chosen
+
+def k_smallest(d: np.ndarray, # (n, Q) distances
+               k: int, # how many per row
+              ) -> np.ndarray:
+    "Per row, the positions of the k smallest entries in increasing order; a tie across the k-th place goes to the first."
+    idx = np.argpartition(d, k - 1, axis=1)[:, :k]
+    kth = np.take_along_axis(d, idx, 1).max(1, keepdims=True)
+    crossed = (d <= kth).sum(1) > k   # the k-th value is shared beyond the k: the choice among them is ours
+    if crossed.any(): idx[crossed] = np.argsort(d[crossed], axis=1, kind='stable')[:, :k]
+    return np.sort(idx, axis=1)
 
 # %% ../../nbs/12_router_knn.ipynb #413e94dc
 def _nearest(distances, # distances(start, stop) -> the (stop - start, Q) distances of those query rows
@@ -25,8 +38,8 @@ def _nearest(distances, # distances(start, stop) -> the (stop - start, Q) distan
     k, rows = min(n_neighbors, n_train), max(1, 2**22 // n_train)   # blocks of about 32 MB, not one (n, Q) matrix
     idx, dk = np.empty((n, k), np.int64), np.empty((n, k))
     for s in range(0, n, rows):
-        d = distances(s, s + rows)
-        idx[s:s + rows] = np.argpartition(d, k - 1, axis=1)[:, :k]
+        d = np.round(distances(s, s + rows), DISTANCE_DIGITS)   # a CPU's last bits do not decide a tie
+        idx[s:s + rows] = k_smallest(d, k)
         dk[s:s + rows] = np.take_along_axis(d, idx[s:s + rows], 1)
     w = 1.0 / (dk + eps)
     return idx, w / w.sum(1, keepdims=True)
