@@ -132,7 +132,7 @@ def _most_similar(self: KNNScores, row) -> tuple:
     "(the k training rows nearest `row` by cosine distance, their distances), the ones the router picks."
     s = _dot(self.train_T, row if isinstance(row, tuple) else _unit(row))   # a sparse row is unit already
     n, k = len(s), self.k
-    if k == n: return list(range(n)), [max(1.0 - x, 0.0) for x in s.tolist()]
+    if k == n: return list(range(n)), np.round(np.maximum(1.0 - s, 0.0), DISTANCE_DIGITS).tolist()
     part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
     idx = part[n - k:].tolist()
     near = np.round(np.maximum(1.0 - s.take(idx), 0.0), DISTANCE_DIGITS).tolist()   # the router's rounding
