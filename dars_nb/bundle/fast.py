@@ -89,6 +89,10 @@ def _sq_norm(row) -> float:
     "Squared length of a row."
     return sum(v * v for v in row[1]) if isinstance(row, tuple) else float(row @ row)
 
+def _cosine_distances(s):
+    "The cosine distances of similarities `s`, rounded as the router rounds them (`DISTANCE_DIGITS`)."
+    return np.round(np.maximum(1.0 - s, 0.0), DISTANCE_DIGITS)
+
 def _smallest(d: np.ndarray, k: int) -> tuple:
     "(positions of the k smallest entries of `d`, rounded, as the router chooses them (`k_smallest`); their values), as two lists."
     d = np.round(d, DISTANCE_DIGITS)
@@ -132,14 +136,13 @@ def _most_similar(self: KNNScores, row) -> tuple:
     "(the k training rows nearest `row` by cosine distance, their distances), the ones the router picks."
     s = _dot(self.train_T, row if isinstance(row, tuple) else _unit(row))   # a sparse row is unit already
     n, k = len(s), self.k
-    if k == n: return list(range(n)), np.round(np.maximum(1.0 - s, 0.0), DISTANCE_DIGITS).tolist()
+    if k == n: return list(range(n)), _cosine_distances(s).tolist()
     part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
     idx = part[n - k:].tolist()
-    near = np.round(np.maximum(1.0 - s.take(idx), 0.0), DISTANCE_DIGITS).tolist()   # the router's rounding
-    if np.round(max(1.0 - s.item(part[n - k - 1]), 0.0), DISTANCE_DIGITS) > max(near):   # no tie across the k-th
-        return idx, near                                      # place: these k, whatever the order of ties among them
-    d = 1.0 - s; np.maximum(d, 0.0, out=d)   # a tie across it (no shared word, duplicates): the router's own choice
-    return _smallest(d, k)
+    near = _cosine_distances(s.take(idx)).tolist()
+    if _cosine_distances(s.item(part[n - k - 1])) > max(near):   # no tie across the k-th place: these k,
+        return idx, near                                       # whatever the order of ties among them
+    return _smallest(_cosine_distances(s), k)   # a tie across it (no shared word, duplicates): the router's choice
 
 # %% ../../nbs/25g_fast_rank.ipynb #7c175267
 def _layers(net, d: int) -> tuple:

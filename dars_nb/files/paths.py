@@ -13,13 +13,17 @@ from pathlib import Path
 __all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'writable_file', 'writable_folder']
 
 # %% ../../nbs/00c_paths.ipynb #fa518a85
+def _refuse_broken_link(p: Path, path, what: str, error: type[Exception]):
+    "A one-line `error` if `p` is a link to nothing, naming where it points."
+    if p.is_symlink() and not p.exists(): raise error(f"{what} {path} is a broken link (to {os.readlink(p)})")
+
 def readable_file(path, # a file the caller will read
                   what: str, # how the message names it, e.g. 'query file'
                   error: type[Exception] = ValueError, # the exception to raise
                  ) -> Path:
     "`path` as a `Path` if a regular file is there; else a one-line `error` (nothing there, a broken link, not a regular file)."
     p = Path(path)
-    if p.is_symlink() and not p.exists(): raise error(f"{what} {path} is a broken link (to {os.readlink(p)})")
+    _refuse_broken_link(p, path, what, error)
     if not p.exists(): raise error(f"no {what} at {path}")
     if not p.is_file(): raise error(f"{what} {path} is not a regular file (a folder, a device or a pipe)")
     return p
@@ -79,7 +83,7 @@ def writable_folder(path, # a folder a command will make if it is missing, and w
     p = Path(path)
     if not str(path).strip(): raise error(f"{what} must name a folder, got {str(path)!r}")
     if p.exists() and not p.is_dir(): raise error(f"{what} {path} is a file, not a folder")
-    if p.is_symlink() and not p.exists(): raise error(f"{what} {path} is a broken link (to {os.readlink(p)})")
+    _refuse_broken_link(p, path, what, error)
     above = next(a for a in p.absolute().parents if a.exists())
     if not p.exists() and not above.is_dir(): raise error(f"{what} {path}: {above} is a file, not a folder")
     return p
