@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import select
 import sys
 import typing
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from . import __version__
 from .extras import check_extra, error_line
 
 # %% auto #0
-__all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'Command', 'summary', 'entry_function', 'command_parser', 'build_parser',
-           'parse_args', 'exit_code', 'main']
+__all__ = ['COMMANDS', 'QUIET_HELP', 'DESCRIPTION', 'READER_GONE', 'Command', 'summary', 'entry_function', 'command_parser',
+           'build_parser', 'parse_args', 'exit_code', 'main']
 
 # %% ../nbs/90_cli.ipynb #9635f99c
 @dataclass(frozen=True)
@@ -151,6 +152,28 @@ def _command_stderr(command: str, quiet: bool):
         if quiet and saved_env is None: os.environ.pop('TQDM_DISABLE', None)
         elif quiet: os.environ['TQDM_DISABLE'] = saved_env
 
+# %% ../nbs/90_cli.ipynb #b8500454
+READER_GONE = 141   # exit code of a writer whose reader left: 128 + SIGPIPE, as a shell reports for `cat | head`
+
+def _closed_pipes(*streams) -> list:
+    "The streams among `streams` that write to a pipe whose reader has left (`dars route ... | head`)."
+    def reader_gone(stream):
+        try: fd = stream.fileno()
+        except (AttributeError, ValueError, OSError): return False   # no descriptor: a capture, a closed file
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    return [s for s in streams if reader_gone(s)]
+
+# %% ../nbs/90_cli.ipynb #54d2d9db
+def _end_of_output(streams: list) -> int:
+    "Point each of `streams` at /dev/null, so that no later flush fails again; the exit code `READER_GONE`."
+    for stream in streams:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try: os.dup2(devnull, stream.fileno())
+        finally: os.close(devnull)
+    return READER_GONE
+
 # %% ../nbs/90_cli.ipynb #7f465827
 def _call(command: str, args: argparse.Namespace) -> int:
     "Run one subcommand's entry with the parsed arguments, by name; its exit code."
@@ -165,12 +188,16 @@ def main(argv: list[str] | None = None, # arguments (default: sys.argv[1:])
     command = argv[0] if argv and argv[0] in COMMANDS else ''
     with _command_stderr(command, '--quiet' in argv):
         try:
-            command, args = parse_args(argv)
-            if COMMANDS[command].extra: check_extra(COMMANDS[command].extra, f'dars {command}')
-            code = _call(command, args)
+            try:
+                command, args = parse_args(argv)
+                if COMMANDS[command].extra: check_extra(COMMANDS[command].extra, f'dars {command}')
+                code = _call(command, args)
+            finally: sys.stdout.flush()   # a reader that left shows here, not at the interpreter's exit
         except SystemExit as e:   # --help and --version (0) or a usage error (2)
             return e.code if isinstance(e.code, int) else 2
         except (Exception, KeyboardInterrupt) as e:
+            if isinstance(e, BrokenPipeError) and (gone := _closed_pipes(sys.stdout, sys.stderr)):
+                return _end_of_output(gone)
             code, msg = exit_code(e)
             print(f'dars {command}: {"" if code == 130 else "error: "}{msg}', file=sys.stderr)
     return int(code or 0)

@@ -1,5 +1,5 @@
 "The `dars` console command, run the way a user runs it: a subprocess, exit codes, no tracebacks."
-import subprocess, sys
+import shlex, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -150,6 +150,24 @@ def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
         assert_one_line_error(res, 'route')
         assert said in res.stderr, res.stderr
 
+
+
+def test_route_piped_into_head_ends_quietly(tmp_path):
+    "`dars route --file Q | head -n 2`: two routes, then exit 141 (as `cat | head`) with nothing on stderr."
+    config = tmp_path / 'train.toml'
+    config.write_text(f'observations = "{GRID}"\n[router]\nfamily = "kNN"\nn_neighbors = 5\n[guard]\nfolds = 4\n')
+    assert run('train', str(config), '--out', str(tmp_path / 'r.dars'), '--quiet').returncode == 0
+    questions = tmp_path / 'questions.txt'   # 20,000 routes: far more than a pipe holds (64 KiB)
+    questions.write_text(''.join(f'What is {i} * 7?\n' for i in range(20_000)))
+    for stderr_too in ('', ' 2>&1'):
+        script = f'{shlex.join(DARS)} route {shlex.quote(str(tmp_path / "r.dars"))} --file {shlex.quote(str(questions))}' \
+                 f'{stderr_too} | head -n 2; exit "${{PIPESTATUS[0]}}"'
+        res = subprocess.run(['bash', '-c', script], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 141 and res.stderr == '', (res.returncode, res.stderr)
+        assert [line[:9] for line in res.stdout.splitlines()] == ['{"id": 1,', '{"id": 2,'], res.stdout
+    res = subprocess.run(['bash', '-c', f'{shlex.join(DARS)} route /no/such.dars "2 + 2?" 2>&1 | head -n 5'],
+                         capture_output=True, text=True, timeout=300)
+    assert res.stdout.startswith('dars route: error: ') and 'Traceback' not in res.stdout   # a real error still says so
 
 @pytest.mark.xdist_group('quick_report')
 def test_reproduce_quiet_shows_no_progress_bar(quick_report):
