@@ -150,6 +150,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'dars_nb.bundle.fast._dot': ('fast_rank.html#_dot', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._grams': ('fast_rank.html#_grams', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._layers': ('fast_rank.html#_layers', 'dars_nb/bundle/fast.py'),
+                                     'dars_nb.bundle.fast._rounded_distances': ( 'fast_rank.html#_rounded_distances',
+                                                                                 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._smallest': ('fast_rank.html#_smallest', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._sq_norm': ('fast_rank.html#_sq_norm', 'dars_nb/bundle/fast.py'),
                                      'dars_nb.bundle.fast._tfidf_ok': ('fast_rank.html#_tfidf_ok', 'dars_nb/bundle/fast.py'),

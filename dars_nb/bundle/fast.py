@@ -93,6 +93,12 @@ def _cosine_distances(s):
     "The cosine distances of similarities `s`, rounded as the router rounds them (`DISTANCE_DIGITS`)."
     return np.round(np.maximum(1.0 - s, 0.0), DISTANCE_DIGITS)
 
+_DISTANCE_SCALE = 10.0 ** DISTANCE_DIGITS
+
+def _rounded_distances(similarities: list) -> list:
+    "`_cosine_distances` of a few similarities in plain Python, bit for bit (numpy's round is rint(x·10⁹)/10⁹)."
+    return [max(round((1.0 - x) * _DISTANCE_SCALE), 0) / _DISTANCE_SCALE for x in similarities]   # round: half to even, as rint
+
 def _smallest(d: np.ndarray, k: int) -> tuple:
     "(positions of the k smallest entries of `d`, rounded, as the router chooses them (`k_smallest`); their values), as two lists."
     d = np.round(d, DISTANCE_DIGITS)
@@ -138,10 +144,9 @@ def _most_similar(self: KNNScores, row) -> tuple:
     n, k = len(s), self.k
     if k == n: return list(range(n)), _cosine_distances(s).tolist()
     part = s.argpartition(n - k - 1)   # the k most similar last, the nearest row left out just before them
-    idx = part[n - k:].tolist()
-    near = _cosine_distances(s.take(idx)).tolist()
-    if _cosine_distances(s.item(part[n - k - 1])) > max(near):   # no tie across the k-th place: these k,
-        return idx, near                                       # whatever the order of ties among them
+    left_out, *near = _rounded_distances(s.take(part[n - k - 1:]).tolist())
+    if left_out > max(near): return part[n - k:].tolist(), near   # no tie across the k-th place: these k,
+                                                                  # whatever the order of ties among them
     return _smallest(_cosine_distances(s), k)   # a tie across it (no shared word, duplicates): the router's choice
 
 # %% ../../nbs/25g_fast_rank.ipynb #7c175267
