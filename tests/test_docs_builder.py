@@ -3,6 +3,7 @@ the README, saved outputs.
 
 Each test builds what it needs in a temporary folder: a toy notebook, or a toy project with an index and two pages."""
 import contextlib
+import shutil
 import io
 import re
 import threading
@@ -21,7 +22,7 @@ from tools.docs_pages import (anchor_headings, error_box, legible_svg, markdown_
                               page_anchors, relink, resolve_doc_links, site_link, to_markdown, unique_anchors)
 from tools.docs_site import _Collect, build_docs, docs_main, mkdocs_config
 from tools.docs_readme import (build_readme, chart_alt, docs_url, feature_table, notebook_summary, readme_link,
-                               readme_snippets)
+                               readme_snippets, README_ASSETS)
 from tools.docs_outputs import compare_outputs, forced_flags, same_text, save_outputs, static_outputs
 
 DOC = 'https://docs.example.org/toy/'
@@ -485,3 +486,16 @@ def test_kept_outputs_are_compared_as_a_reader_sees_them():
     nbs = Path('/p/nbs')
     fc.test_eq([forced_flags(nbs / n, nbs) for n in ('01b_stats.ipynb', 'index.ipynb')], ['', 'slow'])
     fc.test_eq(forced_flags(nbs / 'tutorials' / '01_a.ipynb', nbs), 'slow')
+
+
+def test_committed_readme_is_built_from_the_committed_pages(tmp_path):
+    "README.md and its chart are what `make readme` makes of nbs/index.ipynb's kept outputs and bench/RESULTS.md."
+    root = Path(__file__).resolve().parents[1]
+    for part in ('pyproject.toml', 'nbs', 'bench/RESULTS.md'):
+        copy = shutil.copytree if (root/part).is_dir() else shutil.copyfile
+        (tmp_path/part).parent.mkdir(parents=True, exist_ok=True)
+        copy(root/part, tmp_path/part)
+    built = build_readme(tmp_path, execute=False)
+    assert built.read_text() == (root/'README.md').read_text(), 'README.md is stale: run `make readme` and commit it'
+    for chart in (tmp_path/README_ASSETS).glob('index_*'):
+        fc.test_eq(chart.read_bytes(), (root/README_ASSETS/chart.name).read_bytes())
