@@ -1,5 +1,5 @@
 "The `dars` console command, run the way a user runs it: a subprocess, exit codes, no tracebacks."
-import shlex, subprocess, sys
+import json, select, shlex, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -168,6 +168,35 @@ def test_route_piped_into_head_ends_quietly(tmp_path):
     res = subprocess.run(['bash', '-c', f'{shlex.join(DARS)} route /no/such.dars "2 + 2?" 2>&1 | head -n 5'],
                          capture_output=True, text=True, timeout=300)
     assert res.stdout.startswith('dars route: error: ') and 'Traceback' not in res.stdout   # a real error still says so
+
+
+def test_route_reads_standard_input_as_it_arrives(tmp_path):
+    "`dars route R --file -` is a filter: a question written to it is routed before its input ends; JSON lines, explained too."
+    config = tmp_path / 'train.toml'
+    config.write_text(f'observations = "{GRID}"\n[router]\nfamily = "kNN"\nn_neighbors = 5\n[guard]\nfolds = 4\n')
+    bundle = str(tmp_path / 'r.dars')
+    assert run('train', str(config), '--out', bundle, '--quiet').returncode == 0
+    with subprocess.Popen(DARS + ['route', bundle, '--file', '-', '--explain'], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            proc.stdin.write('{"id": "first", "question": "What is 12 * 7?"}\n'); proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 60)   # its input still open: the route comes anyway
+            assert ready, 'no route within 60 s of the first question, with standard input still open'
+            first = json.loads(proc.stdout.readline())
+            out, err = proc.communicate('Name the capital of France.\n\n"a JSON string"', timeout=60)
+        finally: proc.kill()
+    assert proc.returncode == 0 and err == '', (proc.returncode, err)
+    rest = [json.loads(line) for line in out.splitlines()]   # every line is JSON, the explanation inside it
+    assert [first['id']] + [r['id'] for r in rest] == ['first', 2, 4]   # ids count lines, a blank one too
+    for r in [first] + rest:
+        assert r['model'] == r['models'][0]['model'] and {m['model'] for m in r['models']} == {'smollm2', 'gemma3'}
+        assert set(r['models'][0]) == {'model', 'mu_q', 'mu_c', 'sigma', 'utility'} and r['guard']
+    bad = subprocess.run(DARS + ['route', bundle, '--file', '-'], input=b'What is 2 + 2?\nfor\xeat\n',
+                         capture_output=True, timeout=120)
+    assert bad.stdout.decode().splitlines() == [json.dumps({'id': 1, 'model': json.loads(bad.stdout)['model']})]
+    res = subprocess.CompletedProcess(bad.args, bad.returncode, bad.stdout.decode(), bad.stderr.decode())
+    assert_one_line_error(res, 'route')   # what came before the bad line is routed; the bad line is named
+    assert 'standard input line 2 is not UTF-8 text (byte 3 of the line is 0xea)' in res.stderr
 
 @pytest.mark.xdist_group('quick_report')
 def test_reproduce_quiet_shows_no_progress_bar(quick_report):

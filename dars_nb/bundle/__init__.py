@@ -9,11 +9,12 @@ import copy
 import dataclasses
 import hashlib
 import json
+import sys
 import warnings
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from typing import Annotated
+from typing import Annotated, Iterator
 from fastcore.basics import patch
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
@@ -35,8 +36,9 @@ from ..files.cache_folder import cache_root
 from ..files.paths import read_text
 
 # %% auto #0
-__all__ = ['MARGINS_KEPT', 'ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'RouterBundle', 'check_bundle',
-           'observations_fingerprint', 'save_bundle', 'load_bundle', 'read_questions', 'route_main']
+__all__ = ['MARGINS_KEPT', 'ROUTER_CLASSES', 'MAX_QUANTILES', 'MAX_NGRAM', 'PROBE', 'MAX_LINE_BYTES', 'RouterBundle',
+           'check_bundle', 'observations_fingerprint', 'save_bundle', 'load_bundle', 'read_questions',
+           'stream_questions', 'route_main']
 
 # %% ../../nbs/25c_bundle.ipynb #5d9646d4
 @dataclasses.dataclass
@@ -395,21 +397,60 @@ def _query_item(item: dict, where: str) -> str:
     if passage is not None and not isinstance(passage, str): raise ValueError(f"{where}: \"passage\" must be a string")
     return router_text(item['question'], passage, format_options(choices) if choices else None)
 
+def _query_line(line: str, n: int, where: str) -> tuple | None:
+    "(id, routed text) of line `n`: a JSON query (its `id`, else n), a JSON string or plain text; None if blank."
+    if not line.strip(): return None
+    try: item = json.loads(line)
+    except json.JSONDecodeError: item = line
+    if isinstance(item, dict): return item.get('id', n), _query_item(item, f"{where} line {n}")
+    return n, item if isinstance(item, str) else line
+
 def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line
                   ) -> tuple[list, list[str]]:
     "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
     path, text = Path(file), read_text(file, 'query file')
-    ids, questions = [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip(): continue
-        try: item = json.loads(line)
-        except json.JSONDecodeError: item = line
-        if isinstance(item, dict):
-            ids.append(item.get('id', n)); questions.append(_query_item(item, f"{path.name} line {n}"))
-        # JSON string or plain text
-        else: ids.append(n); questions.append(item if isinstance(item, str) else line)
-    if not questions: raise ValueError(f"{path.name} holds no questions")
-    return ids, questions
+    queries = [q for n, line in enumerate(text.splitlines(), 1) if (q := _query_line(line, n, path.name))]
+    if not queries: raise ValueError(f"{path.name} holds no questions")
+    return [i for i, _ in queries], [t for _, t in queries]
+
+# %% ../../nbs/25c_bundle.ipynb #e3418c2d
+MAX_LINE_BYTES = 1_000_000   # longest query line read from a stream (the endpoint's cap on a body)
+
+def _held_to_cap(raw: bytes, n: int, where: str) -> bytes:
+    "`raw`, the bytes of line `n`, if no longer than `MAX_LINE_BYTES`; else a ValueError."
+    if len(raw) > MAX_LINE_BYTES: raise ValueError(f"{where} line {n} is longer than {MAX_LINE_BYTES:,} bytes")
+    return raw
+
+def _utf8_lines(raw: bytes, n: int, where: str) -> list[str]:
+    "The text line(s) of the bytes of line `n`, split as `str.splitlines` splits a query file; a ValueError if not UTF-8."
+    _held_to_cap(raw, n, where)
+    try: return raw.decode('utf-8').splitlines() or ['']
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where} line {n} is not UTF-8 text (byte {e.start} of the line is 0x{raw[e.start]:02x})") from None
+
+def stream_questions(stream, # a binary stream of query lines (`read1`), as a query file holds them
+                     where: str = 'standard input', # how messages name it
+                    ) -> Iterator[tuple[list, list[str]]]:
+    "(ids, routed texts) of the queries in `stream`, one batch each time input arrives; ids default to line numbers."
+    pending, n, found = b'', 0, False
+    while True:
+        chunk = stream.read1(1 << 16)
+        *lines, pending = (pending + chunk).split(b'\n')
+        if not chunk: lines, pending = lines + [pending], b''   # the end: a last line needs no newline
+        _held_to_cap(pending, n + len(lines) + 1, where)        # a line still growing, too
+        queries, bad = [], None
+        try:
+            for raw in lines:
+                for text in _utf8_lines(raw, n + 1, where):
+                    n += 1
+                    if (q := _query_line(text, n, where)): queries.append(q)
+        except ValueError as e: bad = e   # the lines before it are still routed
+        if queries:
+            found = True
+            yield [i for i, _ in queries], [t for _, t in queries]
+        if bad: raise bad
+        if not chunk: break
+    if not found: raise ValueError(f"{where} holds no questions")
 
 # %% ../../nbs/25c_bundle.ipynb #782affea
 def _explain_table(stats: pd.DataFrame) -> str:
@@ -420,9 +461,25 @@ def _explain_table(stats: pd.DataFrame) -> str:
     return (t.rename(columns={'mu_q': 'μ_q', 'mu_c': 'μ_c', 'sigma': 'σ', 'utility': 'U'})
              .to_string(float_format=lambda v: f'{v:.4f}'))
 
+def _explain_fields(stats: pd.DataFrame) -> list[dict]:
+    "One text's models best-first with μ_q, μ_c, σ and U, as JSON fields."
+    return stats.sort_values('rank')[['model', 'mu_q', 'mu_c', 'sigma', 'utility']].to_dict('records')
+
+def _routed_lines(bundle, ids: list, questions: list, lam, explain: bool, as_json: bool) -> list[str]:
+    "What `dars route` prints for these questions: a model each (explained: its table, the guard's note), or a JSON line each."
+    stats = dict(list(bundle.predict_stats(questions, lam).groupby('text'))) if explain else {}
+    out = []
+    for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
+        note = bundle.guard_note(stats[i]['utility'].to_numpy(), lam) if explain else None
+        if as_json:
+            why = {'models': _explain_fields(stats[i]), 'guard': note} if explain else {}
+            out.append(json.dumps({'id': qid, 'model': model, **why}, ensure_ascii=False))
+        else: out += [model, _explain_table(stats[i]), note] if explain else [model]
+    return out
+
 def route_main(router: str, # path of a router bundle
                question: Annotated[str | None, {'opt': False, 'nargs': '?'}] = None, # one question to route
-               file: str | None = None, # a .jsonl file of questions (see `read_questions`)
+               file: str | None = None, # a .jsonl file of questions (see `read_questions`); - reads standard input
                explain: bool = False, # also print each model's μ_q, μ_c, σ and U, and what the guard did
                lam: float | None = None, # cost weight λ (default: the bundle's)
                quiet: bool = False, # print only the chosen models
@@ -430,16 +487,11 @@ def route_main(router: str, # path of a router bundle
               ) -> int:
     "Print the model a saved router picks for each question (with --file, one JSON line each)."
     if (question is None) == (file is None):
-        raise ValueError("give one question or --file, not both and not neither")
+        raise ValueError("give one question or --file (- for standard input), not both and not neither")
     if explain and quiet: raise ValueError("--explain prints more and --quiet only the choices: give one of them")
     bundle = load_bundle(router, max_bundle_mb)
-    ids, questions = ([None], [question]) if file is None else read_questions(file)
-    if explain: stats = bundle.predict_stats(questions, lam)
-    for i, (qid, model) in enumerate(zip(ids, bundle.route(questions, lam))):
-        print(model if file is None else json.dumps({'id': qid, 'model': model},
-                                                    ensure_ascii=False))
-        if explain:
-            one = stats[stats.text == i]
-            print(_explain_table(one))
-            print(bundle.guard_note(one['utility'].to_numpy(), lam))
+    batches = [([None], [question])] if file is None else \
+        stream_questions(sys.stdin.buffer) if file == '-' else [read_questions(file)]
+    for ids, questions in batches:   # from standard input: each batch printed as soon as it is routed
+        print('\n'.join(_routed_lines(bundle, ids, questions, lam, explain, as_json=file is not None)), flush=True)
     return 0
