@@ -1156,6 +1156,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'dars_nb.files.paths': { 'dars_nb.files.paths._refuse_broken_link': ( 'paths.html#_refuse_broken_link',
                                                                                   'dars_nb/files/paths.py'),
                                      'dars_nb.files.paths.first_non_utf8': ('paths.html#first_non_utf8', 'dars_nb/files/paths.py'),
+                                     'dars_nb.files.paths.json_value': ('paths.html#json_value', 'dars_nb/files/paths.py'),
                                      'dars_nb.files.paths.not_utf8': ('paths.html#not_utf8', 'dars_nb/files/paths.py'),
                                      'dars_nb.files.paths.read_text': ('paths.html#read_text', 'dars_nb/files/paths.py'),
                                      'dars_nb.files.paths.readable_file': ('paths.html#readable_file', 'dars_nb/files/paths.py'),

@@ -401,7 +401,7 @@ def _query_line(line: str, n: int, where: str) -> tuple | None:
     "(id, routed text) of line `n`: a JSON query (its `id`, else n), a JSON string or plain text; None if blank."
     if not line.strip(): return None
     try: item = json.loads(line)
-    except json.JSONDecodeError: item = line
+    except (ValueError, RecursionError): item = line   # not JSON that Python reads (too deep, a number too long): text
     if isinstance(item, dict): return item.get('id', n), _query_item(item, f"{where} line {n}")
     return n, item if isinstance(item, str) else line
 
@@ -413,7 +413,7 @@ def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]},
     if not queries: raise ValueError(f"{path.name} holds no questions")
     return [i for i, _ in queries], [t for _, t in queries]
 
-# %% ../../nbs/25c_bundle.ipynb #e3418c2d
+# %% ../../nbs/25c_bundle.ipynb #01f686d5
 MAX_LINE_BYTES = 1_000_000   # longest query line read from a stream (the endpoint's cap on a body)
 
 def _held_to_cap(raw: bytes, n: int, where: str) -> bytes:

@@ -11,7 +11,7 @@ import pandas as pd
 from ..pool.config import ConfigError
 from .prompts import KINDS, LETTERS, choice_list
 from .config import SOURCES, DatasetSpec, load_config
-from ..files.paths import read_text
+from ..files.paths import json_value, read_text
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'load_task_file', 'load_tasks']
@@ -28,8 +28,7 @@ def load_task_file(path, # a JSONL file, one task per line
     for i, line in enumerate(read_text(path, 'task file').splitlines(), 1):
         if not line.strip(): continue
         where = f"{path.name} line {i}"
-        try: r = json.loads(line)
-        except json.JSONDecodeError: raise ValueError(f"{where}: not valid JSON") from None
+        r = json_value(line, where)
         if not isinstance(r, dict): raise ValueError(f"{where}: expected a JSON object")
         miss = [f for f in TASK_FIELDS if r.get(f) in (None, '')]
         if miss: raise ValueError(f"{where}: missing field {miss[0]!r}")

@@ -6,11 +6,13 @@
 from __future__ import annotations
 import codecs
 import itertools
+import json
 import os
+import sys
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'writable_file', 'writable_folder']
+__all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'json_value', 'writable_file', 'writable_folder']
 
 # %% ../../nbs/00c_paths.ipynb #fa518a85
 def _refuse_broken_link(p: Path, path, what: str, error: type[Exception]):
@@ -61,6 +63,21 @@ def read_text(path, # a text file the caller will read
     p = readable_file(path, what, error)
     try: return p.read_text(encoding='utf-8')
     except UnicodeDecodeError: raise not_utf8(p, what, error) from None
+
+# %% ../../nbs/00c_paths.ipynb #5053ac0e
+def json_value(text: str, # one JSON text: a file's, or one line of a JSON Lines file
+               where: str, # how the message names it ("tasks.jsonl line 3")
+               error: type[Exception] = ValueError, # the exception to raise
+              ):
+    "The JSON value of `text`; else a one-line `error` naming `where`: not JSON, nested too deep, or a number too long."
+    try: return json.loads(text)
+    except json.JSONDecodeError as e:
+        at = f"line {e.lineno}, column {e.colno}" if '\n' in text.strip() else f"column {e.colno}"
+        raise error(f"{where}: not valid JSON ({e.msg} at {at})") from None
+    except RecursionError: raise error(f"{where}: JSON nested too deep") from None
+    except ValueError as e:   # Python reads no integer of more than sys.get_int_max_str_digits() digits
+        if 'integer string conversion' not in str(e): raise
+        raise error(f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits") from None
 
 # %% ../../nbs/00c_paths.ipynb #b52382df
 def writable_file(path, # where a command will write a file

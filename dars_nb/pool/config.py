@@ -60,6 +60,9 @@ def read_toml(path, # a TOML file
     try: return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"cannot parse {path.name}: {str(e).splitlines()[0]}") from None
+    except RecursionError: raise ConfigError(f"cannot parse {path.name}: arrays or tables nested too deep") from None
+    except ValueError as e:   # Python reads no integer of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(f"cannot parse {path.name}: {str(e).split(':')[0]}") from None
 
 # %% ../../nbs/08a_pool_config.ipynb #ce018b3d
 _KIND_NAMES = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string',

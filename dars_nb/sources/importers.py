@@ -16,7 +16,7 @@ from ..observations import validate, ObservationError
 from ..stats import PAPER, normalize_cost
 from .datasets import data_dir
 from ..pool.usage import estimate_prompt_tokens
-from ..files.paths import readable_file, read_text
+from ..files.paths import json_value, readable_file, read_text
 
 # %% auto #0
 __all__ = ['read_prices', 'from_llmrouter', 'read_llmrouter', 'model_means', 'plot_model_means', 'from_routerbench',
@@ -33,14 +33,12 @@ def _records(source) -> pd.DataFrame:
     kind = path.suffix.lower()
     if kind not in ('.json', '.jsonl'): _fail(f"unknown routing file type {path.suffix or path.name!r} (use .json or .jsonl)")
     text = read_text(path, 'routing file')
-    try:
-        if kind == '.jsonl': rows = [json.loads(l) for l in text.splitlines() if l.strip()]
-        else:
-            rows = json.loads(text)
-            if isinstance(rows, dict): rows = rows.get('data', rows.get('records'))
-            if not isinstance(rows, list): _fail(f"{path.name} does not hold a list of records")
-    except json.JSONDecodeError as e:
-        _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
+    if kind == '.jsonl':
+        rows = [json_value(l, f"{path.name} line {n}") for n, l in enumerate(text.splitlines(), 1) if l.strip()]
+    else:
+        rows = json_value(text, path.name)
+        if isinstance(rows, dict): rows = rows.get('data', rows.get('records'))
+        if not isinstance(rows, list): _fail(f"{path.name} does not hold a list of records")
     if not rows: _fail(f"{path.name} holds no records")
     if not all(isinstance(r, dict) for r in rows):
         _fail(f"{path.name}: every record must be a JSON object")
@@ -52,8 +50,7 @@ def read_prices(source, # llm_candidates.json, or {model: {input_price, output_p
     "Per-model token prices from an LLMRouter-style candidates file."
     if not isinstance(source, dict):
         path = Path(source)
-        try: source = json.loads(read_text(path, 'candidates file'))
-        except json.JSONDecodeError as e: _fail(f"{path.name} is not valid JSON: {e.msg} (line {e.lineno})")
+        source = json_value(read_text(path, 'candidates file'), path.name)
         if not isinstance(source, dict): _fail(f"{path.name} does not hold an object of model cards")
     rows = {}
     for m, card in source.items():
