@@ -405,9 +405,12 @@ def _query_line(line: str, n: int, where: str) -> tuple | None:
     if isinstance(item, dict): return item.get('id', n), _query_item(item, f"{where} line {n}")
     return n, item if isinstance(item, str) else line
 
-def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line
+def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line; - for standard input
                   ) -> tuple[list, list[str]]:
     "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
+    if str(file) == '-':   # standard input, read to its end (`stream_questions`, below, reads it as it comes)
+        batches = list(stream_questions(sys.stdin.buffer))
+        return [i for ids, _ in batches for i in ids], [t for _, texts in batches for t in texts]
     path, text = Path(file), read_text(file, 'query file')
     queries = [q for n, line in enumerate(text.splitlines(), 1) if (q := _query_line(line, n, path.name))]
     if not queries: raise ValueError(f"{path.name} holds no questions")

@@ -422,7 +422,7 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
 
 # %% ../../nbs/25e_calibrate.ipynb #cd8e3520
 def calibrate_main(router: str, # path of a router bundle
-                   file: str | None = None, # questions to calibrate on (default: the bundle's training questions)
+                   file: str | None = None, # questions to calibrate on, - for standard input (default: the bundle's training questions)
                    model: str | None = None, # the model whose share is aimed at (with --share)
                    share: float | None = None, # target share of requests to --model, from 0 to 1
                    cost: float | None = None, # target mean cost per request, in dollars

@@ -64,7 +64,7 @@ def read_text(path, # a text file the caller will read
     try: return p.read_text(encoding='utf-8')
     except UnicodeDecodeError: raise not_utf8(p, what, error) from None
 
-# %% ../../nbs/00c_paths.ipynb #5053ac0e
+# %% ../../nbs/00c_paths.ipynb #c56b8d8b
 def json_value(text: str, # one JSON text: a file's, or one line of a JSON Lines file
                where: str, # how the message names it ("tasks.jsonl line 3")
                error: type[Exception] = ValueError, # the exception to raise
