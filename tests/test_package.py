@@ -213,3 +213,15 @@ def test_modules_are_what_the_notebooks_export(tmp_path):
                                       f"exported but not committed: {sorted(map(str, regenerated - committed))}")
     stale = [str(rel) for rel in sorted(generated) if (package / rel).read_bytes() != (ROOT / 'dars_nb' / rel).read_bytes()]
     assert not stale, f"modules that differ from their notebooks (run nbdev-export and commit): {stale}"
+
+
+def test_notebooks_are_committed_clean(tmp_path):
+    "`nbdev-clean` changes no committed notebook: no execution count, kernel metadata or cell id left to clean."
+    for part in ('pyproject.toml', 'nbs'):
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copyfile)(ROOT / part, tmp_path / part)
+    res = subprocess.run([str(Path(sys.executable).with_name('nbdev-clean'))], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    changed = [str(p.relative_to(tmp_path)) for p in sorted((tmp_path / 'nbs').rglob('*.ipynb'))
+               if p.read_bytes() != (ROOT / p.relative_to(tmp_path)).read_bytes()]
+    assert not changed, f"notebooks nbdev-clean would change (run it and commit): {changed}"
