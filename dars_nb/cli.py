@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None, # arguments (default: sys.argv[1:])
                 command, args = parse_args(argv)
                 if COMMANDS[command].extra: check_extra(COMMANDS[command].extra, f'dars {command}')
                 code = _call(command, args)
-            finally: sys.stdout.flush()   # a reader that left shows here, not at the interpreter's exit
+            finally:   # a reader that left shows here, not at the interpreter's exit
+                if sys.stdout is not None: sys.stdout.flush()   # None: started with stdout closed (`>&-`)
         except SystemExit as e:   # --help and --version (0) or a usage error (2)
             return e.code if isinstance(e.code, int) else 2
         except (Exception, KeyboardInterrupt) as e:

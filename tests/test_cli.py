@@ -152,8 +152,8 @@ def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
 
 
 
-def test_route_piped_into_head_ends_quietly(tmp_path):
-    "`dars route --file Q | head -n 2`: two routes, then exit 141 (as `cat | head`) with nothing on stderr."
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    "`dars route --file Q | head -n 2`: two routes, then exit 141 (as `cat | head`), stderr empty; with stdout closed, 0."
     config = tmp_path / 'train.toml'
     config.write_text(f'observations = "{GRID}"\n[router]\nfamily = "kNN"\nn_neighbors = 5\n[guard]\nfolds = 4\n')
     assert run('train', str(config), '--out', str(tmp_path / 'r.dars'), '--quiet').returncode == 0
@@ -168,6 +168,9 @@ def test_route_piped_into_head_ends_quietly(tmp_path):
     res = subprocess.run(['bash', '-c', f'{shlex.join(DARS)} route /no/such.dars "2 + 2?" 2>&1 | head -n 5'],
                          capture_output=True, text=True, timeout=300)
     assert res.stdout.startswith('dars route: error: ') and 'Traceback' not in res.stdout   # a real error still says so
+    for args in (['--version'], ['route', str(tmp_path / 'r.dars'), 'What is 2 + 2?']):   # started with stdout closed
+        res = subprocess.run(['bash', '-c', f'{shlex.join(DARS + args)} >&-'], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and 'Traceback' not in res.stderr, (res.returncode, res.stderr)
 
 
 def test_route_reads_standard_input_as_it_arrives(tmp_path):
