@@ -200,6 +200,10 @@ def test_route_reads_standard_input_as_it_arrives(tmp_path):
     res = subprocess.CompletedProcess(bad.args, bad.returncode, bad.stdout.decode(), bad.stderr.decode())
     assert_one_line_error(res, 'route')   # what came before the bad line is routed; the bad line is named
     assert 'standard input line 2 is not UTF-8 text (byte 3 of the line is 0xea)' in res.stderr
+    res = subprocess.run(['bash', '-c', f'{shlex.join(DARS)} route {shlex.quote(bundle)} --file - <&-'],
+                         capture_output=True, text=True, timeout=120)
+    assert_one_line_error(res, 'route')   # started with standard input closed
+    assert 'standard input is closed' in res.stderr
 
 @pytest.mark.xdist_group('quick_report')
 def test_reproduce_quiet_shows_no_progress_bar(quick_report):

@@ -409,7 +409,7 @@ def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]},
                   ) -> tuple[list, list[str]]:
     "Ids and routed texts of a query file (ids default to line numbers); a ValueError for a bad line."
     if str(file) == '-':   # standard input, read to its end (`stream_questions`, below, reads it as it comes)
-        batches = list(stream_questions(sys.stdin.buffer))
+        batches = list(stream_questions(_standard_input()))
         return [i for ids, _ in batches for i in ids], [t for _, texts in batches for t in texts]
     path, text = Path(file), read_text(file, 'query file')
     queries = [q for n, line in enumerate(text.splitlines(), 1) if (q := _query_line(line, n, path.name))]
@@ -418,6 +418,11 @@ def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]},
 
 # %% ../../nbs/25c_bundle.ipynb #01f686d5
 MAX_LINE_BYTES = 1_000_000   # longest query line read from a stream (the endpoint's cap on a body)
+
+def _standard_input():
+    "Standard input's bytes; a ValueError if the command was started with it closed (`<&-`)."
+    if sys.stdin is None: raise ValueError("standard input is closed: give the questions on it, or in a file")
+    return sys.stdin.buffer
 
 def _held_to_cap(raw: bytes, n: int, where: str) -> bytes:
     "`raw`, the bytes of line `n`, if no longer than `MAX_LINE_BYTES`; else a ValueError."
@@ -494,7 +499,7 @@ def route_main(router: str, # path of a router bundle
     if explain and quiet: raise ValueError("--explain prints more and --quiet only the choices: give one of them")
     bundle = load_bundle(router, max_bundle_mb)
     batches = [([None], [question])] if file is None else \
-        stream_questions(sys.stdin.buffer) if file == '-' else [read_questions(file)]
+        stream_questions(_standard_input()) if file == '-' else [read_questions(file)]
     for ids, questions in batches:   # from standard input: each batch printed as soon as it is routed
         print('\n'.join(_routed_lines(bundle, ids, questions, lam, explain, as_json=file is not None)), flush=True)
     return 0
