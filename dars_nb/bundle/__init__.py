@@ -424,10 +424,9 @@ def _standard_input():
     if sys.stdin is None: raise ValueError("standard input is closed: give the questions on it, or in a file")
     return sys.stdin.buffer
 
-def _held_to_cap(raw: bytes, n: int, where: str) -> bytes:
-    "`raw`, the bytes of line `n`, if no longer than `MAX_LINE_BYTES`; else a ValueError."
+def _held_to_cap(raw: bytes, n: int, where: str):
+    "A ValueError if `raw`, the bytes of line `n`, is longer than `MAX_LINE_BYTES`."
     if len(raw) > MAX_LINE_BYTES: raise ValueError(f"{where} line {n} is longer than {MAX_LINE_BYTES:,} bytes")
-    return raw
 
 def _utf8_lines(raw: bytes, n: int, where: str) -> list[str]:
     "The text line(s) of the bytes of line `n`, split as `str.splitlines` splits a query file; a ValueError if not UTF-8."

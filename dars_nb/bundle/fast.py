@@ -100,8 +100,7 @@ def _rounded_distances(similarities: list) -> list:
     return [max(round((1.0 - x) * _DISTANCE_SCALE), 0) / _DISTANCE_SCALE for x in similarities]   # round: half to even, as rint
 
 def _smallest(d: np.ndarray, k: int) -> tuple:
-    "(positions of the k smallest entries of `d`, rounded, as the router chooses them (`k_smallest`); their values), as two lists."
-    d = np.round(d, DISTANCE_DIGITS)
+    "(positions of the k smallest of distances `d`, rounded already, as the router chooses them (`k_smallest`); their values), as two lists."
     idx = k_smallest(d[None], k)[0].tolist()
     return idx, d.take(idx).tolist()
 
@@ -133,7 +132,7 @@ class KNNScores:
         else:
             d = -2.0 * _dot(self.train_T, row); d += _sq_norm(row); d += self.train_sq
             np.sqrt(np.maximum(d, 0.0, out=d), out=d)
-            idx, near = _smallest(d, self.k)
+            idx, near = _smallest(np.round(d, DISTANCE_DIGITS), self.k)
         return _weighted_rows([1.0 / (x + self.eps) for x in near], self.targets, idx)
 
 # %% ../../nbs/25g_fast_rank.ipynb #7275cf7e

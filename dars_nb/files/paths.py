@@ -68,9 +68,10 @@ def read_text(path, # a text file the caller will read
 def json_value(text: str, # one JSON text: a file's, or one line of a JSON Lines file
                where: str, # how the message names it ("tasks.jsonl line 3")
                error: type[Exception] = ValueError, # the exception to raise
+               **loads_args, # passed on to `json.loads` (an `object_pairs_hook`, say)
               ):
     "The JSON value of `text`; else a one-line `error` naming `where`: not JSON, nested too deep, or a number too long."
-    try: return json.loads(text)
+    try: return json.loads(text, **loads_args)
     except json.JSONDecodeError as e:
         at = f"line {e.lineno}, column {e.colno}" if '\n' in text.strip() else f"column {e.colno}"
         raise error(f"{where}: not valid JSON ({e.msg} at {at})") from None

@@ -5,11 +5,9 @@
 # %% ../../nbs/07_release.ipynb #3b9a37dd
 from __future__ import annotations
 import hashlib
-import json
 import math
 import os
 import re
-import sys
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -19,7 +17,7 @@ import pandas as pd
 from ..observations import KEY_COLUMNS, validate, format_options, parse_options
 from .release_rows import ReleaseError, READ_PROTOCOLS, departures, departure_notes
 from .release_rows import tell_views, settle_ids, first_row_texts
-from ..files.paths import readable_file
+from ..files.paths import json_value, readable_file
 
 # %% auto #0
 __all__ = ['RELEASE_DATASETS', 'RELEASE_MODELS', 'RELEASE_FILES', 'OBSERVATION_TYPES', 'TASK_TYPES', 'STRATEGY_FIELDS',
@@ -318,14 +316,9 @@ def _lone_surrogate(value) -> str | None:
 
 def _parse_line(text: str, where: str):
     "The JSON value of one line; a ReleaseError naming `where` for anything that is not a JSON text a table can hold."
-    try: value = json.loads(text, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as e: raise ReleaseError(f"{where}: not valid JSON ({e.msg})") from None
+    try: value = json_value(text, where, ReleaseError, object_pairs_hook=_unique_keys)   # not JSON, too deep, too long
     except _RepeatedKey as e:
         raise ReleaseError(f"{where}: the key {_shown(e.args[0])} appears twice in one object") from None
-    except RecursionError: raise ReleaseError(f"{where}: JSON nested too deep") from None
-    except ValueError as e:   # Python reads no integer of more than sys.get_int_max_str_digits() digits
-        if 'integer string conversion' not in str(e): raise
-        raise ReleaseError(f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits") from None
     if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(value)) is not None:
         raise ReleaseError(f"{where}: the text {_shown(bad)} holds an unpaired UTF-16 surrogate, which no file can store")
     return value
