@@ -358,7 +358,7 @@ def test_serve_main_serves_a_saved_bundle_until_interrupted(bundle_file, fixed, 
     b = load_bundle(bundle_file)
     cfg = tmp_path / 'pool.toml'
     cfg.write_text(''.join(f'[models."{m}"]\nbase_url = "{fixed.base_url}"\n' for m in b.models)
-                   + '[serve]\nclient_keys_env = "DARS_TEST_SERVE_KEYS"\nmax_tokens = 32\n')
+                   + '[serve]\nclient_keys_env = "DARS_TEST_SERVE_KEYS"\nmax_tokens = 32\nmax_header_bytes = 4096\n')
     port = free_port()
     code = f'import sys; from dars_nb.serve import serve_main; sys.exit(serve_main({str(bundle_file)!r}, {str(cfg)!r}, port={port}))'
     proc = subprocess.Popen([sys.executable, '-c', code], env={**os.environ, 'DARS_TEST_SERVE_KEYS': KEY},
@@ -376,6 +376,8 @@ def test_serve_main_serves_a_saved_bundle_until_interrupted(bundle_file, fixed, 
         r = httpx2.post(url + '/v1/chat/completions', json=ASK, headers=auth(), timeout=30)
         assert r.status_code == 200 and r.headers['x-dars-model'] == b.route(['What is 2 + 2?'])[0]
         assert r.headers['x-dars-max-tokens'] == '32'
+        padded = httpx2.post(url + '/v1/chat/completions', json=ASK, headers={**auth(), 'x-padding': 'a' * 5000}, timeout=30)
+        assert padded.status_code == 431 and 'larger than 4096 bytes' in padded.json()['error']['message']
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

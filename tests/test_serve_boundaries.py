@@ -503,3 +503,123 @@ def test_a_router_name_that_hides_a_pool_model_is_refused_when_the_pool_is_read(
     run = _dars('serve', '--router', str(tmp_path / 'no-router.dars'), '--pool', str(cfg))
     assert run.returncode == 1 and 'Traceback' not in run.stderr and run.stderr.count('\n') == 1, run.stderr
     assert run.stderr.startswith('dars serve: error: ') and says in run.stderr, run.stderr
+
+
+# --- upstreams that never stop, stop in mid-stream, or answer twice ---------------------------------------------------
+
+EVENT = b'data: {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "a "}}]}\n\n'
+
+
+def _chunk(data: bytes) -> bytes: return b'%x\r\n%s\r\n' % (len(data), data)
+
+
+class RawUpstream:
+    """An upstream on a raw asyncio socket server in a background thread, misbehaving as each request's model says
+    (no ASGI server sends a 1xx or runs without end); it counts the connections it has open."""
+    def __init__(self): self.open, self.requests, self.loop = 0, 0, None
+
+    async def _handle(self, reader, writer):
+        self.open += 1
+        try:
+            while True:
+                head = await reader.readuntil(b'\r\n\r\n')
+                length = next(int(l.split(b':')[1]) for l in head.split(b'\r\n') if l.lower().startswith(b'content-length'))
+                model = json.loads(await reader.readexactly(length))['model']
+                self.requests += 1
+                await getattr(self, model)(writer, self.requests)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError): pass
+        finally:
+            self.open -= 1; writer.close()
+
+    async def hinted(self, w, k):   # `103 Early Hints` before each answer, which names its request
+        w.write(b'HTTP/1.1 103 Early Hints\r\nlink: </style.css>\r\n\r\n'); await w.drain()
+        await asyncio.sleep(0.05)
+        body = chat_completion_body(f'answer {k}')
+        w.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n' % len(body) + body)
+
+    async def firehose(self, w, k):   # a stream of events without pause and without end
+        w.write(b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n')
+        while True: w.write(_chunk(EVENT * 50)); await w.drain()
+
+    async def endless(self, w, k):   # a plain answer without end
+        w.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n')
+        while True: w.write(_chunk(b' ' * 65536)); await w.drain()
+
+    async def stall(self, w, k):   # one event, then silence
+        w.write(b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n' + _chunk(EVENT))
+        await w.drain(); await asyncio.sleep(3600)
+
+    async def moved(self, w, k):   # a redirect
+        w.write(b'HTTP/1.1 302 Found\r\nlocation: http://example.com/\r\ncontent-length: 0\r\n\r\n')
+
+    @property
+    def base_url(self): return f'http://127.0.0.1:{self.port}/v1'
+
+    def __enter__(self):
+        import threading
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, '127.0.0.1', 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        async def close():
+            self.server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}: task.cancel()
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop); self.thread.join(10); self.loop.close()
+
+
+def wait_for(check, timeout_s=15):
+    "`check()` once it is true, or its last value after `timeout_s`."
+    deadline = time.monotonic() + timeout_s
+    while not (ok := check()) and time.monotonic() < deadline: time.sleep(0.05)
+    return ok
+
+
+@pytest.mark.timeout(60)
+def test_an_upstream_sending_early_hints_gives_each_request_its_own_answer():
+    with RawUpstream() as up, FixedEndpoint('the other model') as other, \
+         serving(Pool({'hinted': ModelSpec('hinted', up.base_url, concurrency=1),
+                       'plain': ModelSpec('plain', other.base_url)})) as (srv, http):
+        said = [http.post('/v1/chat/completions', json={'model': 'hinted', 'messages': USER}) for _ in range(3)]
+        plain = http.post('/v1/chat/completions', json={'model': 'plain', 'messages': USER})
+    assert [(r.status_code, r.json()['choices'][0]['message']['content']) for r in said] == \
+        [(200, 'answer 1'), (200, 'answer 2'), (200, 'answer 3')]
+    assert plain.json()['choices'][0]['message']['content'] == 'the other model'
+
+
+@pytest.mark.timeout(60)
+def test_a_client_hanging_up_on_a_stream_that_never_pauses_frees_it_at_once():
+    with RawUpstream() as up, \
+         serving(Pool({'firehose': ModelSpec('firehose', up.base_url, price_in=1.0, price_out=2.0)})) as (srv, http):
+        with http.stream('POST', '/v1/chat/completions', json={'model': 'firehose', 'messages': USER, 'stream': True}) as r:
+            first = next(line for line in r.iter_lines() if line.startswith('data:'))
+        assert first.startswith('data: {') and wait_for(lambda: up.open == 1)
+        m = settled(http, timeout_s=15)   # what the stream held is settled once it is closed
+        closed = wait_for(lambda: up.open == 0)
+    assert m['in_flight_reserved_usd'] == 0 and m['models']['firehose']['answered'] == 1, m
+    assert closed, 'the upstream connection of a stream whose client left is still open'
+
+
+@pytest.mark.timeout(90)
+def test_an_endless_answer_and_a_redirect_fail_over_and_a_silent_stream_ends_with_an_error_event():
+    first_word = lambda texts, lam=None: [[t.split()[0], 'good'] for t in texts]
+    with RawUpstream() as up, FixedEndpoint('Final Answer: 4') as good, \
+         serving(Pool({**{m: ModelSpec(m, up.base_url, timeout_s=1) for m in ('endless', 'moved', 'stall')},
+                       'good': ModelSpec('good', good.base_url)}), rank=first_word, max_answer_bytes=1_000_000) as (srv, http):
+        ask = lambda word, **more: {'model': 'dars-router', 'messages': [{'role': 'user', 'content': f'{word} 2 + 2?'}], **more}
+        over = {word: http.post('/v1/chat/completions', json=ask(word)) for word in ('endless', 'moved')}
+        started = time.monotonic()
+        silent = http.post('/v1/chat/completions', json=ask('stall', stream=True))
+        took = time.monotonic() - started
+        m = settled(http)
+    for word, r in over.items():
+        assert (r.status_code, r.headers['x-dars-model'], r.headers['x-dars-fallback-from']) == (200, 'good', word)
+    events = [json.loads(l[6:]) for l in silent.text.splitlines() if l.startswith('data: {')]
+    assert silent.status_code == 200 and events[0]['choices'][0]['delta']['content'] == 'a ', silent.text[:300]
+    assert 'the upstream sent nothing for 1 s' in events[-1]['error']['message'] and took < 30, (took, events[-1])
+    assert m['in_flight_reserved_usd'] == 0 and m['models']['stall']['lost'] == 1 and m['models']['endless']['lost'] == 1, m

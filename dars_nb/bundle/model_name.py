@@ -14,7 +14,7 @@ __all__ = ['ROUTER_MODEL', 'MAX_LAMBDA', 'LAMBDA_FIELD', 'LAMBDA_HEADER', 'route
 
 # %% ../../nbs/25f_model_name.ipynb #78933304
 ROUTER_MODEL = 'dars-router'
-_NUMBER = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?')
+_NUMBER = re.compile(r'[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?')   # ASCII digits, no '_': as JSON writes one
 
 def router_model_name(lam: float, # cost weight λ
                       base: str = ROUTER_MODEL, # the router's model name
@@ -59,10 +59,9 @@ LAMBDA_FIELD = 'dars_lambda'       # the key of λ in a request's `metadata`
 LAMBDA_HEADER = 'x-dars-lambda'    # the header that carries λ
 
 def _number_text(value):
-    "A string that reads as a number becomes that number (metadata and headers are text); else kept."
-    if not isinstance(value, str): return value
-    try: return float(value)
-    except ValueError: return value
+    "A string that is a decimal number (ASCII digits, as `_NUMBER`) becomes that number (metadata and headers are text); else kept."
+    if not isinstance(value, str) or not _NUMBER.fullmatch(value.strip()): return value
+    return float(value)
 
 def _header(headers, name: str):
     "The value of header `name` in a mapping of headers, in any case of its keys (None: not sent)."

@@ -39,21 +39,44 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # %% ../../nbs/08e_pool_server.ipynb #322de5d7
 _TIMEOUT_BODY = (b'{"error": {"message": "the request body did not arrive within %d s", '
                  b'"type": "invalid_request_error", "param": null, "code": "request_timeout"}}')
+_TOO_LARGE_BODY = (b'{"error": {"message": "the request line and headers are larger than %d bytes", '
+                   b'"type": "invalid_request_error", "param": null, "code": "headers_too_large"}}')
 
-def _deadlines(protocol, header_timeout_s: float, body_timeout_s: float):
-    "A subclass of uvicorn's `protocol` that closes connections whose headers or body come too slowly."
+def _deadlines(protocol, header_timeout_s: float, body_timeout_s: float, header_bytes: int = 65_536):
+    "A subclass of uvicorn's `protocol` that closes connections whose headers or body come too slowly, or whose headers are too large."
+    too_large = _TOO_LARGE_BODY % header_bytes
+    async def refuse(scope, receive, send):   # the application of a request whose headers are in, but too large
+        await send({'type': 'http.response.start', 'status': 431, 'headers': [
+            (b'content-type', b'application/json'), (b'connection', b'close'), (b'content-length', b'%d' % len(too_large))]})
+        await send({'type': 'http.response.body', 'body': too_large})
     class DeadlineProtocol(protocol):
-        _timer = None
+        _timer, _head = None, 0   # _head: bytes read of a request's line and headers (None: they are in)
         def _arm(self, seconds):
             self._disarm(); self._timer = self.loop.call_later(seconds, self._expired)
         def _disarm(self):
             if self._timer is not None: self._timer.cancel(); self._timer = None
         def connection_made(self, transport):
             super().connection_made(transport); self._arm(header_timeout_s)
+        def data_received(self, data):
+            if self._head is not None: self._head += len(data)
+            super().data_received(data)
+            if self._head is not None and self._head > header_bytes and not self.transport.is_closing():
+                self._too_large()
         def on_headers_complete(self):
-            super().on_headers_complete(); self._arm(body_timeout_s)
+            self._head, app = None, self.app
+            if len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers) > header_bytes:
+                self.app = refuse   # for this request only: uvicorn hands it to `self.app`
+            try: super().on_headers_complete()
+            finally: self.app = app
+            self._arm(body_timeout_s)
         def on_message_complete(self):
-            super().on_message_complete(); self._disarm()
+            super().on_message_complete(); self._disarm(); self._head = 0
+        def _too_large(self):   # headers not in yet, and already too large: answered before they are
+            self._disarm()
+            if self.cycle is None or self.cycle.response_complete:   # no answer to an earlier request on its way
+                self.transport.write(b'HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json'
+                                     b'\r\nconnection: close\r\ncontent-length: %d\r\n\r\n' % len(too_large) + too_large)
+            self.transport.close()
         def on_response_complete(self):
             queued = bool(self.pipeline)
             super().on_response_complete()
@@ -83,6 +106,7 @@ def server_config(app, # the ASGI application
                   header_timeout_s: float = 10.0, # seconds for a request's line and headers to arrive
                   body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
                   idle_timeout_s: float = 5.0, # seconds an idle connection stays open after a response
+                  header_bytes: int = 65_536, # most bytes of a request's line and headers (431 beyond)
                   **kwargs, # more `uvicorn.Config` settings, e.g. timeout_graceful_shutdown
                  ):
     "A `uvicorn.Config` for `app` with deadlines for slow clients and no query strings in the access log."
@@ -91,7 +115,7 @@ def server_config(app, # the ASGI application
     except ImportError:
         from dars_nb.extras import missing_extra
         raise missing_extra('the HTTP server', ['httptools'], 'serve') from None
-    protocol = _deadlines(HttpToolsProtocol, header_timeout_s, body_timeout_s)
+    protocol = _deadlines(HttpToolsProtocol, header_timeout_s, body_timeout_s, header_bytes)
     config = uvicorn.Config(app, http=protocol, log_level='warning' if quiet else 'info',
                             access_log=not quiet, timeout_keep_alive=idle_timeout_s, lifespan='on', **kwargs)
     access = logging.getLogger('uvicorn.access')
@@ -124,9 +148,10 @@ class BackgroundServer:
                  grace_s: float = 5.0, # seconds requests in flight may take to finish on `stop`
                  header_timeout_s: float = 10.0, # seconds for a request's headers to arrive (`server_config`)
                  body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
+                 header_bytes: int = 65_536, # most bytes of a request's line and headers (`server_config`)
                 ):
         self.app, self.host, self.port, self.quiet, self.grace_s = app, host, port, quiet, grace_s
-        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
+        self.header_timeout_s, self.body_timeout_s, self.header_bytes = header_timeout_s, body_timeout_s, header_bytes
         self.server, self._thread = None, None
 
     @property
@@ -147,7 +172,7 @@ def start(self: BackgroundServer):
     sock = listening_socket(self.host, self.port)
     self.port = sock.getsockname()[1]
     config = server_config(self.app, self.quiet, self.header_timeout_s, self.body_timeout_s,
-                           timeout_graceful_shutdown=self.grace_s)
+                           header_bytes=self.header_bytes, timeout_graceful_shutdown=self.grace_s)
     self.server = uvicorn.Server(config)
     self._thread = threading.Thread(target=self.server.run, kwargs={'sockets': [sock]},
                                     daemon=True, name=f'{type(self.app).__name__}-server')

@@ -75,7 +75,8 @@ def _serving_app(bundle, served, settings: ServeSettings, chat: bool, ledger=Non
 def _serve(app, settings: ServeSettings, sock, quiet: bool):
     "Serve `app` on `sock` under uvicorn until a stop signal."
     import uvicorn
-    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s, settings.idle_timeout_s)
+    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s, settings.idle_timeout_s,
+                           settings.max_header_bytes)
     _run_until_signal(uvicorn.Server(config), sock)
 
 def serve_worker(sock, # this worker's listening socket

@@ -27,12 +27,12 @@ from types import SimpleNamespace
 try:   # the `serve` extra (`create_app` says what is missing)
     import orjson
     from starlette.requests import ClientDisconnect
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
 except ImportError: pass
 
 # %% auto #0
-__all__ = ['TIME_EVERY', 'TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'json_answer', 'RelayedStream', 'chat_completions',
-           'ChatRoute', 'list_models', 'show_metrics', 'create_app']
+__all__ = ['TIME_EVERY', 'TURN_POLL_S', 'RankBatcher', 'Attempt', 'Attempts', 'json_answer', 'RelayedStream',
+           'EventStreamResponse', 'chat_completions', 'ChatRoute', 'list_models', 'show_metrics', 'create_app']
 
 # %% ../../nbs/36d_serve_app.ipynb #5a720800
 class RankBatcher:
@@ -336,38 +336,73 @@ async def answer(self: Attempts, ranking: list, # the models to try, best first
     state, data = self.state, self.req.data
     answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data))
     completion, name = answered.result, answered.spec.name
-    cost = self.charge(answered, completion.get('usage'))
     completion['model'] = name
     try: body = orjson.dumps(completion)
-    except orjson.JSONEncodeError:   # nested deeper than orjson writes
+    except orjson.JSONEncodeError:   # nested deeper than orjson writes: an answer lost, at what it held
+        self.lose(answered.spec, answered.entry)
         raise RequestError(502, f"model {name!r}: its answer is nested too deeply to send on",
                            kind='upstream_error', code='upstream_failed') from None
+    cost = self.charge(answered, completion.get('usage'))
     return json_answer(body, {**self.headers, 'x-dars-model': name, 'x-dars-cost-usd': f'{cost:.6g}'})
 
 # %% ../../nbs/36d_serve_app.ipynb #2a9b5046
 class RelayedStream:
     "One upstream stream on its way to the client: each chunk renamed to the pool's model, its usage and errors noted."
-    __slots__ = ('name', 'hide_usage', 'dumps', 'usage', 'error')
+    __slots__ = ('name', 'hide_usage', 'dumps', 'usage', 'error', 'dropped')
     def __init__(self, name: str, # the pool's name of the model
                  hide_usage: bool, # whether the usage chunk is kept from the client (it did not ask for one)
                  dumps, # orjson.dumps
                 ):
         self.name, self.hide_usage, self.dumps, self.usage, self.error = name, hide_usage, dumps, None, False
+        self.dropped = False   # whether the last line was a chunk kept from the client
 
     def line(self, line: str, # a line of the stream, as the upstream sent it
              chunk: dict | None, # its JSON data, if it is a data line
             ) -> str | None:
         "The line to send on (None: drop it), its chunk's model renamed; its usage and errors noted."
-        if chunk is None: return line
+        dropped, self.dropped = self.dropped, False
+        if chunk is None: return None if dropped and not line else line   # a dropped event's blank line goes too
         chunk['model'] = self.name
         if 'error' in chunk: self.error = True
         if isinstance(chunk.get('usage'), dict): self.usage = chunk['usage']
-        if self.hide_usage and not chunk.get('choices') and 'usage' in chunk: return None
+        if self.hide_usage and not chunk.get('choices') and 'usage' in chunk:
+            self.dropped = True; return None
         if self.hide_usage: chunk.pop('usage', None)
         try: return 'data: ' + self.dumps(chunk).decode()
         except TypeError:   # orjson's JSONEncodeError: nested deeper than it writes
             raise UpstreamError(f"model {self.name!r}: malformed stream: a chunk is nested too deeply to send on",
                                 sent=True) from None
+
+# %% ../../nbs/36d_serve_app.ipynb #e2991090
+async def _hung_up(receive):
+    "Return once the client has gone (ASGI's `http.disconnect`)."
+    while (await receive())['type'] != 'http.disconnect': pass
+
+class EventStreamResponse:
+    "A server-sent-event answer, written as its relay yields; the relay is cancelled as soon as the client hangs up."
+    def __init__(self, body_iterator, # an async generator of text: one write each
+                 headers: dict, # more headers: lowercase names, Latin-1 values
+                ):
+        self.body_iterator, self.status_code = body_iterator, 200
+        self.headers = {**headers, 'content-type': 'text/event-stream; charset=utf-8'}
+
+    async def _send_all(self, send):
+        "Write the head, each piece, and the end; the relay is closed whatever happens."
+        head = [(k.encode('latin-1'), v.encode('latin-1')) for k, v in self.headers.items()]
+        try:
+            await send({'type': 'http.response.start', 'status': 200, 'headers': head})
+            async for text in self.body_iterator:
+                await send({'type': 'http.response.body', 'body': text.encode(), 'more_body': True})
+            await send({'type': 'http.response.body', 'body': b'', 'more_body': False})
+        finally: await self.body_iterator.aclose()
+
+    async def __call__(self, scope, receive, send):
+        relay, gone = asyncio.ensure_future(self._send_all(send)), asyncio.ensure_future(_hung_up(receive))
+        try: await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            relay.cancel(); gone.cancel()   # whichever still runs (asyncio's cancel: delivered at its next step)
+            await asyncio.wait((relay, gone))   # the relay's end (settled, upstream closed) before the answer's
+        if not relay.cancelled(): relay.result()   # an error of the relay's own is the server's
 
 # %% ../../nbs/36d_serve_app.ipynb #ed858fe8
 @patch
@@ -376,8 +411,7 @@ async def stream(self: Attempts, ranking: list, # the models to try, best first
     "The first stream the ranked models open, relayed as server-sent events."
     state, data = self.state, self.req.data
     answered = await self.first(ranking, lambda spec: send(state.upstreams, spec, data, stream=True))
-    return StreamingResponse(self.relay(answered), 200, {**self.headers, 'x-dars-model': answered.spec.name},
-                             media_type='text/event-stream')
+    return EventStreamResponse(self.relay(answered), {**self.headers, 'x-dars-model': answered.spec.name})
 
 @patch
 async def relay(self: Attempts, answered: Attempt, # the attempt whose stream opened
@@ -520,7 +554,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
 
     @asynccontextmanager
     async def lifespan(app):   # the HTTP clients belong to the serving event loop
-        app.state.upstreams = Upstreams(pool, settings.queue_timeout_s)
+        app.state.upstreams = Upstreams(pool, settings.queue_timeout_s, settings.max_answer_bytes)
         app.state.rank = RankBatcher(rank)
         posting = asyncio.create_task(_post_counts(app.state)) if app.state.board is not None else None
         try: yield

@@ -10,6 +10,7 @@ import ssl
 from typing import NamedTuple
 from urllib.parse import urlsplit
 from fastcore.basics import patch
+import time
 
 # %% auto #0
 __all__ = ['ConnectError', 'ReadError', 'ProtocolError', 'Origin', 'origin', 'Connection', 'Response', 'HTTPPool']
@@ -53,13 +54,14 @@ class Connection(asyncio.Protocol):
     def __init__(self, loop):
         import httptools
         self.loop, self.parser, self.transport = loop, httptools.HttpResponseParser(self), None
-        self.closed, self.waiter, self.error = False, None, None
+        self.closed, self.waiter, self.error, self.heard, self._idle = False, None, None, 0.0, None
         self.reset()
 
     def reset(self):
-        "Ready for the next exchange."
+        "Ready for the next exchange (a watch on the last one stopped)."
         self.status, self.headers, self.chunks, self.buffered = None, {}, [], 0
-        self.done = self.keep_alive = self.paused = False
+        self.done = self.keep_alive = self.paused = self.interim = False
+        if self._idle is not None: self._idle.cancel(); self._idle = None
 
     def _wake(self):
         "Wake the reader waiting for more of the answer."
@@ -99,6 +101,7 @@ def fail(self: Connection, error: OSError):
 def abort(self: Connection):
     "Close at once, nothing more read or reused."
     self.closed = True
+    if self._idle is not None: self._idle.cancel(); self._idle = None
     if self.transport is not None: self.transport.abort()
 
 # %% ../../nbs/36c_serve_connections.ipynb #66968f0f
@@ -107,7 +110,8 @@ def connection_made(self: Connection, transport): self.transport = transport
 
 @patch
 def data_received(self: Connection, data: bytes):
-    "Feed the parser; bytes that are not HTTP break the connection."
+    "Feed the parser, noting when the upstream was last heard; bytes that are not HTTP break the connection."
+    self.heard = time.monotonic()
     try: self.parser.feed_data(data)
     except Exception as e:   # httptools.HttpParserError and its kinds
         self.fail(ProtocolError(f"the answer is not HTTP/1.1 ({type(e).__name__})"))
@@ -119,7 +123,11 @@ def on_header(self: Connection, name: bytes, value: bytes):
 
 @patch
 def on_headers_complete(self: Connection):
-    self.status = self.parser.get_status_code(); self._wake()
+    status = self.parser.get_status_code()
+    if 100 <= status < 200 and status != 101:   # interim: the final answer follows on the same connection
+        self.interim, self.headers = True, {}
+        return
+    self.status = status; self._wake()
 
 @patch
 def on_body(self: Connection, body: bytes):
@@ -130,6 +138,7 @@ def on_body(self: Connection, body: bytes):
 
 @patch
 def on_message_complete(self: Connection):
+    if self.interim: self.interim = False; return   # the end of an interim answer, not of the answer
     self.done, self.keep_alive = True, self.parser.should_keep_alive(); self._wake()
 
 @patch
@@ -146,15 +155,18 @@ class Response:
     def __init__(self, conn: Connection, pool: 'HTTPPool'):
         self.status, self.headers, self._conn, self._pool = conn.status, conn.headers, conn, pool
 
-    async def read(self) -> bytes:
-        "The whole body; the connection then goes back to its pool."
-        conn, parts = self._conn, []
+    async def read(self, limit: int | None = None, # most bytes of body (None: no limit)
+                  ) -> bytes:
+        "The whole body, or a `ProtocolError` once it is longer than `limit`; the connection then goes back to its pool."
+        conn, parts, size = self._conn, [], 0
         try:
-            while not conn.done:
-                parts.append(conn.take()); await conn.wait()
+            while True:
+                parts.append(part := conn.take()); size += len(part)
+                if limit is not None and size > limit: raise ProtocolError(f"the answer is longer than {limit:,} bytes")
+                if conn.done: break
+                await conn.wait()
         except BaseException:
             await self.aclose(); raise
-        parts.append(conn.take())
         await self.aclose()
         return b''.join(parts)
 
@@ -163,20 +175,38 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None: self._pool.put(conn)
 
+    def watch_idle(self, seconds: float):
+        "Break the answer with a `TimeoutError` once the upstream is silent for `seconds` (`Connection.watch_idle`)."
+        if self._conn is not None: self._conn.watch_idle(seconds)
+
 # %% ../../nbs/36c_serve_connections.ipynb #04d731a3
+def _split_lines(data: bytes, more: bool) -> tuple:
+    "(the whole lines of `data`, the unended rest): '\\n', '\\r\\n' or '\\r' end a line; a last '\\r' waits if `more` may follow."
+    held = b'\r' if more and data.endswith(b'\r') else b''   # a CR LF may be cut between two reads
+    if held: data = data[:-1]
+    if b'\r' in data: data = data.replace(b'\r\n', b'\n').replace(b'\r', b'\n')
+    *lines, rest = data.split(b'\n')
+    return lines, rest + held
+
 @patch
-async def aiter_line_groups(self: Response):
-    "The body's lines as text (UTF-8; '\\n', '\\r\\n' or '\\r' end a line), a list of those that arrived together at a time."
-    conn, rest = self._conn, b''
+async def aiter_line_groups(self: Response, limit: int | None = None, # most bytes of one line (None: no limit)
+                           ):
+    "The body's lines as text (UTF-8), a list of those that arrived together at a time; a `ProtocolError` for a line unended past `limit`."
+    conn, pieces, size = self._conn, [], 0   # the pieces of a line not ended yet, joined once it ends
     try:
         while True:
-            data = rest + conn.take()
-            if b'\r' in data: data = data.replace(b'\r\n', b'\n').replace(b'\r', b'\n')
-            *lines, rest = data.split(b'\n')
-            if lines: yield [line.decode('utf-8', 'replace') for line in lines]
+            data = conn.take()
+            if b'\n' in data or b'\r' in data:
+                lines, rest = _split_lines(b''.join(pieces) + data if pieces else data, not conn.done)
+                pieces, size = ([rest], len(rest)) if rest else ([], 0)
+                if lines: yield [line.decode('utf-8', 'replace') for line in lines]
+            elif data: pieces.append(data); size += len(data)
+            if limit is not None and size > limit: raise ProtocolError(f"a line of the answer is longer than {limit:,} bytes")
             if conn.done and not conn.chunks: break
             if not conn.done: await conn.wait()
-        if rest: yield [rest.decode('utf-8', 'replace')]
+        if pieces:   # the last line, unended (or ended by a last '\\r')
+            lines, rest = _split_lines(b''.join(pieces), False)
+            yield [line.decode('utf-8', 'replace') for line in (lines + [rest] if rest else lines)]
     finally: await self.aclose()
 
 @patch
@@ -247,3 +277,18 @@ async def send(self: HTTPPool, conn: Connection, # from `connection()`: the requ
     except BaseException:
         conn.abort(); raise
     return Response(conn, self)
+
+# %% ../../nbs/36c_serve_connections.ipynb #b2fdd54c
+@patch
+def watch_idle(self: Connection, seconds: float, # the longest silence of the upstream while its answer is read
+              ):
+    "Break the connection with a `TimeoutError` once the upstream has sent nothing for `seconds`; `reset` or `abort` stops the watch."
+    def check():
+        quiet = 0.0 if self.paused else time.monotonic() - self.heard
+        if self.done or self.closed: self._idle = None
+        elif quiet < seconds: self._idle = self.loop.call_later(seconds - quiet, check)
+        else:
+            self._idle = None
+            self.fail(TimeoutError(f"the upstream sent nothing for {seconds:g} s"))
+    if self._idle is not None: self._idle.cancel()
+    self._idle = self.loop.call_later(seconds, check)

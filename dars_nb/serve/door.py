@@ -111,14 +111,19 @@ def problem(self: BrowserGuard, scope, host: bytes | None, origin: bytes | None,
         return RequestError(415, f"the body must be sent with content-type: application/json, got {got}",
                             code='unsupported_media_type')
 
+_CHECKED = frozenset((b'host', b'origin', b'content-type'))   # the headers the door reads: each at most once
+
 @patch
 async def __call__(self: BrowserGuard, scope, receive, send):
     if scope['type'] != 'http': return await self.app(scope, receive, send)
-    host = origin = content_type = None
+    seen = {}
     for k, v in scope['headers']:
-        if k == b'host': host = v.lower()
-        elif k == b'origin': origin = v.lower()
-        elif k == b'content-type': content_type = v
-    error = self.problem(scope, host, origin, content_type)
+        if k not in _CHECKED: continue
+        if k in seen:   # which of two would count is the client's guess and the server's choice: neither
+            error = RequestError(400, f"the request has more than one {k.decode()} header", code='duplicate_header')
+            return await _refuse(scope, receive, send, error)
+        seen[k] = v
+    host, origin = seen.get(b'host'), seen.get(b'origin')
+    error = self.problem(scope, host and host.lower(), origin and origin.lower(), seen.get(b'content-type'))
     if error is None: return await self.app(scope, receive, send)
     await _refuse(scope, receive, send, error)

@@ -70,6 +70,9 @@ class ServeSettings:
     # keys clients send as Bearer tokens (empty: no check)
     client_keys: tuple = field(default=(), repr=False)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
+    max_header_bytes: int = 65_536 # largest request line and headers accepted (431 beyond)
+    # largest answer of an upstream, and longest line of its stream (a failed attempt beyond)
+    max_answer_bytes: int = 33_554_432
     # completion tokens per request; a larger or missing `max_tokens` gets this
     max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)
@@ -89,7 +92,7 @@ class ServeSettings:
         _check_listen(self.host, self.port, self.client_keys)
         object.__setattr__(self, 'client_keys', tuple(self.client_keys))
         for k in ('allow_hosts', 'allow_origins'): object.__setattr__(self, k, _checked_names(k, getattr(self, k)))
-        for k in ('max_body_bytes', 'max_tokens', 'image_tokens'):
+        for k in ('max_body_bytes', 'max_header_bytes', 'max_answer_bytes', 'max_tokens', 'image_tokens'):
             v = getattr(self, k)
             if not is_integer(v) or v < 1:
                 raise ConfigError(f"serve: {k} must be a positive integer, got {v!r}")

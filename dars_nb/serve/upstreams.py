@@ -34,9 +34,9 @@ def _status_error(spec: ModelSpec, status: int, raw: bytes, pool: Pool) -> Upstr
     "The `UpstreamError` of a non-200 answer, its detail quoted with configured keys blanked out."
     try: detail = json.loads(raw)['error']['message']
     except (ValueError, KeyError, TypeError): detail = raw[:200].decode('utf-8', 'replace')
-    retry = status >= 500 or status in (401, 403, 408, 429)
-    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}: {str(detail)[:200]}", pool),
-                         status, retry)
+    retry = not 400 <= status < 500 or status in (401, 403, 408, 429)   # only the request's own 4xx goes back
+    said = f": {str(detail)[:200]}" if str(detail).strip() else ''
+    return UpstreamError(redact(f"model {spec.name!r}: HTTP {status}{said}", pool), status, retry)
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #16e29b63
 class UpstreamRequest(NamedTuple):
@@ -49,8 +49,9 @@ class Upstreams:
     "Connection pools and slots for the pool's models, created on the serving event loop."
     def __init__(self, pool: Pool, # the models and where they are served
                  queue_timeout_s: float = 30.0, # seconds an attempt may wait for a free slot
+                 max_answer_bytes: int = 33_554_432, # the longest answer, and the longest line of a stream
                 ):
-        self.pool, self.queue_timeout_s = pool, queue_timeout_s
+        self.pool, self.queue_timeout_s, self.max_answer_bytes = pool, queue_timeout_s, max_answer_bytes
         connections = {}
         for spec in pool.models.values():
             connections[spec.base_url] = connections.get(spec.base_url, 0) + spec.concurrency
@@ -102,7 +103,7 @@ async def _open(ups: Upstreams, spec: ModelSpec, data: bytes, stream: bool) -> t
         late = loop.call_at(deadline, conn.fail, TimeoutError())   # breaks the connection of an answer still due
         try:
             resp = await client.send(conn, request.path, request.content, request.headers)
-            raw = await resp.read() if resp.status != 200 or not stream else b''
+            raw = await resp.read(ups.max_answer_bytes) if resp.status != 200 or not stream else b''
         finally: late.cancel()
     except (TimeoutError, OSError) as e:   # ConnectError, ReadError, ProtocolError are OSErrors
         what = 'ConnectTimeout' if isinstance(e, TimeoutError) and not sent else type(e).__name__
@@ -136,7 +137,13 @@ class EventStream:
     "An upstream's open event stream: each line checked as it comes, the model's slot held until it closes."
     def __init__(self, ups: Upstreams, spec: ModelSpec, resp, release):
         self.ups, self.spec, self.resp, self._release = ups, spec, resp, release
-        self._groups, self._ahead, self._rest, self.finished = resp.aiter_line_groups(), [], [], False
+        self._ahead, self._rest, self.finished = [], [], False
+        self._groups = resp.aiter_line_groups(ups.max_answer_bytes)
+
+    def _broke(self, e: OSError) -> UpstreamError:
+        "The `UpstreamError` (sent) of a stream whose connection broke with `e` (a timeout, a cut, a line too long)."
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        return UpstreamError(f"model {self.spec.name!r}: the stream broke: {why}", sent=True)
 
     def _check(self, line: str) -> tuple:
         "(line, its chunk or None), noting the end; a malformed line raises `UpstreamError` (sent)."
@@ -169,10 +176,10 @@ async def check_start(self: EventStream):
                 for k, line in enumerate(group):
                     self._ahead.append(self._check(line))
                     if self._ahead[-1][1] is not None or self.finished:
-                        self._rest = group[k + 1:]; return   # the rest of its group is checked as it is relayed
-    except (TimeoutError, OSError) as e:
-        raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
-                            sent=True) from None
+                        self._rest = group[k + 1:]   # the rest of its group is checked as it is relayed
+                        self.resp.watch_idle(self.ups.timeout(self.spec))   # from now on: its longest silence
+                        return
+    except (TimeoutError, OSError) as e: raise self._broke(e) from None
     raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before any event", sent=True)
 
 @patch
@@ -189,9 +196,7 @@ async def groups(self: EventStream):
     except UpstreamError:   # a malformed line: the lines before it go first
         if checked: yield checked
         raise
-    except OSError as e:
-        raise UpstreamError(f"model {self.spec.name!r}: the stream broke: {type(e).__name__}",
-                            sent=True) from None
+    except OSError as e: raise self._broke(e) from None
     if not self.finished:
         raise UpstreamError(f"model {self.spec.name!r}: malformed stream: it ended before its answer did",
                             sent=True)
