@@ -300,3 +300,19 @@ def test_dars_collect_refuses_a_config_bound_to_fail_before_any_call(tmp_path, c
         assert 'Traceback' not in res.stderr and res.stderr.count('\n') == 1, res.stderr
         assert res.stderr.startswith('dars collect: error: ') and expect in res.stderr, res.stderr
         assert res.stdout == '' and not (tmp_path / 'store.sqlite').exists()
+
+
+@pytest.mark.parametrize('example', ['hosted_pool.toml', 'local_pool.toml'])
+def test_each_collection_example_dry_runs_as_its_header_says(example, tmp_path):
+    "`dars collect examples/X.toml --dry-run`, run from a copy of the repository's examples/ and data/, plans and prices."
+    import shutil
+    root = Path(__file__).parent.parent
+    for folder in ('examples', 'data'): shutil.copytree(root / folder, tmp_path / folder)
+    command = f'dars collect examples/{example} --dry-run'
+    header = (root / 'examples' / example).read_text()
+    assert command in header   # the command the file tells its reader to run
+    env = {k: v for k, v in os.environ.items() if k != 'DARS_DATA'}
+    run = subprocess.run([sys.executable, '-m', 'dars_nb', *command.split()[1:]], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-500:]
+    assert 'total: at most' in run.stdout and not (tmp_path / 'runs').exists()   # a dry run writes nothing
