@@ -4,6 +4,8 @@
 
 # %% ../nbs/00_observations.ipynb #9e15d5cf
 from __future__ import annotations
+import json
+import mmap
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -475,6 +477,19 @@ def write_observations(obs: pd.DataFrame, # observation table
 # %% ../nbs/00_observations.ipynb #32aa57e4
 AS_TEXT = {c: str for c in CATEGORICAL_COLUMNS}   # model '0' and model '00' are two models
 
+def _no_lone_surrogate(path: Path, lines: bool):
+    "An ObservationError if a JSON string of `path` holds a lone surrogate (`\\ud800`, no character): pandas drops it without a word."
+    if path.stat().st_size == 0: return
+    with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m.find(b'\\ud') < 0 and m.find(b'\\uD') < 0: return   # no surrogate written as an escape: read at C speed
+    with open(path, encoding='utf-8', errors='replace') as f:
+        for n, text in enumerate(f if lines else [f.read()], 1):
+            try: json.dumps(json.loads(text), ensure_ascii=False).encode('utf-8')
+            except UnicodeEncodeError:
+                _fail(f"{path.name}{f' line {n}' if lines else ''}: a string holds a lone surrogate (such as \\ud800), "
+                      "which is no character")
+            except ValueError: return   # not JSON: pandas says where
+
 def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSON array of rows)
                      ) -> pd.DataFrame:
     "Read and validate an observation file."
@@ -483,7 +498,9 @@ def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSO
     readable_file(path, 'observation file', ObservationError)
     try:
         if ext == '.parquet': df = pd.read_parquet(path)
-        elif ext in ('.jsonl', '.json'): df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)
+        elif ext in ('.jsonl', '.json'):
+            _no_lone_surrogate(path, ext == '.jsonl')
+            df = pd.read_json(path, lines=ext == '.jsonl', dtype=AS_TEXT)
         else: df = pd.read_csv(path, dtype=AS_TEXT)
     except UnicodeDecodeError: raise not_utf8(path, 'observation file', ObservationError) from None
     except Exception as e: _fail(f"cannot read {path.name}: "

@@ -391,19 +391,31 @@ def load_bundle(path, # a file written by `save_bundle`
 def _query_item(item: dict, where: str) -> str:
     "The text a router sees for one JSON query: its question, with its `choices` and `passage` if given."
     if not isinstance(item.get('question'), str): raise ValueError(f"{where}: no \"question\" string")
+    if not item['question'].strip(): raise ValueError(f"{where}: the question is empty")
     choices, passage = item.get('choices'), item.get('passage', item.get('context'))
     if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
         raise ValueError(f"{where}: \"choices\" must be a list of strings")
     if passage is not None and not isinstance(passage, str): raise ValueError(f"{where}: \"passage\" must be a string")
     return router_text(item['question'], passage, format_options(choices) if choices else None)
 
+def _written_back(value, where: str, what: str):
+    "`value` if JSON text can carry it back out (no NaN or Infinity, no lone surrogate such as \\ud800); else a ValueError."
+    try: json.dumps(value, allow_nan=False, ensure_ascii=False).encode('utf-8')
+    except ValueError:   # a UnicodeEncodeError too
+        raise ValueError(f"{where}: {what} cannot be written back as JSON text (it holds NaN, Infinity or a lone "
+                         f"surrogate), got {short_repr(value, 40)}") from None
+    return value
+
 def _query_line(line: str, n: int, where: str) -> tuple | None:
     "(id, routed text) of line `n`: a JSON query (its `id`, else n), a JSON string or plain text; None if blank."
     if not line.strip(): return None
     try: item = json.loads(line)
     except (ValueError, RecursionError): item = line   # not JSON that Python reads (too deep, a number too long): text
-    if isinstance(item, dict): return item.get('id', n), _query_item(item, f"{where} line {n}")
-    return n, item if isinstance(item, str) else line
+    at = f"{where} line {n}"
+    if isinstance(item, dict): qid, text = _written_back(item.get('id', n), at, '"id"'), _query_item(item, at)
+    else: qid, text = n, item if isinstance(item, str) else line
+    if not text.strip(): raise ValueError(f"{at}: the question is empty")
+    return qid, _written_back(text, at, 'the question')
 
 def read_questions(file, # .jsonl of {"id", "question"[, "choices", "passage"]}, or one question per line; - for standard input
                   ) -> tuple[list, list[str]]:
@@ -495,6 +507,7 @@ def route_main(router: str, # path of a router bundle
     "Print the model a saved router picks for each question (with --file, one JSON line each)."
     if (question is None) == (file is None):
         raise ValueError("give one question or --file (- for standard input), not both and not neither")
+    if question is not None and not question.strip(): raise ValueError("the question is empty")
     if explain and quiet: raise ValueError("--explain prints more and --quiet only the choices: give one of them")
     bundle = load_bundle(router, max_bundle_mb)
     batches = [([None], [question])] if file is None else \

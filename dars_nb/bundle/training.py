@@ -217,7 +217,9 @@ def train_main(config: str, # path of the training TOML file
                quiet: bool = False, # print nothing
               ) -> int:
     "Train a router from a TOML config and save it as one file."
-    target = writable_file(out)   # before the training, not after it
-    path = save_bundle(train(config, quiet=quiet), target)
+    settings = load_train_config(config)
+    inputs = [p for p in (config, settings.observations) if isinstance(p, (str, Path))]
+    target = writable_file(out, inputs=inputs)   # before the training, not after it
+    path = save_bundle(train(settings, quiet=quiet), target)
     if not quiet: print(f"saved the router bundle to {path}")
     return 0

@@ -728,7 +728,7 @@ def salvage_store(path, # the damaged store
     path, out = Path(path), Path(out)
     if not path.is_file() or path.stat().st_size == 0:
         raise StoreError(f"nothing to salvage: {path} is missing or empty")
-    if out.exists(): raise StoreError(f"{out} exists; name a new file with --out")
+    if os.path.lexists(out): raise StoreError(f"{out} exists; name a new file with --out")   # a link too, even a broken one
     report, work = {}, Path(tempfile.mkdtemp(prefix='dars-salvage-'))
     conn = sqlite3.connect(_pages_held(path, work).resolve().as_uri() + '?mode=ro', uri=True)
     try:

@@ -8,6 +8,8 @@ import codecs
 import itertools
 import json
 import os
+import re
+import reprlib
 import sys
 from pathlib import Path
 
@@ -65,13 +67,27 @@ def read_text(path, # a text file the caller will read
     except UnicodeDecodeError: raise not_utf8(p, what, error) from None
 
 # %% ../../nbs/00c_paths.ipynb #c56b8d8b
+_SURROGATE_ESCAPE = re.compile(r'\\u[dD][89a-fA-F]')   # a text that may hold one: then its strings are checked
+
+def _lone_surrogate(value) -> str | None:
+    "The first string (key or value) of a parsed JSON value that holds an unpaired UTF-16 surrogate, else None."
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try: v.encode('utf-8')
+            except UnicodeEncodeError: return v
+        elif isinstance(v, dict): stack += [*v.keys(), *v.values()]
+        elif isinstance(v, list): stack += v
+    return None
+
 def json_value(text: str, # one JSON text: a file's, or one line of a JSON Lines file
                where: str, # how the message names it ("tasks.jsonl line 3")
                error: type[Exception] = ValueError, # the exception to raise
                **loads_args, # passed on to `json.loads` (an `object_pairs_hook`, say)
               ):
-    "The JSON value of `text`; else a one-line `error` naming `where`: not JSON, nested too deep, or a number too long."
-    try: return json.loads(text, **loads_args)
+    "The JSON value of `text`; else a one-line `error` naming `where`: not JSON, nested too deep, a number too long, or a lone surrogate."
+    try: value = json.loads(text, **loads_args)
     except json.JSONDecodeError as e:
         at = f"line {e.lineno}, column {e.colno}" if '\n' in text.strip() else f"column {e.colno}"
         raise error(f"{where}: not valid JSON ({e.msg} at {at})") from None
@@ -79,17 +95,25 @@ def json_value(text: str, # one JSON text: a file's, or one line of a JSON Lines
     except ValueError as e:   # Python reads no integer of more than sys.get_int_max_str_digits() digits
         if 'integer string conversion' not in str(e): raise
         raise error(f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits") from None
+    if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(value)) is not None:
+        raise error(f"{where}: the text {reprlib.repr(bad)} holds an unpaired UTF-16 surrogate, which no file can store")
+    return value
 
 # %% ../../nbs/00c_paths.ipynb #b52382df
 def writable_file(path, # where a command will write a file
                   what: str = '--out', # how the message names it
                   error: type[Exception] = ValueError, # the exception to raise
+                  inputs: tuple = (), # files the command reads, which it must not write over
                  ) -> Path:
-    "`path` if a file can be written there (its folder exists, it is no folder itself), else a one-line `error`."
+    "`path` if a file can be written there (a writable folder, a regular file or nothing, none of `inputs`), else a one-line `error`."
     p = Path(path)
-    if not str(path).strip() or p.is_dir(): raise error(f"{what} must name a file, got {str(path)!r}")
-    folder = p.resolve().parent   # through a link, the folder its file is written in
-    if not folder.is_dir(): raise error(f"{what} {path}: the folder {folder} does not exist")
+    if not str(path).strip() or p.is_dir() or str(path).endswith(os.sep):
+        raise error(f"{what} must name a file, got {str(path)!r}")
+    if p.exists() and not p.is_file(): raise error(f"{what} {path} is not a regular file (a device, a pipe or a socket)")
+    target = p.resolve()   # through a link, the file that is written
+    if not target.parent.is_dir(): raise error(f"{what} {path}: the folder {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK): raise error(f"{what} {path}: the folder {target.parent} is not writable")
+    if any(Path(i).resolve() == target for i in inputs): raise error(f"{what} {path} is an input of the command")
     return p
 
 # %% ../../nbs/00c_paths.ipynb #0ae6054a

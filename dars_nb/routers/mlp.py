@@ -24,7 +24,11 @@ def _fit_regressor(params: dict, Z: np.ndarray, y: np.ndarray):
     if np.ptp(y) == 0: return float(y.flat[0])
     with warnings.catch_warnings():  # `max_iter` is a training budget; stopping at it is expected
         warnings.simplefilter('ignore', ConvergenceWarning)
-        return MLPRegressor(**params).fit(Z, y)
+        warnings.filterwarnings('error', 'Training interrupted by user')   # scikit-learn's note of a Ctrl-C it caught
+        try: return MLPRegressor(**params).fit(Z, y)
+        except UserWarning as w:   # the Ctrl-C it kept to itself: the caller's again, not a half-trained network
+            if 'Training interrupted' in str(w): raise KeyboardInterrupt from None
+            raise
 
 def _predict_regressor(reg, Z: np.ndarray, width: int) -> np.ndarray:
     "(n, width) predictions of a fitted regressor or a constant."

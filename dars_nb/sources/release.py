@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -300,28 +299,11 @@ def _unique_keys(pairs: list) -> dict:
         raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
     return obj
 
-_SURROGATE_ESCAPE = re.compile(r'\\u[dD][89a-fA-F]')   # a line that may hold one: then its texts are checked
-
-def _lone_surrogate(value) -> str | None:
-    "The first text (key or value) of a parsed line that holds an unpaired UTF-16 surrogate, else None."
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            try: v.encode('utf-8')
-            except UnicodeEncodeError: return v
-        elif isinstance(v, dict): stack += [*v.keys(), *v.values()]
-        elif isinstance(v, list): stack += v
-    return None
-
 def _parse_line(text: str, where: str):
     "The JSON value of one line; a ReleaseError naming `where` for anything that is not a JSON text a table can hold."
-    try: value = json_value(text, where, ReleaseError, object_pairs_hook=_unique_keys)   # not JSON, too deep, too long
-    except _RepeatedKey as e:
+    try: return json_value(text, where, ReleaseError, object_pairs_hook=_unique_keys)   # not JSON, too deep, too long,
+    except _RepeatedKey as e:                                                             # a lone surrogate
         raise ReleaseError(f"{where}: the key {_shown(e.args[0])} appears twice in one object") from None
-    if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(value)) is not None:
-        raise ReleaseError(f"{where}: the text {_shown(bad)} holds an unpaired UTF-16 surrogate, which no file can store")
-    return value
 
 # %% ../../nbs/07_release.ipynb #5f8dd67b
 def _row(rec, dataset: str, split: str, where: str,
