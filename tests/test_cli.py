@@ -211,3 +211,58 @@ def test_reproduce_quiet_shows_no_progress_bar(quick_report):
     _, res = quick_report
     assert res.returncode == 0, res.stderr[-2000:]
     assert '%|' not in res.stderr    # no progress bar: stderr is not a terminal, and --quiet
+
+
+COLLECT_BASE = '''rewriter = "m1"
+[models.m1]
+base_url = "http://127.0.0.1:9/v1"
+price_in = 1.0
+price_out = 1.0
+[collection]
+store = "s.sqlite"
+output = "o.parquet"
+data_dir = "{data}"
+[[datasets]]
+'''
+MATH = '{"query_id": "%s", "kind": "math", "question": "%s", "gold": "3"}\n'
+
+
+@pytest.mark.parametrize('dataset,tasks,said', [
+    ('source = "mmlu"\ntrain = 2\ntest = 2\noptions = { subjects = [] }\n', None,
+     '[[datasets]] #1 (mmlu): options.subjects is an empty list'),
+    ('path = "t.jsonl"\ntrain = 1\ntest = 1\n', MATH % ('a', '   ') + MATH % ('b', '1 + 2?'),
+     "t.jsonl line 1: field 'question' is blank"),
+    ('source = "t.jsonl"\ntrain = 1\ntest = 1\n', None,
+     '''source 't.jsonl' is a file name: source names a loader (expected one of mmlu, math500, math, drop, gpqa); '''
+     '''a JSONL task file of your own goes under path (path = "t.jsonl")'''),
+])
+def test_collect_dry_run_names_a_bad_dataset(tmp_path, dataset, tasks, said):
+    "A dataset the run would refuse or misread is refused by the dry run in one line, naming the field or the line."
+    (tmp_path / 'c.toml').write_text(COLLECT_BASE.format(data=Path(__file__).resolve().parents[1] / 'data') + dataset)
+    if tasks is not None: (tmp_path / 't.jsonl').write_text(tasks)
+    res = run('collect', str(tmp_path / 'c.toml'), '--dry-run')
+    assert_one_line_error(res, 'collect')
+    assert said in res.stderr, res.stderr
+
+
+def test_collect_dry_run_of_a_short_task_file_gives_the_run_s_advice(tmp_path):
+    "A task file with fewer questions than train + test: the dry run's note is the run's error, not the data folder's advice."
+    (tmp_path / 'c.toml').write_text(COLLECT_BASE.format(data=tmp_path) + 'path = "t.jsonl"\ntrain = 1\ntest = 1\n')
+    (tmp_path / 't.jsonl').write_text(MATH % ('a', '1 + 2?'))
+    dry, real = run('collect', str(tmp_path / 'c.toml'), '--dry-run'), run('collect', str(tmp_path / 'c.toml'))
+    assert dry.returncode == 0, dry.stderr
+    assert_one_line_error(real, 'collect')
+    error = real.stderr.split('error: ', 1)[1].strip()
+    assert f'note: {error}; this plan prices 2 with repeats' in dry.stdout and '--data' not in dry.stdout, dry.stdout
+
+
+def test_a_file_for_a_folder_and_no_local_model_are_named(tmp_path):
+    "`dars collect --data FILE` says the file is not a folder; `dars local --models ''` names the option and the models."
+    (tmp_path / 'c.toml').write_text(COLLECT_BASE.format(data=tmp_path) + 'source = "math500"\ntest = 2\n')
+    (tmp_path / 'sim.parquet').write_bytes(b'PAR1')
+    res = run('collect', str(tmp_path / 'c.toml'), '--dry-run', '--data', str(tmp_path / 'sim.parquet'))
+    assert_one_line_error(res, 'collect')
+    assert f"data folder '{tmp_path / 'sim.parquet'}' is a file, not a folder" in res.stderr, res.stderr
+    res = run('local', '--models', '')
+    assert_one_line_error(res, 'local')
+    assert '--models names no model: give one or more of smollm2, gemma3' in res.stderr, res.stderr

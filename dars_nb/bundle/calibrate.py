@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle, read_questions
-from .model_name import ROUTER_MODEL, router_model_name, lambda_from_model_name
+from .model_name import ROUTER_MODEL, MAX_LAMBDA, router_model_name, lambda_from_model_name
 from ..pool.usage import fmt_usd
 
 # %% auto #0
@@ -129,16 +129,20 @@ class Target:
 
 # %% ../../nbs/25e_calibrate.ipynb #84d94929
 def lambda_grid(outcomes: RouteOutcomes, # the questions, routed
-                steps: int = 48, # λ values besides 0
-                cap: float = 1e4, # the largest λ tried
+                steps: int = 48, # λ values spaced geometrically across the range where routing moves
+                cap: float = MAX_LAMBDA, # the largest λ tried
                ) -> np.ndarray:
-    "λ to scan: 0, then geometric up to where doubling λ changes no choice (or the grid the guard knows)."
+    "λ to scan: 0, the powers of two up to `cap` where the routing still moves, and `steps` λ spread across them (or the grid the guard knows)."
     b = outcomes.bundle
     if b.guard is not None and 'lams' in b.guard_cv.parts:
         return np.asarray(b.guard_cv.parts['lams'], float)
-    hi = 1.0
-    while hi < cap and not np.array_equal(outcomes.choice(hi), outcomes.choice(2 * hi)): hi *= 2
-    return np.r_[0.0, np.geomspace(hi * 1e-4, hi, steps)]
+    powers = np.minimum(2.0 ** np.arange(-40, math.ceil(math.log2(cap)) + 1), cap)
+    lams = np.r_[0.0, powers]
+    chosen = outcomes.choices(lams)
+    moves = np.flatnonzero((chosen[1:] != chosen[:-1]).any(1))   # some question changes model after lams[i]
+    lo, hi = (lams[moves[0]], lams[moves[-1] + 1]) if len(moves) else (1.0, 1.0)
+    lo = min(max(lo, powers[0]), hi * 1e-4)
+    return np.unique(np.r_[0.0, np.geomspace(lo, hi, steps), powers[(powers >= lo) & (powers <= hi)]])
 
 def _bisect(f, lo: float, hi: float, t: float, rtol: float = 1e-7) -> list:
     "The two ends of [lo, hi], shrunk by bisection to a relative width `rtol`, between which f crosses t."

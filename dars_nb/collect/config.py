@@ -5,6 +5,7 @@
 # %% ../../nbs/35a_collect_config.ipynb #91a000cf
 from __future__ import annotations
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from fastcore.basics import patch
@@ -47,9 +48,13 @@ def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
     src, path = d.get('source'), d.get('path')
     if (src is None) == (path is None):
         raise ConfigError(f"{where} needs exactly one of source or path")
-    if src is not None and src not in SOURCES:
-        expected = f"expected one of {', '.join(SOURCES)}, or a path to a JSONL file"
-        raise ConfigError(f"{where}: unknown source {src!r} ({expected})")
+    if src is not None and (not isinstance(src, str) or src not in SOURCES):
+        expected = f"expected one of {', '.join(SOURCES)}"
+        if isinstance(src, str) and (Path(src).suffix or '/' in src or '\\' in src):
+            raise ConfigError(f"{where}: source {src!r} is a file name: source names a loader ({expected}); "
+                              f"a JSONL task file of your own goes under path (path = {json.dumps(src)})")
+        raise ConfigError(f"{where}: unknown source {src!r} ({expected}; a JSONL task file of your own goes "
+                          "under path = ...)")
     if path is not None and not _is_path_text(path):
         raise ConfigError(f"{where}: path must be a path string (a JSONL task file), got {path!r}")
     name = d.get('name', src if src is not None else Path(str(path)).stem)
@@ -63,6 +68,9 @@ def _dataset_spec(d, i: int, base: Path) -> DatasetSpec:
         raise ConfigError(f"{where} ({name}): train and test are both 0")
     opts = d.get('options', {})
     if not isinstance(opts, dict): raise ConfigError(f"{where} ({name}): options must be a table")
+    if src == 'mmlu' and opts.get('subjects', None) == []:
+        raise ConfigError(f"{where} ({name}): options.subjects is an empty list: name at least one MMLU subject, "
+                          "or leave subjects out for all 57")
     if src == 'gpqa':
         if 'path' not in opts:
             raise ConfigError(f"{where} ({name}): the gpqa source needs options.path (your own GPQA copy)")

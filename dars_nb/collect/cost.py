@@ -134,7 +134,6 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              markdown_table(cost[cols], floatfmt='.6f'), '',
              f"total: at most {calls} calls to make (retries not counted), at most {fmt_usd(most)}, "
              f"typically about {fmt_usd(typ)}"]
-    filled = [f"note: dataset {name!r}: the data holds {have} of the {asked} queries asked; this plan prices "
-              f"{asked} with repeats of their wordings (collecting needs the full set: --data, data_dir or "
-              f"$DARS_DATA)" for name, (have, asked) in tasks.attrs['stand_ins'].items()]
+    filled = [f"note: {tasks.attrs['too_few'][name]}; this plan prices {asked} with repeats of their wordings"
+              for name, (have, asked) in tasks.attrs['stand_ins'].items()]
     return '\n'.join(lines[:4] + filled + lines[4:] + _limit_lines(cfg, calls, most, spent))

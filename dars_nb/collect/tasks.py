@@ -32,6 +32,8 @@ def load_task_file(path, # a JSONL file, one task per line
         if not isinstance(r, dict): raise ValueError(f"{where}: expected a JSON object")
         miss = [f for f in TASK_FIELDS if r.get(f) in (None, '')]
         if miss: raise ValueError(f"{where}: missing field {miss[0]!r}")
+        blank = [f for f in TASK_FIELDS if isinstance(r[f], str) and not r[f].strip()]
+        if blank: raise ValueError(f"{where}: field {blank[0]!r} is blank (only white space)")
         kind = r['kind']
         if kind not in KINDS:
             raise ValueError(f"{where}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
@@ -89,12 +91,13 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
     "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
     from dars_nb.sources.datasets import sample_tasks
-    parts, short = [], {}
+    parts, short, messages = [], {}, {}
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
             if not stand_ins: raise ValueError(_too_few(spec, len(tasks), cfg.data_dir))
             short[spec.name] = (len(tasks), spec.train + spec.test)
+            messages[spec.name] = _too_few(spec, len(tasks), cfg.data_dir)
             tasks = _stand_ins(tasks, spec.train + spec.test, cfg.seed)
         train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
                                    n_test=spec.test)
@@ -103,4 +106,5 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
     out = pd.concat(parts, ignore_index=True)
     out['query_id'] = out['query_id'].astype(str)
     out.attrs['stand_ins'] = short   # dataset -> (queries found, queries asked)
+    out.attrs['too_few'] = messages  # dataset -> the error a run without stand-ins gives
     return out

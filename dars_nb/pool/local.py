@@ -359,7 +359,7 @@ def start_local_server(models=('smollm2', 'gemma3'), # aliases from LOCAL_MODELS
                       ) -> LocalServer:
     "Serve local GGUF models with llama-cpp-python behind one OpenAI-compatible URL on 127.0.0.1."
     models = (models,) if isinstance(models, str) else tuple(models)
-    if not models: raise ValueError("start_local_server needs at least one model")
+    if not models: raise ValueError(f"start_local_server needs at least one model (available: {', '.join(LOCAL_MODELS)})")
     if len(set(models)) != len(models): raise ValueError(f"duplicate model in {models}")
     if port is not None: check_port(port, 'local')   # as `dars serve` checks its own, before a model loads
     if importlib.util.find_spec('llama_cpp') is None:
@@ -385,6 +385,8 @@ def serve_main(port: int = 8080, # port of the OpenAI-compatible front on 127.0.
               ) -> int:
     "Serve small local LLMs behind an OpenAI-compatible endpoint until Ctrl-C, SIGTERM or SIGHUP."
     aliases = tuple(m.strip() for m in models.split(',') if m.strip())
+    if not aliases:
+        raise ValueError(f"--models names no model: give one or more of {', '.join(LOCAL_MODELS)}, separated by commas")
     try:
         with stop_signals(), start_local_server(aliases, port=port) as server:
             print(f"serving {', '.join(server.models)} at {server.base_url} "

@@ -27,6 +27,7 @@ def data_dir(path=None, # the data folder; default: the DARS_DATA environment va
         raise ValueError("no data folder: pass one or set DARS_DATA "
                          "(a clone of the repository has small samples in data/)")
     p = Path(path).expanduser()
+    if p.exists() and not p.is_dir(): raise ValueError(f"data folder {str(p)!r} is a file, not a folder")
     if not p.is_dir(): raise ValueError(f"data folder {str(p)!r} does not exist")
     return p
 
@@ -107,6 +108,7 @@ def load_mmlu(split: str = 'test', # 'dev', 'val' or 'test'
     if not files: raise ValueError(f"no MMLU files in {folder}")
     if subjects is not None:
         subjects = [subjects] if isinstance(subjects, str) else list(subjects)
+        if not subjects: raise ValueError("subjects is an empty list: name at least one MMLU subject, or none for all 57")
         unknown = [s for s in subjects if s not in files]
         if unknown: raise ValueError(f"unknown MMLU subject {unknown[0]!r}")
         files = {s: files[s] for s in subjects}
