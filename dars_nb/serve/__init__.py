@@ -75,8 +75,8 @@ def _serving_app(bundle, served, settings: ServeSettings, chat: bool, ledger=Non
 def _serve(app, settings: ServeSettings, sock, quiet: bool):
     "Serve `app` on `sock` under uvicorn until a stop signal."
     import uvicorn
-    config = server_config(app, quiet, settings.header_timeout_s, settings.body_timeout_s, settings.idle_timeout_s,
-                           settings.max_header_bytes)
+    config = server_config(app, quiet, header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.body_timeout_s,
+                           idle_timeout_s=settings.idle_timeout_s, header_bytes=settings.max_header_bytes)
     _run_until_signal(uvicorn.Server(config), sock)
 
 def serve_worker(sock, # this worker's listening socket
