@@ -246,7 +246,8 @@ def diagnose_main(obs: str, # an observation file (.parquet, .jsonl or .csv), or
     from dars_nb.sources import load_observations
     from dars_nb.sources.release import IncompleteRowsError
     d = None if out is None else writable_folder(out)   # before the observations are read
-    try: obs_table = load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr))
+    try: obs_table = load_observations(obs, drop_incomplete, log=lambda m: print(m, file=sys.stderr),
+                                       switch='--drop-incomplete')
     except IncompleteRowsError as e: raise e.spelled('--drop-incomplete') from None
     table = diagnose(obs_table)
     print(markdown_table(table))

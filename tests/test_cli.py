@@ -129,6 +129,48 @@ def test_train_refuses_a_bad_setting_before_training(tmp_path, config, said):
     assert said in res.stderr and not (tmp_path / 'r.dars').exists()
 
 
+@pytest.mark.parametrize('tables, said', [
+    ('[router]\nfamily = "kNN"\nn_neighbors = "3"\n', "[router] n_neighbors must be an integer, got '3'"),
+    ('[router]\nfamily = "kNN"\nn_neighbors = 3.7\n', '[router] n_neighbors must be an integer, got 3.7'),
+    ('[router]\nfamily = "kNN"\nn_neighbors = true\n', '[router] n_neighbors must be an integer, got True'),
+    ('[router]\nfamily = "kNN"\nn_neighbors = "abc"\n', "[router] n_neighbors must be an integer, got 'abc'"),
+    ('[router]\nfamily = "kNN"\neps = nan\n', '[router] eps must be a finite number, got nan'),
+    ('[router]\nfamily = "MLP"\nhidden_layer_sizes = "64"\n',
+     "[router] hidden_layer_sizes must be an integer or a list of integers, got '64'"),
+    ('[router]\nfamily = "kNN"\n[features]\nn_components = "8"\n', "[features] n_components must be an integer, got '8'"),
+    ('[router]\nfamily = "kNN"\n[features]\nn_components = 8.5\n', '[features] n_components must be an integer, got 8.5'),
+    ('[router]\nfamily = "kNN"\n[guard]\nseed = 1.5\n', '[guard] seed must be an integer, got 1.5'),
+])
+def test_train_names_the_key_of_a_parameter_of_the_wrong_type(tmp_path, tables, said):
+    "A [router], [features] or [guard] value of the wrong type is refused in one line naming its table and key, not coerced."
+    (tmp_path / 'train.toml').write_text(f'observations = "{GRID}"\n' + tables)
+    res = run('train', str(tmp_path / 'train.toml'), '--out', str(tmp_path / 'r.dars'))
+    assert_one_line_error(res, 'train')
+    assert said in res.stderr and not (tmp_path / 'r.dars').exists()
+
+
+def test_train_on_questions_without_words_names_the_column_and_file(tmp_path):
+    "Questions whose text holds no word TF-IDF can use are named by their column and file, not by scikit-learn's message."
+    from dars_nb.simulate import simulate
+    obs, _, _ = simulate('math_like', n_train=20, n_test=5, seed=1)
+    obs.assign(original_text='').to_parquet(tmp_path / 'blank.parquet')
+    (tmp_path / 'train.toml').write_text('observations = "blank.parquet"\n[router]\nfamily = "kNN"\n')
+    res = run('train', str(tmp_path / 'train.toml'), '--out', str(tmp_path / 'r.dars'))
+    assert_one_line_error(res, 'train')
+    assert (f"the questions' text (original_text) in {tmp_path / 'blank.parquet'} has no word the TF-IDF features "
+            "can use") in res.stderr, res.stderr
+
+
+def test_diagnose_refuses_drop_incomplete_on_a_file(tmp_path):
+    "--drop-incomplete drops rows of a release folder; on an observation file it is refused in one line, not ignored."
+    from dars_nb.simulate import simulate
+    obs, _, _ = simulate('math_like', n_train=20, n_test=5, seed=1)
+    obs.to_parquet(tmp_path / 'obs.parquet')
+    res = run('diagnose', str(tmp_path / 'obs.parquet'), '--drop-incomplete')
+    assert_one_line_error(res, 'diagnose')
+    assert f"--drop-incomplete applies to a release folder only, not to the file {tmp_path / 'obs.parquet'}" in res.stderr
+
+
 def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
     "`--out` in a missing folder is refused before any training; a λ past 1e12 is refused by route in one line."
     config = tmp_path / 'train.toml'

@@ -412,8 +412,11 @@ def read_archive(path, # a file written by `write_archive`
     "The manifest and arrays of a bundle file; a one-line BundleError if missing, damaged, too large or of another version."
     path, limits = Path(path), bundle_limits(max_mb)
     readable_file(path, 'router bundle', BundleError)
+    try: f = path.open('rb')
+    except OSError as e:   # a file this user may not read, say: a fault of access, not of the bytes
+        raise BundleError(f"cannot read router bundle {path}: {(e.strerror or type(e).__name__).lower()}") from None
     try:
-        with open(path, 'rb') as f: return _read_zip(f, path, limits)
+        with f: return _read_zip(f, path, limits)
     except BundleError: raise
     except RecursionError: raise BundleError(f"{path} is damaged: manifest.json nests too deep") from None
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
+import typing
 from typing import Annotated
-from ..features import make_featurizer
+from ..features import NoWordsError, make_featurizer
 from ..observations import router_texts
 from ..sources import load_observations
 from ..sources.release import IncompleteRowsError
 from ..stats import PAPER, supervision, normalize_cost
-from ..pool.config import ConfigError, check_known_keys, from_table, read_toml
+from ..pool.config import ConfigError, check_known_keys, check_parameters, check_type, from_table, read_toml
 from ..pool.models import Pool
 from ..routers import FAMILIES
 from .guard import cross_validate
@@ -65,13 +66,14 @@ _TOML_FIELDS = dict(router=dict(family='family'), features=dict(kind='features')
                     guard=dict(enabled='guard', folds='folds', seed='fold_seed'))
 
 def _config_fields(raw: dict) -> tuple[dict, dict]:
-    "The config's settings by field name, and the parameters of [router] and [features]."
-    settings, params = {}, {}
+    "The config's settings by field name, each of its field's type, and the parameters of [router] and [features]."
+    settings, params, types = {}, {}, typing.get_type_hints(TrainConfig)
     for section, keys in _TOML_FIELDS.items():
         table = raw.get(section, {})
         if not isinstance(table, dict): raise ConfigError(f"[{section}] must be a table")
         if section in ('supervision', 'guard'): check_known_keys(table, list(keys), f'[{section}]')
-        settings.update({keys[k]: v for k, v in table.items() if k in keys})
+        settings.update({keys[k]: check_type(v, types[keys[k]], f'[{section}] {k}')
+                         for k, v in table.items() if k in keys})
         params[section] = {k: v for k, v in table.items() if k not in keys}
     return settings, params
 
@@ -149,14 +151,12 @@ def dollar_scale(obs: pd.DataFrame, # observations with raw costs in dollars
 
 # %% ../../nbs/25d_training.ipynb #e1a01680
 def _featurizer_and_router(settings: TrainConfig, quiet: bool) -> tuple:
-    "The unfitted featurizer and router the config asks for."
-    family = next(f for f in FAMILIES if f.name == settings.family)
-    try:
-        featurizer = make_featurizer(settings.features, verbose=not quiet,
-                                     **settings.feature_params)
-        return featurizer, family.load()(**settings.router_params)
-    except TypeError as e:
-        raise ValueError(f"bad parameter in [features] or [router]: {e}") from None
+    "The unfitted featurizer and router the config asks for, their parameters held to their constructors."
+    router = next(f for f in FAMILIES if f.name == settings.family).load()
+    check_parameters(router, settings.router_params, '[router]', other_keys=('family',))
+    featurizer = make_featurizer(settings.features, verbose=not quiet)
+    check_parameters(type(featurizer), settings.feature_params, '[features]', other_keys=('kind',))
+    return featurizer.set_params(**settings.feature_params), router(**settings.router_params)
 
 def _print_training(bundle: RouterBundle, settings: TrainConfig, held_out: dict, n_texts: int):
     "What `train` trained, and its held-out utility against the best fixed model."
@@ -188,15 +188,21 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
          ) -> RouterBundle:
     "Train a guarded router bundle from a config; prints its held-out utility against best fixed."
     settings = config if isinstance(config, TrainConfig) else load_train_config(config)
-    try: obs = load_observations(settings.observations, settings.drop_incomplete, log=(lambda m: None) if quiet else print)
+    featurizer, router = _featurizer_and_router(settings, quiet)   # its parameters checked before the table is read
+    try: obs = load_observations(settings.observations, settings.drop_incomplete, log=(lambda m: None) if quiet else print,
+                                 switch='drop_incomplete = true')
     except IncompleteRowsError as e: raise e.spelled('drop_incomplete = true in the config') from None
     sup = supervision(obs, settings.mode, settings.lam, settings.beta, seed=settings.seed)
     _check_pool(settings.pool, list(sup.models))
     dars = settings.mode == 'dars'
     observed = sup if dars else supervision(obs, 'dars', settings.lam, settings.beta)
     texts = query_texts(obs, sup.queries)
-    featurizer, router = _featurizer_and_router(settings, quiet)
-    X = featurizer.fit(texts).transform(texts)
+    try: X = featurizer.fit(texts).transform(texts)
+    except NoWordsError:
+        column = 'original_text' if 'original_text' in obs.columns else 'query_text'
+        source = 'the observations' if isinstance(settings.observations, pd.DataFrame) else settings.observations
+        raise ValueError(f"the questions' text ({column}) in {source} has no word the TF-IDF features can use "
+                         "(a word is two or more letters or digits)") from None
     guard_cv = cross_validate(router, X, sup, observed, folds=settings.folds,
                               seed=settings.fold_seed)
     router.fit(X, sup)

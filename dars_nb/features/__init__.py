@@ -8,14 +8,15 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 import numpy as np
 import pandas as pd
+from pathlib import Path
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
 from .encoder import check_texts, sentence_model_path, sentence_model_width, encoder_precision, sentence_encoder
 from .embedding_store import sentence_embeddings
 
 # %% auto #0
-__all__ = ['OUTSIDE_NORM', 'FEATURIZERS', 'TfidfFeaturizer', 'SentenceFeaturizer', 'make_featurizer', 'tfidf_features',
-           'query_features']
+__all__ = ['OUTSIDE_NORM', 'FEATURIZERS', 'TfidfFeaturizer', 'NoWordsError', 'SentenceFeaturizer', 'make_featurizer',
+           'tfidf_features', 'query_features']
 
 # %% ../../nbs/09c_features.ipynb #49462608
 class TfidfFeaturizer(TransformerMixin, BaseEstimator):
@@ -26,7 +27,7 @@ class TfidfFeaturizer(TransformerMixin, BaseEstimator):
                  max_features: int = 20000, # vocabulary size (the paper uses 20,000)
                  n_components: int | None = None, # SVD dimensions (None: keep the vocabulary)
                  random_state: int = 0, # seed of the SVD
-                 ngram_range: tuple = (1, 1), # word n-grams counted: (1, 1) words, (1, 2) words and pairs
+                 ngram_range: tuple[int, int] = (1, 1), # word n-grams counted: (1, 1) words, (1, 2) words and pairs
                  sublinear_tf: bool = True, # 1 + log(tf) instead of the raw count tf
                 ):
         self.max_features, self.n_components, self.random_state = max_features, n_components, random_state
@@ -48,6 +49,9 @@ def vectorizer(self: TfidfFeaturizer) -> 'TfidfVectorizer':
                            sublinear_tf=bool(self.sublinear_tf))
 
 # %% ../../nbs/09c_features.ipynb #0ca617da
+class NoWordsError(ValueError):
+    "No training text holds a word the TF-IDF features can use."
+
 @patch
 def fit(self: TfidfFeaturizer, texts, # training texts
         y=None, # ignored (scikit-learn's signature)
@@ -55,7 +59,11 @@ def fit(self: TfidfFeaturizer, texts, # training texts
     "Learn the vocabulary, the idf weights and (with `n_components`) the SVD basis from `texts`."
     from sklearn.decomposition import TruncatedSVD
     texts = check_texts(texts)
-    vec = self.vectorizer().fit(texts)
+    try: vec = self.vectorizer().fit(texts)
+    except ValueError as e:   # scikit-learn's 'empty vocabulary; perhaps the documents only contain stop words'
+        if 'empty vocabulary' not in str(e): raise
+        raise NoWordsError(f"none of the {len(texts)} texts has a word the TF-IDF features can use "
+                           "(a word is two or more letters or digits)") from None
     # plain ints: a saved vocabulary is plain JSON
     vec.vocabulary_ = {w: int(i) for w, i in vec.vocabulary_.items()}
     self.vectorizer_, self.basis_ = vec, None
@@ -94,7 +102,7 @@ class SentenceFeaturizer(TransformerMixin, BaseEstimator):
     kind = 'sentence'
     runtime, precision = 'openvino', 'auto'   # the values a saved featurizer without these fields gets
     def __init__(self,
-                 cache_dir=None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
+                 cache_dir: str | Path | None = None, # embedding cache folder (default $DARS_CACHE or ~/.cache/dars_nb)
                  batch_size: int = 16, # texts per forward pass
                  cache: bool = True, # keep embeddings on disk (False: write nothing)
                  runtime: str = 'openvino', # 'openvino' or 'torch' (sentence-transformers)

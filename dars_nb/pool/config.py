@@ -4,6 +4,7 @@
 
 # %% ../../nbs/08a_pool_config.ipynb #0b4f9a0b
 from __future__ import annotations
+import inspect
 import math
 import tomllib
 import types
@@ -13,7 +14,8 @@ from pathlib import Path
 from ..files.paths import read_text
 
 # %% auto #0
-__all__ = ['ConfigError', 'is_finite_number', 'is_integer', 'check_port', 'check_known_keys', 'read_toml', 'from_table']
+__all__ = ['ConfigError', 'is_finite_number', 'is_integer', 'check_port', 'check_known_keys', 'read_toml', 'check_type',
+           'from_table', 'check_parameters']
 
 # %% ../../nbs/08a_pool_config.ipynb #26a1019a
 class ConfigError(ValueError):
@@ -67,6 +69,7 @@ def read_toml(path, # a TOML file
 # %% ../../nbs/08a_pool_config.ipynb #ce018b3d
 _KIND_NAMES = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string',
                dict: 'a table', tuple: 'a list', list: 'a list'}
+_PLURAL_NAMES = {bool: 'booleans', int: 'integers', float: 'numbers', str: 'strings'}
 
 def _alternatives(tp) -> list:
     "The types an annotation allows besides None: `float | None` -> [float]."
@@ -74,23 +77,55 @@ def _alternatives(tp) -> list:
         return [a for a in typing.get_args(tp) if a is not type(None)]
     return [tp]
 
-def _fits(v, tp) -> bool:
-    "Whether a TOML value fits a field's type (an int fits float; a bool fits only bool)."
-    if tp is float: return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _is_list_of(tp) -> bool:
+    "Whether an annotation names the types of a list's items: `tuple[int, ...]`, `list[str]`, `tuple[int, int]`."
+    return typing.get_origin(tp) in (tuple, list) and bool(typing.get_args(tp))
+
+def _any_length(tp) -> bool:
+    "Whether a list annotation takes any number of items (`list[str]`, `tuple[int, ...]`), not a fixed number."
+    return typing.get_origin(tp) is list or typing.get_args(tp)[-1] is Ellipsis
+
+def _fits(v, tp, finite: bool = False) -> bool:
+    "Whether a TOML value fits a field's type (an int fits float; a bool fits only bool; `finite`: no inf or nan)."
+    if tp is float: return is_finite_number(v) if finite else isinstance(v, (int, float)) and not isinstance(v, bool)
     if tp is int: return is_integer(v)
     if tp in (tuple, list): return isinstance(v, (tuple, list))
+    if _is_list_of(tp):
+        if not isinstance(v, (tuple, list)): return False
+        items = [typing.get_args(tp)[0]] * len(v) if _any_length(tp) else typing.get_args(tp)
+        return len(items) == len(v) and all(_fits_any(x, t, finite) for x, t in zip(v, items))
     tp = typing.get_origin(tp) or tp
     return not isinstance(tp, type) or isinstance(v, tp)
 
-def _fits_any(v, tp) -> bool:
+def _fits_any(v, tp, finite: bool = False) -> bool:
     "Whether a value fits an annotation: one of its types, or None where it allows None."
     if v is None: return type(None) in typing.get_args(tp)
-    return any(_fits(v, t) for t in _alternatives(tp))
+    return any(_fits(v, t, finite) for t in _alternatives(tp))
 
-def _kind(tp) -> str:
+def _kind_of(tp, finite: bool = False) -> str:
+    "How a message names one type: 'an integer', 'a finite number', 'a list of 2 integers'."
+    if tp is float and finite: return 'a finite number'
+    if _is_list_of(tp) and len(set(typing.get_args(tp)) - {Ellipsis}) == 1:
+        item, count = typing.get_args(tp)[0], '' if _any_length(tp) else f'{len(typing.get_args(tp))} '
+        finite_word = 'finite ' if finite and item is float else ''
+        return f"a list of {count}{finite_word}{_PLURAL_NAMES.get(item, getattr(item, '__name__', str(item)))}"
+    return _KIND_NAMES.get(typing.get_origin(tp) or tp, getattr(tp, '__name__', str(tp)))
+
+def _kind(tp, finite: bool = False) -> str:
     "How a message names what a field holds: 'a number', 'a string or a table'."
-    return ' or '.join(_KIND_NAMES.get(typing.get_origin(a) or a, getattr(a, '__name__', str(a)))
-                       for a in _alternatives(tp))
+    return ' or '.join(_kind_of(a, finite) for a in _alternatives(tp))
+
+
+# %% ../../nbs/08a_pool_config.ipynb #f562c21f
+def check_type(value, # a value read from a table
+               annotation, # the type it must have, e.g. `int`, `float | None` or `tuple[int, ...]`
+               what: str, # the setting, as the message names it, e.g. '[guard] seed'
+               finite: bool = False, # numbers must be finite too
+              ):
+    "`value` if it fits `annotation` (an int fits float; a bool fits only bool), else a one-line `ConfigError`."
+    if not _fits_any(value, annotation, finite):
+        raise ConfigError(f"{what} must be {_kind(annotation, finite)}, got {value!r}")
+    return value
 
 # %% ../../nbs/08a_pool_config.ipynb #edabb6e2
 def from_table(cls, # a dataclass: its fields are the keys the table may hold
@@ -111,6 +146,20 @@ def from_table(cls, # a dataclass: its fields are the keys the table may hold
             raise ConfigError(f"{where} needs a {declared.name}")
     hints = typing.get_type_hints(cls)
     for key in names:
-        if key in table and not _fits_any(table[key], hints[key]):
-            raise ConfigError(f"{where}: {key} must be {_kind(hints[key])}, got {table[key]!r}")
+        if key in table: check_type(table[key], hints[key], f"{where}: {key}")
     return cls(**{k: v for k, v in table.items() if k in names}, **given)
+
+# %% ../../nbs/08a_pool_config.ipynb #0974902e
+def check_parameters(cls, # a class whose constructor takes the table's keys as keyword arguments
+                     params: dict, # the parameters a table gives, by name
+                     where: str, # the table, as messages name it, e.g. '[router]'
+                     other_keys: tuple = (), # keys the table may hold that the caller reads itself
+                    ) -> dict:
+    "`params` if each is a parameter of `cls` whose annotation it fits, numbers finite; else a one-line `ConfigError`."
+    accepted = [p.name for p in inspect.signature(cls).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    check_known_keys(params, [*other_keys, *accepted], where)
+    hints = typing.get_type_hints(cls.__init__)
+    for key, value in params.items():
+        if key in hints: check_type(value, hints[key], f"{where} {key}", finite=True)
+    return params

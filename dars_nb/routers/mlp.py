@@ -41,7 +41,7 @@ class MLPRouter(Router):
     # what a saved router without these fields gets
     clip, seed_per_draw, seed_offsets, model_order = False, False, None, None
     def __init__(self,
-                 hidden_layer_sizes=(64,), # widths of the hidden layers
+                 hidden_layer_sizes: int | tuple[int, ...] = (64,), # widths of the hidden layers
                  alpha: float = 10.0, # L2 penalty (scikit-learn scales it by 1/queries)
                  learning_rate_init: float = 3e-3, # Adam step size
                  max_iter: int = 100, # training epochs at most
@@ -51,8 +51,8 @@ class MLPRouter(Router):
                  random_state: int | None = None, # seed of initialisation and shuffling
                  clip: bool = False, # clip every prediction to [0, 1] (the authors' code); else σ ≥ 0 only
                  seed_per_draw: bool = False, # the loop: draw r's networks seeded random_state + r
-                 seed_offsets=None, # (μ_q, μ_c, σ) offsets added to the seed (theirs: 0, 991, 1991)
-                 model_order=None, # model names whose outputs come first (`training_order`)
+                 seed_offsets: tuple[int, int, int] | None = None, # (μ_q, μ_c, σ) offsets added to the seed (theirs: 0, 991, 1991)
+                 model_order: tuple[str, ...] | None = None, # model names whose outputs come first (`training_order`)
                 ):
         self.hidden_layer_sizes, self.alpha, self.learning_rate_init = hidden_layer_sizes, alpha, learning_rate_init
         self.max_iter, self.early_stopping, self.batched = max_iter, early_stopping, batched

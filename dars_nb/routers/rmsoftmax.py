@@ -35,7 +35,7 @@ class RMSoftmaxRouter(EnsembleRouter):
     lam_affine = False  # `utility(X, lam)` is the λ-conditioned policy log π(m | x, λ)
 
     def __init__(self,
-                 lam_grid=(0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
+                 lam_grid: float | tuple[float, ...] = (0.0, 0.025, 0.05, 0.1, 0.2), # λ to train on (plus the supervision's)
                  tau: float = PAPER.tau, # temperature of the target softmax(U/τ)
                  lam_sampling: bool = True, # one random λ per query and step (False: all)
                  hidden: int = 16, # width of the hidden layer

@@ -18,10 +18,16 @@ def load_observations(source, # a DataFrame, an observation file (.parquet, .jso
                       log=print, # where a release folder's notes (rows off its schema, dropped rows) go
                       max_line_mb: float | None = None, # a release folder: longest line in MiB (None: $DARS_RELEASE_MAX_LINE_MB, else 16)
                       protocol: str = 'paper', # a release folder: 'paper' (documented schema, notes) or 'authors' (as their loader reads)
+                      switch: str = 'drop_incomplete=True', # how the caller's reader asks for `drop_incomplete`, as a refusal names it
                      ) -> pd.DataFrame:
     "A validated observation table from a table, a file, or a folder in the authors' release layout."
+    folder = not isinstance(source, pd.DataFrame) and Path(source).is_dir()
+    if drop_incomplete and not folder:
+        given = 'a table' if isinstance(source, pd.DataFrame) else f'the file {source}'
+        raise ValueError(f"{switch} applies to a release folder only, not to {given} "
+                         "(its rows must each have a finite score and cost)")
     if isinstance(source, pd.DataFrame): return validate(source)
-    if Path(source).is_dir():
+    if folder:
         return read_release(source, drop_incomplete=drop_incomplete, log=log, max_line_mb=max_line_mb,
                             protocol=protocol)
     return read_observations(source)
