@@ -58,8 +58,10 @@ def test_train_refuses_an_out_it_must_not_write_before_training(config, out, say
 def test_ctrl_c_in_training_leaves_the_old_bundle(config):
     old = config.parent / 'old.dars'
     old.write_bytes(kept := b'the bundle of an earlier training')
+    # as typed at a terminal: a command started in the background of a script inherits SIGINT ignored
     proc = subprocess.Popen([sys.executable, '-m', 'dars_nb', 'train', str(config), '--out', str(old)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         proc.wait(timeout=3)   # whatever it is doing after three seconds (reading, featurising, fitting)
         pytest.skip('the training ended before the interrupt')
