@@ -4,14 +4,13 @@
 
 # %% ../nbs/00_observations.ipynb #9e15d5cf
 from __future__ import annotations
-import json
 import mmap
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .files.paths import readable_file, not_utf8
+from .files.paths import readable_file, not_utf8, json_value
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
@@ -482,13 +481,9 @@ def _no_lone_surrogate(path: Path, lines: bool):
     if path.stat().st_size == 0: return
     with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m.find(b'\\ud') < 0 and m.find(b'\\uD') < 0: return   # no surrogate written as an escape: read at C speed
-    with open(path, encoding='utf-8', errors='replace') as f:
+    with open(path, encoding='utf-8', errors='replace') as f:   # JSON's own reader says which line, and which text
         for n, text in enumerate(f if lines else [f.read()], 1):
-            try: json.dumps(json.loads(text), ensure_ascii=False).encode('utf-8')
-            except UnicodeEncodeError:
-                _fail(f"{path.name}{f' line {n}' if lines else ''}: a string holds a lone surrogate (such as \\ud800), "
-                      "which is no character")
-            except ValueError: return   # not JSON: pandas says where
+            if text.strip(): json_value(text, f"{path.name}{f' line {n}' if lines else ''}", ObservationError)
 
 def read_observations(path, # a .parquet, .jsonl or .csv file (or .json: one JSON array of rows)
                      ) -> pd.DataFrame:

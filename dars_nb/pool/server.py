@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['free_port', 'stop_signals', 'server_config', 'listening_socket', 'BackgroundServer', 'relay']
+__all__ = ['MAX_HEADER_BYTES', 'free_port', 'stop_signals', 'server_config', 'listening_socket', 'BackgroundServer', 'relay']
 
 # %% ../../nbs/08e_pool_server.ipynb #822b0433
 def free_port() -> int:
@@ -39,10 +39,11 @@ def stop_signals(signals: tuple = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # %% ../../nbs/08e_pool_server.ipynb #322de5d7
 _TIMEOUT_BODY = (b'{"error": {"message": "the request body did not arrive within %d s", '
                  b'"type": "invalid_request_error", "param": null, "code": "request_timeout"}}')
+MAX_HEADER_BYTES = 65_536   # most bytes of a request's line and headers (431 beyond): four times uvicorn's h11 and Node
 _TOO_LARGE_BODY = (b'{"error": {"message": "the request line and headers are larger than %d bytes", '
                    b'"type": "invalid_request_error", "param": null, "code": "headers_too_large"}}')
 
-def _deadlines(protocol, header_timeout_s: float, body_timeout_s: float, header_bytes: int = 65_536):
+def _deadlines(protocol, header_timeout_s: float, body_timeout_s: float, header_bytes: int = MAX_HEADER_BYTES):
     "A subclass of uvicorn's `protocol` that closes connections whose headers or body come too slowly, or whose headers are too large."
     too_large = _TOO_LARGE_BODY % header_bytes
     async def refuse(scope, receive, send):   # the application of a request whose headers are in, but too large
@@ -106,7 +107,7 @@ def server_config(app, # the ASGI application
                   header_timeout_s: float = 10.0, # seconds for a request's line and headers to arrive
                   body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
                   idle_timeout_s: float = 5.0, # seconds an idle connection stays open after a response
-                  header_bytes: int = 65_536, # most bytes of a request's line and headers (431 beyond)
+                  header_bytes: int = MAX_HEADER_BYTES, # most bytes of a request's line and headers (431 beyond)
                   **kwargs, # more `uvicorn.Config` settings, e.g. timeout_graceful_shutdown
                  ):
     "A `uvicorn.Config` for `app` with deadlines for slow clients and no query strings in the access log."
@@ -148,7 +149,7 @@ class BackgroundServer:
                  grace_s: float = 5.0, # seconds requests in flight may take to finish on `stop`
                  header_timeout_s: float = 10.0, # seconds for a request's headers to arrive (`server_config`)
                  body_timeout_s: float = 30.0, # seconds for its body to arrive, once the headers are in
-                 header_bytes: int = 65_536, # most bytes of a request's line and headers (`server_config`)
+                 header_bytes: int = MAX_HEADER_BYTES, # most bytes of a request's line and headers (`server_config`)
                 ):
         self.app, self.host, self.port, self.quiet, self.grace_s = app, host, port, quiet, grace_s
         self.header_timeout_s, self.body_timeout_s, self.header_bytes = header_timeout_s, body_timeout_s, header_bytes

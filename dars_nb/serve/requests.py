@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from ..pool.config import ConfigError, check_port, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
+from ..pool.server import MAX_HEADER_BYTES
+from .upstreams import MAX_ANSWER_BYTES
 from ..pool.usage import IMAGE_TOKENS, estimate_prompt_tokens
 from ..bundle.model_name import LAMBDA_FIELD, LAMBDA_HEADER, ROUTER_MODEL
 from ..bundle.model_name import asked_lambda, check_lambda, lambda_from_model_name
@@ -70,9 +72,9 @@ class ServeSettings:
     # keys clients send as Bearer tokens (empty: no check)
     client_keys: tuple = field(default=(), repr=False)
     max_body_bytes: int = 1_000_000 # largest request body accepted (413 beyond)
-    max_header_bytes: int = 65_536 # largest request line and headers accepted (431 beyond)
+    max_header_bytes: int = MAX_HEADER_BYTES # largest request line and headers accepted (431 beyond)
     # largest answer of an upstream, and longest line of its stream (a failed attempt beyond)
-    max_answer_bytes: int = 33_554_432
+    max_answer_bytes: int = MAX_ANSWER_BYTES
     # completion tokens per request; a larger or missing `max_tokens` gets this
     max_tokens: int = 2048
     daily_spend_usd: float | None = None # dollars it may spend per UTC day (None: no limit)

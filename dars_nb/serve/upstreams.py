@@ -15,7 +15,7 @@ try: import orjson   # the `serve` extra (`create_app` says what is missing)
 except ImportError: pass
 
 # %% auto #0
-__all__ = ['UpstreamError', 'UpstreamRequest', 'Upstreams', 'EventStream', 'send']
+__all__ = ['MAX_ANSWER_BYTES', 'UpstreamError', 'UpstreamRequest', 'Upstreams', 'EventStream', 'send']
 
 # %% ../../nbs/36c_serve_upstreams.ipynb #860db67b
 class UpstreamError(RuntimeError):
@@ -45,11 +45,13 @@ class UpstreamRequest(NamedTuple):
     headers: bytes # header lines beyond host, type and length, each ending in CRLF (the pool's key, if any)
     content: bytes # the body: the request with the pool's model id
 
+MAX_ANSWER_BYTES = 32 * 2**20   # the longest answer of an upstream, and the longest line of its stream
+
 class Upstreams:
     "Connection pools and slots for the pool's models, created on the serving event loop."
     def __init__(self, pool: Pool, # the models and where they are served
                  queue_timeout_s: float = 30.0, # seconds an attempt may wait for a free slot
-                 max_answer_bytes: int = 33_554_432, # the longest answer, and the longest line of a stream
+                 max_answer_bytes: int = MAX_ANSWER_BYTES, # the longest answer, and the longest line of a stream
                 ):
         self.pool, self.queue_timeout_s, self.max_answer_bytes = pool, queue_timeout_s, max_answer_bytes
         connections = {}
