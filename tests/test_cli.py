@@ -171,6 +171,20 @@ def test_diagnose_refuses_drop_incomplete_on_a_file(tmp_path):
     assert f"--drop-incomplete applies to a release folder only, not to the file {tmp_path / 'obs.parquet'}" in res.stderr
 
 
+def test_reproduce_names_its_own_drop_incomplete(tmp_path):
+    "reproduce spells the switch as its user typed it, and refuses it with the simulator rather than ignore it."
+    from dars_nb.simulate import simulate
+    obs, _, _ = simulate('math_like', n_train=20, n_test=5, seed=1)
+    obs.to_parquet(tmp_path / 'obs.parquet')
+    res = run('reproduce', '--out', str(tmp_path / 'r'), '--quick', '--data', str(tmp_path / 'obs.parquet'),
+              '--drop-incomplete')
+    assert_one_line_error(res, 'reproduce')
+    assert f"--drop-incomplete applies to a release folder only, not to the file {tmp_path / 'obs.parquet'}" in res.stderr
+    res = run('reproduce', '--out', str(tmp_path / 'r'), '--quick', '--drop-incomplete')
+    assert_one_line_error(res, 'reproduce')
+    assert '--drop-incomplete needs --data' in res.stderr and not (tmp_path / 'r').exists()
+
+
 def test_train_checks_out_before_training_and_route_bounds_lambda(tmp_path):
     "`--out` in a missing folder is refused before any training; a λ past 1e12 is refused by route in one line."
     config = tmp_path / 'train.toml'

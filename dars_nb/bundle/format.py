@@ -19,8 +19,7 @@ import numpy as np
 from .. import __version__
 from ..extras import install_hint
 from ..routers import FAMILIES
-from ..files.paths import readable_file
-import tempfile
+from ..files.paths import readable_file, written_whole
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'SAVED_CLASSES', 'TRAINING_ONLY', 'MAX_DEPTH', 'DEFAULT_MAX_MB', 'MAX_MB_ENV',
@@ -212,12 +211,6 @@ def decode(node, # a tree written by `encode`
         raise BundleError(f"damaged bundle: {where} ({tag}) cannot be read: {_reason(e)}") from None
 
 # %% ../../nbs/25a_bundle_format.ipynb #dae22279
-def _umask() -> int:
-    "This process's umask, read without setting it (Linux's /proc/self/status), else the usual 0o022."
-    try:
-        with open('/proc/self/status') as f: return int(next(l for l in f if l.startswith('Umask:')).split()[1], 8)
-    except (OSError, StopIteration, ValueError): return 0o022
-
 def write_archive(path, # file to write (conventionally `.zip` or `.router`)
                   manifest: dict, # JSON-ready fields, `library_version` among them
                   arrays: dict, # 'arrays/<n>.npy' -> ndarray, as filled by `encode`
@@ -227,21 +220,12 @@ def write_archive(path, # file to write (conventionally `.zip` or `.router`)
     if path.exists() and not path.is_file(): raise BundleError(f"{path} is not a regular file: a bundle is written to a file")
     text = json.dumps(dict(format=FORMAT, format_version=FORMAT_VERSION, **manifest), indent=1, ensure_ascii=False,
                       allow_nan=False)
-    target = path.resolve()   # through a link, the file it names
     try:
-        fd, part = tempfile.mkstemp(prefix=f'.{target.name}.', suffix='.part', dir=target.parent)
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                with zipfile.ZipFile(f, 'w', zipfile.ZIP_DEFLATED) as z:
-                    z.writestr('manifest.json', text)
-                    for key, a in arrays.items():
-                        buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-                        z.writestr(key, buf.getvalue())
-                f.flush(); os.fsync(f.fileno())
-            os.chmod(part, 0o666 & ~_umask())   # as any new file of this process (mkstemp makes it private)
-            os.replace(part, target)
-        except BaseException:
-            Path(part).unlink(missing_ok=True); raise
+        with written_whole(path) as part, zipfile.ZipFile(part, 'w', zipfile.ZIP_DEFLATED) as z:
+            z.writestr('manifest.json', text)
+            for key, a in arrays.items():
+                buf = io.BytesIO(); np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+                z.writestr(key, buf.getvalue())
     except OSError as e: raise BundleError(f"cannot write the bundle {path}: {e.strerror or e}") from None
     return path
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 from ..extras import install_hint, MissingExtra, error_line
 from ..routers import FAMILIES
+from ..sources import FolderOnlyError
 from ..sources.release import IncompleteRowsError
 from .inputs import Settings, FULL, QUICK
 from .stages import (Run, data_stage, diagnostics_stage, protocol_stage,
@@ -58,8 +59,11 @@ def staged_folder(out: Path, # the report folder (created at the end if needed)
 # %% ../../nbs/24d_reproduce.ipynb #12756b9f
 def _check_inputs(data, # None (the simulator), an observation file or a release folder
                   features, # features file for `data`, or None
+                  drop_incomplete: bool = False, # drop a release folder's incomplete rows
                  ) -> None:
-    "Refuse at once the inputs no run can use: a features file without `data`, or one that is not there."
+    "Refuse at once the inputs no run can use: a features file without `data` or not there, rows to drop without `data`."
+    if drop_incomplete and data is None:
+        raise ValueError("--drop-incomplete needs --data, a release folder: the simulator's rows are all complete")
     if features is None: return
     if data is None:
         raise ValueError("--features needs --data: a features file describes the queries of an observation file "
@@ -109,7 +113,7 @@ def reproduce(out, # folder for the report (created if needed)
               connect_timeout: float = CONNECT_TIMEOUT_S, # seconds for something to answer at the scheduler's address
              ) -> dict:
     "Run every study of the paper, write tables, charts and report.md to `out`; return a summary."
-    _check_inputs(data, features)
+    _check_inputs(data, features, drop_incomplete)
     protocol = get_protocol(protocol)
     if routers is None and importlib.util.find_spec('torch') is None:
         raise ValueError(f"the routers {', '.join(TORCH_ROUTERS)} need torch: {install_hint('torch')}")
@@ -144,7 +148,7 @@ def reproduce_main(out: Annotated[str, {'opt': True, 'required': True}], # repor
                    drop_incomplete=drop_incomplete, protocol=protocol, scheduler=scheduler_address(scheduler),
                    connect_timeout=connect_timeout)
     except (ValueError, OSError, MissingExtra) as e:
-        if isinstance(e, IncompleteRowsError): e = e.spelled('--drop-incomplete')
+        if isinstance(e, (IncompleteRowsError, FolderOnlyError)): e = e.spelled('--drop-incomplete')
         print(f'dars reproduce: error: {error_line(e)}', file=sys.stderr)
         return 1
     return 0

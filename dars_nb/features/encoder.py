@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from ..files.cache_folder import cache_root, cache_folder
 from ..extras import install_hint, require
+from ..files.paths import written_whole
 
 # %% auto #0
 __all__ = ['MODEL_NAME', 'RUNTIMES', 'PRECISIONS', 'EXPORT_FORMAT', 'check_texts', 'sentence_model_path', 'sentence_model_width',
@@ -172,8 +173,7 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
     import torch
     target = Path(target); target.parent.mkdir(parents=True, exist_ok=True)
     model = _pooled_model()
-    part = target.with_name(f'{target.name}.{os.getpid()}.part')
-    try:
+    with written_whole(target) as part:
         _trace_onnx(model, part)
         ids = torch.tensor([[101, 2054, 2003, 1016, 1009, 1016, 1029, 102], [101, 2040, 102] + [0] * 5])
         mask = (ids > 0).long()
@@ -182,8 +182,6 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
         if not np.abs(got - want).max() < 1e-4:
             raise RuntimeError(f"the ONNX export of {MODEL_NAME} differs from the torch model by "
                                f"{np.abs(got - want).max():.2g}: use runtime='torch'")
-        os.replace(part, target)
-    finally: part.unlink(missing_ok=True)
     return target
 
 def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of `dars_nb.files.cache_folder`)

@@ -11,10 +11,14 @@ import os
 import re
 import reprlib
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'json_value', 'writable_file', 'writable_folder']
+__all__ = ['readable_file', 'first_non_utf8', 'not_utf8', 'read_text', 'json_value', 'writable_file', 'writable_folder',
+           'written_whole']
 
 # %% ../../nbs/00c_paths.ipynb #fa518a85
 def _refuse_broken_link(p: Path, path, what: str, error: type[Exception]):
@@ -129,3 +133,27 @@ def writable_folder(path, # a folder a command will make if it is missing, and w
     above = next(a for a in p.absolute().parents if a.exists())
     if not p.exists() and not above.is_dir(): raise error(f"{what} {path}: {above} is a file, not a folder")
     return p
+
+# %% ../../nbs/00c_paths.ipynb #a1017503
+def _umask() -> int:
+    "This process's umask, read without setting it (Linux's /proc/self/status), else the usual 0o022."
+    try:
+        with open('/proc/self/status') as f: return int(next(l for l in f if l.startswith('Umask:')).split()[1], 8)
+    except (OSError, StopIteration, ValueError): return 0o022
+
+@contextmanager
+def written_whole(path, # the file to write (through a link, the file it names)
+                 ) -> Iterator[Path]:
+    "A temporary file beside `path` to write; renamed over `path` once the block ends, removed if it fails."
+    target = Path(path).resolve()
+    fd, part = tempfile.mkstemp(prefix=f'.{target.name}.', suffix='.part', dir=target.parent)
+    os.close(fd); part = Path(part)
+    try:
+        yield part
+        fd = os.open(part, os.O_RDONLY)
+        try: os.fsync(fd)
+        finally: os.close(fd)
+        os.chmod(part, 0o666 & ~_umask())   # as any new file of this process (mkstemp makes it private)
+        os.replace(part, target)
+    except BaseException:
+        part.unlink(missing_ok=True); raise

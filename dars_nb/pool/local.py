@@ -24,6 +24,7 @@ from .config import check_port, is_finite_number, is_integer
 from .models import ModelSpec, Pool, Limits
 from .http import endpoint_client, http_get, EndpointUnreachable
 from .server import BackgroundServer, free_port, relay, stop_signals
+from ..files.paths import written_whole
 
 # %% auto #0
 __all__ = ['SMOLLM2_SHA256', 'GEMMA3_SHA256', 'LOCAL_MODELS', 'LocalModel', 'LocalModelError', 'sha256_file', 'smollm2_path',
@@ -118,15 +119,11 @@ def gemma3_path(cache: Path | None = None, # folder for the reassembled file (No
         except LocalModelError: target.unlink()   # a damaged copy: rebuild it
     parts = _gemma_parts()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix='.part')
-    try:
-        with os.fdopen(fd, 'wb') as out:
+    with written_whole(target) as whole:   # a reader never sees half a file
+        with open(whole, 'wb') as out:
             for part in parts:
                 with open(part, 'rb') as piece: shutil.copyfileobj(piece, out, 1 << 20)
-        _verified(Path(tmp), GEMMA3_SHA256, 'reassembled Gemma-3-270M weights')
-        os.replace(tmp, target)   # atomic: a reader never sees half a file
-    finally:
-        if os.path.exists(tmp): os.unlink(tmp)
+        _verified(whole, GEMMA3_SHA256, 'reassembled Gemma-3-270M weights')
     return target
 
 # %% ../../nbs/32_local.ipynb #d92c0fbc

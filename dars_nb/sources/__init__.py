@@ -10,9 +10,24 @@ from ..observations import validate, read_observations
 from .release import read_release
 
 # %% auto #0
-__all__ = ['load_observations']
+__all__ = ['FolderOnlyError', 'load_observations']
 
 # %% ../../nbs/07b_sources.ipynb #41ff0d48
+class FolderOnlyError(ValueError):
+    "`drop_incomplete` asked of a table or a file, which has no rows to drop; the switch named as the caller spells it."
+    def __init__(self, given: str, # what was given: 'a table' or 'the file …'
+                 switch: str = 'drop_incomplete=True', # how the caller's reader asks for `drop_incomplete`
+                ):
+        self.given, self.switch = given, switch
+        super().__init__(f"{switch} applies to a release folder only, not to {given} "
+                         "(its rows must each have a finite score and cost)")
+
+    def spelled(self, switch: str) -> FolderOnlyError:
+        "The same error, naming `switch` as the way the caller asked."
+        return FolderOnlyError(self.given, switch)
+
+    def __reduce__(self): return FolderOnlyError, (self.given, self.switch)   # the same error in another process
+
 def load_observations(source, # a DataFrame, an observation file (.parquet, .jsonl, .csv), or a release folder
                       drop_incomplete: bool = False, # a release folder: drop rows without a finite score or cost
                       log=print, # where a release folder's notes (rows off its schema, dropped rows) go
@@ -23,9 +38,7 @@ def load_observations(source, # a DataFrame, an observation file (.parquet, .jso
     "A validated observation table from a table, a file, or a folder in the authors' release layout."
     folder = not isinstance(source, pd.DataFrame) and Path(source).is_dir()
     if drop_incomplete and not folder:
-        given = 'a table' if isinstance(source, pd.DataFrame) else f'the file {source}'
-        raise ValueError(f"{switch} applies to a release folder only, not to {given} "
-                         "(its rows must each have a finite score and cost)")
+        raise FolderOnlyError('a table' if isinstance(source, pd.DataFrame) else f'the file {source}', switch)
     if isinstance(source, pd.DataFrame): return validate(source)
     if folder:
         return read_release(source, drop_incomplete=drop_incomplete, log=log, max_line_mb=max_line_mb,
