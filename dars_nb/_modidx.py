@@ -2272,6 +2272,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'dars_nb.stats.best_models': ('stats.html#best_models', 'dars_nb/stats.py'),
                                'dars_nb.stats.capability_stats': ('stats.html#capability_stats', 'dars_nb/stats.py'),
                                'dars_nb.stats.cell_means': ('stats.html#cell_means', 'dars_nb/stats.py'),
+                               'dars_nb.stats.check_weight': ('stats.html#check_weight', 'dars_nb/stats.py'),
                                'dars_nb.stats.choose_fixed_model': ('stats.html#choose_fixed_model', 'dars_nb/stats.py'),
                                'dars_nb.stats.cost_floor': ('stats.html#cost_floor', 'dars_nb/stats.py'),
                                'dars_nb.stats.cost_norm_array': ('stats.html#cost_norm_array', 'dars_nb/stats.py'),
