@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pandas as pd
 import altair as alt
-from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid
+from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid, best_models
 
 # %% auto #0
 __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allocation', 'allocation_summary',
@@ -85,11 +85,18 @@ def _full_utility(q, c, lam, beta):
     full = grid_stats(q, c)
     return _masked(utility(full['mu_q'], full['mu_c'], full['sigma_q'], lam, beta))
 
-def _regret(U_full, label):
-    "Full-grid utility lost by choosing `label` (index per query) instead of the full-grid best."
+def _winners(U):
+    "Tied best models per query of utilities with −inf for a missing model: a (Q, K) mask."
+    return best_models(np.where(np.isneginf(U), np.nan, U))
+
+def _verdicts(U_stage, # utilities a rule settles on, −inf where missing: (Q, K)
+              U_full, # full-grid utilities, −inf where missing: (Q, K)
+             ) -> tuple[np.ndarray, np.ndarray]:
+    "(agrees, regret) per query: the same winner sets; full-grid utility lost by a uniform pick among the stage's."
+    stage, full = _winners(U_stage), _winners(U_full)
     with np.errstate(invalid='ignore'):
-        lost = U_full.max(-1) - U_full[np.arange(len(label)), label]
-    return np.where(np.isfinite(lost), lost, np.nan)
+        lost = (np.where(stage, U_full.max(-1, keepdims=True) - U_full, 0.0).sum(-1) / stage.sum(-1))
+    return (stage == full).all(-1), np.where(np.isfinite(lost), lost, np.nan)
 
 # %% ../nbs/23_adaptive.ipynb #3cae0501
 PAPER_STAGES = (2, 3, 5)
@@ -112,14 +119,13 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
     level = _stop_levels(risk_q, margin, groups, quantiles)
     at = (level, np.arange(len(level)))
     U_full = _full_utility(scores, costs, lam, beta)
-    label, full_label = np.argmax(_masked(stats['U'][at]), -1), np.argmax(U_full, -1)
+    label, full_label = np.argmax(_masked(stats['U'][at]), -1), np.argmax(U_full, -1)   # ties: the first shown
     names = np.asarray(grid.models, dtype=object)
     out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=stats['n'][at].mean(-1),
                             risk=risk_q[at],
                             margin=margin[at], label=names[label], full_label=names[full_label]),
                        index=grid.queries)
-    out['agrees'] = out['label'] == out['full_label']
-    out['regret'] = _regret(U_full, label)
+    out['agrees'], out['regret'] = _verdicts(_masked(stats['U'][at]), U_full)
     out.attrs['stages'] = stages
     return out
 
@@ -131,12 +137,12 @@ def _per_query(alloc: pd.DataFrame) -> pd.DataFrame:
     models = alloc.index.get_level_values('model')
     groups = alloc.assign(_label=np.where(alloc['is_label'], models, None),
                           _full=np.where(alloc['is_full_label'], models, None),
-                          _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan)
-                         ).groupby(level=keys, sort=False)
+                          _chosen=np.where(alloc['is_label'], alloc['full_utility'], np.nan),
+                          _same=alloc['is_label'] == alloc['is_full_label']).groupby(level=keys, sort=False)
     out = pd.DataFrame(dict(stage=groups['stage'].max(), n_obs=groups['n_obs'].mean(),
                             label=groups['_label'].first(), full_label=groups['_full'].first()))
-    out['agrees'] = out['label'] == out['full_label']
-    out['regret'] = groups['full_utility'].max() - groups['_chosen'].max()
+    out['agrees'] = groups['_same'].all()          # the same winner sets, as `_verdicts`
+    out['regret'] = groups['full_utility'].max() - groups['_chosen'].mean()
     return out
 
 def allocation_summary(alloc: pd.DataFrame, # `adaptive_allocation` (or `_pairs`) output
@@ -264,8 +270,8 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
                             n_obs=stats['n'][level, qi, ki].ravel(),
                             utility=U_stop.ravel(),
                             full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
-                            is_label=(ki == np.argmax(_masked(U_stop), -1)[:, None]).ravel(),
-                            is_full_label=(ki == np.argmax(U_full, -1)[:, None]).ravel()),
+                            is_label=_winners(_masked(U_stop)).ravel(),     # tied winners all marked
+                            is_full_label=_winners(U_full).ravel()),
                             index=idx)
     out.attrs['stages'] = stages
     return out
@@ -295,20 +301,21 @@ def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
                 true_label=None if truth is None else _true_labels(truth, grid))
 
 # %% ../nbs/23_adaptive.ipynb #f992d5a8
-def _frontier_row(shared: dict, rule: str, setting: str, n_pair, label) -> dict:
-    "One setting of one rule: observations per pair, agreement with the full grid's label, regret."
+def _frontier_row(shared: dict, rule: str, setting: str, n_pair, U_stage) -> dict:
+    "One setting of one rule (utilities it settles on): observations per pair, agreement with the full grid, regret."
+    agrees, regret = _verdicts(U_stage, shared['U_full'])
     row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
-               label_agreement=float((label == shared['full_label']).mean()),
-               regret=float(np.nanmean(_regret(shared['U_full'], label))))
-    if shared['true_label'] is not None:
-        row['true_best_agreement'] = float((label == shared['true_label']).mean())
+               label_agreement=float(agrees.mean()), regret=float(np.nanmean(regret)))
+    if shared['true_label'] is not None:   # a uniform pick among the winners: the share that is the true best
+        winners, true = _winners(U_stage), shared['true_label']
+        hit = np.where(true >= 0, winners[np.arange(len(true)), np.maximum(true, 0)], False)
+        row['true_best_agreement'] = float((hit / winners.sum(-1)).mean())
     return row
 
 def _fixed_rows(shared: dict) -> list:
     "The fixed grids, one row per side."
     stats = shared['stats']
-    return [_frontier_row(shared, 'fixed grid', f'{side}x{side}', stats['n'][k],
-                          np.argmax(_masked(stats['U'][k]), -1))
+    return [_frontier_row(shared, 'fixed grid', f'{side}x{side}', stats['n'][k], _masked(stats['U'][k]))
             for k, side in enumerate(shared['sides'])]
 
 def _per_query_rows(shared: dict, stages, query_levels, second_levels) -> list:
@@ -320,8 +327,7 @@ def _per_query_rows(shared: dict, stages, query_levels, second_levels) -> list:
         levels = [(a, 1 - a)] + ([(b, 1 - b)] * (len(stages) - 2) if b is not None else [])
         level = _stop_levels(shared['risk_q'], shared['margin'], shared['groups'], levels)
         name = f'a={a:g}' if b is None else f'a={a:g}, b={b:g}'
-        label = np.argmax(_masked(U[level, np.arange(Q)]), -1)
-        rows.append(_frontier_row(shared, 'per query', name, n[level, np.arange(Q)], label))
+        rows.append(_frontier_row(shared, 'per query', name, n[level, np.arange(Q)], _masked(U[level, np.arange(Q)])))
     return rows
 
 def _per_pair_rows(shared: dict, pair_z, prior_weight: float) -> list:
@@ -331,8 +337,7 @@ def _per_pair_rows(shared: dict, pair_z, prior_weight: float) -> list:
     rows = []
     for z in pair_z:
         level = _stopped_pairs(U, shared['sigma'], n, z, prior_weight)
-        label = np.argmax(_masked(U[level, qi, ki]), -1)
-        rows.append(_frontier_row(shared, 'per pair', f'z={z:g}', n[level, qi, ki], label))
+        rows.append(_frontier_row(shared, 'per pair', f'z={z:g}', n[level, qi, ki], _masked(U[level, qi, ki])))
     return rows
 
 # %% ../nbs/23_adaptive.ipynb #6cd5cdba

@@ -11,7 +11,7 @@ import pandas as pd
 import altair as alt
 from .markdown import markdown_table
 from .observations import as_validated, select, Dense
-from .stats import PAPER, grid_stats, training_grid, best_models, TIE_TOL
+from .stats import PAPER, grid_stats, training_grid, best_models, TIE_TOL, check_weight
 from .files.paths import writable_folder
 
 # %% auto #0
@@ -23,7 +23,9 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
 # observed cells every (query, model) pair needs before the diagnostics can read a grid
 MIN_CELLS = 2
 
-def _scores_and_costs(obs, models=None):
+def _scores_and_costs(obs, models=None,
+                      min_models: int = 1, # models a grid needs: 2 for a diagnostic about winners
+                     ):
     "(scores, normalised costs): the checked dense arrays of `obs` (a `Dense`, or a table's grid)."
     d = obs if isinstance(obs, Dense) else training_grid(obs, models)
     q = d['score']
@@ -34,6 +36,8 @@ def _scores_and_costs(obs, models=None):
         pair = f"query {d.queries[qi][-1]!r} and model {d.models[ki]!r}"
         raise ValueError(f"cannot diagnose: {pair} have {cells[qi, ki]} observed cell(s) in the training grid; "
                          f"every (query, model) pair needs at least {MIN_CELLS}")
+    if q.shape[1] < min_models:   # with one model no winner can flip: the rate would read 0
+        raise ValueError(f"routing needs two models or more; the training grid has one ({d.models[0]!r})")
     return q, d['cost_norm']
 
 # %% ../nbs/02_diagnostics.ipynb #a891c0cb
@@ -74,6 +78,7 @@ def outcome_instability(obs: pd.DataFrame, # observations (the training grid) or
                        ) -> float:
     "Share of (query, model) pairs whose grid scores are not all equal."
     q, _ = _scores_and_costs(obs)
+    check_weight(eps, 'eps')
     return float(_share(_unstable_pairs(b, eps) for b, in _query_blocks(q)))
 
 # %% ../nbs/02_diagnostics.ipynb #6288ed4f
@@ -95,7 +100,8 @@ def winner_flip_rate(obs: pd.DataFrame, # observations (the training grid) or a 
                      tol: float = TIE_TOL, # models within `tol` of a cell's best utility all win it
                     ) -> float:
     "Share of queries whose grid cells do not all have the same set of winners."
-    q, c = _scores_and_costs(obs)
+    check_weight(lam, 'lam'); check_weight(tol, 'tol')
+    q, c = _scores_and_costs(obs, min_models=2)
     return float(_share(_flipping_queries(*b, lam, tol) for b in _query_blocks(q, c)))
 
 # %% ../nbs/02_diagnostics.ipynb #c1115415
@@ -115,7 +121,8 @@ def single_vs_da_disagreement(obs: pd.DataFrame, # observations (the training gr
                               tol: float = TIE_TOL, # models within `tol` of the best utility win
                              ) -> float:
     "Share of (query, cell) whose winner set differs from the models with the best μ_q − λμ_c."
-    q, c = _scores_and_costs(obs)
+    check_weight(lam, 'lam'); check_weight(tol, 'tol')
+    q, c = _scores_and_costs(obs, min_models=2)
     return float(_share(_disagreeing_cells(*b, lam, tol) for b in _query_blocks(q, c)))
 
 # %% ../nbs/02_diagnostics.ipynb #97c778d6
@@ -164,6 +171,7 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
              tol: float = TIE_TOL, # tolerance for ties between winners
             ) -> pd.DataFrame:
     "The four diagnostics for each dataset in `obs`, a row each; an undiagnosable one is an error."
+    for name, value in (('lam', lam), ('eps', eps), ('tol', tol)): check_weight(value, name)
     obs = as_validated(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
@@ -179,6 +187,7 @@ def routing_headroom(obs: pd.DataFrame, # observations of one or more datasets (
                      lam: float = PAPER.lam, # cost weight λ
                     ) -> pd.Series:
     "Per dataset: mean over queries of the best μ_q − λμ_c, minus the best single model's mean."
+    check_weight(lam, 'lam')
     obs, out = as_validated(obs), {}
     for ds in obs['dataset'].cat.categories:
         try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))

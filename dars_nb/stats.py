@@ -15,9 +15,9 @@ from .grid_sums import grid_sums
 # %% auto #0
 __all__ = ['PAPER', 'COST_NORMS', 'ROUNDING', 'GRID_COLUMNS', 'TIE_TOL', 'MODES', 'DRAWS', 'PaperDefaults', 'cost_scale',
            'cost_floor', 'cost_norm_array', 'normalize_cost', 'cell_means', 'root_spread', 'sample_spread',
-           'stats_from_sums', 'grid_stats', 'utility', 'training_grid', 'capability_stats', 'best_models',
-           'noise_tolerance', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision', 'draw_single',
-           'draw_rows', 'supervision', 'FixedModel', 'choose_fixed_model']
+           'stats_from_sums', 'grid_stats', 'check_weight', 'utility', 'training_grid', 'capability_stats',
+           'best_models', 'noise_tolerance', 'hard_labels', 'soft_targets', 'pairwise_preferences', 'Supervision',
+           'draw_single', 'draw_rows', 'supervision', 'FixedModel', 'choose_fixed_model']
 
 # %% ../nbs/01b_stats.ipynb #73bd57cb
 @dataclass(frozen=True)
@@ -175,9 +175,19 @@ def grid_stats(q: np.ndarray, # scores, shape (..., N, M), NaN where missing
         return _partial_stats(q, c, ddof) if np.isnan(q).any() else _complete_stats(q, c, ddof)
 
 # %% ../nbs/01b_stats.ipynb #d07cdd2b
+def check_weight(value, # λ, β or a tolerance: a number, or an array of them
+                 name: str = 'lam', # its name, for the message
+                ):
+    "`value` unchanged when every entry is a finite number ≥ 0, else a one-line ValueError naming it."
+    try: v = np.asarray(value, dtype=float)
+    except (TypeError, ValueError): raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not (np.isfinite(v).all() and (v >= 0).all()):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return value
+
 def utility(mu_q, mu_c, sigma, lam: float = PAPER.lam, beta: float = PAPER.beta):
-    "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise)."
-    return mu_q - lam * mu_c - beta * sigma
+    "Risk-adjusted utility μ_q − λ·μ_c − β·σ (elementwise); λ and β finite and ≥ 0."
+    return mu_q - check_weight(lam, 'lam') * mu_c - check_weight(beta, 'beta') * sigma
 
 # %% ../nbs/01b_stats.ipynb #1c11961b
 GRID_COLUMNS = ['dataset', 'query_id', 'model', 'rewrite_id', 'sample_id', 'score']   # what a grid is built from
@@ -278,7 +288,7 @@ def soft_targets(U: np.ndarray, # utilities (..., queries, models)
                  tau: float = PAPER.tau, # temperature τ: small → close to the hard label
                 ) -> np.ndarray:
     "softmax(U/τ) over models."
-    if tau <= 0: raise ValueError(f"tau must be positive, got {tau}")
+    if not tau > 0: raise ValueError(f"tau must be positive, got {tau}")
     z = U / tau
     z = z - z.max(-1, keepdims=True)
     e = np.exp(z)

@@ -12,7 +12,7 @@ import altair as alt
 from fastcore.meta import delegates
 from sklearn.base import clone
 from ..observations import as_validated, to_dense, select, VIEWS
-from ..stats import PAPER, normalize_cost, cost_norm_array, Supervision, cell_means, choose_fixed_model
+from ..stats import PAPER, normalize_cost, cost_norm_array, Supervision, cell_means, choose_fixed_model, check_weight
 from .bootstrap import Estimate, bootstrap_ci
 
 # %% auto #0
@@ -66,7 +66,7 @@ def per_query_view_utility(obs_test: pd.DataFrame, # observations holding the vi
                           ) -> pd.DataFrame:
     "(queries × models) table of the view mean of q − λc; NaN where a model never saw a query."
     quality, cost = view_means(obs_test, view, models)
-    return quality - lam * cost
+    return quality - check_weight(lam, 'lam') * cost
 
 # %% ../../nbs/20b_evaluate.ipynb #14b1a535
 def _choice_series(choices) -> pd.Series:

@@ -16,16 +16,34 @@ __all__ = ['draw_view_utilities', 'draw_utilities', 'router_variance', 'plot_rou
            'plot_single_vs_dars']
 
 # %% ../../nbs/20d_draws.ipynb #6e96d317
+def _chosen_columns(router, table: pd.DataFrame, pick: np.ndarray, view: str) -> np.ndarray:
+    "The column of `table` holding each picked model (positions in `router.models_`), matched by name."
+    names = np.asarray([str(m) for m in router.models_], dtype=object)
+    cols = table.columns.astype(str).get_indexer(names)[pick]
+    if (cols < 0).any():
+        raise ValueError(f"the router chose model {names[pick][cols < 0][0]!r}, which has no {view!r} observations")
+    return cols
+
 def draw_view_utilities(router, # a fitted router (one or R draws)
                         X_test, # test features, rows in the order of the tables' queries
                         tables: dict, # view -> `per_query_view_utility` table, same query order
                        ) -> dict:
-    "U_view of every draw of `router`: {view: array of shape (R,)}."
+    "U_view of every draw of `router`: {view: array of shape (R,)}; the router's models found in the tables by name."
     S = np.asarray(router.predict_utility(X_test))
-    pick = S.reshape(-1, *S.shape[-2:]).argmax(-1)                          # (R, n)
-    def mean_chosen(table):
-        return np.take_along_axis(table.to_numpy(float)[None], pick[..., None], -1)[..., 0].mean(-1)
-    return {view: mean_chosen(table) for view, table in tables.items()}
+    S = S.reshape(-1, *S.shape[-2:])                                         # (R, n, K)
+    order = np.asarray(getattr(router, 'order_', np.arange(S.shape[-1])))   # ties as `predict` breaks them
+    pick = order[np.argmax(S[..., order], -1)]                               # (R, n)
+    def mean_chosen(view, table):
+        if len(table) != pick.shape[-1]:
+            raise ValueError(f"{pick.shape[-1]} test feature rows but the {view!r} table has {len(table)} queries")
+        values = np.take_along_axis(table.to_numpy(float)[None], _chosen_columns(router, table, pick, view)[..., None],
+                                    -1)[..., 0]
+        if np.isnan(values).any():
+            r, i = np.argwhere(np.isnan(values))[0]
+            raise ValueError(f"the router chose model {str(router.models_[pick[r, i]])!r} for query "
+                             f"{table.index[i]!r}, which it has no {view!r} observation of")
+        return values.mean(-1)
+    return {view: mean_chosen(view, table) for view, table in tables.items()}
 
 # %% ../../nbs/20d_draws.ipynb #31ea1c31
 def draw_utilities(routers, # a fitted router (one or R draws), or a mapping name -> fitted router
