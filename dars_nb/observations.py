@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .files.paths import readable_file, not_utf8, json_value
+from .files.paths import readable_file, not_utf8, json_value, written_whole
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
@@ -465,12 +465,13 @@ def observation_file_type(path, # where observations are (to be) written
 def write_observations(obs: pd.DataFrame, # observation table
                        path, # destination ending in .parquet, .jsonl or .csv
                       ) -> Path:
-    "Write `obs` (validated first) to Parquet, JSONL or CSV by the file's extension."
+    "Write `obs` (validated first) to Parquet, JSONL or CSV by the file's extension, whole or not at all."
     path, ext, obs = Path(path), observation_file_type(path), validate(obs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if ext == '.parquet': obs.to_parquet(path, index=False)
-    elif ext == '.jsonl': obs.to_json(path, orient='records', lines=True, force_ascii=False)
-    else: obs.to_csv(path, index=False)
+    with written_whole(path) as part:   # an interrupted write leaves the file that was there
+        if ext == '.parquet': obs.to_parquet(part, index=False)
+        elif ext == '.jsonl': obs.to_json(part, orient='records', lines=True, force_ascii=False)
+        else: obs.to_csv(part, index=False)
     return path
 
 # %% ../nbs/00_observations.ipynb #32aa57e4
