@@ -1,4 +1,5 @@
 "The seven router families of `dars_nb.routers` against one contract (`check_router`), and beating random."
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -64,3 +65,21 @@ def test_dars_router_beats_random(world, name):
     for view in ('rewrite', 'decode'):
         table = per_query_view_utility(obs, view)
         assert view_utility(choice, table) > random_utility(table) + 0.02, view
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_renamed_models_route_alike(world, name):
+    "Seeded, a router trained on the same data routes the same queries to the same models whatever the models are called."
+    obs = world['obs']
+    models = sorted(obs['model'].astype(str).unique())
+    # names that sort in the opposite order: the supervision's model axis comes reversed
+    new = {m: f'{chr(ord("z") - i)}-{m}' for i, m in enumerate(models)}
+    old = {v: k for k, v in new.items()}
+    renamed = supervision(obs.assign(model=obs['model'].astype(str).map(new)), 'dars')
+    assert [old[m] for m in renamed.models] == models[::-1]
+    one = fast(name).fit(world['X'], world['dars'])
+    other = fast(name).fit(world['X'], renamed)
+    assert [old[m] for m in other.predict(world['X_test'])] == list(one.predict(world['X_test']))
+    # the same computation in the same order: the utilities agree to the last bit, model by model
+    U, V = one.predict_utility(world['X_test']), other.predict_utility(world['X_test'])
+    np.testing.assert_array_equal(U, V[..., [renamed.models.index(new[m]) for m in one.models_]])

@@ -163,11 +163,15 @@ class MLPScores:
         mean = sc.mean_ if sc.with_mean else np.zeros(d)
         scale = sc.scale_ if sc.with_std else np.ones(d)
         self.K, self.clip, self.const, self.nets = K, bool(router.clip), {}, {}
+        order = np.atleast_2d(getattr(router, 'order_', np.arange(K)))[0]   # a served router has one draw
+        back = np.argsort(order)   # the networks' outputs in the pool's order
         firsts, biases = [], []
         for i, s in enumerate(('mu_q', 'mu_c', 'sigma')):
             net = router.regressors_[s][0]
             if isinstance(net, float): self.const[i] = np.full(K, net); continue
             W, b, later = _layers(net, d)
+            if later: later[-1] = (later[-1][0][:, back], later[-1][1][back])
+            else: W, b = W[:, back], b[back]
             at = sum(len(f) for f in biases)
             firsts.append(W / scale[:, None]); biases.append(b - (mean / scale) @ W)
             self.nets[i] = (slice(at, at + len(b)), later, ACTIVATIONS[net.activation])

@@ -31,8 +31,7 @@ def draw_view_utilities(router, # a fitted router (one or R draws)
     "U_view of every draw of `router`: {view: array of shape (R,)}; the router's models found in the tables by name."
     S = np.asarray(router.predict_utility(X_test))
     S = S.reshape(-1, *S.shape[-2:])                                         # (R, n, K)
-    order = np.asarray(getattr(router, 'order_', np.arange(S.shape[-1])))   # ties as `predict` breaks them
-    pick = order[np.argmax(S[..., order], -1)]                               # (R, n)
+    pick = router.choice_positions(S)                                        # (R, n), ties as `predict` breaks them
     def mean_chosen(view, table):
         if len(table) != pick.shape[-1]:
             raise ValueError(f"{pick.shape[-1]} test feature rows but the {view!r} table has {len(table)} queries")

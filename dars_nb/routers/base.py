@@ -4,6 +4,7 @@
 
 # %% ../../nbs/10_routers_base.ipynb #9461ff18
 from __future__ import annotations
+from dataclasses import replace
 from functools import cache, wraps
 from inspect import signature
 import numpy as np
@@ -14,8 +15,9 @@ from sklearn.utils.validation import check_is_fitted
 from ..stats import Supervision, utility
 
 # %% auto #0
-__all__ = ['check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings', 'with_settings',
-           'with_training_settings', 'family_targets', 'training_order', 'stats_by_query', 'native_thread_pools']
+__all__ = ['ORDER_DIGITS', 'check_features', 'align', 'check_supervision', 'Router', 'MeanRouter', 'training_settings',
+           'with_settings', 'with_training_settings', 'family_targets', 'training_order', 'in_training_order',
+           'in_pool_order', 'training_supervision', 'stats_by_query', 'native_thread_pools']
 
 # %% ../../nbs/10_routers_base.ipynb #8e0f83f5
 def check_features(X, # query features, (n, d)
@@ -144,8 +146,18 @@ def predict(self: Router, X, # query features (n, d), array or DataFrame, in its
            ) -> np.ndarray:
     "Chosen model name per query: (n,), or (R, n) for R draws. Ties → the model trained first."
     U = self.predict_utility(X)
-    order = np.asarray(getattr(self, 'order_', np.arange(U.shape[-1])))   # else the lower index
-    return np.asarray(self.models_, dtype=object)[order[np.argmax(U[..., order], axis=-1)]]
+    names = np.asarray(self.models_, dtype=object)[self.choice_positions(U)]
+    return names[0] if self.n_draws_ == 1 else names
+
+@patch
+def choice_positions(self: Router, U, # predicted utilities (n, K) or (R, n, K), the pool's model order
+                    ) -> np.ndarray:
+    "Each draw's chosen model per query as a position in `models_`: (R, n). Ties → the model trained first."
+    K = np.shape(U)[-1]
+    order = np.broadcast_to(getattr(self, 'order_', np.arange(K)), (self.n_draws_, K))   # each draw's (else by index)
+    U = np.asarray(U).reshape(self.n_draws_, -1, K)
+    first = np.argmax(np.take_along_axis(U, order[:, None, :], axis=-1), axis=-1)   # (R, n), in that order
+    return np.take_along_axis(order, first, axis=-1)
 
 # %% ../../nbs/10_routers_base.ipynb #d210caca
 @patch
@@ -233,14 +245,38 @@ def family_targets(sup: Supervision, # supervision in any mode
     raise ValueError(f"unknown target kind {kind!r} (expected 'stats', 'risk_adjusted' or 'utility')")
 
 # %% ../../nbs/10_routers_base.ipynb #74457890
-def training_order(models, # the pool's model names, in the supervision's order
-                   first=None, # names trained first, in this order (the rest sorted); None: as given
+ORDER_DIGITS = 9   # mean utilities equal to 9 decimals are a tie, whatever the processor's last bits
+
+def training_order(sup: Supervision, # the supervision a router is fitted on (its `models` and `utility`)
+                   first=None, # names trained first, in this order (the rest sorted); None: by mean utility
                   ) -> np.ndarray:
-    "Positions of `models` in the order a router trains them: `first`'s names, then the rest sorted."
-    models = [str(m) for m in models]
-    if first is None: return np.arange(len(models))
+    "Each draw's positions of `sup.models` as a router trains them, (R, K): best mean utility first, or `first` then the rest sorted."
+    models = [str(m) for m in sup.models]
+    if first is None:   # ties keep the supervision's order, by name
+        return np.argsort(-np.round(sup.utility.mean(axis=1), ORDER_DIGITS), axis=-1, kind='stable')
     head = list(dict.fromkeys(str(m) for m in first if str(m) in models))
-    return np.array([models.index(m) for m in head + sorted(set(models) - set(head))])
+    return np.tile([models.index(m) for m in head + sorted(set(models) - set(head))], (sup.n_draws, 1))
+
+# %% ../../nbs/10_routers_base.ipynb #c389bd70
+def in_training_order(a: np.ndarray, # (R, ..., K): a draw per row of the first axis, a model per column of the last
+                      order, # (R, K) from `training_order`, or one (K,) order for every draw
+                     ) -> np.ndarray:
+    "`a` with each draw's model axis in its training order."
+    order = np.broadcast_to(order, (len(a), np.shape(order)[-1]))
+    return np.take_along_axis(a, order.reshape(len(a), *[1] * (a.ndim - 2), -1), axis=-1)
+
+def in_pool_order(a: np.ndarray, # (R, ..., K) outputs of a router trained in `order`
+                  order, # (R, K) from `training_order`, or one (K,) order for every draw
+                 ) -> np.ndarray:
+    "The outputs `a` with each draw's model axis back in the pool's order."
+    return in_training_order(a, np.argsort(np.broadcast_to(order, (len(a), np.shape(order)[-1])), axis=-1))
+
+def training_supervision(sup: Supervision, # the supervision a router is fitted on
+                         order, # (R, K) from `training_order`
+                        ) -> Supervision:
+    "`sup` with each draw's model axis in its training order; a column no longer names one model (`models` are None)."
+    return replace(sup, models=[None] * len(sup.models),
+                   **{k: in_training_order(getattr(sup, k), order) for k in ('mu_q', 'mu_c', 'sigma', 'utility')})
 
 # %% ../../nbs/10_routers_base.ipynb #dcef7829
 def stats_by_query(sup: Supervision, # supervision in any mode

@@ -11,7 +11,7 @@ from ..extras import require
 # a missing torch: one line naming the extra
 require('torch', 'torch', 'The neural routers (MIRT, EmbedLLM, RM-Softmax, GraphRouter)')
 import torch
-from .base import Router, family_targets
+from .base import Router, family_targets, training_order, training_supervision
 
 # %% auto #0
 __all__ = ['PASS_BYTES', 'draw_seeds', 'init_linear', 'shared_linear', 'torch_threads', 'EnsembleRouter', 'StatsHeads',
@@ -129,6 +129,8 @@ def _train(self: EnsembleRouter, X, T, seeds, shared):
 @patch
 def _fit(self: EnsembleRouter, X, sup):
     self._check_training()
+    self.order_ = training_order(sup)   # each draw's order of the models, set by its data, not by their names
+    sup = training_supervision(sup, self.order_)
     seeds, shared = draw_seeds(self.random_state, sup.n_draws)
     mean, scale = X.mean(0), X.std(0)
     scale[scale < 1e-12] = 1.0
@@ -148,9 +150,13 @@ def _fit(self: EnsembleRouter, X, sup):
 # %% ../../nbs/12a_router_ensemble.ipynb #49b32c11
 @patch
 def _evaluate(self: EnsembleRouter, X, fn):
-    "`fn(params, standardised X)` with the router's threads and without gradients."
+    "`fn(params, standardised X)` with the router's threads and without gradients, each output's models in the pool's order."
     with torch_threads(self.n_threads), torch.no_grad():
-        return fn(self.params_, self._tensor((X - self.x_mean_) / self.x_scale_))
+        out = fn(self.params_, self._tensor((X - self.x_mean_) / self.x_scale_))
+    order = np.broadcast_to(getattr(self, 'order_', np.arange(len(self.models_))), (self.n_draws_, len(self.models_)))
+    back = torch.as_tensor(np.argsort(order, axis=-1))[:, None, :]   # (R, 1, K): each draw's outputs in the pool's order
+    pool = lambda o: torch.take_along_dim(o, back.to(o.device), dim=-1)
+    return pool(out) if isinstance(out, torch.Tensor) else tuple(pool(o) for o in out)
 
 # %% ../../nbs/12a_router_ensemble.ipynb #66bd6618
 class StatsHeads:

@@ -11,7 +11,7 @@ from joblib import Parallel, delayed
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
-from .base import Router, family_targets, native_thread_pools, training_order
+from .base import Router, family_targets, native_thread_pools, training_order, in_training_order, in_pool_order
 
 # %% auto #0
 __all__ = ['MLPRouter']
@@ -75,8 +75,8 @@ class MLPRouter(Router):
 def _fit(self: MLPRouter, X, sup):
     self.scaler_ = StandardScaler().fit(X)
     Z = self.scaler_.transform(X)
-    self.order_ = training_order(sup.models, self.model_order)
-    T = {s: v[..., self.order_] for s, v in family_targets(sup, 'stats').items()}
+    self.order_ = training_order(sup, self.model_order)   # (R, K): each draw's own
+    T = {s: in_training_order(v, self.order_) for s, v in family_targets(sup, 'stats').items()}
     R, Q, K = sup.utility.shape
     self.batched_ = bool(self.batched) and R > 1
     if self.batched_:
@@ -99,8 +99,7 @@ def _predict_stats(self: MLPRouter, X) -> dict:
             if self.batched_:
                 out[s] = _predict_regressor(regs[0], Z, R * K).reshape(n, R, K).transpose(1, 0, 2)
             else: out[s] = np.stack([_predict_regressor(g, Z, K) for g in regs])
-    back = np.argsort(getattr(self, 'order_', np.arange(K)))    # outputs in the pool's order
-    out = {s: v[..., back] for s, v in out.items()}
+    out = {s: in_pool_order(v, getattr(self, 'order_', np.arange(K))) for s, v in out.items()}
     # a standard deviation: a negative guess would reward risk
     out['sigma'] = np.maximum(out['sigma'], 0.0)
     # scores, normalised costs and their spreads live in [0, 1]

@@ -4,7 +4,6 @@
 
 # %% ../../nbs/12b_router_nets.ipynb #59d8fcae
 from __future__ import annotations
-from dataclasses import replace
 from fastcore.basics import patch
 import numpy as np
 import pandas as pd
@@ -14,7 +13,7 @@ require('torch', 'torch', "The authors' designs of the neural routers")
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .base import Router, with_settings, training_order
+from .base import Router, with_settings, training_order, training_supervision
 from .ensemble import torch_threads
 
 # %% auto #0
@@ -56,7 +55,7 @@ _STATS = ('mu_q', 'mu_c', 'sigma')
 
 class NetRouter(Router):
     "Base of the authors' torch designs: one network per draw, seeded random_state + r, Adam."
-    def _network(self, n_in: int, n_models: int) -> nn.Module: raise NotImplementedError
+    def _network(self, n_in: int, order) -> nn.Module: raise NotImplementedError   # order: the draw's model positions
     def _loss(self, net, x, t) -> torch.Tensor: raise NotImplementedError
     def _outputs(self, net, x, lam) -> dict: raise NotImplementedError
     def _check_params(self): pass
@@ -84,12 +83,14 @@ class NetRouter(Router):
 
 # %% ../../nbs/12b_router_nets.ipynb #d62420aa
 @patch
-def _train(self: NetRouter, X: np.ndarray, T: dict, seed: int) -> nn.Module:
+def _train(self: NetRouter, X: np.ndarray, T: dict, seed: int,
+           order, # the draw's training order of the models (positions in the pool's order)
+          ) -> nn.Module:
     "One network on rows `X` (n, d) and targets `T` (n, ...): seeded, Adam, shuffled minibatches."
     device = torch.device(self.device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = self._network(X.shape[1], len(self.models_)).to(device)
+        net = self._network(X.shape[1], order).to(device)
         opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         x = torch.from_numpy(X).to(device)
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in T.items()}
@@ -113,22 +114,21 @@ def _fit(self: NetRouter, X, sup):
     base = (int(np.random.SeedSequence().generate_state(1)[0] >> 1) if self.random_state is None
             else int(self.random_state))
     self.route_beta_ = 0.0 if sup.mode == 'single' else float(sup.beta)
-    self.order_ = order = training_order(sup.models, self.model_order)
-    sup = replace(sup, models=[sup.models[i] for i in order],
-                  **{k: getattr(sup, k)[..., order] for k in ('mu_q', 'mu_c', 'sigma', 'utility')})
+    self.order_ = training_order(sup, self.model_order)   # (R, K): each draw's own
+    sup = training_supervision(sup, self.order_)
     rows, T = self._rows(np.asarray(X, np.float32), sup)
     with torch_threads(self.n_threads):
-        self.nets_ = [self._train(rows, {k: v[r] for k, v in T.items()}, base + r)
+        self.nets_ = [self._train(rows, {k: v[r] for k, v in T.items()}, base + r, self.order_[r])
                       for r in range(sup.n_draws)]
 
 @patch
 def _outputs_all(self: NetRouter, X, lam=None) -> list[dict]:
     "Every draw's outputs on features `X` in the pool's model order, without gradients."
     x = torch.from_numpy(np.asarray(X, np.float32)).to(torch.device(self.device))
-    back = np.argsort(self.order_)
+    back = np.argsort(np.broadcast_to(self.order_, (len(self.nets_), len(self.models_))), axis=-1)
     with torch_threads(self.n_threads), torch.no_grad():
         outs = [self._outputs(net, x, self.lam_ if lam is None else lam) for net in self.nets_]
-    return [{k: v[:, back] for k, v in o.items()} for o in outs]
+    return [{k: v[:, b] for k, v in o.items()} for o, b in zip(outs, back)]
 
 # %% ../../nbs/12b_router_nets.ipynb #16f8ed0e
 @patch
@@ -177,8 +177,8 @@ class AuthorsMIRTRouter(NetRouter):
         self.latent_dim, self.hidden_layers = latent_dim, hidden_layers
         self.cost_loss_weight, self.std_loss_weight = cost_loss_weight, std_loss_weight
 
-    def _network(self, n_in, n_models):
-        heads = [IRTHead(n_in, n_models, int(self.latent_dim), self.hidden_layers) for _ in range(3)]
+    def _network(self, n_in, order):
+        heads = [IRTHead(n_in, len(order), int(self.latent_dim), self.hidden_layers) for _ in range(3)]
         return nn.ModuleList(heads)
 
     def _loss(self, net, x, t):
@@ -224,7 +224,7 @@ class AuthorsEmbedLLMRouter(NetRouter):
         beta = np.float32(0.0 if sup.mode == 'single' else sup.beta)
         return dict(quality=np.clip(T['mu_q'] - beta * T['sigma'], 0.0, 1.0), mu_c=T['mu_c'])
 
-    def _network(self, n_in, n_models): return EmbeddingNet(n_in, n_models, int(self.embed_dim))
+    def _network(self, n_in, order): return EmbeddingNet(n_in, len(order), int(self.embed_dim))
 
     def _loss(self, net, x, t):
         logits, cost = net(x, float(self.noise))
@@ -268,8 +268,8 @@ class AuthorsRMSoftmaxRouter(NetRouter):
         rows = np.hstack([np.tile(X, (len(lams), 1)), np.repeat(lams, len(X))[:, None]])
         return rows.astype(np.float32), dict(utility=U.reshape(sup.n_draws, -1, U.shape[-1]))
 
-    def _network(self, n_in, n_models):
-        return mlp_layers([n_in, *[int(h) for h in self.hidden_layers]], n_models)
+    def _network(self, n_in, order):
+        return mlp_layers([n_in, *[int(h) for h in self.hidden_layers]], len(order))
 
     def _loss(self, net, x, t):
         policy = torch.softmax(net(x) / float(self.temperature), dim=1)
@@ -318,17 +318,18 @@ class AuthorsGraphRouter(NetRouter):
     def __init__(self,
                  node_dim: int = 128, # width of the projected query and model nodes
                  hidden_layers=(256, 128), # widths of the edge MLP's hidden layers
-                 model_features=None, # node features: a frame by model name, a (K, d_m) array in the training order, or None (one-hot)
+                 model_features=None, # node features: a frame by model name, a (K, d_m) array in the pool's order, or None (one-hot)
                 ):
         self.node_dim, self.hidden_layers = node_dim, hidden_layers
         self.model_features = model_features
 
-    def _nodes(self, n_models: int) -> torch.Tensor:
-        "The models' node features in the training order, float32: (K, d_m)."
+    def _nodes(self, order) -> torch.Tensor:
+        "The models' node features in a draw's training `order` (positions in the pool's order), float32: (K, d_m)."
+        n_models = len(order)
         if self.model_features is None: return torch.eye(n_models)
         nodes = self.model_features
         if isinstance(nodes, pd.DataFrame):
-            names = [str(self.models_[i]) for i in self.order_]
+            names = [str(m) for m in self.models_]
             nodes = nodes.set_axis(nodes.index.astype(str))
             missing = [m for m in names if m not in nodes.index]
             if missing: raise ValueError(f"model_features has no row for model {missing[0]!r}")
@@ -337,14 +338,14 @@ class AuthorsGraphRouter(NetRouter):
         if nodes.ndim != 2 or len(nodes) != n_models or not np.isfinite(nodes).all():
             shape = nodes.shape
             raise ValueError(f"model_features must be a finite ({n_models}, d) array, got shape {shape}")
-        return torch.from_numpy(nodes.copy())
+        return torch.from_numpy(nodes[order])
 
     def _targets(self, sup) -> dict:
         "μ_q, μ_c and σ clipped to [0, 1], stacked per edge: (R, Q, K, 3)."
         return dict(edges=np.stack([np.clip(getattr(sup, k), 0.0, 1.0) for k in _STATS], axis=-1))
 
-    def _network(self, n_in, n_models):
-        return EdgeNet(n_in, self._nodes(n_models), int(self.node_dim), self.hidden_layers)
+    def _network(self, n_in, order):
+        return EdgeNet(n_in, self._nodes(order), int(self.node_dim), self.hidden_layers)
     def _loss(self, net, x, t): return F.mse_loss(net(x), t['edges'])
     def _outputs(self, net, x, lam):
         edges = np.clip(net(x).numpy(), 0.0, 1.0)
