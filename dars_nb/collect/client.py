@@ -406,10 +406,9 @@ async def _send(self: Client, call: _Call, endpoint: _Endpoint, attempt: int) ->
         resp = await endpoint.client.post('/chat/completions', body=call.body, cast_to=endpoint.raw,
                                           options={'headers': self._headers(call.spec, endpoint)})
     latency = time.perf_counter() - t0
-    comp = _parse_completion(resp.content, call.spec, call.messages, latency, attempt)
-    if len(comp.texts) != call.n:
-        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
-    return comp
+    # an answer with fewer (or more) choices than `n` asked for is kept: it was paid for, and a retry
+    # would most likely be billed for the same answer again; `Completion.texts` says how many came
+    return _parse_completion(resp.content, call.spec, call.messages, latency, attempt)
 
 @dataclass
 class _Failure:
