@@ -400,6 +400,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'dars_nb/collect/client.py'),
                                         'dars_nb.collect.client._message_texts': ( 'client.html#_message_texts',
                                                                                    'dars_nb/collect/client.py'),
+                                        'dars_nb.collect.client._number': ('client.html#_number', 'dars_nb/collect/client.py'),
                                         'dars_nb.collect.client._parse_completion': ( 'client.html#_parse_completion',
                                                                                       'dars_nb/collect/client.py'),
                                         'dars_nb.collect.client._warn_shared': ('client.html#_warn_shared', 'dars_nb/collect/client.py'),
