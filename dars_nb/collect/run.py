@@ -234,6 +234,14 @@ def _open_for_run(cfg) -> Store:
     return store
 
 # %% ../../nbs/35f_collect_run.ipynb #88c70914
+def _plan_cells(plan: pd.DataFrame) -> list:
+    "The plan's keys in short, for `dars status` to count what of it is stored: per view, its queries, rewrite and sample ids."
+    views = plan.groupby(['dataset', 'split', 'view'], sort=False)
+    # each view is every one of its queries x a range of rewrite ids x a range of sample ids (x every model)
+    return [[str(d), str(s), str(v), sorted(set(map(str, g['query_id']))),
+             [int(g['rewrite_id'].min()), int(g['rewrite_id'].max())],
+             [int(g['sample_id'].min()), int(g['sample_id'].max())]] for (d, s, v), g in views]
+
 def _record_plan(store, cfg, plan: pd.DataFrame) -> str:
     "Settle what a killed run left in flight, record this run as running and its plan (for `dars status`); its start."
     store.ledger().settle_lost()
@@ -245,7 +253,8 @@ def _record_plan(store, cfg, plan: pd.DataFrame) -> str:
     store.set_meta('plan',
                    dict(config=cfg.source, started=started,
                         limits=dict(call_budget=lim.call_budget, spend_cap_usd=lim.spend_cap_usd),
-                        planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
+                        planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()],
+                        models=list(map(str, cfg.model_names)), cells=_plan_cells(plan)))
     return started
 
 # %% ../../nbs/35f_collect_run.ipynb #0f6521ca
