@@ -209,3 +209,37 @@ def test_the_dry_run_bounds_what_a_run_sends_and_spends(local_server, tmp_path, 
     assert int(t['requests'].sum()) == int(t['ok'].sum()) <= calls, (t, calls)
     assert float(t['usd'].sum()) <= dollars * 1.005, (t, dollars)
     assert t.loc['rewrite', 'requests'].sum() >= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the dry run's bound holds for prompts a tokenizer splits finely: the spend cap it calls enough does not stop the run
+
+def test_the_dry_run_bound_holds_where_four_characters_a_token_undercounts(local_server, tmp_path, capsys):
+    import json
+    import re
+    from dars_nb.collect.command import collect_main, EXIT_OK
+    # SmolLM2 gives each digit a token of its own: these prompts take about twice the typical estimate
+    (tmp_path / 'digits.jsonl').write_text(''.join(
+        json.dumps(dict(query_id=f'q{i}', kind='math', gold='1',
+                        question='Add: ' + ' + '.join(str(10**15 + 7919 * i * k) for k in range(1, 12)))) + '\n'
+        for i in range(2)))
+    cfg = tmp_path / 'collect.toml'
+    def write(decodes, limits='timeout_s = 300\nbackoff_s = 0.05'):
+        cfg.write_text(pool_toml({'a': (local_server.base_url, 0.02, 0.04, 'smollm2', 1)}, rewriter='a', limits=limits)
+                       + collection_toml(td=decodes, tr=0)
+                       + '[[datasets]]\nname = "digits"\npath = "digits.jsonl"\ntrain = 0\ntest = 2\n')
+    write(decodes=1)
+    assert collect_main(str(cfg), quiet=True) == EXIT_OK
+    with Store(tmp_path / 'store.sqlite') as s: before = s.ledger().spent()[1]
+    # more decodes of the same prompts: no rewriter round is left to pad the total
+    write(decodes=3)
+    assert collect_main(str(cfg), dry_run=True) == EXIT_OK
+    most = float(re.search(r'at most \d+ calls to make \(retries not counted\), at most \$([\d.,]*\d)',
+                           capsys.readouterr().out)[1].replace(',', ''))
+    cap = before + most * 1.01                          # the printed bound has three significant digits
+    write(decodes=3, limits=f'timeout_s = 300\nbackoff_s = 0.05\nspend_cap_usd = {cap}')
+    assert collect_main(str(cfg), dry_run=True) == EXIT_OK
+    assert 'spend_cap_usd' in (dry := capsys.readouterr().out) and 'enough for the whole plan' in dry, dry
+    assert collect_main(str(cfg), quiet=True) == EXIT_OK, capsys.readouterr().err
+    with Store(tmp_path / 'store.sqlite') as s: after = s.ledger().spent()[1]
+    assert after - before <= most * 1.005, (after - before, most)

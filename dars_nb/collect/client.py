@@ -55,18 +55,21 @@ class PermanentError(RuntimeError):
         self.model, self.kind, self.status, self.attempts = model, kind, status, attempts
 
 # %% ../../nbs/30_client.ipynb #8b3a2f42
+def _number(text: str) -> float | None:
+    "The number a header holds, or None if it holds none."
+    try: return float(text)
+    except ValueError: return None
+
 def parse_retry_after(headers, # response headers (a mapping with lower-case lookups)
                      ) -> float | None:
     "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or a date); None if absent."
     if headers is None: return None
-    ms = headers.get('retry-after-ms')
-    if ms is not None:
-        try: return max(0.0, float(ms) / 1000)
-        except ValueError: pass
+    # a negative wait or NaN (which compares false) asks for nothing
+    ms = _number(headers.get('retry-after-ms', ''))
+    if ms is not None and ms >= 0: return ms / 1000
     ra = headers.get('retry-after')
     if ra is None: return None
-    try: return max(0.0, float(ra))
-    except ValueError: pass
+    if (seconds := _number(ra)) is not None: return seconds if seconds >= 0 else None
     try: return max(0.0, email.utils.parsedate_to_datetime(ra).timestamp() - time.time())
     except (TypeError, ValueError, IndexError): return None
 
@@ -406,10 +409,9 @@ async def _send(self: Client, call: _Call, endpoint: _Endpoint, attempt: int) ->
         resp = await endpoint.client.post('/chat/completions', body=call.body, cast_to=endpoint.raw,
                                           options={'headers': self._headers(call.spec, endpoint)})
     latency = time.perf_counter() - t0
-    comp = _parse_completion(resp.content, call.spec, call.messages, latency, attempt)
-    if len(comp.texts) != call.n:
-        raise MalformedResponse(f"asked for {call.n} choices, got {len(comp.texts)}")
-    return comp
+    # an answer with fewer (or more) choices than `n` asked for is kept: it was paid for, and a retry
+    # would most likely be billed for the same answer again; `Completion.texts` says how many came
+    return _parse_completion(resp.content, call.spec, call.messages, latency, attempt)
 
 @dataclass
 class _Failure:

@@ -45,7 +45,10 @@ def _report(res: CollectResult):
     print(f"{done}, {res.missing} missing of {res.planned} planned; "
           f"rewriter: {rw.calls} call(s), {rw.filled} rewrite(s) filled with the original wording")
     if c is not None:
-        print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}")
+        # a request lost in flight (timed out or cut off after it was sent) may have been billed
+        lost = (f", and up to ${c.lost_usd:.6f} more for requests lost in flight (timed out or cut off "
+                "after being sent; they may have been billed)") if c.lost_usd else ''
+        print(f"calls: {c.calls} sent, {c.retries} retried, {c.failures} failed; spend ${c.spend_usd:.6f}{lost}")
     if res.rewrite_validity is not None:
         print('\nrewrite validity\n' + markdown_table(res.rewrite_validity))
     if res.table is not None and len(res.table):

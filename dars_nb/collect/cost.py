@@ -37,10 +37,11 @@ def _candidate_rows(cfg, plan, done) -> pd.DataFrame:
     t = todo.assign(typ=np.minimum(typical.loc[todo.index], todo['max_tokens']))
     price_in = t['model'].map({m: cfg.pool.models[m].price_in for m in cfg.model_names})
     price_out = t['model'].map({m: cfg.pool.models[m].price_out for m in cfg.model_names})
-    t = t.assign(cost_max=(t['prompt_tokens_est'] * price_in + t['max_tokens'] * price_out) / 1e6,
+    t = t.assign(cost_max=(t['prompt_tokens_max'] * price_in + t['max_tokens'] * price_out) / 1e6,
                  cost_typ=(t['prompt_tokens_est'] * price_in + t['typ'] * price_out) / 1e6)
     out = t.groupby('model', sort=False).agg(to_do=('model', 'size'),
-                                             prompt_tokens=('prompt_tokens_est', 'sum'),
+                                             prompt_tokens=('prompt_tokens_max', 'sum'),
+                                             prompt_tokens_typical=('prompt_tokens_est', 'sum'),
                                              completion_tokens_max=('max_tokens', 'sum'),
                                              completion_tokens_typical=('typ', 'sum'),
                                              cost_max_usd=('cost_max', 'sum'),
@@ -54,7 +55,7 @@ def _rewriter_row(cfg, rewrites: pd.DataFrame) -> dict:
     rw, calls = cfg.pool.rewriter, int(rewrites['calls_max'].sum())
     pt_max, ct_max = rewrites['prompt_tokens_max'].sum(), calls * cfg.rewrite_max_tokens
     pt, ct = rewrites['prompt_tokens_est'].sum(), rewrites['completion_tokens_typical'].sum()
-    return dict(role='rewriter', planned=calls, to_do=calls, prompt_tokens=pt_max,
+    return dict(role='rewriter', planned=calls, to_do=calls, prompt_tokens=pt_max, prompt_tokens_typical=pt,
                 completion_tokens_max=ct_max, completion_tokens_typical=ct,
                 cost_max_usd=(pt_max * rw.price_in + ct_max * rw.price_out) / 1e6,
                 cost_typical_usd=(pt * rw.price_in + ct * rw.price_out) / 1e6)
@@ -70,12 +71,12 @@ def estimate_cost(config, # a CollectConfig, TOML path or dict
     out = _candidate_rows(cfg, plan, done)
     if rewrites is not None and len(rewrites) and cfg.pool.rewriter is not None:
         out.loc[f'{cfg.pool.rewriter.name} (rewriter)'] = _rewriter_row(cfg, rewrites)
-    num = ['planned', 'to_do', 'prompt_tokens', 'completion_tokens_max',
+    num = ['planned', 'to_do', 'prompt_tokens', 'prompt_tokens_typical', 'completion_tokens_max',
            'completion_tokens_typical',
            'cost_max_usd', 'cost_typical_usd']
     out.loc['total'] = dict(role='', **out[num].sum())
     out = out[['role'] + num]
-    for c in num[:5]: out[c] = out[c].round().astype(int)
+    for c in num[:6]: out[c] = out[c].round().astype(int)
     out.index.name = 'model'
     return out
 
@@ -130,7 +131,8 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              'queries', markdown_table(sel.to_frame()), '',
              'observations planned (calls per model)',
              markdown_table(counts.unstack('model', fill_value=0)), '',
-             'cost estimate (USD; upper bound = every answer uses max_tokens and every rewriter round is used)',
+             'cost estimate (USD; upper bound = prompts at one token per byte, as the spend cap reserves them, '
+             'every answer at max_tokens, every rewriter round used; a rewrite priced at its original\'s length)',
              markdown_table(cost[cols], floatfmt='.6f'), '',
              f"total: at most {calls} calls to make (retries not counted), at most {fmt_usd(most)}, "
              f"typically about {fmt_usd(typ)}"]

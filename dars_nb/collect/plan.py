@@ -16,7 +16,7 @@ from ..pool.usage import estimate_prompt_tokens
 __all__ = ['PLAN_COLUMNS', 'plan_calls', 'plan_rewrites']
 
 # %% ../../nbs/35c_collect_plan.ipynb #360a8cd9
-PLAN_COLUMNS = KEY_COLUMNS + ['kind', 'max_tokens', 'prompt_tokens_est']
+PLAN_COLUMNS = KEY_COLUMNS + ['kind', 'max_tokens', 'prompt_tokens_est', 'prompt_tokens_max']
 
 def _view_cells(tasks, view, rewrite_ids, sample_ids) -> pd.DataFrame:
     "Every (task, rewrite_id, sample_id) cell of one view, its rows tagged with the view."
@@ -34,9 +34,10 @@ def plan_calls(config, # a CollectConfig, TOML path or dict
     if tasks is None: tasks = load_tasks(cfg)   # no more than the counts the config was checked for
     else: check_plan_size(cfg.planned_observations(int((tasks['split'] == 'train').sum()),
                                                    int((tasks['split'] == 'test').sum())))
+    messages = [generation_messages(r) for r in tasks.to_dict('records')]
     t = tasks[['dataset', 'split', 'query_id', 'kind']].assign(
-        prompt_tokens_est=[estimate_prompt_tokens(generation_messages(r), 'typical')
-                           for r in tasks.to_dict('records')])
+        prompt_tokens_est=[estimate_prompt_tokens(m, 'typical') for m in messages],
+        prompt_tokens_max=[estimate_prompt_tokens(m) for m in messages])   # what the client reserves
     tr, te = t[t['split'] == 'train'], t[t['split'] == 'test']
     parts = [_view_cells(tr, 'grid', range(1, cfg.n_rewrites + 1), range(cfg.n_decodes)),
              _view_cells(te, 'rewrite', range(1, cfg.test_rewrites + 1), [0]),
@@ -61,11 +62,11 @@ def plan_rewrites(config, # a CollectConfig, TOML path or dict
         n = sum(1 for i in range(1, int(r['n_rewrites']) + 1) if i not in have)
         if n == 0: continue
         calls = rewrite_calls_max(n, cfg.rewrite_attempts)
-        first = estimate_prompt_tokens(rewrite_messages(r, n), 'typical')
-        more = estimate_prompt_tokens(rewrite_messages(r, 1), 'typical')
+        first, more = rewrite_messages(r, n), rewrite_messages(r, 1)
         rows.append(dict(dataset=r['dataset'], query_id=r['query_id'], n_missing=n, calls_max=calls,
-                         prompt_tokens_est=first,
-                         prompt_tokens_max=first + (calls - 1) * more,
+                         prompt_tokens_est=estimate_prompt_tokens(first, 'typical'),
+                         # every round, each prompt at its upper bound
+                         prompt_tokens_max=estimate_prompt_tokens(first) + (calls - 1) * estimate_prompt_tokens(more),
                          completion_tokens_typical=min(cfg.rewrite_max_tokens,
                                                        n * (len(str(r['question'])) // 4 + 15))))
     cols = ['dataset', 'query_id', 'n_missing', 'calls_max', 'prompt_tokens_est',

@@ -97,7 +97,9 @@ class _Collector:
         self.queues = {m: deque(_batches(todo[todo['model'] == m], cfg.pool.models[m].honours_n))
                        for m in cfg.model_names}
         self.collected, self.stop, self.failures = 0, '', []   # stored, why it stopped, `Failure`s
-        self.ok, self.bad = Counter(), Counter()
+        self.ok, self.bad = Counter(), Counter()   # per model: calls answered, calls failed for good
+        self.in_a_row = Counter()   # per model: calls in a row that used up every retry
+        self.given_up = Counter()   # per model: planned observations not asked for once it was stopped
 
 # %% ../../nbs/35f_collect_run.ipynb #3905d0b4
 @patch
@@ -113,8 +115,12 @@ async def ask(self: _Collector, model: str, batch: list, keys: list, task, wordi
     except BudgetExceeded as e: self.stop = self.stop or str(e)
     except PermanentError as e:
         self.failures += [Failure(key=k, message=str(e)) for k in keys]; self.bad[model] += 1
-        # every call of this model fails
-        if self.ok[model] == 0 and self.bad[model] >= 3: self.queues[model].clear()
+        # retries used up: the model failed, not this prompt (a refused prompt is kind 'client')
+        self.in_a_row[model] = self.in_a_row[model] + 1 if e.kind != 'client' else 0
+        # every call of this model fails, or it went down
+        if (self.ok[model] == 0 and self.bad[model] >= 3) or self.in_a_row[model] >= 3:
+            self.given_up[model] += sum(map(len, self.queues[model]))
+            self.queues[model].clear()
 
 # %% ../../nbs/35f_collect_run.ipynb #0394d91d
 @patch
@@ -148,7 +154,7 @@ async def call(self: _Collector, model: str, batch: list):
         return
     comp = await self.ask(model, batch, keys, task, wording)
     if comp is None: return
-    self.ok[model] += 1
+    self.ok[model] += 1; self.in_a_row[model] = 0
     n = len(batch)
     got = list(comp.texts or (comp.text,))[:n] if n > 1 else [comp.text]
     shares = _split_tokens(comp.completion_tokens, got) if n > 1 else [comp.completion_tokens]
@@ -228,6 +234,14 @@ def _open_for_run(cfg) -> Store:
     return store
 
 # %% ../../nbs/35f_collect_run.ipynb #88c70914
+def _plan_cells(plan: pd.DataFrame) -> list:
+    "The plan's keys in short, for `dars status` to count what of it is stored: per view, its queries, rewrite and sample ids."
+    views = plan.groupby(['dataset', 'split', 'view'], sort=False)
+    # each view is every one of its queries x a range of rewrite ids x a range of sample ids (x every model)
+    return [[str(d), str(s), str(v), sorted(set(map(str, g['query_id']))),
+             [int(g['rewrite_id'].min()), int(g['rewrite_id'].max())],
+             [int(g['sample_id'].min()), int(g['sample_id'].max())]] for (d, s, v), g in views]
+
 def _record_plan(store, cfg, plan: pd.DataFrame) -> str:
     "Settle what a killed run left in flight, record this run as running and its plan (for `dars status`); its start."
     store.ledger().settle_lost()
@@ -239,7 +253,8 @@ def _record_plan(store, cfg, plan: pd.DataFrame) -> str:
     store.set_meta('plan',
                    dict(config=cfg.source, started=started,
                         limits=dict(call_budget=lim.call_budget, spend_cap_usd=lim.spend_cap_usd),
-                        planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()]))
+                        planned=[[str(d), str(m), int(n)] for (d, m), n in planned.items()],
+                        models=list(map(str, cfg.model_names)), cells=_plan_cells(plan)))
     return started
 
 # %% ../../nbs/35f_collect_run.ipynb #0f6521ca
@@ -251,6 +266,7 @@ class CallsMade:
     failures: list = field(default_factory=list) # `Failure`s of the calls that failed for good
     stop: str = '' # why the calls stopped early ('': they did not)
     counters: object = None # the client's counters
+    given_up: dict = field(default_factory=dict) # model -> observations not asked for once it was stopped
 
 async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progress: bool) -> CallsMade:
     "The rewriter first, then every pending answer call, within the store's budget and cap."
@@ -271,7 +287,7 @@ async def _run_calls(cfg, store, tasks: pd.DataFrame, plan: pd.DataFrame, progre
             await collector.run(progress)
     if collector is None: return CallsMade(rewrites=rewrites, stop=stop, counters=client.counters)
     return CallsMade(rewrites=rewrites, collected=collector.collected, failures=collector.failures,
-                     stop=collector.stop, counters=client.counters)
+                     stop=collector.stop, counters=client.counters, given_up=dict(collector.given_up))
 
 # %% ../../nbs/35f_collect_run.ipynb #16e5cbb7
 def with_query_columns(table: pd.DataFrame, # an observation table
@@ -314,6 +330,9 @@ def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the r
     fails = calls.failures
     message = (calls.stop if calls.stop else
                f"{len(fails)} call(s) failed permanently, first: {fails[0].message}" if fails else '')
+    stopped = [f"model {m!r} was stopped as its calls kept failing: {n} of its observation(s) not asked for"
+               for m, n in calls.given_up.items() if n]
+    message = '; '.join([message] * bool(message) + stopped)
     store.set_meta('last_run',
                    dict(status=status, started=started, message=message, collected=calls.collected,
                         missing=missing, failures=len(fails), first_failures=[f.message for f in fails[:5]]))

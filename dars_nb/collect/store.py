@@ -809,12 +809,28 @@ def _unfinished_run(path, started: str) -> str:
             "a kill or a crash); every answer received is stored: resume with the same command")
 
 # %% ../../nbs/31_store.ipynb #0bfdbfd7
+def _stored_of_plan(s: Store, plan: dict) -> list:
+    "(dataset, model, count) of the stored observations the plan's cells hold (`plan['cells']`, matched in SQL)."
+    cells, models = plan['cells'], plan.get('models', [])
+    rows = [(d, sp, v, q, *r, *n) for d, sp, v, ids, r, n in cells for q in ids]
+    on = ' AND '.join([f'o.{c} = p.{c}' for c in ('dataset', 'split', 'view', 'query_id')] +
+                      ['o.rewrite_id BETWEEN p.r_lo AND p.r_hi', 'o.sample_id BETWEEN p.s_lo AND p.s_hi'])
+    with s._sql() as conn:   # a temporary table: a read-only store writes nothing
+        conn.execute('CREATE TEMP TABLE IF NOT EXISTS plan_cells (dataset TEXT, split TEXT, view TEXT, '
+                     'query_id TEXT, r_lo INTEGER, r_hi INTEGER, s_lo INTEGER, s_hi INTEGER)')
+        conn.execute('DELETE FROM temp.plan_cells')
+        conn.executemany('INSERT INTO temp.plan_cells VALUES (?, ?, ?, ?, ?, ?, ?, ?)', rows)
+        return conn.execute(f"SELECT o.dataset, o.model, COUNT(*) FROM observations o JOIN temp.plan_cells p ON {on} "
+                            f"WHERE o.model IN ({', '.join('?' * len(models))}) GROUP BY o.dataset, o.model",
+                            models).fetchall()
+
 def _plan_table(s: Store, plan: dict) -> pd.DataFrame:
-    "Planned and stored observations per dataset and model."
+    "Planned and stored observations per dataset and model (stored: of the plan, when the plan lists its cells)."
     p = pd.DataFrame(plan.get('planned', []), columns=['dataset', 'model', 'planned'])
-    got = pd.DataFrame(s._q('SELECT dataset, model, COUNT(*) FROM '
-                            'observations GROUP BY dataset, model'),
-                       columns=['dataset', 'model', 'stored'])
+    # an earlier release's plan lists no cells: every stored observation of a dataset and model counts
+    got = (_stored_of_plan(s, plan) if 'cells' in plan else
+           s._q('SELECT dataset, model, COUNT(*) FROM observations GROUP BY dataset, model'))
+    got = pd.DataFrame(got, columns=['dataset', 'model', 'stored'])
     t = p.merge(got, on=['dataset', 'model'], how='outer').fillna(0)
     t = t.astype({'planned': int, 'stored': int})
     return t.assign(missing=(t['planned'] - t['stored']).clip(lower=0))

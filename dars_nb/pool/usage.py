@@ -85,7 +85,7 @@ def usage_tokens(usage, # the `usage` object an endpoint reported (None or malfo
     "(prompt tokens, completion tokens, whether estimated) of one answer."
     pt = ct = None
     if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
-    if is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0: return pt, ct, False
+    if is_integer(pt) and is_integer(ct) and 0 <= pt <= 2**53 and 0 <= ct <= 2**53: return pt, ct, False
     return estimate_prompt_tokens(messages), sum(len(t.encode()) // 3 + 1 for t in texts), True
 
 # %% ../../nbs/08c_pool_usage.ipynb #e1aea1ec
