@@ -238,21 +238,21 @@ def test_the_authors_networks_start_from_their_weights():
         assert len(ours) == len(reference)
         for a, b in zip(ours, reference): assert torch.equal(a, b)
     # MIRT: three heads (μ_q, μ_c, σ), each θ = Linear(d, 128), ReLU, Linear(128, 16), then a_m ~ 0.02·N(0, 1), b_m = 0
-    torch.manual_seed(42); net = AuthorsMIRTRouter()._network(d, K)
+    torch.manual_seed(42); net = AuthorsMIRTRouter()._network(d, np.arange(K))
     torch.manual_seed(42)
     reference = [p for _ in range(3) for p in (*_seeded_layers((d, 128), (128, 16)), torch.randn(K, 16) * 0.02)]
     same([p for h in net for p in (*h.theta.parameters(), h.discrimination)], reference)
     # EmbedLLM: the query projection, the embedding (drawn, then redrawn at 0.02), the model bias, the cost head
-    torch.manual_seed(42); net = AuthorsEmbedLLMRouter()._network(d, K)
+    torch.manual_seed(42); net = AuthorsEmbedLLMRouter()._network(d, np.arange(K))
     torch.manual_seed(42)
     proj = _seeded_layers((d, 256)); embedding = nn.Embedding(K, 256); head = _seeded_layers((256, 1))
     nn.init.normal_(embedding.weight, std=0.02)
     same([*net.query_proj.parameters(), net.model_embed.weight, *net.cost_head.parameters()], [*proj, embedding.weight, *head])
     # RM-Softmax: an MLP on [x, λ]: (d + 1) → 256 → 256 → K
-    torch.manual_seed(42); net = AuthorsRMSoftmaxRouter()._network(d + 1, K)
+    torch.manual_seed(42); net = AuthorsRMSoftmaxRouter()._network(d + 1, np.arange(K))
     torch.manual_seed(42); same(list(net.parameters()), _seeded_layers((d + 1, 256), (256, 256), (256, K)))
     # GraphRouter: query and model projections to 128, then the edge MLP 512 → 256 → 128 → 3
-    torch.manual_seed(42); net = AuthorsGraphRouter()._network(d, K)
+    torch.manual_seed(42); net = AuthorsGraphRouter()._network(d, np.arange(K))
     torch.manual_seed(42)
     same(list(net.parameters()), _seeded_layers((d, 128), (K, 128), (512, 256), (256, 128), (128, 3)))
 
@@ -269,11 +269,12 @@ def test_the_authors_mirt_trains_as_their_loop_does():
     obs, feats = simulate('gpqa_like', n_train=300, n_test=10, seed=3)[:2]
     sup = supervision(normalize_cost(obs), 'dars')
     X = align(feats, sup.query_ids).astype(np.float32)
-    ours = AuthorsMIRTRouter(epochs=2, random_state=42, n_threads=1).fit(X, sup).nets_[0]
+    # the models in the supervision's order on both sides (the authors' protocol gives their order as model_order)
+    ours = AuthorsMIRTRouter(epochs=2, random_state=42, n_threads=1, model_order=sup.models).fit(X, sup).nets_[0]
     # the reference loop, written from the design: seed, build, then per epoch a permutation and its minibatches
     with torch.random.fork_rng(devices=[]), torch_threads(1):      # one thread on both sides: the same sums
         torch.manual_seed(42)
-        net = AuthorsMIRTRouter()._network(X.shape[1], len(sup.models))
+        net = AuthorsMIRTRouter()._network(X.shape[1], np.arange(len(sup.models)))
         opt = torch.optim.Adam(net.parameters(), lr=1e-3)
         x = torch.from_numpy(X)
         t = [torch.from_numpy(np.clip(a[0], 0, 1).astype(np.float32)) for a in (sup.mu_q, sup.mu_c, sup.sigma)]
