@@ -436,7 +436,8 @@ def supervision(obs: pd.DataFrame, # observations; the (train, grid) rows are us
     if mode not in MODES:
         raise ValueError(f"unknown supervision mode {mode!r} (expected one of {', '.join(MODES)})")
     if draw not in DRAWS: raise ValueError(f"unknown draw {draw!r} (expected one of {', '.join(DRAWS)})")
-    if n_draws < 1: raise ValueError(f"n_draws must be at least 1, got {n_draws}")
+    if isinstance(n_draws, bool) or not isinstance(n_draws, (int, np.integer)) or n_draws < 1:
+        raise ValueError(f"n_draws must be a whole number of at least 1, got {n_draws!r}")
     if mode != 'single' and n_draws != 1:
         raise ValueError(f"n_draws applies to mode 'single' only, not {mode!r}")
     d = training_grid(obs, models, use_all_rows)

@@ -103,6 +103,11 @@ def _limit_lines(cfg, calls: int, usd: float, spent: tuple) -> list:
         where = cfg.source or 'the configuration'
         lines.append(f"warning: {key} {fmt(cap)} is less than this plan may need ({need_text}); "
                      f"the run will stop there — raise [limits] {key} in {where} to collect it all")
+    specs = {**cfg.pool.models, **({cfg.pool.rewriter.name: cfg.pool.rewriter} if cfg.pool.rewriter else {})}
+    free = [name for name, m in specs.items() if m.price_in == 0 and m.price_out == 0]
+    if free and lim.spend_cap_usd is not None:   # a hosted model whose prices were left out would escape the cap
+        lines.append(f"note: no prices for {', '.join(free)} (price_in and price_out 0): their calls count as $0 "
+                     "in these figures and spend_cap_usd does not limit them")
     return lines
 
 # %% ../../nbs/35d_collect_cost.ipynb #a9106a2d
