@@ -58,7 +58,7 @@ def one_of(*options) -> tuple:
 FLAG = (lambda v: isinstance(v, (bool, np.bool_)), 'true or false')
 
 # %% ../../nbs/25c_bundle_state.ipynb #d078f596
-_KINDS = {'f': 'float', 'iu': 'integer'}
+_KINDS = {'f': 'a float', 'iu': 'an integer'}
 
 def _values(x) -> np.ndarray | None:
     "The NumPy array of an array or of a CPU torch tensor; None for anything else."
@@ -83,7 +83,7 @@ def checked_array(x, # the value
             and all(n >= 1 and d in (None, n) for n, d in zip(a.shape, shape)))
     if not fits:
         axes = ', '.join('any' if d is None else str(d) for d in shape)
-        raise BundleError(f"{label} must be a {_KINDS[kind]} array of shape ({axes}{',' * (len(shape) == 1)}), got {_described(x)}")
+        raise BundleError(f"{label} must be {_KINDS[kind]} array of shape ({axes}{',' * (len(shape) == 1)}), got {_described(x)}")
     if finite and not np.isfinite(a).all(): raise BundleError(f"{label} holds NaN or infinite values")
     return a
 
@@ -164,6 +164,11 @@ def _check_router(router) -> tuple[int, int, int]:
     if getattr(router, 'feature_names_in_', None) is not None:
         state_value(router, 'feature_names_in_', (lambda x: isinstance(x, np.ndarray) and x.shape == (d,)
                                                   and all(isinstance(s, str) for s in x), f'{d} column names'), where)
+    if getattr(router, 'order_', None) is not None:   # the training order: one for every draw (older bundles) or one per draw
+        one = getattr(_values(router.order_), 'ndim', None) == 1
+        order = state_array(router, 'order_', where, (K,) if one else (R, K), kind='iu')
+        if not (np.sort(np.atleast_2d(order), axis=-1) == np.arange(K)).all():
+            raise BundleError(f"{where}'s order_ must list each of the {K} models once in every row")
     return K, d, R
 
 # %% ../../nbs/25c_bundle_state.ipynb #d47ebc42
