@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from .config import is_integer
 
 # %% auto #0
-__all__ = ['IMAGE_TOKENS', 'IMAGE_PARTS', 'estimate_prompt_tokens', 'usage_tokens', 'fmt_usd']
+__all__ = ['IMAGE_TOKENS', 'IMAGE_PARTS', 'estimate_prompt_tokens', 'reported_tokens', 'usage_tokens', 'fmt_usd']
 
 # %% ../../nbs/08c_pool_usage.ipynb #6a832a0c
 IMAGE_TOKENS = 1600   # the most prompt tokens one image costs at the common providers (see above)
@@ -78,14 +78,19 @@ def estimate_prompt_tokens(prompt, # a text, chat messages, or a whole request b
     raise ValueError(f"bound must be 'upper' or 'typical', got {bound!r}")
 
 # %% ../../nbs/08c_pool_usage.ipynb #eec688c7
+def reported_tokens(usage, # the `usage` object an endpoint reported
+                   ) -> tuple | None:
+    "(prompt tokens, completion tokens) an answer reports, or None if it reports none, or counts no float holds."
+    pt = ct = None
+    if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
+    return (pt, ct) if is_integer(pt) and is_integer(ct) and 0 <= pt <= 2**53 and 0 <= ct <= 2**53 else None
+
 def usage_tokens(usage, # the `usage` object an endpoint reported (None or malformed: estimate)
                  messages: list, # the request's messages
                  texts, # every choice's text
                 ) -> tuple:
     "(prompt tokens, completion tokens, whether estimated) of one answer."
-    pt = ct = None
-    if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
-    if is_integer(pt) and is_integer(ct) and 0 <= pt <= 2**53 and 0 <= ct <= 2**53: return pt, ct, False
+    if (tokens := reported_tokens(usage)) is not None: return *tokens, False
     return estimate_prompt_tokens(messages), sum(len(t.encode()) // 3 + 1 for t in texts), True
 
 # %% ../../nbs/08c_pool_usage.ipynb #e1aea1ec

@@ -269,7 +269,7 @@ def in_pool_order(a: np.ndarray, # (R, ..., K) outputs of a router trained in `o
                   order, # (R, K) from `training_order`, or one (K,) order for every draw
                  ) -> np.ndarray:
     "The outputs `a` with each draw's model axis back in the pool's order."
-    return in_training_order(a, np.argsort(np.broadcast_to(order, (len(a), np.shape(order)[-1])), axis=-1))
+    return in_training_order(a, np.argsort(order, axis=-1))
 
 def training_supervision(sup: Supervision, # the supervision a router is fitted on
                          order, # (R, K) from `training_order`

@@ -13,9 +13,9 @@ import time
 from typing import NamedTuple
 from fastcore.basics import patch
 from ..extras import missing_extra
-from ..pool.config import ConfigError, is_integer
+from ..pool.config import ConfigError
 from ..pool.models import Pool, ModelSpec
-from ..pool.usage import fmt_usd
+from ..pool.usage import fmt_usd, reported_tokens
 from .requests import ServeSettings, RequestError, ChatRequest, parse_chat_request, check_router_model
 from ..bundle.model_name import request_lambda
 from .metrics import ServeMetrics, Reservation, SLACK
@@ -235,19 +235,13 @@ def release(self: Attempts, entry: int, # a ledger entry from `reserve`
     finally: self._wake()
 
 # %% ../../nbs/36d_serve_app.ipynb #04262994
-def _reported(usage) -> tuple | None:
-    "(prompt tokens, completion tokens) an answer reports, or None if it reports none (or nonsense)."
-    pt = ct = None
-    if isinstance(usage, dict): pt, ct = usage.get('prompt_tokens'), usage.get('completion_tokens')
-    return (pt, ct) if is_integer(pt) and is_integer(ct) and pt >= 0 and ct >= 0 else None
-
 @patch
 def charge(self: Attempts, answered: Attempt, # the attempt that answered
            usage, # the usage its answer reports (None or nonsense: none)
           ) -> float:
     "Settle an answer at its reported usage, or at what was held for it when it reports none; what it was charged."
     state, spec, req = self.state, answered.spec, self.req
-    tokens = _reported(usage)
+    tokens = reported_tokens(usage)   # None for none, or for nonsense
     if tokens is None:
         cost = self.settle(answered.entry)
         state.metrics.answered(spec.name, req.prompt_tokens, req.max_tokens * req.n, cost, estimated=True)
