@@ -25,6 +25,7 @@ BENCHES = [  # (script, arguments for the full run, arguments for --quick)
     ('bench_release.py', [], ['--quick', '--reps', '1']),   # full: the authors' release, 131,328 lines, 535 MB
     ('bench_client.py', [], ['--calls', '400']),
     ('bench_serve.py', [], ['--quick']),
+    ('bench_ledger.py', [], ['--attempts', '5000', '--reps', '2']),
     ('bench_calibrate.py', [], ['--quick', '--reps', '1']),   # full: also the LLMRouter table, about 2 min
 ]
 

@@ -18,7 +18,7 @@ runs at that moment. The test that leaves one fails at its teardown, with the ce
 
 Cache. The run uses a cache folder of its own (`DARS_CACHE`, a fresh temporary folder unless `DARS_TEST_CACHE` names
 one), so the encoder's export, the embedding store and the local models are built from nothing on every `make test`, as
-on a new machine.
+on a new machine; the spend ledgers of `dars serve` go in its `state` folder (`XDG_STATE_HOME`).
 """
 import ctypes
 import faulthandler
@@ -109,6 +109,7 @@ def pytest_configure(config):
         chosen = os.environ.get('DARS_TEST_CACHE')
         cache = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix='dars-test-cache-'))
         os.environ['DARS_CACHE'] = str(cache)
+        os.environ['XDG_STATE_HOME'] = str(cache / 'state')   # spend ledgers of `dars serve` runs, never the user's
         config._dars_own_cache = None if chosen else cache
         run = Path(tempfile.mkdtemp(prefix='dars-test-run-'))     # where watchdogs write stacks
         os.environ['DARS_TEST_RUN_DIR'] = str(run)

@@ -1,6 +1,7 @@
 """`dars serve --workers 2`: two processes on one port share one daily spend ledger — the limit's guarantee holds over
 both against upstreams that report more usage than was held for them — their counts are summed in /metrics and in the
-Prometheus text, and a stop signal stops both gracefully."""
+Prometheus text, and a stop signal stops both gracefully. And runs one after another share it too: a run killed with
+attempts in flight leaves them to be charged by the next, which starts from the day's spend."""
 import os
 import signal
 import subprocess
@@ -18,10 +19,10 @@ from test_serve_boundaries import LIE_IN, LIE_OUT, ONE_ANSWER, USER, LyingEndpoi
 pytestmark = pytest.mark.xdist_group('serve_workers')
 
 
-def start_workers(bundle_file, pool_file, port, *options):
-    "`dars serve --workers 2` on `port`, once both workers answer /health; the process."
+def start_workers(bundle_file, pool_file, port, *options, workers=2):
+    "`dars serve --workers 2` (or `workers`) on `port`, once its workers answer /health; the process."
     cmd = [sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_file), '--pool', str(pool_file),
-           '--port', str(port), '--workers', '2', *options]
+           '--port', str(port), '--workers', str(workers), *options]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while True:
@@ -29,7 +30,7 @@ def start_workers(bundle_file, pool_file, port, *options):
         try:
             if httpx2.get(f'http://127.0.0.1:{port}/health', timeout=2).status_code == 200: return proc
         except httpx2.HTTPError: pass
-        assert time.monotonic() < deadline, 'dars serve --workers 2 did not answer within 120 s'
+        assert time.monotonic() < deadline, f'dars serve --workers {workers} did not answer within 120 s'
         time.sleep(0.2)
 
 
@@ -128,3 +129,49 @@ def test_a_stop_signal_lets_both_workers_finish_their_requests_in_flight(bundle_
     deadline = time.monotonic() + 10   # multiprocessing's resource tracker ends a moment after its parent
     while any(map(alive, workers)) and time.monotonic() < deadline: time.sleep(0.1)
     assert len(workers) >= 2 and not any(map(alive, workers)), [p for p in workers if alive(p)]
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_keeps_the_days_spend_and_charges_what_a_killed_run_left_in_flight(bundle_file, tmp_path):
+    import threading
+    from dars_nb.testing import FixedEndpoint
+    from dars_nb.serve.ledger import spend_ledger_path
+    from dars_nb.bundle import load_bundle
+    models = load_bundle(bundle_file).models
+    with FixedEndpoint('slow but sure', delay_s=1.0) as up:
+        pool_file = tmp_path / 'pool.toml'
+        pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "{up.base_url}"\nprice_in = 2.0\nprice_out = 4.0\n'
+                                     f'concurrency = 50\n' for m in models))
+        url, limit = f'http://127.0.0.1:{free_port()}', '5.0'
+        proc = start_workers(bundle_file, pool_file, url.rsplit(':', 1)[1], '--daily-spend-usd', limit, '--quiet',
+                             workers=1)
+        try:
+            assert [r.status_code for r in burst(url + '/v1', [{'messages': USER}] * 3)] == [200] * 3
+            spent = httpx2.get(url + '/metrics', timeout=10).json()['spend_today_usd']
+            sender = threading.Thread(target=lambda: burst(url + '/v1', [{'messages': USER}] * 2), daemon=True)
+            sender.start()
+            deadline = time.monotonic() + 10
+            while (m := httpx2.get(url + '/metrics', timeout=10).json())['in_flight_reserved_usd'] == 0:
+                assert time.monotonic() < deadline, 'the two requests were never in flight'
+                time.sleep(0.05)
+            while up.in_flight < 2 and time.monotonic() < deadline: time.sleep(0.02)
+            held = httpx2.get(url + '/metrics', timeout=10).json()['in_flight_reserved_usd']
+        finally:
+            proc.kill(); proc.communicate(timeout=30)   # a crash: nothing settled, nothing said
+        assert spent > 0 and held > 0 and up.in_flight == 2
+        assert spend_ledger_path(pool_file).exists()   # the pool file's own ledger, in the state folder
+
+        proc = start_workers(bundle_file, pool_file, url.rsplit(':', 1)[1], '--daily-spend-usd', limit, '--quiet',
+                             workers=1)
+        try: now = httpx2.get(url + '/metrics', timeout=10).json()
+        finally: code, out, err = stop(proc)
+        assert code == 0 and '2 attempt(s) were in flight' in err, err[-800:]
+        assert abs(now['spend_today_usd'] - (spent + held)) <= 1e-12 and now['in_flight_reserved_usd'] == 0
+
+        # the day's spend counts against the limit of the next run: under one more attempt's hold, nothing is sent
+        sent = up.requests
+        proc = start_workers(bundle_file, pool_file, url.rsplit(':', 1)[1], '--daily-spend-usd',
+                             repr(now['spend_today_usd'] + held / 4), '--quiet', workers=1)
+        try: codes = [r.status_code for r in burst(url + '/v1', [{'messages': USER}] * 3)]
+        finally: stop(proc)
+    assert codes == [429] * 3 and up.requests == sent

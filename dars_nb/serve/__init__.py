@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -18,10 +19,11 @@ from ..bundle.model_name import request_lambda
 from ..bundle.fast import FastRanker
 from .requests import ServeSettings, load_serve_config
 from .app import create_app
-from .workers import SharedLedger, port_sockets, run_workers
+from .ledger import SharedLedger, spend_ledger_path
+from .workers import WorkerBoard, port_sockets, run_workers
 
 # %% auto #0
-__all__ = ['settings_with_options', 'serve_worker', 'serve_main']
+__all__ = ['settings_with_options', 'kept_ledger', 'serve_worker', 'serve_main']
 
 # %% ../../nbs/36e_serve.ipynb #fda8613d
 def _run_until_signal(server, sock):
@@ -47,11 +49,25 @@ def settings_with_options(settings: ServeSettings, # the file's settings (`load_
                           daily_spend_usd: float | None = None, # `--daily-spend-usd` (None: the file's)
                           allow_host: str | None = None, # `--allow-host`: names added, comma-separated
                           allow_origin: str | None = None, # `--allow-origin`: origins added, comma-separated
+                          ledger: str | None = None, # `--ledger` (None: the file's)
                          ) -> ServeSettings:
     "`settings` with the command line's options over them: a value replaces the file's, names add to its."
-    replaced = {k: v for k, v in (('lam', lam), ('daily_spend_usd', daily_spend_usd)) if v is not None}
+    replaced = {k: v for k, v in (('lam', lam), ('daily_spend_usd', daily_spend_usd), ('ledger', ledger)) if v is not None}
     return dataclasses.replace(settings, allow_hosts=settings.allow_hosts + _names(allow_host),
                                allow_origins=settings.allow_origins + _names(allow_origin), **replaced)
+
+# %% ../../nbs/36e_serve.ipynb #6320bde5
+def kept_ledger(pool_file, # the pool TOML file the endpoint serves
+                settings: ServeSettings, # its settings (`daily_spend_usd`, `ledger`)
+               ) -> SharedLedger | None:
+    "The spend ledger file of a run with a daily limit, the attempts stopped runs left in flight charged; None without one."
+    if settings.daily_spend_usd is None: return None
+    ledger = SharedLedger(spend_ledger_path(pool_file, settings.ledger), settings.daily_spend_usd)
+    stopped, dollars = ledger.recover()
+    if stopped:
+        print(f"dars serve: {stopped} attempt(s) were in flight in {ledger.path} when their run stopped: charged "
+              f"what they held ({fmt_usd(dollars)} today)", file=sys.stderr, flush=True)
+    return ledger
 
 # %% ../../nbs/36e_serve.ipynb #6e20b2fd
 def _loaded_bundle(router: str, served, pool_file: str):
@@ -66,11 +82,11 @@ def _loaded_bundle(router: str, served, pool_file: str):
         raise ConfigError(f"the router can choose {choices}, which {file} does not serve")
     return bundle
 
-def _serving_app(bundle, served, settings: ServeSettings, chat: bool, ledger=None):
+def _serving_app(bundle, served, settings: ServeSettings, chat: bool, ledger=None, board=None):
     "The application for a loaded bundle: its numpy ranking path where it has one, else its own `rank`."
     fast = FastRanker(bundle)   # kNN, MLP and AvengersPro on TF-IDF: numpy, one text at a time
     rank = fast if fast.fast else functools.partial(bundle.rank, threads=1)   # small batches: one native thread
-    return create_app(rank, served, settings, lam=bundle.lam, chat=chat, ledger=ledger)
+    return create_app(rank, served, settings, lam=bundle.lam, chat=chat, ledger=ledger, board=board)
 
 def _serve(app, settings: ServeSettings, sock, quiet: bool):
     "Serve `app` on `sock` under uvicorn until a stop signal."
@@ -85,19 +101,20 @@ def serve_worker(sock, # this worker's listening socket
                  settings: ServeSettings, # the settings, options applied
                  chat: bool, # also serve the chat page
                  quiet: bool, # no access log
-                 ledger_path: str, # the SQLite file of the shared ledger
+                 ledger_path: str, # the spend ledger file the workers share
+                 board_path: str, # the SQLite file the workers post their counts to
                 ):
     "One worker of `dars serve --workers N`: the whole endpoint on `sock`, its spend in the shared ledger."
     bundle = _loaded_bundle(router, served, router)
-    ledger = SharedLedger(ledger_path, settings.daily_spend_usd)
-    _serve(_serving_app(bundle, served, settings, chat, ledger), settings, sock, quiet)
+    ledger, board = SharedLedger(ledger_path, settings.daily_spend_usd), WorkerBoard(board_path)
+    _serve(_serving_app(bundle, served, settings, chat, ledger, board), settings, sock, quiet)
 
 # %% ../../nbs/36e_serve.ipynb #8831ca9e
-def _banner(bundle, settings: ServeSettings, url: str, chat: bool, workers: int) -> str:
+def _banner(bundle, settings: ServeSettings, url: str, chat: bool, workers: int, ledger=None) -> str:
     "The line `dars serve` prints once it listens."
     n_keys, daily = len(settings.client_keys), settings.daily_spend_usd
     keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
-    limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
+    limit = f"{fmt_usd(daily)} a day, kept in {ledger.path}" if daily is not None else "no daily spend limit"
     lam_used = request_lambda(None, settings.lam, bundle.lam)
     base = url.removesuffix('/v1')
     page = f"; chat page at {base}/chat" if chat else ''
@@ -117,24 +134,26 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
                allow_origin: str | None = None, # web origins whose pages may call it, comma-separated (default: its own page only)
                chat: bool = False, # also serve a chat page at /chat
                workers: int = 1, # processes serving the port, one spend ledger for all (at most one per core helps)
+               ledger: str | None = None, # with a daily limit, the file that keeps the day's spend between runs (default: [serve] ledger, else one per pool file in $XDG_STATE_HOME/dars_nb/serve)
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
     served, settings = load_serve_config(pool, host=host, port=port)   # an open address stops here
     settings = settings_with_options(settings, lam=lam, daily_spend_usd=daily_spend_usd, allow_host=allow_host,
-                                     allow_origin=allow_origin)
+                                     allow_origin=allow_origin, ledger=ledger)
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         raise ConfigError(f"serve: workers must be a whole number from 1 to 256, got {workers!r}")
     bundle = _loaded_bundle(router, served, pool)
-    app = _serving_app(bundle, served, settings, chat) if workers == 1 else None
+    kept = kept_ledger(pool, settings)
+    app = _serving_app(bundle, served, settings, chat, kept) if workers == 1 else None
     socks = [listening_socket(settings.host, settings.port)] if workers == 1 else \
         port_sockets(settings.host, settings.port, workers)
     url = f"http://{settings.host}:{socks[0].getsockname()[1]}/v1"
-    if not quiet: print(_banner(bundle, settings, url, chat, workers), flush=True)
+    if not quiet: print(_banner(bundle, settings, url, chat, workers, kept), flush=True)
     if workers == 1:
         _serve(app, settings, socks[0], quiet)
         return 0
-    with tempfile.TemporaryDirectory(prefix='dars-serve-') as folder:
-        ledger_path = str(Path(folder) / 'ledger.sqlite')
-        SharedLedger(ledger_path, settings.daily_spend_usd)   # its tables, before any worker opens it
-        return run_workers(serve_worker, socks, (router, served, settings, chat, quiet, ledger_path))
+    with tempfile.TemporaryDirectory(prefix='dars-serve-') as folder:   # without a limit, the run's own ledger
+        ledger_path, board_path = str(kept.path if kept else Path(folder) / 'spend.ledger'), str(Path(folder) / 'board.sqlite')
+        WorkerBoard(board_path)   # its table, before any worker opens it
+        return run_workers(serve_worker, socks, (router, served, settings, chat, quiet, ledger_path, board_path))

@@ -526,7 +526,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
                lam: float | None = None, # the router's own λ, for a request when neither it nor `settings` sets one
                clock=time.time, # seconds since the epoch, for the daily spend limit
                chat: bool = False, # also serve the chat page at /chat (`dars_nb.serve.pages`)
-               ledger=None, # the daily ledger: None, one of its own; a `SharedLedger`, shared with other workers
+               ledger=None, # the daily ledger: None, one of its own in memory; a `SharedLedger`, kept in a file
+               board=None, # where the workers of one run post their counts (a `WorkerBoard`); None: it serves alone
               ):
     "The routing endpoint as a Starlette application."
     missing = [m for m in ('starlette', 'uvicorn', 'httptools', 'orjson') if not importlib.util.find_spec(m)]
@@ -568,6 +569,6 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat
     app.state.lam = request_lambda(None, settings.lam, lam)   # a request's that sets none (/health)
     app.state.metrics = ServeMetrics(list(pool.models), settings.daily_spend_usd, clock, ledger=ledger)
-    app.state.board = ledger if hasattr(ledger, 'post') else None   # where workers post their counts
+    app.state.board = board   # where workers post their counts
     app.state.turn = None   # an asyncio.Event while attempts wait for a model on trial
     return app

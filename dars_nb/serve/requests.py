@@ -4,11 +4,13 @@
 
 # %% ../../nbs/36a_serve_requests.ipynb #1fdc688d
 from __future__ import annotations
+import dataclasses
 import ipaddress
 import json
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from ..pool.config import ConfigError, check_port, is_finite_number, is_integer, from_table, read_toml
 from ..pool.models import Pool
 from ..pool.server import MAX_HEADER_BYTES
@@ -89,6 +91,8 @@ class ServeSettings:
     allow_hosts: tuple = ()
     # web origins (`https://app.example`) whose pages may call it, besides its own; '*': any
     allow_origins: tuple = ()
+    # the spend ledger file, kept between runs (None: one per pool file, `dars_nb.serve.ledger.spend_ledger_path`)
+    ledger: str | None = None
 
     def __post_init__(self):
         _check_listen(self.host, self.port, self.client_keys)
@@ -108,6 +112,8 @@ class ServeSettings:
                               f"got {d!r}")
         if not isinstance(self.router_model, str) or not self.router_model:
             raise ConfigError("serve: router_model must be a non-empty name")
+        if self.ledger is not None and (not isinstance(self.ledger, str) or not self.ledger.strip()):
+            raise ConfigError(f"serve: ledger must be the path of a file, got {self.ledger!r}")
         if self.lam is not None:
             try: check_lambda(self.lam, 'serve: lam')
             except ValueError as e: raise ConfigError(str(e)) from None
@@ -168,6 +174,8 @@ def load_serve_config(path, # a pool TOML file with an optional [serve] table
                  port=ServeSettings.port if port is None else port)
     pool = Pool.from_dict(d, also=_OTHER_TABLES, source=str(path))
     settings = from_table(ServeSettings, serve, '[serve]', given, other_keys=('client_keys_env',))
+    if settings.ledger is not None:   # a relative path is the pool file's neighbour
+        settings = dataclasses.replace(settings, ledger=str(Path(path).parent / Path(settings.ledger).expanduser()))
     check_router_model(settings.router_model, pool.models)
     return pool, settings
 

@@ -11,113 +11,31 @@ import socket
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
 from fastcore.basics import patch
-from .metrics import DailyLedger, Reservation
 
 # %% auto #0
-__all__ = ['SHARED_KEYS', 'ledger_state', 'restore_ledger', 'SharedLedger', 'merge_snapshots', 'process_stats',
-           'metrics_snapshot', 'port_sockets', 'run_workers']
+__all__ = ['SHARED_KEYS', 'WorkerBoard', 'merge_snapshots', 'process_stats', 'metrics_snapshot', 'port_sockets', 'run_workers']
 
-# %% ../../nbs/36g_serve_workers.ipynb #b4bf29e9
-def ledger_state(ledger: DailyLedger) -> dict:
-    "Everything a `DailyLedger` knows, as JSON-ready data."
-    return {'day': ledger._day_index, 'spent': ledger.spent_usd, 'over': ledger.over_usd,
-            'held': ledger.held_usd, 'ratios': ledger.ratios, 'trusted': sorted(ledger._trusted),
-            'last': ledger._last, 'open': {str(k): list(v) for k, v in ledger._open.items()},
-            'in_flight': ledger._in_flight}
-
-def restore_ledger(ledger: DailyLedger, state: dict) -> DailyLedger:
-    "`ledger` with the state of `ledger_state` put back."
-    ledger._day_index, ledger.spent_usd = state['day'], state['spent']
-    ledger.over_usd, ledger.held_usd = state['over'], state['held']
-    ledger.ratios, ledger._trusted = dict(state['ratios']), set(state['trusted'])
-    ledger._last, ledger._in_flight = state['last'], dict(state['in_flight'])
-    ledger._open = {int(k): tuple(v) for k, v in state['open'].items()}
-    return ledger
-
-# %% ../../nbs/36g_serve_workers.ipynb #8a9c9141
-class SharedLedger:
-    "A `DailyLedger` whose state lives in a SQLite file that processes change in turn."
+# %% ../../nbs/36g_serve_workers.ipynb #8624b414
+class WorkerBoard:
+    "A SQLite file where the workers of one run post their latest counts."
     def __init__(self, path: str | os.PathLike, # the SQLite file (created if missing)
-                 limit_usd: float | None = None, # dollars per UTC day (None: no limit)
-                 clock=time.time, # seconds since the epoch (tests move the day with it)
-                 timeout_s: float = 30.0, # seconds to wait for another process's change
+                 timeout_s: float = 30.0, # seconds to wait for another process's post
                 ):
-        self.path, self.limit_usd, self.clock = str(path), limit_usd, clock
-        self.db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None,
-                                  check_same_thread=False)
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
         self.db.execute('PRAGMA journal_mode=WAL')
-        self.db.execute('PRAGMA synchronous=NORMAL')   # a power cut loses changes, not the file
-        self.db.execute('CREATE TABLE IF NOT EXISTS ledger (id INTEGER PRIMARY KEY CHECK (id = 0), '
-                        'state TEXT)')
-        self.db.execute('CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, '
-                        'snapshot TEXT)')
+        self.db.execute('CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, snapshot TEXT)')
 
-    def view(self) -> DailyLedger:
-        "The ledger as it stands now (a copy: changing it changes nothing shared)."
-        row = self.db.execute('SELECT state FROM ledger').fetchone()
-        ledger = DailyLedger(self.limit_usd, self.clock)
-        if row is not None: restore_ledger(ledger, json.loads(row[0]))
-        ledger._roll()
-        return ledger
+    def post(self, pid: int, # the worker's process id
+             snapshot: dict, # its `ServeMetrics.snapshot()`
+            ):
+        "Keep a worker's latest snapshot."
+        self.db.execute('INSERT OR REPLACE INTO workers VALUES (?, ?)', (pid, json.dumps(snapshot)))
 
-    @contextmanager
-    def changing(self):
-        "The ledger, locked for this process; the block's changes kept if it ends well."
-        self.db.execute('BEGIN IMMEDIATE')
-        try:
-            ledger = self.view()
-            yield ledger
-            state = json.dumps(ledger_state(ledger))
-            self.db.execute('INSERT OR REPLACE INTO ledger VALUES (0, ?)', (state,))
-            self.db.execute('COMMIT')
-        except BaseException:
-            self.db.execute('ROLLBACK'); raise
-
-# %% ../../nbs/36g_serve_workers.ipynb #4e99797d
-def _reading(name: str):
-    "A property that reads `name` of the ledger as it stands now."
-    return property(lambda self: getattr(self.view(), name),
-                    doc=f"`DailyLedger.{name}`, as it stands now.")
-
-for _name in ('spent_usd', 'over_usd', 'held_usd', 'ratios', 'day'):
-    setattr(SharedLedger, _name, _reading(_name))
-SharedLedger._roll = lambda self: None   # `view` rolls the day over
-
-# %% ../../nbs/36g_serve_workers.ipynb #f48841a4
-@patch
-def reserve(self: SharedLedger, model: str, # the model the attempt goes to
-            worst_usd: float, # its worst case (`DailyLedger.reserve`)
-           ) -> Reservation | None:
-    "`DailyLedger.reserve` on the shared state."
-    with self.changing() as ledger: return ledger.reserve(model, worst_usd)
-
-@patch
-def settle(self: SharedLedger, entry: int, # an entry from `reserve`, by any process
-           cost_usd: float | None = None, # what the reported usage costs (None: what was held)
-          ) -> float:
-    "`DailyLedger.settle` on the shared state."
-    with self.changing() as ledger: return ledger.settle(entry, cost_usd)
-
-@patch
-def release(self: SharedLedger, entry: int): # an entry from `reserve`, by any process
-    "`DailyLedger.release` on the shared state."
-    with self.changing() as ledger: ledger.release(entry)
-
-# %% ../../nbs/36g_serve_workers.ipynb #31bce794
-@patch
-def post(self: SharedLedger, pid: int, # the worker's process id
-         snapshot: dict, # its `ServeMetrics.snapshot()`
-        ):
-    "Keep a worker's latest snapshot."
-    self.db.execute('INSERT OR REPLACE INTO workers VALUES (?, ?)', (pid, json.dumps(snapshot)))
-
-@patch
-def snapshots(self: SharedLedger) -> list:
-    "Every worker's latest snapshot, by process id."
-    rows = self.db.execute('SELECT pid, snapshot FROM workers ORDER BY pid')
-    return [json.loads(s) for _, s in rows]
+    def snapshots(self) -> list:
+        "Every worker's latest snapshot, by process id."
+        return [json.loads(s) for _, s in self.db.execute('SELECT pid, snapshot FROM workers ORDER BY pid')]
 
 # %% ../../nbs/36g_serve_workers.ipynb #3fbc206c
 SHARED_KEYS = frozenset({'day', 'spend_today_usd', 'daily_spend_usd', 'over_reserved_today_usd',
@@ -158,9 +76,9 @@ def process_stats(started: float | None = None, # when it started serving (secon
     return out
 
 # %% ../../nbs/36g_serve_workers.ipynb #ecbd1531
-def metrics_snapshot(state, # the app's state: `metrics`, and `board` (a `SharedLedger` or None)
+def metrics_snapshot(state, # the app's state: `metrics`, and `board` (a `WorkerBoard` or None)
                     ) -> dict:
-    "The endpoint's counts: this process's, or every worker's summed when they share a ledger."
+    "The endpoint's counts: this process's, or every worker's summed when they post to a board."
     own = {**state.metrics.snapshot(), 'process': process_stats(state.metrics.started)}
     if getattr(state, 'board', None) is None: return own
     state.board.post(os.getpid(), {**own, 'pid': os.getpid()})
