@@ -653,6 +653,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'dars_nb.diagnostics': { 'dars_nb.diagnostics._BlockCounts': ('diagnostics.html#_blockcounts', 'dars_nb/diagnostics.py'),
                                      'dars_nb.diagnostics._block_counts': ('diagnostics.html#_block_counts', 'dars_nb/diagnostics.py'),
                                      'dars_nb.diagnostics._cell_winners': ('diagnostics.html#_cell_winners', 'dars_nb/diagnostics.py'),
+                                     'dars_nb.diagnostics._check_shared_cells': ( 'diagnostics.html#_check_shared_cells',
+                                                                                  'dars_nb/diagnostics.py'),
                                      'dars_nb.diagnostics._diagnose_grid': ('diagnostics.html#_diagnose_grid', 'dars_nb/diagnostics.py'),
                                      'dars_nb.diagnostics._disagreeing_cells': ( 'diagnostics.html#_disagreeing_cells',
                                                                                  'dars_nb/diagnostics.py'),

@@ -23,6 +23,14 @@ __all__ = ['MIN_CELLS', 'QUERY_BLOCK', 'outcome_instability', 'winner_flip_rate'
 # observed cells every (query, model) pair needs before the diagnostics can read a grid
 MIN_CELLS = 2
 
+def _check_shared_cells(q, queries):
+    "Raise unless every query has `MIN_CELLS` cells that every model answered (a winner needs all)."
+    shared = (~np.isnan(q)).all(1).reshape(len(q), -1).sum(-1)
+    if (shared < MIN_CELLS).any():
+        qi = int(np.argmax(shared < MIN_CELLS))
+        raise ValueError(f"cannot diagnose: query {queries[qi][-1]!r} has {shared[qi]} cell(s) that every model "
+                         f"answered; the diagnostics about winners need at least {MIN_CELLS}")
+
 def _scores_and_costs(obs, models=None,
                       min_models: int = 1, # models a grid needs: 2 for a diagnostic about winners
                      ):
@@ -38,6 +46,8 @@ def _scores_and_costs(obs, models=None,
                          f"every (query, model) pair needs at least {MIN_CELLS}")
     if q.shape[1] < min_models:   # with one model no winner can flip: the rate would read 0
         raise ValueError(f"routing needs two models or more; the training grid has one ({d.models[0]!r})")
+    complete = (cells == np.prod(q.shape[2:])).all()          # then every model answered every cell
+    if min_models > 1 and not complete: _check_shared_cells(q, d.queries)
     return q, d['cost_norm']
 
 # %% ../nbs/02_diagnostics.ipynb #a891c0cb
@@ -58,10 +68,10 @@ def _share(parts) -> np.ndarray:
 
 # %% ../nbs/02_diagnostics.ipynb #9471c6d8
 def _cell_winners(q, c, lam, tol=TIE_TOL):
-    "Winner sets (within `tol` of a cell's best u) as a (query, model, cell) mask; observed cells."
+    "Winner sets (within `tol` of a cell's best u) as a (query, model, cell) mask; cells every model answered."
     u = (q - lam * c).reshape(*q.shape[:2], -1)
     winners = np.moveaxis(best_models(np.moveaxis(u, 1, -1), tol), -1, 1)
-    return winners, ~np.isnan(u).all(1)
+    return winners, ~np.isnan(u).any(1)
 
 # %% ../nbs/02_diagnostics.ipynb #0897140f
 def _unstable_pairs(q, eps):
@@ -175,10 +185,9 @@ def diagnose(obs: pd.DataFrame, # observations of one or more datasets
     obs = as_validated(obs)
     rows = []
     for ds in obs['dataset'].cat.categories:
-        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)))
+        # two models or more, and cells they all answered: else no winner can flip
+        try: q, c = _scores_and_costs(training_grid(select(obs, dataset=ds)), min_models=2)
         except ValueError as e: raise ValueError(f"dataset {ds!r}: {e}") from None
-        if q.shape[1] < 2:   # no winner can flip: the diagnostics would read 0
-            raise ValueError(f"dataset {ds!r}: routing needs two models or more; the training grid has one")
         rows.append(dict(dataset=ds, **_diagnose_grid(q, c, lam, eps, tol)))
     return pd.DataFrame(rows).set_index('dataset')
 

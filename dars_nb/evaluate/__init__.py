@@ -354,7 +354,7 @@ def true_utility(truth: pd.DataFrame, # by (dataset, query_id, model): mu_q, mu_
                  lam: float = PAPER.lam, # cost weight λ
                 ) -> pd.Series:
     "True U* = μ_q − λμ_c per (dataset, query_id, model); the `utility` column without μ_q, μ_c."
-    return (truth['mu_q'] - lam * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns)
+    return (truth['mu_q'] - check_weight(lam, 'lam') * truth['mu_c'] if {'mu_q', 'mu_c'} <= set(truth.columns)
             else truth['utility'])
 
 # %% ../../nbs/20b_evaluate.ipynb #b3ad9ef4

@@ -55,9 +55,10 @@ def cost_quality_curve(router, # an unfitted router, or a mapping label -> unfit
             rows.append(dict(policy=label, kind='router', lam=float(lam), cost=mean_cost,
                              quality=mean_quality,
                              utility=mean_quality - lam * mean_cost))
+    # a model missing on some test query has no fixed point (NaN), as in `fixed_model_utilities`
     fixed = pd.DataFrame(dict(policy=quality.columns, kind='fixed model', lam=np.nan,
-                              cost=cost.mean().to_numpy(), quality=quality.mean().to_numpy(),
-                              utility=np.nan))
+                              cost=cost.mean(skipna=False).to_numpy(),
+                              quality=quality.mean(skipna=False).to_numpy(), utility=np.nan))
     return pd.concat([pd.DataFrame(rows), fixed], ignore_index=True)
 
 # %% ../../nbs/20c_curves.ipynb #d69ea54f
