@@ -21,8 +21,8 @@ from .metrics import DailyLedger, Reservation
 from .requests import RequestError
 
 # %% auto #0
-__all__ = ['COMPACT_BYTES', 'STATE_ENV', 'ledger_state', 'restore_ledger', 'process_token', 'is_running', 'LedgerDamaged',
-           'SharedLedger', 'spend_ledger_path']
+__all__ = ['READ_BYTES', 'COMPACT_BYTES', 'STATE_ENV', 'ledger_state', 'restore_ledger', 'process_token', 'is_running',
+           'LedgerDamaged', 'SharedLedger', 'spend_ledger_path']
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #aa04873a
 def ledger_state(ledger: DailyLedger) -> dict:
@@ -121,6 +121,8 @@ class SharedLedger:
         return restore_ledger(DailyLedger(self.limit_usd, self.clock), state).view()
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #7d42826e
+READ_BYTES = 1 << 22   # the most of the journal read at once
+
 @patch
 def _catch_up(self: SharedLedger):
     "Read the lines appended since this process's last turn (all of them, from a new file)."
@@ -132,14 +134,17 @@ def _catch_up(self: SharedLedger):
         except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
         st, self._offset, self._owners = os.fstat(self._fd), 0, {}
         self._ino, self._ledger = st.st_ino, DailyLedger(self.limit_usd, self._time)
-    if st.st_size <= self._offset: return
-    data = os.pread(self._fd, st.st_size - self._offset, self._offset)
-    for line in data[:data.rfind(b'\n') + 1].splitlines(keepends=True):
-        try: self._apply(line[:-1])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise LedgerDamaged(f"the spend ledger {self.path} is damaged at byte {self._offset}: {e}") from None
-        finally: self._pinned = None
-        self._offset += len(line)
+    while st.st_size > self._offset:
+        data = os.pread(self._fd, min(st.st_size - self._offset, READ_BYTES), self._offset)
+        lines = data.split(b'\n')[:-1]   # what follows the last newline: the next read's, or not written whole yet
+        if not lines and len(data) < READ_BYTES: return
+        if not lines: raise LedgerDamaged(f"the spend ledger {self.path} has a line longer than {READ_BYTES} bytes")
+        for line in lines:
+            try: self._apply(line)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise LedgerDamaged(f"the spend ledger {self.path} is damaged at byte {self._offset}: {e}") from None
+            finally: self._pinned = None
+            self._offset += len(line) + 1
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #2867df04
 @patch
