@@ -107,7 +107,7 @@ def serve_worker(sock, # this worker's listening socket
     "One worker of `dars serve --workers N`: the whole endpoint on `sock`, its spend in the shared ledger."
     bundle = _loaded_bundle(router, served, router)
     ledger, board = SharedLedger(ledger_path, settings.daily_spend_usd), WorkerBoard(board_path)
-    _serve(_serving_app(bundle, served, settings, chat, ledger, board), settings, sock, quiet)
+    _serve(_serving_app(bundle, served, settings, chat, ledger=ledger, board=board), settings, sock, quiet)
 
 # %% ../../nbs/36e_serve.ipynb #8831ca9e
 def _banner(bundle, settings: ServeSettings, url: str, chat: bool, workers: int, ledger=None) -> str:
@@ -145,11 +145,11 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
         raise ConfigError(f"serve: workers must be a whole number from 1 to 256, got {workers!r}")
     bundle = _loaded_bundle(router, served, pool)
     kept = kept_ledger(pool, settings)
-    app = _serving_app(bundle, served, settings, chat, kept) if workers == 1 else None
+    app = _serving_app(bundle, served, settings, chat, ledger=kept) if workers == 1 else None
     socks = [listening_socket(settings.host, settings.port)] if workers == 1 else \
         port_sockets(settings.host, settings.port, workers)
     url = f"http://{settings.host}:{socks[0].getsockname()[1]}/v1"
-    if not quiet: print(_banner(bundle, settings, url, chat, workers, kept), flush=True)
+    if not quiet: print(_banner(bundle, settings, url, chat, workers, ledger=kept), flush=True)
     if workers == 1:
         _serve(app, settings, socks[0], quiet)
         return 0
