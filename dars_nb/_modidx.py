@@ -939,6 +939,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.score_unit': ( 'protocol.html#score_unit',
                                                                                            'dars_nb/experiments/protocol.py'),
+                                              'dars_nb.experiments.protocol.shared_queries': ( 'protocol.html#shared_queries',
+                                                                                               'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.simulated_datasets': ( 'protocol.html#simulated_datasets',
                                                                                                    'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.single_shot_twins': ( 'protocol.html#single_shot_twins',
