@@ -251,8 +251,8 @@ def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
         'one would deploy without a router; the one chosen on the test set is shown too, '
         'labelled optimistic.', '',
         *_baseline_lines(summary['baselines'], md=True), '',
-        'Best policy per dataset (mean over the evaluated views), against the best fixed model '
-        f'chosen on training data: {best}.', '']
+        'Best policy per dataset (mean over the evaluated views; picked on the test views, so its '
+        f'lead is optimistic), against the best fixed model chosen on training data: {best}.', '']
 
 # %% ../../nbs/24c_report.ipynb #7ba5d62f
 def _report_beside(md: dict, paper_line: str) -> list[str]:
@@ -323,9 +323,11 @@ def _report_studies(summary: dict, md: dict) -> list[str]:
     if 'adaptive' in md:
         lines += ['## 5. Adaptive sampling', '',
                   'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin '
-                  'Δ(x) in its highest; otherwise grow to 3×3 (then everything stops; 5×5 is the '
-                  'cap). Observations per (query, model), calls saved against fixed grids, and '
-                  'agreement of the adaptive label with the full-grid DARS label.', '',
+                  'Δ(x) in its highest; otherwise grow to 3×3, where everything stops (the paper\'s '
+                  'cap is 5×5; a smaller grid caps the stages at its side). Per dataset its whole grid, '
+                  'the observations per (query, model), the calls saved against the fixed grids it '
+                  'holds, and the agreement of the adaptive label with the DARS label of the whole grid '
+                  '(a query grown to the whole grid agrees by construction).', '',
                   md['adaptive'], '']
     times = ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in summary['timings'].items())
     return lines + ['## Files', '',
@@ -381,8 +383,8 @@ def summary_text(summary: dict, # `run_summary`'s output
              'DARS < best fixed:']
     lines += [f'  {name:<16} {tally} of {n} settings' for name, (tally, n) in _tallies(results, ' / ').items()]
     lines += _baseline_lines(summary['baselines']) + _router_lines(results)
-    lines.append('Best policy per dataset (mean over the views), difference to the training-chosen '
-                 'best fixed model [interval]:')
+    lines.append('Best policy per dataset (mean over the views; picked on the test views: optimistic), '
+                 'difference to the training-chosen best fixed model [interval]:')
     lines += ['  ' + _best_text(name, b, results) for name, b in summary['best'].items()]
     if truth:
         regret = (results.drop_duplicates(['dataset', 'router', 'supervision'])

@@ -307,20 +307,22 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
     rows = []
     for name in obs['dataset'].cat.categories:
         grid = select(obs, split='train', view='grid', dataset=name)
-        side = min(grid['rewrite_id'].nunique(), grid['sample_id'].nunique())
-        stages = tuple(s for s in PAPER_STAGES if s <= side)
+        n, m = grid['rewrite_id'].nunique(), grid['sample_id'].nunique()
+        stages = tuple(s for s in PAPER_STAGES if s <= min(n, m))
         if len(stages) < 2: continue
+        # calls saved only against the fixed grids this grid holds: none against a 5×5 grid never collected
         summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages,
-                                                         PAPER_QUANTILES[:len(stages) - 1]))
-        rows.append(summary.rename(name))
+                                                         PAPER_QUANTILES[:len(stages) - 1]),
+                                     fixed=tuple(f for f in (3, 5) if f <= min(n, m)))
+        rows.append(pd.concat([pd.Series({'grid': f'{n}x{m}'}, dtype=object), summary]).rename(name))
     if not rows: return None
     table = pd.DataFrame(rows).rename_axis('dataset')
     stages = sorted((c for c in table.columns if c.startswith('queries_at_')), key=_stage_order)
     table[stages] = table[stages].fillna(0)
     counts = ['queries'] + stages
-    table = table.astype({c: (int if c in counts else float) for c in table.columns})
-    rest = [c for c in table.columns if c not in ['queries', 'obs_per_pair'] + stages]
-    return table[['queries', 'obs_per_pair'] + stages + rest]
+    table = table.astype({c: (int if c in counts else float) for c in table.columns if c != 'grid'})
+    rest = [c for c in table.columns if c not in ['grid', 'queries', 'obs_per_pair'] + stages]
+    return table[['grid', 'queries', 'obs_per_pair'] + stages + rest]
 
 def adaptive_stage(run: Run, # the run
                    obs: pd.DataFrame, # the whole observation table
