@@ -147,6 +147,8 @@ def run_summary(run: Run, # the run
                 timings=dict(run.timings),
                 best=best, routers=list(routers), datasets=names,
                 grid_sides=dict(zip(names, (d.grid_sides for d in datasets))),
+                query_counts={d.name: tuple(int(d.obs.loc[(d.obs['split'] == s).to_numpy(), 'query_id'].nunique())
+                                            for s in ('train', 'test')) for d in datasets},
                 protocol=run.protocol.name, protocol_note=run.protocol.note,
                 paper_line=paper_wins_line(results, describe_data(data)))
 
@@ -205,7 +207,11 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
     sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, '
                       f'{n} test queries' for p, n in settings.test_sizes.items())
-    source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
+    # what a verdict on the data rests on: its queries per dataset and split, and its grids
+    counts = summary.get('query_counts', {})
+    read = ', '.join(f'`{name}`: {counts[name][0]} training queries with {n}×{m} grids, {counts[name][1]} test queries'
+                     for name, (n, m) in summary['grid_sides'].items() if name in counts)
+    source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`' + (f' ({read})' if read else '')
     one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
     protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', PAPER_PROTOCOL.name) != PAPER_PROTOCOL.name
                 else "Protocol: `paper` — the paper's formulas (`--protocol authors` follows the authors' released code where it differs).")
