@@ -209,7 +209,7 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
                       f'{n} test queries' for p, n in settings.test_sizes.items())
     # what a verdict on the data rests on: its queries per dataset and split, and its grids
     counts = summary.get('query_counts', {})
-    read = ', '.join(f'`{name}`: {counts[name][0]} training queries with {n}×{m} grids, {counts[name][1]} test queries'
+    read = '; '.join(f'`{name}`: {counts[name][0]} training queries with {n}×{m} grids, {counts[name][1]} test queries'
                      for name, (n, m) in summary['grid_sides'].items() if name in counts)
     source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`' + (f' ({read})' if read else '')
     one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
