@@ -923,6 +923,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                   'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.baseline_values': ( 'protocol.html#baseline_values',
                                                                                                 'dars_nb/experiments/protocol.py'),
+                                              'dars_nb.experiments.protocol.check_disjoint_splits': ( 'protocol.html#check_disjoint_splits',
+                                                                                                      'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.chosen_positions': ( 'protocol.html#chosen_positions',
                                                                                                  'dars_nb/experiments/protocol.py'),
                                               'dars_nb.experiments.protocol.datasets_from': ( 'protocol.html#datasets_from',

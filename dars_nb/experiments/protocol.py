@@ -26,10 +26,11 @@ from .cluster import run_calls
 
 # %% auto #0
 __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'VS_SINGLE', 'VS_FIXED', 'Formulas',
-           'FamilyFeatures', 'ProtocolData', 'shared_queries', 'make_dataset', 'simulated_datasets', 'datasets_from',
-           'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed', 'single_threaded', 'Spec', 'Prepared',
-           'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit', 'run_unit', 'scalars', 'baseline_values',
-           'protocol_baselines', 'single_shot_twins', 'add_intervals', 'UnitCall', 'run_experiments', 'run_protocol']
+           'FamilyFeatures', 'ProtocolData', 'shared_queries', 'check_disjoint_splits', 'make_dataset',
+           'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
+           'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit',
+           'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'single_shot_twins', 'add_intervals',
+           'UnitCall', 'run_experiments', 'run_protocol']
 
 # %% ../../nbs/21a_protocol.ipynb #8c647133
 class Formulas(NamedTuple):
@@ -91,6 +92,15 @@ def shared_queries(obs: pd.DataFrame, # observations of one dataset, both splits
     if both: return f"{len(both)} question(s) in both the training and the test split, under other ids (first {both[0][:40]!r})"
     return None
 
+def check_disjoint_splits(obs: pd.DataFrame, # observations of one dataset, both splits
+                          name: str, # the dataset's name, for the message
+                         ):
+    "A ValueError naming what the training and the test split of a dataset share, if they share anything."
+    shared = shared_queries(obs)
+    if shared:
+        raise ValueError(f"dataset {name!r}: {shared}: a router would be tested on a query it was trained on "
+                         "(drop it from one split)")
+
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
@@ -107,10 +117,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
         raise ValueError(f"dataset {name!r} has no training grid (split 'train', view 'grid')")
     if not ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any():
         raise ValueError(f"dataset {name!r} has no test observations (view 'rewrite' or 'decode')")
-    shared = shared_queries(obs)
-    if shared:
-        raise ValueError(f"dataset {name!r}: {shared}: a router would be tested on a query it was trained on "
-                         "(drop it from one split)")
+    check_disjoint_splits(obs, name)
     if not isinstance(features, pd.DataFrame):
         raise ValueError("features must be a DataFrame indexed by query_id")
     features = features.set_axis(features.index.astype(str).rename('query_id'))
