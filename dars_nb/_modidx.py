@@ -1048,6 +1048,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                             'dars_nb.experiments.stages.efficiency_stage': ( 'stages.html#efficiency_stage',
                                                                                              'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.figure3': ('stages.html#figure3', 'dars_nb/experiments/stages.py'),
+                                            'dars_nb.experiments.stages.one_answer_datasets': ( 'stages.html#one_answer_datasets',
+                                                                                                'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.protocol_stage': ( 'stages.html#protocol_stage',
                                                                                            'dars_nb/experiments/stages.py'),
                                             'dars_nb.experiments.stages.sized_to_data': ( 'stages.html#sized_to_data',

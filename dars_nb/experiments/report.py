@@ -286,7 +286,7 @@ def _report_protocol(settings: Settings, md: dict, truth: bool, paper_line: str 
         'How unstable single-shot labels are before any router is trained: share of unstable '
         '(query, model) pairs, of queries whose winner flips across grid cells, of cells whose '
         'winner disagrees with the distribution-aware label, and the input-side / output-side '
-        'variance of the score.', '', md['diagnostics'], md['fig2ab'], '',
+        'variance of the score.', '', *[md[k] for k in ('diagnostics', 'fig2ab', 'diagnostics_note') if k in md], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
         f'Each router trained on {settings.n_draws} single-shot draws (mean, and ± std over draws '
         'in Table 5) and once on DARS supervision, then the baselines. Bold: DARS is above the '
