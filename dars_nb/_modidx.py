@@ -999,6 +999,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'dars_nb/experiments/report.py'),
                                             'dars_nb.experiments.report.describe_data': ( 'report.html#describe_data',
                                                                                           'dars_nb/experiments/report.py'),
+                                            'dars_nb.experiments.report.one_cell_note': ( 'report.html#one_cell_note',
+                                                                                          'dars_nb/experiments/report.py'),
                                             'dars_nb.experiments.report.peak_memory_mb': ( 'report.html#peak_memory_mb',
                                                                                            'dars_nb/experiments/report.py'),
                                             'dars_nb.experiments.report.release_evidence': ( 'report.html#release_evidence',

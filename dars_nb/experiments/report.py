@@ -24,7 +24,7 @@ from .cluster import cluster_text
 
 # %% auto #0
 __all__ = ['RELEASE_ROWS', 'DOWNLOAD_RECORDS', 'peak_memory_mb', 'release_evidence', 'describe_data', 'run_summary',
-           'report_text', 'summary_text']
+           'one_cell_note', 'report_text', 'summary_text']
 
 # %% ../../nbs/24c_report.ipynb #3da691f9
 def _descendants(pid: int) -> list[int]:
@@ -203,6 +203,15 @@ def _where_text(summary: dict) -> str:
     if summary.get('cluster'): return f"with the units on {summary['cluster']}"
     return f'on {summary["cpus"]} CPU(s) (n_jobs = {summary["n_jobs"]})'
 
+def one_cell_note(summary: dict) -> str:
+    "A note naming the datasets with a 1×1 grid, where DARS and single-shot supervision are the same; '' if none."
+    one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
+    if not one_cell: return ''
+    verb = 'has' if len(one_cell) == 1 else 'have'
+    return (f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '
+            '(a 1×1 grid), so DARS and single-shot supervision see the same numbers there; '
+            'their differences are router randomness only.')
+
 def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
     sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, '
@@ -212,7 +221,6 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     read = '; '.join(f'`{name}`: {counts[name][0]} training queries with {n}×{m} grids, {counts[name][1]} test queries'
                      for name, (n, m) in summary['grid_sides'].items() if name in counts)
     source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`' + (f' ({read})' if read else '')
-    one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
     protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', PAPER_PROTOCOL.name) != PAPER_PROTOCOL.name
                 else "Protocol: `paper` — the paper's formulas (`--protocol authors` follows the authors' released code where it differs).")
     lines = [
@@ -225,11 +233,7 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
         '`protocol_results.csv`.', '',
         f'Wall time {_fmt_seconds(summary["seconds"])} {_where_text(summary)}; '
         f'{_memory_text(summary)}.', '']
-    if one_cell:
-        verb = 'has' if len(one_cell) == 1 else 'have'
-        lines += [f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '
-                  '(a 1×1 grid), so DARS and single-shot supervision see the same numbers there; '
-                  'their differences are router randomness only.', '']
+    if one_cell_note(summary): lines += [one_cell_note(summary), '']
     return lines
 
 # %% ../../nbs/24c_report.ipynb #2e6e2518
@@ -384,7 +388,7 @@ def summary_text(summary: dict, # `run_summary`'s output
                 ) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{summary['verdict_text']}.{_no_router_text(summary['verdict'])}",
-             summary.get('paper_line', ''),
+             summary.get('paper_line', ''), *[n for n in [one_cell_note(summary)] if n],
              'Per dataset: DARS > single-shot (interval > 0) / DARS > best fixed / single-shot > best fixed / '
              'DARS < best fixed:']
     lines += [f'  {name:<16} {tally} of {n} settings' for name, (tally, n) in _tallies(results, ' / ').items()]
