@@ -59,14 +59,21 @@ def check_routes_as_printed(bundle, questions, report: str) -> None:
 
 @pytest.fixture(scope='module')
 def local_grid(tmp_path_factory):
-    "The guarded kNN bundle of data/local_grid/router.toml, and its training questions (what calibrate uses)."
+    "The guarded kNN bundle of data/local_grid/router.toml, and its training questions (also in a query file beside it)."
     from dars_nb.bundle import load_bundle
     path = tmp_path_factory.mktemp('local_grid') / 'local.router'
     res = subprocess.run([DARS, 'train', str(ROOT / 'data/local_grid/router.toml'), '--out', str(path), '--quiet'],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     bundle = load_bundle(path)
+    # the training questions as a query file: `--file` routes them with the router itself (in-sample)
+    path.with_suffix('.jsonl').write_text(''.join(json.dumps({'question': q}) + '\n' for q in bundle.meta['train_texts']))
     return path, bundle, bundle.meta['train_texts']
+
+
+def on_training_questions(path) -> dict:
+    "`report_of`'s `file` for the local grid's training questions (the default is those questions held out)."
+    return dict(file=str(path.with_suffix('.jsonl')))
 
 
 @pytest.mark.parametrize('target', [dict(model='smollm2', share=1.0), dict(model='smollm2', share=0.5),
@@ -75,22 +82,35 @@ def local_grid(tmp_path_factory):
 def test_local_grid_routes_as_printed(local_grid, target):
     "On the local grid the printed λ and model name route the reported questions per model (the λ of 100 % to smollm2 routed 59 % before)."
     path, bundle, questions = local_grid
-    check_routes_as_printed(bundle, questions, report_of(path, **target))
+    check_routes_as_printed(bundle, questions, report_of(path, **on_training_questions(path), **target))
+
+
+def test_local_grid_default_is_the_training_questions_held_out(local_grid):
+    "Without --file the report is about the training questions held out: its table is what the fold routers route at its λ."
+    from dars_nb.bundle.calibrate import HeldOutOutcomes
+    from dars_nb.bundle import read_questions
+    path, bundle, questions = local_grid
+    assert read_questions(path.with_suffix('.jsonl'))[1] == questions     # the query file holds the questions as kept
+    report = report_of(path, model='gemma3', share=0.3)
+    assert report.startswith(f"target: 30.0% of requests to gemma3, on the {len(questions)} training questions, held out"), report
+    lam, _, _, counts = printed(report)
+    held = HeldOutOutcomes(bundle).choice(float(lam))
+    assert counts == {m: int((held == k).sum()) for k, m in enumerate(bundle.models)}, report
 
 
 def test_local_grid_notes_read_in_the_order_of_lambda(local_grid):
     "A jump note names two different λ, the lower first, each routing the share it names; an out-of-reach note is λ = 0 first."
     path, bundle, questions = local_grid
-    report = report_of(path, model='gemma3', share=0.3)
+    report = report_of(path, **on_training_questions(path), model='gemma3', share=0.3)
     lo, hi, before, after = re.search(r"between λ = (\S+) and (\S+) it jumps from [\d.]+% to [\d.]+% \((\d+) to (\d+) "
                                       r"questions", report).groups()
     assert float(lo) < float(hi), report
     assert [routed_counts(bundle, questions, float(l))['gemma3'] for l in (lo, hi)] == [int(before), int(after)], report
-    far = report_of(path, model='smollm2', share=0.5)
+    far = report_of(path, **on_training_questions(path), model='smollm2', share=0.5)
     at_zero, top_share, top = re.search(r"out of reach: it is ([\d.]+)% at λ = 0 and ([\d.]+)% at λ = (\S+)\n", far).groups()
     assert [round(100 * routed_counts(bundle, questions, lam)['smollm2'] / len(questions), 1) for lam in (0.0, float(top))] \
         == [float(at_zero), float(top_share)], far
-    cost = report_of(path, cost=0.000004)
+    cost = report_of(path, **on_training_questions(path), cost=0.000004)
     before, after = re.search(r"between λ = \S+ and \S+ it jumps from \$([\d.]+) to \$([\d.]+)", cost).groups()
     assert float(before) > float(after), cost      # the cost falls as λ grows
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import dataclasses
 import math
+import sys
 from decimal import Decimal, ROUND_CEILING, ROUND_FLOOR
 from typing import NamedTuple
 import numpy as np
@@ -16,9 +17,9 @@ from .model_name import ROUTER_MODEL, MAX_LAMBDA, router_model_name, lambda_from
 from ..pool.usage import fmt_usd
 
 # %% auto #0
-__all__ = ['UTILITIES_AT_ONCE', 'predicted_dollars', 'RouteOutcomes', 'Outcome', 'Target', 'lambda_grid', 'plateau', 'lam_text',
-           'FixedAlone', 'Jump', 'Calibration', 'calibrate', 'apart', 'inward', 'outward', 'router_model',
-           'describe_calibration', 'calibrate_main']
+__all__ = ['UTILITIES_AT_ONCE', 'IN_SAMPLE_NOTE', 'predicted_dollars', 'RouteOutcomes', 'Outcome', 'HeldOutOutcomes', 'Target',
+           'lambda_grid', 'plateau', 'lam_text', 'FixedAlone', 'Jump', 'Calibration', 'calibrate', 'apart', 'inward',
+           'outward', 'router_model', 'describe_calibration', 'calibrate_main']
 
 # %% ../../nbs/25e_calibrate.ipynb #d24c1518
 def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in its meta (`dars train` writes it)
@@ -34,6 +35,7 @@ def predicted_dollars(bundle: RouterBundle, # a bundle with a dollar scale in it
 # %% ../../nbs/25e_calibrate.ipynb #5af39d18
 class RouteOutcomes:
     "What a bundle does with one set of questions at any λ: choices, shares, expected cost and quality."
+    held_out = False   # the questions are routed by the bundle's router itself, on its predictions
     def __init__(self, bundle: RouterBundle, # the router
                  texts, # the questions (featurized and predicted once)
                 ):
@@ -91,6 +93,23 @@ def at(self: RouteOutcomes, lam: float) -> Outcome:
     share = np.bincount(c, minlength=len(self.bundle.models)) / self.n
     cost = None if self.dollars is None else float(self.dollars[rows, c].mean())
     return Outcome(float(lam), share, cost, _mean_known(self.mu_q[rows, c]))
+
+# %% ../../nbs/25e_calibrate.ipynb #090b5af0
+class HeldOutOutcomes(RouteOutcomes):
+    "A bundle's training questions routed as new ones: each on its fold router's prediction, measured on its answers."
+    held_out = True
+    def __init__(self, bundle: RouterBundle, # a router whose cross-validation kept its predictions (`dars train`)
+                ):
+        cv = bundle.guard_cv
+        if cv is None or 'quality' not in cv.parts:
+            raise ValueError("this router bundle keeps no held-out predictions of its training questions "
+                             "(a policy router, or an older bundle): give questions with --file")
+        self.bundle, self.n, self.X = bundle, len(cv.folds), None
+        self.quality, self.mu_c = cv.parts['quality'], cv.parts['mu_c']
+        # observed on the training answers: mean score and normalised cost of each question and model
+        self.mu_q, self.dollars = cv.mu_q, predicted_dollars(bundle, cv.mu_c)
+        self._choices = {}
+
 
 # %% ../../nbs/25e_calibrate.ipynb #0d4fad89
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +242,7 @@ class Calibration:
     monotone: bool # whether the quantity moves one way over the scan
     n: int # questions
     jump: Jump | None = None # where the quantity jumps over the target nearest to `lam`
+    held_out: bool = False # the bundle's training questions, each routed on its fold router's prediction
 
 def _best_candidate(target: Target, lams, values) -> int:
     "Index of the λ whose value meets the target best (a cost must not pass it when any λ does not)."
@@ -259,14 +279,14 @@ def _printed(out: RouteOutcomes, best: float, tried) -> tuple[str, tuple]:
     return repr(best), (best, best)
 
 def calibrate(bundle: RouterBundle, # the router
-              texts, # the questions to calibrate on
+              texts, # the questions to calibrate on (None: the training questions, held out: `HeldOutOutcomes`)
               target: Target, # a share of one model or a mean cost per request
               steps: int = 48, # λ values scanned besides 0 before bisecting
              ) -> Calibration:
     "The λ that meets `target` on `texts`: a scan over λ, then bisection in every interval that crosses it."
     if target.model is not None and target.model not in bundle.models:
         raise ValueError(f"model {target.model!r} is not one the router chooses from ({', '.join(bundle.models)})")
-    out = RouteOutcomes(bundle, texts)
+    out = HeldOutOutcomes(bundle) if texts is None else RouteOutcomes(bundle, texts)
     if target.cost_usd is not None and out.dollars is None:
         raise ValueError("this router bundle stores no dollar cost scale: train it again with dars train to aim at a cost")
     f = lambda lam: target.measure(bundle.models, out.at(lam))
@@ -286,7 +306,7 @@ def calibrate(bundle: RouterBundle, # the router
                        outcome=out.at(lam), fixed=_fixed_alone(out, lam),
                        scan=pd.DataFrame(dict(lam=tried, value=measured)),
                        monotone=bool((d >= 0).all() or (d <= 0).all()), n=out.n,
-                       jump=_jump(out, f, brackets, lam))
+                       jump=_jump(out, f, brackets, lam), held_out=out.held_out)
 
 # %% ../../nbs/25e_calibrate.ipynb #185a44d2
 def apart(a: float, # one number
@@ -389,7 +409,9 @@ def _target_lines(cal: Calibration) -> list:
     got = (f"share of {t.model}: {cal.achieved:.1%} ({round(cal.achieved * n)} of {n} questions; "
            f"one question is {1 / n:.2%})" if t.cost_usd is None else
            f"expected cost: {fmt_usd(cal.achieved)} per request")
-    lines = [f"target: {t.describe()}, on {n} questions",
+    where = (f"on the {n} training questions, held out (each routed on the prediction of the fold router that "
+             "did not train on it, as a new question is; measured on its answers)" if cal.held_out else f"on {n} questions")
+    lines = [f"target: {t.describe()}, {where}",
              f"λ = {cal.text} (dars serve --lam {cal.text}, "
              f"or ask for the model {router_model(cal)})",
              got]
@@ -419,14 +441,17 @@ def describe_calibration(bundle: RouterBundle, # the router calibrated
             + alone('cost_usd', fmt_usd))
     quality = ("expected quality: not predicted (this router ranks the models without predicting μ_q)"
                if math.isnan(o.quality) else
-               f"expected quality (predicted μ_q of the chosen models): {o.quality:.4f}"
+               f"expected quality ({'observed mean score' if cal.held_out else 'predicted μ_q'} of the chosen models): {o.quality:.4f}"
                + alone('quality', '{:.4f}'.format))
     shares = table.to_string(formatters={'share': '{:.1%}'.format})
     return '\n'.join(_target_lines(cal) + ['', shares, '', cost, quality] + _guard_lines(bundle, cal))
 
 # %% ../../nbs/25e_calibrate.ipynb #cd8e3520
+IN_SAMPLE_NOTE = ("note: calibrating on the router's own training questions, routed in-sample (this bundle keeps no "
+                  "held-out predictions): new questions are routed otherwise; give unseen questions with --file")
+
 def calibrate_main(router: str, # path of a router bundle
-                   file: str | None = None, # questions to calibrate on, - for standard input (default: the bundle's training questions)
+                   file: str | None = None, # questions to calibrate on, - for standard input (default: the bundle's training questions, held out)
                    model: str | None = None, # the model whose share is aimed at (with --share)
                    share: float | None = None, # target share of requests to --model, from 0 to 1
                    cost: float | None = None, # target mean cost per request, in dollars
@@ -436,7 +461,10 @@ def calibrate_main(router: str, # path of a router bundle
     target = Target(share=share, model=model, cost_usd=cost)
     bundle = load_bundle(router)
     if file is not None: texts = read_questions(file)[1]
-    elif bundle.meta.get('train_texts'): texts = bundle.meta['train_texts']
+    elif bundle.guard_cv is not None and 'quality' in bundle.guard_cv.parts: texts = None   # held out
+    elif bundle.meta.get('train_texts'):
+        texts = bundle.meta['train_texts']
+        print(IN_SAMPLE_NOTE, file=sys.stderr)
     else: raise ValueError("this router bundle keeps no training questions: give questions with --file")
     cal = calibrate(bundle, texts, target)
     print(cal.text if quiet else describe_calibration(bundle, cal))

@@ -24,7 +24,7 @@ from .cluster import cluster_text
 
 # %% auto #0
 __all__ = ['RELEASE_ROWS', 'DOWNLOAD_RECORDS', 'peak_memory_mb', 'release_evidence', 'describe_data', 'run_summary',
-           'report_text', 'summary_text']
+           'one_cell_note', 'report_text', 'summary_text']
 
 # %% ../../nbs/24c_report.ipynb #3da691f9
 def _descendants(pid: int) -> list[int]:
@@ -147,6 +147,8 @@ def run_summary(run: Run, # the run
                 timings=dict(run.timings),
                 best=best, routers=list(routers), datasets=names,
                 grid_sides=dict(zip(names, (d.grid_sides for d in datasets))),
+                query_counts={d.name: tuple(int(d.obs.loc[(d.obs['split'] == s).to_numpy(), 'query_id'].nunique())
+                                            for s in ('train', 'test')) for d in datasets},
                 protocol=run.protocol.name, protocol_note=run.protocol.note,
                 paper_line=paper_wins_line(results, describe_data(data)))
 
@@ -201,12 +203,24 @@ def _where_text(summary: dict) -> str:
     if summary.get('cluster'): return f"with the units on {summary['cluster']}"
     return f'on {summary["cpus"]} CPU(s) (n_jobs = {summary["n_jobs"]})'
 
+def one_cell_note(summary: dict) -> str:
+    "A note naming the datasets with a 1×1 grid, where DARS and single-shot supervision are the same; '' if none."
+    one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
+    if not one_cell: return ''
+    verb = 'has' if len(one_cell) == 1 else 'have'
+    return (f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '
+            '(a 1×1 grid), so DARS and single-shot supervision see the same numbers there; '
+            'their differences are router randomness only.')
+
 def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
     "The opening lines of report.md: the data, the settings, the run's cost."
     sizes = ', '.join(f'`{p}`: {settings.n_train} training queries with 5×5 grids, '
                       f'{n} test queries' for p, n in settings.test_sizes.items())
-    source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`'
-    one_cell = [name for name, (n, m) in summary['grid_sides'].items() if n * m == 1]
+    # what a verdict on the data rests on: its queries per dataset and split, and its grids
+    counts = summary.get('query_counts', {})
+    read = '; '.join(f'`{name}`: {counts[name][0]} training queries with {n}×{m} grids, {counts[name][1]} test queries'
+                     for name, (n, m) in summary['grid_sides'].items() if name in counts)
+    source = f'the embedded simulator ({sizes})' if data is None else f'`{data}`' + (f' ({read})' if read else '')
     protocol = (f"Protocol: `{summary['protocol']}` — {summary['protocol_note']}." if summary.get('protocol', PAPER_PROTOCOL.name) != PAPER_PROTOCOL.name
                 else "Protocol: `paper` — the paper's formulas (`--protocol authors` follows the authors' released code where it differs).")
     lines = [
@@ -219,11 +233,7 @@ def _report_head(summary: dict, settings: Settings, data, seed) -> list[str]:
         '`protocol_results.csv`.', '',
         f'Wall time {_fmt_seconds(summary["seconds"])} {_where_text(summary)}; '
         f'{_memory_text(summary)}.', '']
-    if one_cell:
-        verb = 'has' if len(one_cell) == 1 else 'have'
-        lines += [f'Note: {", ".join(one_cell)} {verb} one observation per (query, model) pair '
-                  '(a 1×1 grid), so DARS and single-shot supervision see the same numbers there; '
-                  'their differences are router randomness only.', '']
+    if one_cell_note(summary): lines += [one_cell_note(summary), '']
     return lines
 
 # %% ../../nbs/24c_report.ipynb #2e6e2518
@@ -251,8 +261,8 @@ def _report_headline(summary: dict, results: pd.DataFrame) -> list[str]:
         'one would deploy without a router; the one chosen on the test set is shown too, '
         'labelled optimistic.', '',
         *_baseline_lines(summary['baselines'], md=True), '',
-        'Best policy per dataset (mean over the evaluated views), against the best fixed model '
-        f'chosen on training data: {best}.', '']
+        'Best policy per dataset (mean over the evaluated views; picked on the test views, so its '
+        f'lead is optimistic), against the best fixed model chosen on training data: {best}.', '']
 
 # %% ../../nbs/24c_report.ipynb #7ba5d62f
 def _report_beside(md: dict, paper_line: str) -> list[str]:
@@ -280,7 +290,7 @@ def _report_protocol(settings: Settings, md: dict, truth: bool, paper_line: str 
         'How unstable single-shot labels are before any router is trained: share of unstable '
         '(query, model) pairs, of queries whose winner flips across grid cells, of cells whose '
         'winner disagrees with the distribution-aware label, and the input-side / output-side '
-        'variance of the score.', '', md['diagnostics'], md['fig2ab'], '',
+        'variance of the score.', '', *[md[k] for k in ('diagnostics', 'fig2ab', 'diagnostics_note') if k in md], '',
         '## 2. Single-shot vs DARS (paper Tables 1 and 5)', '',
         f'Each router trained on {settings.n_draws} single-shot draws (mean, and ± std over draws '
         'in Table 5) and once on DARS supervision, then the baselines. Bold: DARS is above the '
@@ -323,9 +333,11 @@ def _report_studies(summary: dict, md: dict) -> list[str]:
     if 'adaptive' in md:
         lines += ['## 5. Adaptive sampling', '',
                   'Start at 2×2, stop when the risk R(x) is in its lowest quarter and the margin '
-                  'Δ(x) in its highest; otherwise grow to 3×3 (then everything stops; 5×5 is the '
-                  'cap). Observations per (query, model), calls saved against fixed grids, and '
-                  'agreement of the adaptive label with the full-grid DARS label.', '',
+                  'Δ(x) in its highest; otherwise grow to 3×3, where everything stops (the paper\'s '
+                  'cap is 5×5; a smaller grid caps the stages at its side). Per dataset its whole grid, '
+                  'the observations per (query, model), the calls saved against the fixed grids it '
+                  'holds, and the agreement of the adaptive label with the DARS label of the whole grid '
+                  '(a query grown to the whole grid agrees by construction).', '',
                   md['adaptive'], '']
     times = ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in summary['timings'].items())
     return lines + ['## Files', '',
@@ -376,13 +388,13 @@ def summary_text(summary: dict, # `run_summary`'s output
                 ) -> str:
     "The one-screen summary printed at the end of a run."
     lines = ['', '=' * 72, f"{summary['verdict_text']}.{_no_router_text(summary['verdict'])}",
-             summary.get('paper_line', ''),
+             summary.get('paper_line', ''), *[n for n in [one_cell_note(summary)] if n],
              'Per dataset: DARS > single-shot (interval > 0) / DARS > best fixed / single-shot > best fixed / '
              'DARS < best fixed:']
     lines += [f'  {name:<16} {tally} of {n} settings' for name, (tally, n) in _tallies(results, ' / ').items()]
     lines += _baseline_lines(summary['baselines']) + _router_lines(results)
-    lines.append('Best policy per dataset (mean over the views), difference to the training-chosen '
-                 'best fixed model [interval]:')
+    lines.append('Best policy per dataset (mean over the views; picked on the test views: optimistic), '
+                 'difference to the training-chosen best fixed model [interval]:')
     lines += ['  ' + _best_text(name, b, results) for name, b in summary['best'].items()]
     if truth:
         regret = (results.drop_duplicates(['dataset', 'router', 'supervision'])

@@ -33,8 +33,9 @@ from .inputs import Settings, FULL, load_data
 from ..sources.release import READ_PROTOCOLS
 
 # %% auto #0
-__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'diagnostics_stage', 'protocol_stage',
-           'ablation_stage', 'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
+__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'one_answer_datasets',
+           'diagnostics_stage', 'protocol_stage', 'ablation_stage', 'efficiency_stage', 'temperature_stage',
+           'beta_stage', 'figure3', 'adaptive_stage']
 
 # %% ../../nbs/24b_stages.ipynb #6f6f4d15
 def write_table(table, # a `Table` or a DataFrame
@@ -155,12 +156,26 @@ def data_stage(run: Run, # the run
     return routers, datasets, obs
 
 # %% ../../nbs/24b_stages.ipynb #b62cae2d
+def one_answer_datasets(obs: pd.DataFrame, # observations with a training grid
+                       ) -> list[str]:
+    "The datasets whose training grid has one answer per (query, model) pair: a 1×1 grid, where no score can vary."
+    grid = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
+    most = grid.groupby(['dataset', 'query_id', 'model'], observed=True).size().groupby(level='dataset', observed=True).max()
+    return [str(name) for name, n in most.items() if n == 1]
+
 def diagnostics_stage(run: Run, # the run
                       obs: pd.DataFrame, # the whole observation table
-                     ) -> pd.DataFrame:
-    "The four diagnostics per dataset: `diagnostics` table and `fig2ab_diagnostics` chart."
+                     ) -> pd.DataFrame | None:
+    "The four diagnostics per dataset: `diagnostics` table and `fig2ab_diagnostics` chart; a note for a 1×1 grid's."
     run.log("[2/8] diagnostics")
-    diagnostics = diagnose(obs, run.settings.lam)
+    flat = one_answer_datasets(obs)
+    if flat:   # nothing to measure there: said in the log and in the report, and the rest of the run goes on
+        run.md['diagnostics_note'] = (f"Not measured on {', '.join(flat)}: one answer per (query, model) pair "
+                                      "(a 1×1 grid), so no score can vary.")
+        run.log(f"      {run.md['diagnostics_note']}")
+    rest = obs[~obs['dataset'].astype(str).isin(flat).to_numpy()]
+    if rest.empty: return None
+    diagnostics = diagnose(select(rest), run.settings.lam)
     run.table('diagnostics', diagnostics, 'diagnostics', 4)
     run.chart('fig2ab', plot_diagnostics(diagnostics), 'fig2ab_diagnostics')
     return diagnostics
@@ -307,20 +322,22 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None
     rows = []
     for name in obs['dataset'].cat.categories:
         grid = select(obs, split='train', view='grid', dataset=name)
-        side = min(grid['rewrite_id'].nunique(), grid['sample_id'].nunique())
-        stages = tuple(s for s in PAPER_STAGES if s <= side)
+        n, m = grid['rewrite_id'].nunique(), grid['sample_id'].nunique()
+        stages = tuple(s for s in PAPER_STAGES if s <= min(n, m))
         if len(stages) < 2: continue
+        # calls saved only against the fixed grids this grid holds: none against a 5×5 grid never collected
         summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages,
-                                                         PAPER_QUANTILES[:len(stages) - 1]))
-        rows.append(summary.rename(name))
+                                                         PAPER_QUANTILES[:len(stages) - 1]),
+                                     fixed=tuple(f for f in (3, 5) if f <= min(n, m)))
+        rows.append(pd.concat([pd.Series({'grid': f'{n}x{m}'}, dtype=object), summary]).rename(name))
     if not rows: return None
     table = pd.DataFrame(rows).rename_axis('dataset')
     stages = sorted((c for c in table.columns if c.startswith('queries_at_')), key=_stage_order)
     table[stages] = table[stages].fillna(0)
     counts = ['queries'] + stages
-    table = table.astype({c: (int if c in counts else float) for c in table.columns})
-    rest = [c for c in table.columns if c not in ['queries', 'obs_per_pair'] + stages]
-    return table[['queries', 'obs_per_pair'] + stages + rest]
+    table = table.astype({c: (int if c in counts else float) for c in table.columns if c != 'grid'})
+    rest = [c for c in table.columns if c not in ['grid', 'queries', 'obs_per_pair'] + stages]
+    return table[['grid', 'queries', 'obs_per_pair'] + stages + rest]
 
 def adaptive_stage(run: Run, # the run
                    obs: pd.DataFrame, # the whole observation table
