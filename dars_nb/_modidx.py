@@ -1924,6 +1924,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'dars_nb.serve.ledger.SharedLedger.view': ( 'serve_spend_ledger.html#sharedledger.view',
                                                                                   'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger._amount': ('serve_spend_ledger.html#_amount', 'dars_nb/serve/ledger.py'),
+                                      'dars_nb.serve.ledger._check_open': ( 'serve_spend_ledger.html#_check_open',
+                                                                            'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger._name': ('serve_spend_ledger.html#_name', 'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger._owner': ('serve_spend_ledger.html#_owner', 'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger._reading': ('serve_spend_ledger.html#_reading', 'dars_nb/serve/ledger.py'),

@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import math
+from collections import Counter
 import os
 import sys
 import threading
@@ -63,7 +64,19 @@ def restore_ledger(ledger: DailyLedger, state: dict) -> DailyLedger:
     ledger._trusted = {_name(m) for m in state['trusted']}
     ledger._in_flight = {_name(m): _whole(n) for m, n in state['in_flight'].items()}
     ledger._open = {_whole(int(k)): (_name(m), _amount(w), _amount(h)) for k, (m, w, h) in state['open'].items()}
+    _check_open(ledger)
     return ledger
+
+def _check_open(ledger: DailyLedger):
+    "A `ValueError` unless the attempts in flight, the dollars held and the last entry agree with the open entries."
+    counted = dict(Counter(m for m, _, _ in ledger._open.values()))
+    if {m: n for m, n in ledger._in_flight.items() if n} != counted:
+        raise ValueError(f"its attempts in flight {ledger._in_flight} are not those of its open entries {counted}")
+    held = math.fsum(h for _, _, h in ledger._open.values())
+    if abs(ledger.held_usd - held) > 1e-9 * max(1.0, held):   # a sum kept entry by entry: rounding apart
+        raise ValueError(f"it holds {ledger.held_usd!r} dollars, its open entries {held!r}")
+    if ledger._open and max(ledger._open) > ledger._last:
+        raise ValueError(f"its last entry {ledger._last} comes before an open one ({max(ledger._open)})")
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #d504a1c0
 def process_token(pid: int | None = None, # a process id (None: this process)
