@@ -175,3 +175,25 @@ def test_a_restart_keeps_the_days_spend_and_charges_what_a_killed_run_left_in_fl
         try: codes = [r.status_code for r in burst(url + '/v1', [{'messages': USER}] * 3)]
         finally: stop(proc)
     assert codes == [429] * 3 and up.requests == sent
+
+
+@pytest.mark.timeout(60)
+def test_a_start_whose_spend_ledger_another_process_keeps_locked_stops_with_one_line_and_no_hang(bundle_file, tmp_path):
+    from dars_nb.bundle import load_bundle
+    from dars_nb.serve.ledger import LOCK_WAIT_S
+    pool_file = tmp_path / 'pool.toml'
+    pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n'
+                                 for m in load_bundle(bundle_file).models))
+    ledger = tmp_path / 'spend.ledger'
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
+                               f'fd = os.open({str(ledger) + ".lock"!r}, os.O_RDWR | os.O_CREAT)\n'
+                               'fcntl.flock(fd, fcntl.LOCK_EX); print("locked", flush=True); time.sleep(120)'],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        run = subprocess.run([sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_file), '--pool',
+                              str(pool_file), '--port', str(free_port()), '--daily-spend-usd', '1', '--ledger',
+                              str(ledger)], capture_output=True, text=True, timeout=LOCK_WAIT_S + 40)
+    finally: holder.kill(); holder.wait()
+    assert run.returncode != 0 and 'Traceback' not in run.stderr, run.stderr[-800:]
+    assert f'is locked by another process for over {LOCK_WAIT_S:g} s' in run.stderr.strip().splitlines()[-1]
