@@ -1918,6 +1918,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger.SharedLedger._read': ( 'serve_spend_ledger.html#sharedledger._read',
                                                                                    'dars_nb/serve/ledger.py'),
+                                      'dars_nb.serve.ledger.SharedLedger._reclaim': ( 'serve_spend_ledger.html#sharedledger._reclaim',
+                                                                                      'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger.SharedLedger._reserved': ( 'serve_spend_ledger.html#sharedledger._reserved',
                                                                                        'dars_nb/serve/ledger.py'),
                                       'dars_nb.serve.ledger.SharedLedger._time': ( 'serve_spend_ledger.html#sharedledger._time',

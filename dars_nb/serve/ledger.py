@@ -254,9 +254,27 @@ def _append(self: SharedLedger, line: bytes):
     self._offset += len(line)
 
 @patch
+def _reclaim(self: SharedLedger, ledger: DailyLedger) -> int:
+    "In a turn, close the open entries of stopped processes as `recover` does, a line each; how many."
+    alive = {who for who in {who for who, _ in self._owners.values()} if is_running(who)}
+    stopped = [(e, day) for e, (who, day) in self._owners.items() if who not in alive]
+    for e, day in stopped:
+        del self._owners[e]
+        if day == ledger._day_index: ledger.settle(e); line = b'S %d %d -\n' % (day, e)
+        else: ledger._close(e); line = b'X %d\n' % e
+        try: self._append(line)
+        except OSError as err:   # the copy has it closed; the file, open: whoever reads it next closes it
+            print(f"dars serve: the spend ledger cannot be written ({err.strerror})", file=sys.stderr, flush=True)
+    return len(stopped)
+
+@patch
 def _reserved(self: SharedLedger, ledger: DailyLedger, model: str, worst_usd: float) -> Reservation | None:
     "`DailyLedger.reserve` on the copy in a turn, its line written before it is granted."
-    got = ledger.reserve(model, worst_usd)
+    try: got = ledger.reserve(model, worst_usd)
+    except RequestError:   # past the limit: unless stopped processes hold part of it
+        if not self._reclaim(ledger): raise
+        got = ledger.reserve(model, worst_usd)
+    if got is None and self._reclaim(ledger): got = ledger.reserve(model, worst_usd)   # on trial: maybe theirs
     if got is None: return None
     line = b'R %d %d %s %r %r %s\n' % (ledger._day_index, got.entry, self._me.encode(), float(worst_usd),
                                        float(got.held), json.dumps(model).encode())
