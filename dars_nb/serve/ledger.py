@@ -199,7 +199,7 @@ def _read(self: SharedLedger, size: int): # the file's size now
         if not lines: raise LedgerDamaged(f"the spend ledger {self.path} has a line longer than {READ_BYTES} bytes")
         for line in lines:
             try: self._apply(line)
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # deep JSON: recursion
                 raise LedgerDamaged(f"the spend ledger {self.path} is damaged at byte {self._offset}: {e}") from None
             finally: self._pinned = None
             self._offset += len(line) + 1
@@ -226,22 +226,27 @@ def _apply(self: SharedLedger, line: bytes):
         if set(self._owners) != set(ledger._open): raise ValueError("its open entries and their processes differ")
     elif kind == b'R':
         day, entry, who, worst, held, model = fields
-        self._pinned, entry = int(day) * 86400, int(entry)
+        day, entry = _whole(int(day)), _whole(int(entry))
+        self._pinned = day * 86400
         if entry in ledger._open: raise ValueError(f"entry {entry} is reserved twice")
         ledger._roll()
         model, worst, held = _name(json.loads(model)), _amount(float(worst)), _amount(float(held))
         ledger._last, ledger._open[entry] = max(ledger._last, entry), (model, worst, held)
         ledger._in_flight[model], ledger.held_usd = ledger._in_flight.get(model, 0) + 1, ledger.held_usd + held
-        self._owners[entry] = (_owner(who.decode()), int(day))
+        self._owners[entry] = (_owner(who.decode()), day)
     elif kind == b'S':
         day, entry, cost = fields
-        self._pinned, entry = int(day) * 86400, int(entry)
+        day, entry = _whole(int(day)), _whole(int(entry))
+        self._pinned = day * 86400
         self._mine.pop(entry, None)   # settled by another process: no longer this one's to settle
         if self._owners.pop(entry, None) is not None: ledger.settle(entry, None if cost == b'-' else _amount(float(cost)))
     elif kind == b'X' and len(fields) == 1:
-        self._mine.pop(int(fields[0]), None)
-        if self._owners.pop(int(fields[0]), None) is not None: ledger.release(int(fields[0]))
+        entry = _whole(int(fields[0]))
+        self._mine.pop(entry, None)
+        if self._owners.pop(entry, None) is not None: ledger.release(entry)
     else: raise ValueError(f"{line[:40]!r} is no line of a ledger")
+    if not all(map(math.isfinite, (ledger.spent_usd, ledger.held_usd, ledger.over_usd))):
+        raise ValueError("its dollars add up past any number")
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #138d63bb
 @patch
