@@ -126,16 +126,18 @@ class SharedLedger:
                 ):
         self.path, self.limit_usd, self.clock = Path(path), limit_usd, clock
         self._pinned, self._owners, self._mine, self._fd, self._ino, self._offset = None, {}, {}, None, None, 0
+        self._end = 0   # the file's size at the last turn: beyond `_offset`, a line left unfinished
         self._ledger, self._me, self._thread = DailyLedger(limit_usd, self._time), process_token(), threading.Lock()
         if self.path.exists() and not self.path.is_file():   # a folder, a device (/dev/null keeps nothing), a pipe
             raise ConfigError(f"the spend ledger {self.path} is not a regular file")
+        self._lock_path = f'{self.path.resolve()}.lock'   # one lock whatever name (a link, '..') the journal goes by
         self._lock = self._open_lock()
 
     def _open_lock(self) -> int:
-        "The lock file's descriptor: one file whatever name (a link, '..') the journal goes by, created if missing."
+        "The lock file's descriptor, the file created (and its folder) if missing."
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(f'{self.path.resolve()}.lock', os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            Path(self._lock_path).parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
 
     def _time(self) -> float:
@@ -146,7 +148,7 @@ class SharedLedger:
         "Take the lock (`_wait_for_lock`) of the lock file now at its path: one deleted meanwhile is created again."
         while True:
             _wait_for_lock(self._lock, self.path)
-            try: current = os.stat(f'{self.path.resolve()}.lock').st_ino == os.fstat(self._lock).st_ino
+            try: current = os.stat(self._lock_path).st_ino == os.fstat(self._lock).st_ino
             except FileNotFoundError: current = False
             if current: return
             fcntl.flock(self._lock, fcntl.LOCK_UN); os.close(self._lock)
@@ -192,6 +194,7 @@ def _catch_up(self: SharedLedger):
 @patch
 def _read(self: SharedLedger, size: int): # the file's size now
     "Apply the whole lines from `_offset` to `size`, in pieces of at most `READ_BYTES`."
+    self._end = size
     while size > self._offset:
         data = os.pread(self._fd, min(size - self._offset, READ_BYTES), self._offset)
         lines = data.split(b'\n')[:-1]   # what follows the last newline: the next read's, or not written whole
@@ -252,11 +255,12 @@ def _apply(self: SharedLedger, line: bytes):
 @patch
 def _append(self: SharedLedger, line: bytes):
     "Append `line` whole, or an `OSError` with the file as it was: a part written (a full disk) is cut off again."
-    if os.fstat(self._fd).st_size != self._offset: os.ftruncate(self._fd, self._offset)   # a line left unfinished
+    if self._end != self._offset: os.ftruncate(self._fd, self._offset)   # a line left unfinished
     if os.write(self._fd, line) != len(line):
         os.ftruncate(self._fd, self._offset)
+        self._end = self._offset
         raise OSError(errno.ENOSPC, 'only part of a line could be written')
-    self._offset += len(line)
+    self._offset = self._end = self._offset + len(line)
 
 @patch
 def _reclaim(self: SharedLedger, ledger: DailyLedger) -> int:
