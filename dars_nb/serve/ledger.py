@@ -107,15 +107,15 @@ class LedgerBusy(ConfigError):
 
 LOCK_WAIT_S = 10.0   # the longest a turn waits for the lock (a turn holds it well under a millisecond)
 
-def _wait_for_lock(fd: int, path):
-    "Lock `fd` (`flock`), waiting at most `LOCK_WAIT_S`; a `LedgerBusy` after that."
+def _wait_for_lock(fd: int, path, lock_path: str):
+    "Lock `fd` (`flock`, on the lock file of the ledger at `path`), waiting at most `LOCK_WAIT_S`; then `LedgerBusy`."
     deadline, pause = time.monotonic() + LOCK_WAIT_S, 1e-4
     while True:
         try: return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise LedgerBusy(f"the spend ledger {path} is locked by another process for over {LOCK_WAIT_S:g} s "
-                                 f"(its lock file {path}.lock)") from None
+                                 f"(its lock file {lock_path})") from None
             time.sleep(pause); pause = min(2 * pause, 0.01)
 
 class SharedLedger:
@@ -147,9 +147,9 @@ class SharedLedger:
     def _locked(self):
         "Take the lock (`_wait_for_lock`) of the lock file now at its path: one deleted meanwhile is created again."
         while True:
-            _wait_for_lock(self._lock, self.path)
+            _wait_for_lock(self._lock, self.path, self._lock_path)
             try: current = os.stat(self._lock_path).st_ino == os.fstat(self._lock).st_ino
-            except FileNotFoundError: current = False
+            except OSError: current = False
             if current: return
             fcntl.flock(self._lock, fcntl.LOCK_UN); os.close(self._lock)
             self._lock = self._open_lock()
@@ -177,7 +177,8 @@ def _catch_up(self: SharedLedger):
     "Read the lines appended since this process's last turn (all, from a new file); write one deleted or cut short again."
     if self._fd is not None:
         try: st = os.stat(self.path)
-        except FileNotFoundError: st = None
+        except (FileNotFoundError, NotADirectoryError): st = None
+        except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
         if st is None or (st.st_ino == self._ino and st.st_size < self._offset): return self._write_again(st is None)
         if st.st_ino == self._ino: return self._read(st.st_size)
         fd, self._fd = self._fd, None   # rewritten (a new inode): read from its start
