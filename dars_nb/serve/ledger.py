@@ -107,9 +107,9 @@ class LedgerBusy(ConfigError):
 
 LOCK_WAIT_S = 10.0   # the longest a turn waits for the lock (a turn holds it well under a millisecond)
 
-def _wait_for_lock(fd: int, path, lock_path: str):
-    "Lock `fd` (`flock`, on the lock file of the ledger at `path`), waiting at most `LOCK_WAIT_S`; then `LedgerBusy`."
-    deadline, pause = time.monotonic() + LOCK_WAIT_S, 1e-4
+def _wait_for_lock(fd: int, path, lock_path: str, wait_s: float):
+    "Lock `fd` (`flock`, on the lock file of the ledger at `path`), waiting at most `wait_s`; then `LedgerBusy`."
+    deadline, pause = time.monotonic() + wait_s, 1e-4
     while True:
         try: return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -127,6 +127,7 @@ class SharedLedger:
         self.path, self.limit_usd, self.clock = Path(path), limit_usd, clock
         self._pinned, self._owners, self._mine, self._fd, self._ino, self._offset = None, {}, {}, None, None, 0
         self._end = 0   # the file's size at the last turn: beyond `_offset`, a line left unfinished
+        self._kept_out = False   # whether the last turn found the lock held past LOCK_WAIT_S
         self._ledger, self._me, self._thread = DailyLedger(limit_usd, self._time), process_token(), threading.Lock()
         if self.path.exists() and not self.path.is_file():   # a folder, a device (/dev/null keeps nothing), a pipe
             raise ConfigError(f"the spend ledger {self.path} is not a regular file")
@@ -145,9 +146,11 @@ class SharedLedger:
         return self.clock() if self._pinned is None else self._pinned
 
     def _locked(self):
-        "Take the lock (`_wait_for_lock`) of the lock file now at its path: one deleted meanwhile is created again."
+        "Take the lock of the file now at its path (one deleted is made again); kept out once, the next turn does not wait."
         while True:
-            _wait_for_lock(self._lock, self.path, self._lock_path)
+            try: _wait_for_lock(self._lock, self.path, self._lock_path, 0.0 if self._kept_out else LOCK_WAIT_S)
+            except LedgerBusy: self._kept_out = True; raise
+            self._kept_out = False
             try: current = os.stat(self._lock_path).st_ino == os.fstat(self._lock).st_ino
             except OSError: current = False
             if current: return
