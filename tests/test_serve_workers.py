@@ -175,3 +175,78 @@ def test_a_restart_keeps_the_days_spend_and_charges_what_a_killed_run_left_in_fl
         try: codes = [r.status_code for r in burst(url + '/v1', [{'messages': USER}] * 3)]
         finally: stop(proc)
     assert codes == [429] * 3 and up.requests == sent
+
+
+@pytest.mark.timeout(60)
+def test_a_start_whose_spend_ledger_another_process_keeps_locked_stops_with_one_line_and_no_hang(bundle_file, tmp_path):
+    from dars_nb.bundle import load_bundle
+    from dars_nb.serve.ledger import LOCK_WAIT_S
+    pool_file = tmp_path / 'pool.toml'
+    pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "http://127.0.0.1:9/v1"\n'
+                                 for m in load_bundle(bundle_file).models))
+    ledger = tmp_path / 'spend.ledger'
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
+                               f'fd = os.open({str(ledger) + ".lock"!r}, os.O_RDWR | os.O_CREAT)\n'
+                               'fcntl.flock(fd, fcntl.LOCK_EX); print("locked", flush=True); time.sleep(120)'],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        run = subprocess.run([sys.executable, '-m', 'dars_nb', 'serve', '--router', str(bundle_file), '--pool',
+                              str(pool_file), '--port', str(free_port()), '--daily-spend-usd', '1', '--ledger',
+                              str(ledger)], capture_output=True, text=True, timeout=LOCK_WAIT_S + 40)
+    finally: holder.kill(); holder.wait()
+    assert run.returncode != 0 and 'Traceback' not in run.stderr, run.stderr[-800:]
+    assert f'is locked by another process for over {LOCK_WAIT_S:g} s' in run.stderr.strip().splitlines()[-1]
+
+
+def statuses(url, n):
+    "Send `n` requests at once; each one's status code, or the name of the error its connection ended with."
+    import asyncio
+    async def go():
+        limits = httpx2.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx2.AsyncClient(timeout=120, limits=limits) as c:
+            return await asyncio.gather(*[c.post(url + '/v1/chat/completions', json={'messages': USER})
+                                          for _ in range(n)], return_exceptions=True)
+    return [getattr(r, 'status_code', type(r).__name__) for r in asyncio.run(go())]
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_mid_flight_is_said_and_the_next_run_charges_its_attempts_each_answer_once(bundle_file, tmp_path):
+    import threading
+    from dars_nb.bundle import load_bundle
+    from dars_nb.testing import FixedEndpoint
+    models, ledger = load_bundle(bundle_file).models, tmp_path / 'spend.ledger'
+    with FixedEndpoint('slow but sure', delay_s=2.0) as up:
+        pool_file = tmp_path / 'pool.toml'
+        pool_file.write_text(''.join(f'[models."{m}"]\nbase_url = "{up.base_url}"\nprice_in = 2.0\nprice_out = 4.0\n'
+                                     f'concurrency = 50\n' for m in models))
+        port = free_port()
+        url, options = f'http://127.0.0.1:{port}', ('--daily-spend-usd', '5.0', '--ledger', str(ledger), '--quiet')
+        proc = start_workers(bundle_file, pool_file, port, *options)
+        codes = []
+        try:
+            assert statuses(url, 4) == [200] * 4   # reports of usage: the model's attempts need no longer go one at a time
+            sender = threading.Thread(target=lambda: codes.extend(statuses(url, 12)), daemon=True)
+            sender.start()
+            deadline = time.monotonic() + 20
+            while up.in_flight < 12: assert time.monotonic() < deadline, up.in_flight; time.sleep(0.02)
+            killed = [p for p in children(proc.pid) if b'spawn_main' in open(f'/proc/{p}/cmdline', 'rb').read()][0]
+            os.kill(killed, signal.SIGKILL)
+            _, err = proc.communicate(timeout=40)
+            sender.join(30)
+        finally:
+            if proc.poll() is None: proc.kill(); proc.communicate()
+        assert proc.returncode == 1 and f'worker {killed} was killed (SIGKILL): stopping the others' in err, err[-800:]
+        lines = [line.split() for line in ledger.read_text().splitlines()]
+        settled = {int(f[2]) for f in lines if f[0] == 'S'}
+        orphans = [f for f in lines if f[0] == 'R' and f[3].startswith(f'{killed}:') and int(f[2]) not in settled]
+        proc = start_workers(bundle_file, pool_file, port, *options, workers=1)
+        try: now = httpx2.get(url + '/metrics', timeout=10).json()
+        finally: code, _, err = stop(proc)
+    answered, cost = codes.count(200), (10 * 2.0 + 5 * 4.0) / 1e6   # FixedEndpoint reports 10 + 5 tokens
+    assert len(codes) == 12 and 0 < answered < 12 and len(orphans) == 12 - answered == up.requests - 4 - answered, codes
+    assert len(settled) == answered + 4   # each answer charged once, by the worker that gave it
+    answered += 4
+    assert f'{len(orphans)} attempt(s) were in flight' in err, err[-800:]
+    held = sum(float(f[5]) for f in orphans)
+    assert abs(now['spend_today_usd'] - (answered * cost + held)) <= 1e-12 and now['in_flight_reserved_usd'] == 0

@@ -449,6 +449,9 @@ async def chat_completions(request):
     except RequestError as e:
         state.metrics.refuse(e.status)
         return _error_response(e)
+    except ConfigError as e:   # its spend ledger's file, at a settlement: the entry stays held there
+        state.metrics.refuse(503)
+        return await _ledger_unavailable(request, e)
     except ClientDisconnect:   # no one is listening: nothing to answer, nothing sent upstream
         _log("a client hung up (or ran out of time) before its request body was complete")
         return Response(status_code=400)
@@ -500,7 +503,12 @@ async def _post_counts(state, every_s: float = 0.5):
     "Post this worker's counts to the shared ledger every `every_s` seconds, for the others' /metrics."
     while True:
         await asyncio.sleep(every_s)
-        metrics_snapshot(state)
+        _post(state)
+
+def _post(state):
+    "Post this worker's counts; while its spend ledger cannot be read (locked, damaged) the next post tries again."
+    try: metrics_snapshot(state)
+    except ConfigError: pass   # said by the requests that need it: a reservation's 503, /metrics' 503
 
 # %% ../../nbs/36d_serve_app.ipynb #b31bd7de
 async def _http_error(request, exc):
@@ -511,6 +519,11 @@ async def _http_error(request, exc):
            }.get(status, getattr(exc, 'detail', 'error'))
     request.app.state.metrics.refuse(status)
     return _error_response(RequestError(status, msg, kind='invalid_request_error'))
+
+async def _ledger_unavailable(request, exc):
+    "A spend ledger file that cannot be kept now (locked by another process, damaged, gone): logged, a one-line 503."
+    _log(f"{request.url.path}: {exc}")
+    return _error_response(RequestError(503, str(exc), kind='server_error', code='ledger_unavailable'))
 
 async def _internal_error(request, exc):
     "Anything unexpected: logged on the server, a one-line 500 for the client."
@@ -554,7 +567,7 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
         posting = asyncio.create_task(_post_counts(app.state)) if app.state.board is not None else None
         try: yield
         finally:
-            if posting is not None: posting.cancel(); metrics_snapshot(app.state)   # the last counts posted
+            if posting is not None: posting.cancel(); _post(app.state)   # the last counts posted
             await app.state.upstreams.aclose()
 
     routes = [Route('/v1/chat/completions', chat_completions, methods=['POST']),   # POST: past `ChatRoute`; others: 405
@@ -563,7 +576,8 @@ def create_app(rank, # rank(texts, lam) -> model names per text, best first (`Ro
     app = Starlette(routes=routes,
                     middleware=[Middleware(BrowserGuard, settings=settings),
                                 Middleware(ClientKeyCheck, keys=settings.client_keys), Middleware(ChatRoute)],
-                    exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    exception_handlers={HTTPException: _http_error, ConfigError: _ledger_unavailable,
+                                        Exception: _internal_error},
                     lifespan=lifespan)
     app.state = SimpleNamespace()   # plain attributes, read many times a request (Starlette's `State` looks each up)
     app.state.pool, app.state.settings, app.state.router_lam, app.state.chat = pool, settings, lam, chat

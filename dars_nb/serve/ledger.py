@@ -4,11 +4,14 @@
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #f0ecf7f7
 from __future__ import annotations
+import errno
 import fcntl
 import hashlib
 import json
 import math
+from collections import Counter
 import os
+import stat
 import sys
 import threading
 import time
@@ -21,8 +24,8 @@ from .metrics import DailyLedger, Reservation
 from .requests import RequestError
 
 # %% auto #0
-__all__ = ['READ_BYTES', 'COMPACT_BYTES', 'STATE_ENV', 'ledger_state', 'restore_ledger', 'process_token', 'is_running',
-           'LedgerDamaged', 'SharedLedger', 'spend_ledger_path']
+__all__ = ['LOCK_WAIT_S', 'READ_BYTES', 'COMPACT_BYTES', 'STATE_ENV', 'ledger_state', 'restore_ledger', 'process_token',
+           'is_running', 'LedgerDamaged', 'LedgerBusy', 'SharedLedger', 'spend_ledger_path']
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #aa04873a
 def ledger_state(ledger: DailyLedger) -> dict:
@@ -63,7 +66,19 @@ def restore_ledger(ledger: DailyLedger, state: dict) -> DailyLedger:
     ledger._trusted = {_name(m) for m in state['trusted']}
     ledger._in_flight = {_name(m): _whole(n) for m, n in state['in_flight'].items()}
     ledger._open = {_whole(int(k)): (_name(m), _amount(w), _amount(h)) for k, (m, w, h) in state['open'].items()}
+    _check_open(ledger)
     return ledger
+
+def _check_open(ledger: DailyLedger):
+    "A `ValueError` unless the attempts in flight, the dollars held and the last entry agree with the open entries."
+    counted = dict(Counter(m for m, _, _ in ledger._open.values()))
+    if {m: n for m, n in ledger._in_flight.items() if n} != counted:
+        raise ValueError(f"its attempts in flight {ledger._in_flight} are not those of its open entries {counted}")
+    held = math.fsum(h for _, _, h in ledger._open.values())
+    if abs(ledger.held_usd - held) > 1e-9 * max(1.0, held):   # a sum kept entry by entry: rounding apart
+        raise ValueError(f"it holds {ledger.held_usd!r} dollars, its open entries {held!r}")
+    if ledger._open and max(ledger._open) > ledger._last:
+        raise ValueError(f"its last entry {ledger._last} comes before an open one ({max(ledger._open)})")
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #d504a1c0
 def process_token(pid: int | None = None, # a process id (None: this process)
@@ -87,6 +102,22 @@ def is_running(token: str, # from `process_token`
 class LedgerDamaged(ConfigError):
     "A spend ledger file that cannot be read as one: the line and why."
 
+class LedgerBusy(ConfigError):
+    "A spend ledger whose lock another process holds for longer than a turn ever takes."
+
+LOCK_WAIT_S = 10.0   # the longest a turn waits for the lock (a turn holds it well under a millisecond)
+
+def _wait_for_lock(fd: int, path, lock_path: str, wait_s: float):
+    "Lock `fd` (`flock`, on the lock file of the ledger at `path`), waiting at most `wait_s`; then `LedgerBusy`."
+    deadline, pause = time.monotonic() + wait_s, 1e-4
+    while True:
+        try: return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LedgerBusy(f"the spend ledger {path} is locked by another process for over {LOCK_WAIT_S:g} s "
+                                 f"(its lock file {lock_path})") from None
+            time.sleep(pause); pause = min(2 * pause, 0.01)
+
 class SharedLedger:
     "A `DailyLedger` kept in a journal file: the processes that use it, at once or in turn, keep one daily limit."
     def __init__(self, path: str | os.PathLike, # the journal file (created with its folder if missing)
@@ -95,21 +126,42 @@ class SharedLedger:
                 ):
         self.path, self.limit_usd, self.clock = Path(path), limit_usd, clock
         self._pinned, self._owners, self._mine, self._fd, self._ino, self._offset = None, {}, {}, None, None, 0
+        self._end = 0   # the file's size at the last turn: beyond `_offset`, a line left unfinished
+        self._kept_out = False   # whether the last turn found the lock held past LOCK_WAIT_S
         self._ledger, self._me, self._thread = DailyLedger(limit_usd, self._time), process_token(), threading.Lock()
+        if self.path.exists() and not self.path.is_file():   # a folder, a device (/dev/null keeps nothing), a pipe
+            raise ConfigError(f"the spend ledger {self.path} is not a regular file")
+        self._lock_path = f'{self.path.resolve()}.lock'   # one lock whatever name (a link, '..') the journal goes by
+        self._lock = self._open_lock()
+
+    def _open_lock(self) -> int:
+        "The lock file's descriptor, the file created (and its folder) if missing."
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = os.open(f'{self.path}.lock', os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            Path(self._lock_path).parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
 
     def _time(self) -> float:
         "The copy's clock: the day of the line being read, else now."
         return self.clock() if self._pinned is None else self._pinned
 
+    def _locked(self):
+        "Take the lock of the file now at its path (one deleted is made again); kept out once, the next turn does not wait."
+        while True:
+            try: _wait_for_lock(self._lock, self.path, self._lock_path, 0.0 if self._kept_out else LOCK_WAIT_S)
+            except LedgerBusy: self._kept_out = True; raise
+            self._kept_out = False
+            try: current = os.stat(self._lock_path).st_ino == os.fstat(self._lock).st_ino
+            except OSError: current = False
+            if current: return
+            fcntl.flock(self._lock, fcntl.LOCK_UN); os.close(self._lock)
+            self._lock = self._open_lock()
+
     @contextmanager
     def _turn(self):
         "This process's turn: the file locked, the copy caught up with it."
         with self._thread:
-            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            self._locked()
             try:
                 self._catch_up()
                 yield self._ledger
@@ -125,26 +177,48 @@ READ_BYTES = 1 << 22   # the most of the journal read at once
 
 @patch
 def _catch_up(self: SharedLedger):
-    "Read the lines appended since this process's last turn (all of them, from a new file)."
-    try: st = os.stat(self.path) if self._fd is not None else None
-    except FileNotFoundError: st = None
-    if st is None or st.st_ino != self._ino:
-        if self._fd is not None: os.close(self._fd)
-        try: self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    "Read the lines appended since this process's last turn (all, from a new file); write one deleted or cut short again."
+    if self._fd is not None:
+        try: st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError): st = None
         except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
-        st, self._offset, self._owners = os.fstat(self._fd), 0, {}
-        self._ino, self._ledger = st.st_ino, DailyLedger(self.limit_usd, self._time)
-    while st.st_size > self._offset:
-        data = os.pread(self._fd, min(st.st_size - self._offset, READ_BYTES), self._offset)
-        lines = data.split(b'\n')[:-1]   # what follows the last newline: the next read's, or not written whole yet
+        if st is None or (st.st_ino == self._ino and st.st_size < self._offset): return self._write_again(st is None)
+        if st.st_ino == self._ino: return self._read(st.st_size)
+        fd, self._fd = self._fd, None   # rewritten (a new inode): read from its start
+        os.close(fd)
+    try: fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be opened: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd); raise ConfigError(f"the spend ledger {self.path} is not a regular file")
+    self._fd, self._ino, self._offset, self._owners = fd, st.st_ino, 0, {}
+    self._ledger = DailyLedger(self.limit_usd, self._time)
+    self._read(st.st_size)
+
+@patch
+def _read(self: SharedLedger, size: int): # the file's size now
+    "Apply the whole lines from `_offset` to `size`, in pieces of at most `READ_BYTES`."
+    self._end = size
+    while size > self._offset:
+        data = os.pread(self._fd, min(size - self._offset, READ_BYTES), self._offset)
+        lines = data.split(b'\n')[:-1]   # what follows the last newline: the next read's, or not written whole
         if not lines and len(data) < READ_BYTES: return
         if not lines: raise LedgerDamaged(f"the spend ledger {self.path} has a line longer than {READ_BYTES} bytes")
         for line in lines:
             try: self._apply(line)
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # deep JSON: recursion
                 raise LedgerDamaged(f"the spend ledger {self.path} is damaged at byte {self._offset}: {e}") from None
             finally: self._pinned = None
             self._offset += len(line) + 1
+
+@patch
+def _write_again(self: SharedLedger, deleted: bool): # whether the file was deleted (else cut short)
+    "Write the file again from the copy — a deleted file's last lines read first, through the open descriptor."
+    if deleted: self._read(os.fstat(self._fd).st_size)
+    print(f"dars serve: the spend ledger {self.path} was {'deleted' if deleted else 'cut short'} while in use: "
+          "written again from what this process had read of it", file=sys.stderr, flush=True)
+    self._compact()
+    self._catch_up()
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #2867df04
 @patch
@@ -159,42 +233,83 @@ def _apply(self: SharedLedger, line: bytes):
         if set(self._owners) != set(ledger._open): raise ValueError("its open entries and their processes differ")
     elif kind == b'R':
         day, entry, who, worst, held, model = fields
-        self._pinned, entry = int(day) * 86400, int(entry)
+        day, entry = _whole(int(day)), _whole(int(entry))
+        self._pinned = day * 86400
         if entry in ledger._open: raise ValueError(f"entry {entry} is reserved twice")
         ledger._roll()
         model, worst, held = _name(json.loads(model)), _amount(float(worst)), _amount(float(held))
         ledger._last, ledger._open[entry] = max(ledger._last, entry), (model, worst, held)
         ledger._in_flight[model], ledger.held_usd = ledger._in_flight.get(model, 0) + 1, ledger.held_usd + held
-        self._owners[entry] = (_owner(who.decode()), int(day))
+        self._owners[entry] = (_owner(who.decode()), day)
     elif kind == b'S':
         day, entry, cost = fields
-        self._pinned, entry = int(day) * 86400, int(entry)
+        day, entry = _whole(int(day)), _whole(int(entry))
+        self._pinned = day * 86400
         self._mine.pop(entry, None)   # settled by another process: no longer this one's to settle
         if self._owners.pop(entry, None) is not None: ledger.settle(entry, None if cost == b'-' else _amount(float(cost)))
     elif kind == b'X' and len(fields) == 1:
-        self._mine.pop(int(fields[0]), None)
-        if self._owners.pop(int(fields[0]), None) is not None: ledger.release(int(fields[0]))
+        entry = _whole(int(fields[0]))
+        self._mine.pop(entry, None)
+        if self._owners.pop(entry, None) is not None: ledger.release(entry)
     else: raise ValueError(f"{line[:40]!r} is no line of a ledger")
+    if not all(map(math.isfinite, (ledger.spent_usd, ledger.held_usd, ledger.over_usd))):
+        raise ValueError("its dollars add up past any number")
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #138d63bb
+@patch
+def _append(self: SharedLedger, line: bytes):
+    "Append `line` whole, or an `OSError` with the file as it was: a part written (a full disk) is cut off again."
+    if self._end != self._offset: os.ftruncate(self._fd, self._offset)   # a line left unfinished
+    if os.write(self._fd, line) != len(line):
+        os.ftruncate(self._fd, self._offset)
+        self._end = self._offset
+        raise OSError(errno.ENOSPC, 'only part of a line could be written')
+    self._offset = self._end = self._offset + len(line)
+
+@patch
+def _reclaim(self: SharedLedger, ledger: DailyLedger) -> int:
+    "In a turn, close the open entries of stopped processes as `recover` does, a line each; how many."
+    alive = {who for who in {who for who, _ in self._owners.values()} if is_running(who)}
+    stopped = [(e, day) for e, (who, day) in self._owners.items() if who not in alive]
+    for e, day in stopped:
+        del self._owners[e]
+        if day == ledger._day_index: ledger.settle(e); line = b'S %d %d -\n' % (day, e)
+        else: ledger._close(e); line = b'X %d\n' % e
+        try: self._append(line)
+        except OSError as err:   # the copy has it closed; the file, open: whoever reads it next closes it
+            print(f"dars serve: the spend ledger cannot be written ({err.strerror})", file=sys.stderr, flush=True)
+    return len(stopped)
+
+@patch
+def _reserved(self: SharedLedger, ledger: DailyLedger, model: str, worst_usd: float) -> Reservation | None:
+    "`DailyLedger.reserve` on the copy in a turn, its line written before it is granted."
+    try: got = ledger.reserve(model, worst_usd)
+    except RequestError:   # past the limit: unless stopped processes hold part of it
+        if not self._reclaim(ledger): raise
+        got = ledger.reserve(model, worst_usd)
+    if got is None and self._reclaim(ledger): got = ledger.reserve(model, worst_usd)   # on trial: maybe theirs
+    if got is None: return None
+    line = b'R %d %d %s %r %r %s\n' % (ledger._day_index, got.entry, self._me.encode(), float(worst_usd),
+                                       float(got.held), json.dumps(model).encode())
+    try: self._append(line)
+    except OSError as e:
+        ledger.release(got.entry)
+        raise RequestError(503, f"the spend ledger cannot be written ({e.strerror}): nothing is sent while its "
+                                "spend cannot be kept", kind='server_error', code='ledger_unwritable') from None
+    self._owners[got.entry], self._mine[got.entry] = (self._me, ledger._day_index), got.held
+    return got
+
 @patch
 def reserve(self: SharedLedger, model: str, # the model the attempt goes to
             worst_usd: float, # its worst case (`DailyLedger.reserve`)
            ) -> Reservation | None:
-    "`DailyLedger.reserve` on the file's state, written before it is granted."
-    with self._turn() as ledger:
-        got = ledger.reserve(model, worst_usd)
-        if got is None: return None
-        line = b'R %d %d %s %r %r %s\n' % (ledger._day_index, got.entry, self._me.encode(), float(worst_usd),
-                                           float(got.held), json.dumps(model).encode())
-        try: os.write(self._fd, line)
-        except OSError as e:
-            ledger.release(got.entry)
-            raise RequestError(503, f"the spend ledger cannot be written ({e.strerror}): nothing is sent while its "
-                                    "spend cannot be kept", kind='server_error', code='ledger_unwritable') from None
-        self._offset += len(line)
-        self._owners[got.entry], self._mine[got.entry] = (self._me, ledger._day_index), got.held
-        return got
+    "`DailyLedger.reserve` on the file's state, written before it is granted; a 503 while the file cannot be kept."
+    try:
+        with self._turn() as ledger: return self._reserved(ledger, model, worst_usd)
+    except ConfigError as e:   # locked too long, damaged, or not to be opened
+        print(f"dars serve: {e}", file=sys.stderr, flush=True)
+        raise RequestError(503, f"{e}: nothing is sent while its spend cannot be kept", kind='server_error',
+                           code='ledger_unavailable') from None
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #910baa1e
 COMPACT_BYTES = 1 << 20   # a journal longer than this is rewritten as one `K` line
@@ -202,12 +317,13 @@ COMPACT_BYTES = 1 << 20   # a journal longer than this is rewritten as one `K` l
 @patch
 def _closed(self: SharedLedger, line: bytes):
     "Write the line of a closed entry (said on standard error if it cannot be); rewrite a long file."
-    try:
-        os.write(self._fd, line); self._offset += len(line)
+    try: self._append(line)
     except OSError as e:
         print(f"dars serve: the spend ledger cannot be written ({e.strerror}): an attempt it holds stays held "
               "there, and the next run charges it what it held", file=sys.stderr, flush=True)
-    if self._offset > COMPACT_BYTES: self._compact()
+    if self._offset <= COMPACT_BYTES: return
+    try: self._compact()
+    except ConfigError as e: print(f"dars serve: {e}: it is rewritten at a later turn", file=sys.stderr, flush=True)
 
 @patch
 def settle(self: SharedLedger, entry: int, # an entry from `reserve`, by any process
@@ -237,7 +353,10 @@ def _compact(self: SharedLedger):
     "Rewrite the file (whole, then renamed over it) as one `K` line of the copy's state."
     owners = {str(e): list(o) for e, o in self._owners.items()}
     line = b'K ' + json.dumps({'ledger': ledger_state(self._ledger), 'owners': owners}).encode() + b'\n'
-    with written_whole(self.path) as part: part.write_bytes(line)
+    try:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with written_whole(self.path) as part: part.write_bytes(line)
+    except OSError as e: raise ConfigError(f"the spend ledger {self.path} cannot be rewritten: {e.strerror}") from None
     os.close(self._fd)
     self._fd = None   # the next turn reads the new file
 

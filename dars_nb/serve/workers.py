@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from fastcore.basics import patch
@@ -122,6 +123,12 @@ def _sleeper(sock, seconds: float):
     os._exit(3)
 
 # %% ../../nbs/36g_serve_workers.ipynb #5b0fe808
+def _ended(proc) -> str:
+    "How a worker process ended, e.g. 'worker 41 was killed (SIGKILL)'."
+    code = proc.exitcode
+    if code is not None and code < 0: return f"worker {proc.pid} was killed ({signal.Signals(-code).name})"
+    return f"worker {proc.pid} stopped on its own (exit code {code})"
+
 def run_workers(target, # target(sock, *args): one worker's whole life, serving `sock` until SIGTERM
                 socks: list, # one listening socket per worker (`port_sockets`)
                 args: tuple = (), # more arguments for `target` (picklable)
@@ -141,6 +148,9 @@ def run_workers(target, # target(sock, *args): one worker's whole life, serving 
             procs.append(ctx.Process(target=target, args=(sock, *args))); procs[-1].start()
         while not stop.is_set() and all(p.is_alive() for p in procs):
             wait([p.sentinel for p in procs], timeout=0.2)
+        for p in procs:
+            if not stop.is_set() and not p.is_alive():
+                print(f"dars serve: {_ended(p)}: stopping the others", file=sys.stderr, flush=True)
     finally:
         _stop(procs, grace_s)
         for s, handler in previous.items(): signal.signal(s, handler)
