@@ -60,8 +60,8 @@ def settings_with_options(settings: ServeSettings, # the file's settings (`load_
 def kept_ledger(pool_file, # the pool TOML file the endpoint serves
                 settings: ServeSettings, # its settings (`daily_spend_usd`, `ledger`)
                ) -> SharedLedger | None:
-    "The spend ledger file of a run with a daily limit, the attempts stopped runs left in flight charged; None without one."
-    if settings.daily_spend_usd is None: return None
+    "The spend ledger file of a run with a daily limit or a ledger named, stopped runs' attempts charged; else None."
+    if settings.daily_spend_usd is None and settings.ledger is None: return None
     ledger = SharedLedger(spend_ledger_path(pool_file, settings.ledger), settings.daily_spend_usd)
     stopped, dollars = ledger.recover()
     if stopped:
@@ -114,7 +114,8 @@ def _banner(bundle, settings: ServeSettings, url: str, chat: bool, workers: int,
     "The line `dars serve` prints once it listens."
     n_keys, daily = len(settings.client_keys), settings.daily_spend_usd
     keys = f"{n_keys} client key(s)" if n_keys else "no client key (loopback only)"
-    limit = f"{fmt_usd(daily)} a day, kept in {ledger.path}" if daily is not None else "no daily spend limit"
+    limit = f"{fmt_usd(daily)} a day" if daily is not None else "no daily spend limit"
+    limit += f", spend kept in {ledger.path}" if ledger is not None else ''
     lam_used = request_lambda(None, settings.lam, bundle.lam)
     base = url.removesuffix('/v1')
     page = f"; chat page at {base}/chat" if chat else ''
@@ -134,7 +135,7 @@ def serve_main(router: Annotated[str, {'opt': True, 'required': True}], # a rout
                allow_origin: str | None = None, # web origins whose pages may call it, comma-separated (default: its own page only)
                chat: bool = False, # also serve a chat page at /chat
                workers: int = 1, # processes serving the port, one spend ledger for all (at most one per core helps)
-               ledger: str | None = None, # with a daily limit, the file that keeps the day's spend between runs (default: [serve] ledger, else one per pool file in $XDG_STATE_HOME/dars_nb/serve)
+               ledger: str | None = None, # the file that keeps the day's spend between runs (default: [serve] ledger; with a daily limit and neither, one per pool file in $XDG_STATE_HOME/dars_nb/serve)
                quiet: bool = False, # no banner and no access log
               ) -> int:
     "Serve an OpenAI-compatible endpoint that routes each request to a model of the pool."
