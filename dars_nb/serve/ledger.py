@@ -267,27 +267,27 @@ def _append(self: SharedLedger, line: bytes):
     self._offset = self._end = self._offset + len(line)
 
 @patch
-def _reclaim(self: SharedLedger, ledger: DailyLedger) -> int:
-    "In a turn, close the open entries of stopped processes as `recover` does, a line each; how many."
+def _reclaim(self: SharedLedger, ledger: DailyLedger) -> tuple:
+    "In a turn, close the entries of stopped processes, a line each (today's charged what they held); (entries, dollars)."
     alive = {who for who in {who for who, _ in self._owners.values()} if is_running(who)}
-    stopped = [(e, day) for e, (who, day) in self._owners.items() if who not in alive]
+    stopped, dollars = [(e, day) for e, (who, day) in self._owners.items() if who not in alive], 0.0
     for e, day in stopped:
         del self._owners[e]
-        if day == ledger._day_index: ledger.settle(e); line = b'S %d %d -\n' % (day, e)
-        else: ledger._close(e); line = b'X %d\n' % e
+        if day == ledger._day_index: dollars += ledger.settle(e); line = b'S %d %d -\n' % (day, e)
+        else: ledger._close(e); line = b'X %d\n' % e   # its day is over: nothing left to count it against
         try: self._append(line)
         except OSError as err:   # the copy has it closed; the file, open: whoever reads it next closes it
             print(f"dars serve: the spend ledger cannot be written ({err.strerror})", file=sys.stderr, flush=True)
-    return len(stopped)
+    return len(stopped), dollars
 
 @patch
 def _reserved(self: SharedLedger, ledger: DailyLedger, model: str, worst_usd: float) -> Reservation | None:
     "`DailyLedger.reserve` on the copy in a turn, its line written before it is granted."
     try: got = ledger.reserve(model, worst_usd)
     except RequestError:   # past the limit: unless stopped processes hold part of it
-        if not self._reclaim(ledger): raise
+        if not self._reclaim(ledger)[0]: raise
         got = ledger.reserve(model, worst_usd)
-    if got is None and self._reclaim(ledger): got = ledger.reserve(model, worst_usd)   # on trial: maybe theirs
+    if got is None and self._reclaim(ledger)[0]: got = ledger.reserve(model, worst_usd)   # on trial: maybe theirs
     if got is None: return None
     line = b'R %d %d %s %r %r %s\n' % (ledger._day_index, got.entry, self._me.encode(), float(worst_usd),
                                        float(got.held), json.dumps(model).encode())
@@ -365,15 +365,9 @@ def recover(self: SharedLedger) -> tuple:
     "Charge the attempts of stopped processes what they held, and rewrite the file; (attempts, dollars charged today)."
     with self._turn() as ledger:
         ledger._roll()   # today, whatever day the last line was written on
-        stopped = [(e, day) for e, (who, day) in self._owners.items() if not is_running(who)]
-        today = [e for e, day in stopped if day == ledger._day_index]
-        dollars = sum(ledger._open[e][2] for e in today)
-        for e, _ in stopped:
-            del self._owners[e]
-            if e in today: ledger.settle(e)
-            else: ledger._close(e)   # its day is over: nothing left to count it against
+        found = self._reclaim(ledger)
         self._compact()
-    return len(stopped), dollars
+    return found
 
 # %% ../../nbs/36b_serve_spend_ledger.ipynb #85e5289f
 STATE_ENV = 'XDG_STATE_HOME'   # where programs keep state between runs (the XDG base directories)
