@@ -2011,6 +2011,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'dars_nb/serve/metrics.py'),
                                        'dars_nb.serve.metrics.ServeMetrics.refuse': ( 'serve_metrics.html#servemetrics.refuse',
                                                                                       'dars_nb/serve/metrics.py'),
+                                       'dars_nb.serve.metrics.ServeMetrics.since': ( 'serve_metrics.html#servemetrics.since',
+                                                                                     'dars_nb/serve/metrics.py'),
                                        'dars_nb.serve.metrics.ServeMetrics.snapshot': ( 'serve_metrics.html#servemetrics.snapshot',
                                                                                         'dars_nb/serve/metrics.py'),
                                        'dars_nb.serve.metrics.ServeMetrics.spend_today_usd': ( 'serve_metrics.html#servemetrics.spend_today_usd',

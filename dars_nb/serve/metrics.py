@@ -155,6 +155,11 @@ class ServeMetrics:
         "Dollars charged since 00:00 UTC (the ledger's)."
         return self.ledger.spent_usd
 
+    @property
+    def since(self) -> str:
+        "When it started counting, in UTC to the second (ISO 8601)."
+        return datetime.fromtimestamp(self.started, timezone.utc).isoformat(timespec='seconds')
+
 # %% ../../nbs/36b_serve_metrics.ipynb #8d08ade4
 def _spend(self: ServeMetrics, model: str, cost_usd: float):
     "Add dollars to a model's spend and the total (today's is the ledger's)."
@@ -198,8 +203,7 @@ def refuse(self: ServeMetrics, status: int): # the HTTP status of the refusal
 def snapshot(self: ServeMetrics) -> dict:
     "Everything counted so far, as JSON-ready data."
     ledger = self.ledger.view()
-    return {'since': (datetime.fromtimestamp(self.started, timezone.utc)
-                      .isoformat(timespec='seconds')),
+    return {'since': self.since,
             'requests': self.requests, 'fallbacks': self.fallbacks, 'refused': dict(self.refused),
             'day': ledger.day, 'spend_today_usd': ledger.spent_usd,
             'daily_spend_usd': self.daily_spend_usd, 'over_reserved_today_usd': ledger.over_usd,

@@ -5,7 +5,6 @@
 # %% ../../nbs/36f_serve_pages.ipynb #580ae0f7
 from __future__ import annotations
 import math
-from datetime import datetime, timezone
 from importlib import resources
 from .metrics import LATENCY_BUCKETS
 from .workers import metrics_snapshot
@@ -24,7 +23,7 @@ async def health(request):
     return JSONResponse({'status': 'ok', 'router_model': state.settings.router_model,
                          'models': list(state.pool.models), 'lam': state.lam,
                          'prices': {m: [s.price_in, s.price_out] for m, s in state.pool.models.items()},
-                         'since': datetime.fromtimestamp(state.metrics.started, timezone.utc).isoformat(timespec='seconds'),
+                         'since': state.metrics.since,
                          'chat': state.chat})   # nothing of the spend ledger: it answers while that cannot be read
 
 # %% ../../nbs/36f_serve_pages.ipynb #75bc86d9
