@@ -16,9 +16,9 @@ from .files.paths import readable_file, not_utf8, json_value, written_whole
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
            'MAX_ID', 'EVERY_ROW', 'PASSAGE_CHARS', 'OBSERVATION_TYPES', 'AS_TEXT', 'ObservationError',
            'example_observations', 'validate', 'as_validated', 'model_order', 'Dense', 'dense_index',
-           'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select', 'router_text', 'format_options',
-           'parse_options', 'router_texts', 'chat_text', 'observation_file_type', 'write_observations',
-           'read_observations']
+           'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select', 'one_answer_datasets', 'router_text',
+           'format_options', 'parse_options', 'router_texts', 'chat_text', 'observation_file_type',
+           'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -377,6 +377,14 @@ def select(obs: pd.DataFrame, # validated observation table
     out = obs.iloc[row_indexer(mask)]   # a new table; a copy only when the rows kept are not one run
     return out.assign(**{c: _without_unused(out[c]) for c in CATEGORICAL_COLUMNS
                          if isinstance(out[c].dtype, pd.CategoricalDtype)})
+
+# %% ../nbs/00_observations.ipynb #5df3cc67
+def one_answer_datasets(obs: pd.DataFrame, # observations with a training grid
+                       ) -> list[str]:
+    "The datasets whose training grid has one answer per (query, model) pair: a 1×1 grid, where no score can vary."
+    grid = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
+    most = grid.groupby(['dataset', 'query_id', 'model'], observed=True).size().groupby(level='dataset', observed=True).max()
+    return [str(name) for name, n in most.items() if n == 1]
 
 # %% ../nbs/00_observations.ipynb #1d979426
 PASSAGE_CHARS = 1200   # characters of a passage a router sees

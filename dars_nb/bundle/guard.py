@@ -90,14 +90,20 @@ def candidates(self: GuardCV, lam: float) -> np.ndarray:
     pos = gain[gain > 0]
     return np.unique(np.r_[0.0, np.quantile(pos, self.quantiles) if len(pos) else [], np.inf])
 
+# %% ../../nbs/25b_guard.ipynb #b4448eab
+@patch
+def query_utilities(self: GuardCV, lam: float, margin: float | None) -> tuple[np.ndarray, np.ndarray]:
+    "Per training query: the held-out utility μ_q − λ·μ_c of the model chosen with `margin`, and whether it is not the best fixed one."
+    fixed = self.fixed(lam)
+    choice = guarded_choice(self.utility(lam), fixed, margin)
+    return (self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice], choice != fixed
+
 # %% ../../nbs/25b_guard.ipynb #6c5d8189
 @patch
 def held_out(self: GuardCV, lam: float, margin: float | None) -> tuple[float, float]:
     "Pooled held-out utility and share routed away from the best fixed model, for one margin."
-    fixed = self.fixed(lam)
-    choice = guarded_choice(self.utility(lam), fixed, margin)
-    return (float((self.mu_q - lam * self.mu_c)[np.arange(len(choice)), choice].mean()),
-            float((choice != fixed).mean()))
+    utilities, away = self.query_utilities(lam, margin)
+    return float(utilities.mean()), float(away.mean())
 
 # %% ../../nbs/25b_guard.ipynb #55f0c0a6
 @patch

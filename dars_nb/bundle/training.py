@@ -11,22 +11,22 @@ import pandas as pd
 import typing
 from typing import Annotated
 from ..features import NoWordsError, make_featurizer
-from ..observations import router_texts
+from ..observations import router_texts, one_answer_datasets
 from ..sources import load_observations
 from ..sources.release import IncompleteRowsError
 from ..stats import PAPER, supervision, normalize_cost
 from ..pool.config import ConfigError, check_known_keys, check_parameters, check_type, from_table, read_toml
 from ..pool.models import Pool
 from ..routers import FAMILIES
-from .guard import GuardCV, cross_validate, guarded_choice
+from .guard import GuardCV, cross_validate
 from ..evaluate.bootstrap import Estimate, bootstrap_ci
 from . import RouterBundle, observations_fingerprint, save_bundle
 from .model_name import check_lambda
 from ..files.paths import writable_file
 
 # %% auto #0
-__all__ = ['ONE_ANSWER_NOTE', 'CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale',
-           'held_out_gain', 'one_answer_per_pair', 'kept_texts', 'train', 'train_main']
+__all__ = ['CALIBRATION_TEXTS', 'TrainConfig', 'load_train_config', 'query_texts', 'dollar_scale', 'held_out_gain',
+           'one_answer_note', 'kept_texts', 'train', 'train_main']
 
 # %% ../../nbs/25d_training.ipynb #f6e68ce5
 def _family_names() -> str:
@@ -163,26 +163,24 @@ def held_out_gain(cv: GuardCV, # the cross-validation `train` ran
                   lam: float, # cost weight λ
                  ) -> Estimate:
     "The unguarded router's held-out utility minus the best fixed model's, per training query: mean and bootstrap interval."
-    fixed = cv.fixed(lam)
-    choice, rows = guarded_choice(cv.utility(lam), fixed, None), np.arange(len(fixed))
-    real = cv.mu_q - lam * cv.mu_c
-    return bootstrap_ci(real[rows, choice] - real[rows, fixed])
+    return bootstrap_ci(cv.query_utilities(lam, None)[0] - cv.query_utilities(lam, np.inf)[0])
 
-def one_answer_per_pair(obs: pd.DataFrame, # observations with a training grid
-                       ) -> bool:
-    "True when every (query, model) pair of the training grid has one answer: a 1×1 grid, where σ is 0."
-    grid = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
-    return bool(grid.groupby(['dataset', 'query_id', 'model'], observed=True).size().max() == 1)
+def one_answer_note(obs: pd.DataFrame, # observations with a training grid
+                   ) -> str | None:
+    "What `train` says of training datasets with one answer per (query, model) pair (σ is 0 there); None if there are none."
+    flat = one_answer_datasets(obs)
+    if not flat: return None
+    every = len(flat) == obs.loc[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy(), 'dataset'].nunique()
+    where = 'every training (query, model) pair' if every else f"every training (query, model) pair of {', '.join(flat)}"
+    return (f"note: {where} has one answer (a 1×1 grid): σ is 0 {'and this' if every else 'there and that'} "
+            "supervision is the single-shot one; DARS needs a grid of rewrites × decodes")
 
-ONE_ANSWER_NOTE = ("note: every training (query, model) pair has one answer (a 1×1 grid): σ is 0 and this "
-                   "supervision is the single-shot one; DARS needs a grid of rewrites × decodes")
-
-def _print_training(bundle: RouterBundle, settings: TrainConfig, held_out: dict, n_texts: int, one_answer: bool):
+def _print_training(bundle: RouterBundle, settings: TrainConfig, held_out: dict, n_texts: int, note: str | None):
     "What `train` trained, and its held-out utility against the best fixed model."
     fixed = bundle.models[bundle.best_fixed(bundle.lam)]
     how = f"mode {settings.mode}, λ = {settings.lam}, β = {settings.beta}, features {bundle.featurizer.name}"
     print(f"trained {settings.family} on {n_texts} training queries × {len(bundle.models)} models ({how})")
-    if one_answer and settings.mode != 'single': print(ONE_ANSWER_NOTE)
+    if note and settings.mode != 'single': print(note)
     gain = held_out_gain(bundle.guard_cv, bundle.lam)
     best_fixed = f"best fixed model {held_out['best_fixed']:.4f} ({fixed})"
     router = (f"router {held_out['router']:.4f} ({gain.estimate:+.4f} [{gain.low:+.4f}, {gain.high:+.4f}] "
@@ -236,7 +234,7 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
                           mode=settings.mode, featurizer=featurizer, router=router,
                           guard=held_out['margin'] if settings.guard else None, guard_cv=guard_cv,
                           fingerprint=observations_fingerprint(obs), meta=meta)
-    if not quiet: _print_training(bundle, settings, held_out, len(texts), one_answer_per_pair(obs))
+    if not quiet: _print_training(bundle, settings, held_out, len(texts), one_answer_note(obs))
     return bundle
 
 # %% ../../nbs/25d_training.ipynb #421df77a

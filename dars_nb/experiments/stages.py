@@ -12,7 +12,7 @@ import pandas as pd
 import altair as alt
 from fastcore.basics import patch
 from sklearn.base import clone
-from ..observations import validate, select
+from ..observations import validate, select, one_answer_datasets
 from ..diagnostics import diagnose, plot_diagnostics
 from ..adaptive import adaptive_allocation, allocation_summary, PAPER_STAGES, PAPER_QUANTILES
 from .protocol import resolve_routers, run_protocol, protocol_baselines, scalars
@@ -33,9 +33,8 @@ from .inputs import Settings, FULL, load_data
 from ..sources.release import READ_PROTOCOLS
 
 # %% auto #0
-__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'one_answer_datasets',
-           'diagnostics_stage', 'protocol_stage', 'ablation_stage', 'efficiency_stage', 'temperature_stage',
-           'beta_stage', 'figure3', 'adaptive_stage']
+__all__ = ['SIZED', 'write_table', 'write_chart', 'Run', 'sized_to_data', 'data_stage', 'diagnostics_stage', 'protocol_stage',
+           'ablation_stage', 'efficiency_stage', 'temperature_stage', 'beta_stage', 'figure3', 'adaptive_stage']
 
 # %% ../../nbs/24b_stages.ipynb #6f6f4d15
 def write_table(table, # a `Table` or a DataFrame
@@ -156,13 +155,6 @@ def data_stage(run: Run, # the run
     return routers, datasets, obs
 
 # %% ../../nbs/24b_stages.ipynb #b62cae2d
-def one_answer_datasets(obs: pd.DataFrame, # observations with a training grid
-                       ) -> list[str]:
-    "The datasets whose training grid has one answer per (query, model) pair: a 1×1 grid, where no score can vary."
-    grid = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
-    most = grid.groupby(['dataset', 'query_id', 'model'], observed=True).size().groupby(level='dataset', observed=True).max()
-    return [str(name) for name, n in most.items() if n == 1]
-
 def diagnostics_stage(run: Run, # the run
                       obs: pd.DataFrame, # the whole observation table
                      ) -> pd.DataFrame | None:
