@@ -16,9 +16,9 @@ from .files.paths import readable_file, not_utf8, json_value, written_whole
 __all__ = ['KEY_COLUMNS', 'REQUIRED_COLUMNS', 'RECOMMENDED_COLUMNS', 'CATEGORICAL_COLUMNS', 'QUERY_COLUMNS', 'SPLITS', 'VIEWS',
            'MAX_ID', 'EVERY_ROW', 'PASSAGE_CHARS', 'OBSERVATION_TYPES', 'AS_TEXT', 'ObservationError',
            'example_observations', 'validate', 'as_validated', 'model_order', 'Dense', 'dense_index',
-           'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select', 'one_answer_datasets', 'router_text',
-           'format_options', 'parse_options', 'router_texts', 'chat_text', 'observation_file_type',
-           'write_observations', 'read_observations']
+           'canonical_layout', 'to_dense', 'from_dense', 'row_indexer', 'select', 'one_answer_datasets',
+           'shared_queries', 'check_disjoint_splits', 'router_text', 'format_options', 'parse_options', 'router_texts',
+           'chat_text', 'observation_file_type', 'write_observations', 'read_observations']
 
 # %% ../nbs/00_observations.ipynb #c0972a82
 KEY_COLUMNS = ['dataset', 'split', 'view', 'query_id', 'model', 'rewrite_id', 'sample_id']
@@ -385,6 +385,30 @@ def one_answer_datasets(obs: pd.DataFrame, # observations with a training grid
     grid = obs[((obs['split'] == 'train') & (obs['view'] == 'grid')).to_numpy()]
     most = grid.groupby(['dataset', 'query_id', 'model'], observed=True).size().groupby(level='dataset', observed=True).max()
     return [str(name) for name, n in most.items() if n == 1]
+
+# %% ../nbs/00_observations.ipynb #69635d2e
+def shared_queries(obs: pd.DataFrame, # observations of one dataset, both splits
+                  ) -> str | None:
+    "What the training and the test split share — a query id, or a question (its wording, passage and options) — in words; None if nothing."
+    ids, train = obs['query_id'].astype(str), (obs['split'] == 'train').to_numpy()
+    both = sorted(set(ids[train]) & set(ids[~train]))
+    if both: return f"{len(both)} query id(s) in both the training and the test split (first {both[0]!r})"
+    if 'original_text' not in obs.columns: return None
+    q = obs[obs['original_text'].notna().to_numpy()].drop_duplicates('query_id')   # one row per query: ids differ by split
+    parts = [q[c].astype(object).where(q[c].notna(), '') for c in QUERY_COLUMNS if c in q.columns]
+    question, train = list(zip(*parts)), (q['split'] == 'train').to_numpy()
+    both = sorted({x for x, t in zip(question, train) if t} & {x for x, t in zip(question, train) if not t})
+    if both: return f"{len(both)} question(s) in both the training and the test split, under other ids (first {both[0][0][:40]!r})"
+    return None
+
+def check_disjoint_splits(obs: pd.DataFrame, # observations, one dataset or several, both splits
+                         ):
+    "An `ObservationError` naming what the training and the test split of a dataset share, if they share anything."
+    for name, rows in obs.groupby(obs['dataset'].astype(str).to_numpy(), sort=False):
+        shared = shared_queries(rows)
+        if shared:
+            _fail(f"dataset {name!r}: {shared}: a router would be tested on a query it was trained on "
+                  "(drop it from one split)")
 
 # %% ../nbs/00_observations.ipynb #1d979426
 PASSAGE_CHARS = 1200   # characters of a passage a router sees

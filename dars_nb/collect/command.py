@@ -42,6 +42,7 @@ def _report(res: CollectResult):
     "The report of a finished run on standard output."
     c = res.counters
     rw, done = res.rewrites, f"{res.collected} observation(s) collected, {res.skipped} already stored"
+    for note in res.notes: print(note)
     print(f"{done}, {res.missing} missing of {res.planned} planned; "
           f"rewriter: {rw.calls} call(s), {rw.filled} rewrite(s) filled with the original wording")
     if c is not None:

@@ -143,4 +143,4 @@ def describe_plan(config, # a CollectConfig, TOML path or dict
              f"typically about {fmt_usd(typ)}"]
     filled = [f"note: {tasks.attrs['too_few'][name]}; this plan prices {asked} with repeats of their wordings"
               for name, (have, asked) in tasks.attrs['stand_ins'].items()]
-    return '\n'.join(lines[:4] + filled + lines[4:] + _limit_lines(cfg, calls, most, spent))
+    return '\n'.join(lines[:4] + filled + tasks.attrs['notes'] + lines[4:] + _limit_lines(cfg, calls, most, spent))

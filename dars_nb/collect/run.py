@@ -319,6 +319,7 @@ class CollectResult:
     table: pd.DataFrame | None = None # the complete observation table (the whole store)
     rewrite_validity: pd.DataFrame | None = None # rewrite validity checks of the selected queries
     output: Path | None = None # where the table was written
+    notes: list = field(default_factory=list) # what the plan says of its tasks (test queries left out, and why)
 
 def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the run did
             skipped: int, # planned observations already stored when the run started
@@ -347,7 +348,8 @@ def _finish(cfg, store, tasks, plan, calls: CallsMade, # what the calls of the r
                               similarity=similarity or cfg.similarity)
     return CollectResult(status=status, planned=len(plan), skipped=skipped, collected=calls.collected,
                          missing=missing, failures=fails, rewrites=calls.rewrites, message=message,
-                         counters=calls.counters, table=table, rewrite_validity=rv, output=out)
+                         counters=calls.counters, table=table, rewrite_validity=rv, output=out,
+                         notes=list(tasks.attrs.get('notes', [])))
 
 # %% ../../nbs/35f_collect_run.ipynb #b6ef4853
 async def acollect(config, # a CollectConfig, TOML path or dict

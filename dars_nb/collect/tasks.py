@@ -14,7 +14,7 @@ from .config import SOURCES, DatasetSpec, load_config
 from ..files.paths import json_value, read_text
 
 # %% auto #0
-__all__ = ['TASK_FIELDS', 'load_task_file', 'load_tasks']
+__all__ = ['TASK_FIELDS', 'load_task_file', 'training_repeats', 'load_tasks', 'repeats_note']
 
 # %% ../../nbs/35b_collect_tasks.ipynb #95442060
 TASK_FIELDS = ('query_id', 'kind', 'question', 'gold')
@@ -70,6 +70,19 @@ def _source_tasks(spec: DatasetSpec, data_dir) -> pd.DataFrame:
     except TypeError as e:
         raise ConfigError(f"dataset {spec.name!r}: bad options for source {spec.source!r}: {e}") from None
 
+# %% ../../nbs/35b_collect_tasks.ipynb #b80a5898
+def _question_keys(tasks: pd.DataFrame) -> list:
+    "Per task, what makes it one question: its wording, its context and its options."
+    listed = lambda c: repr(list(c)) if isinstance(c, (list, tuple, np.ndarray)) else repr(c)
+    return list(zip(tasks['question'].astype(str), tasks['context'].fillna('').astype(str), tasks['choices'].map(listed)))
+
+def training_repeats(train: pd.DataFrame, # the training draw of one dataset
+                     test: pd.DataFrame, # its test draw
+                    ) -> np.ndarray:
+    "Per test task, whether the training draw asks the same question (wording, context and options)."
+    asked = set(_question_keys(train))
+    return np.array([k in asked for k in _question_keys(test)], dtype=bool)
+
 # %% ../../nbs/35b_collect_tasks.ipynb #4dceb8af
 def _stand_ins(tasks: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     "`n` tasks for pricing only: every task of `tasks`, then seeded repeats, each with its own query id."
@@ -91,7 +104,7 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
     "The selected queries of every dataset, with `split` and `n_rewrites` (rewrites needed)."
     cfg = load_config(config)
     from dars_nb.sources.datasets import sample_tasks
-    parts, short, messages = [], {}, {}
+    parts, short, messages, left_out = [], {}, {}, {}
     for spec in cfg.datasets:
         tasks = _source_tasks(spec, cfg.data_dir)
         if len(tasks) < spec.train + spec.test:
@@ -101,10 +114,22 @@ def load_tasks(config, # a CollectConfig (or anything `load_config` reads)
             tasks = _stand_ins(tasks, spec.train + spec.test, cfg.seed)
         train, test = sample_tasks(tasks.assign(dataset=spec.name), spec.train, seed=cfg.seed,
                                    n_test=spec.test)
+        repeats = training_repeats(train, test) if spec.name not in short else np.zeros(len(test), bool)
+        if repeats.any(): left_out[spec.name], test = test['query_id'][repeats].astype(str).tolist(), test[~repeats]
         parts += [train.assign(split='train', n_rewrites=cfg.n_rewrites),
                   test.assign(split='test', n_rewrites=cfg.test_rewrites)]
     out = pd.concat(parts, ignore_index=True)
     out['query_id'] = out['query_id'].astype(str)
     out.attrs['stand_ins'] = short   # dataset -> (queries found, queries asked)
     out.attrs['too_few'] = messages  # dataset -> the error a run without stand-ins gives
+    out.attrs['notes'] = [repeats_note(name, ids) for name, ids in left_out.items()]   # what a plan and a run say
     return out
+
+def repeats_note(name: str, # the dataset
+                 ids: list, # its test queries left out
+                ) -> str:
+    "The note that says which test queries were left out because the training draw asks their question."
+    shown = ', '.join(ids[:3]) + (', …' if len(ids) > 3 else '')
+    return (f"note: dataset {name!r}: {len(ids)} test quer{'y' if len(ids) == 1 else 'ies'} ({shown}) "
+            f"ask{'s' * (len(ids) == 1)} a question of the training draw: left out of the test split, "
+            "so that no router is tested on what it was trained on")

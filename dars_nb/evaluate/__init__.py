@@ -11,7 +11,7 @@ import pandas as pd
 import altair as alt
 from fastcore.meta import delegates
 from sklearn.base import clone
-from ..observations import as_validated, to_dense, select, VIEWS
+from ..observations import as_validated, to_dense, select, VIEWS, check_disjoint_splits
 from ..stats import PAPER, normalize_cost, cost_norm_array, Supervision, cell_means, choose_fixed_model, check_weight
 from .bootstrap import Estimate, bootstrap_ci
 
@@ -272,11 +272,14 @@ def router_choices(router, # a fitted router: `predict(X)` -> model names, (n,) 
 
 # %% ../../nbs/20b_evaluate.ipynb #950a1436
 def _with_training(obs_test: pd.DataFrame, obs_train) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    "(test table, training table or None), `cost_norm` normalised over both when separate."
+    "(test table, training table or None), `cost_norm` normalised over both when separate; refused if they share a query."
     if obs_train is None:
         obs_test = _prepared(obs_test)
         has_grid = ((obs_test['split'] == 'train') & (obs_test['view'] == 'grid')).any()
+        if has_grid: check_disjoint_splits(obs_test)
         return obs_test, (obs_test if has_grid else None)
+    keys = lambda t: t[[c for c in ('dataset', 'split', 'query_id', 'original_text') if c in t.columns]]
+    check_disjoint_splits(pd.concat([keys(obs_test), keys(obs_train)], ignore_index=True))
     if 'cost_norm' in obs_test.columns and 'cost_norm' in obs_train.columns:
         return _prepared(obs_test), _prepared(obs_train)
     return tuple(normalize_jointly(obs_test, obs_train))

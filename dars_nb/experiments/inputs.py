@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..observations import validate, select, router_texts
+from ..observations import validate, select, router_texts, check_disjoint_splits
 from ..sources import load_observations
 from ..stats import PAPER
-from .protocol import (PAPER_TEST_SIZES, Formulas, FamilyFeatures, datasets_from, simulated_datasets,
-                                          check_disjoint_splits)
+from .protocol import PAPER_TEST_SIZES, Formulas, FamilyFeatures, datasets_from, simulated_datasets
 from .ablations import GRIDS, BETAS, TEMPERATURES
 from ..files.paths import readable_file
 
@@ -162,8 +161,7 @@ def load_data(data=None, # None for the simulator, an observation file (.parquet
     if (models < 2).any():
         one = models.index[int(np.argmax(models.to_numpy() < 2))]
         raise ValueError(f"dataset {one!r} has one model: routing needs two models or more")
-    for name in obs['dataset'].cat.categories:   # before any feature is computed
-        check_disjoint_splits(select(obs, dataset=name), str(name))
+    check_disjoint_splits(obs)   # before any feature is computed
     if features is not None: return datasets_from(obs, read_features(features), formulas=formulas), obs
     feats = features_from_text(obs, **(text_features or {}))
     own = {family: features_with_models(obs, descriptions, **(text_features or {}))

@@ -16,7 +16,7 @@ from fastcore.meta import delegates
 from sklearn.base import clone
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
-from ..observations import as_validated, select, model_order
+from ..observations import as_validated, select, model_order, shared_queries, check_disjoint_splits
 from ..stats import PAPER, supervision, normalize_cost, MODES, Supervision, COST_NORMS, DRAWS
 from ..evaluate.bootstrap import bootstrap_ci
 from ..evaluate import (per_query_view_utility, view_means, true_utility, best_fixed_model,
@@ -26,11 +26,10 @@ from .cluster import run_calls
 
 # %% auto #0
 __all__ = ['PAPER_TEST_SIZES', 'RESULT_COLUMNS', 'ARRAY_COLUMNS', 'BASELINES', 'VS_SINGLE', 'VS_FIXED', 'Formulas',
-           'FamilyFeatures', 'ProtocolData', 'shared_queries', 'check_disjoint_splits', 'make_dataset',
-           'simulated_datasets', 'datasets_from', 'as_datasets', 'available_routers', 'resolve_routers', 'derive_seed',
-           'single_threaded', 'Spec', 'Prepared', 'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit',
-           'run_unit', 'scalars', 'baseline_values', 'protocol_baselines', 'single_shot_twins', 'add_intervals',
-           'UnitCall', 'run_experiments', 'run_protocol']
+           'FamilyFeatures', 'ProtocolData', 'make_dataset', 'simulated_datasets', 'datasets_from', 'as_datasets',
+           'available_routers', 'resolve_routers', 'derive_seed', 'single_threaded', 'Spec', 'Prepared',
+           'prepare_dataset', 'supervise', 'chosen_positions', 'score_unit', 'run_unit', 'scalars', 'baseline_values',
+           'protocol_baselines', 'single_shot_twins', 'add_intervals', 'UnitCall', 'run_experiments', 'run_protocol']
 
 # %% ../../nbs/21a_protocol.ipynb #8c647133
 class Formulas(NamedTuple):
@@ -80,27 +79,6 @@ class ProtocolData:
                 f"features {self.features.shape[1]}, truth={self.truth is not None})")
 
 # %% ../../nbs/21a_protocol.ipynb #46627ed3
-def shared_queries(obs: pd.DataFrame, # observations of one dataset, both splits
-                  ) -> str | None:
-    "What the training and the test split share — a query id, or a question's original wording — in words; None if nothing."
-    ids, train = obs['query_id'].astype(str), (obs['split'] == 'train').to_numpy()
-    both = sorted(set(ids[train]) & set(ids[~train]))
-    if both: return f"{len(both)} query id(s) in both the training and the test split (first {both[0]!r})"
-    if 'original_text' not in obs.columns: return None
-    text = obs['original_text'].astype(object)
-    both = sorted(set(text[train].dropna()) & set(text[~train].dropna()))
-    if both: return f"{len(both)} question(s) in both the training and the test split, under other ids (first {both[0][:40]!r})"
-    return None
-
-def check_disjoint_splits(obs: pd.DataFrame, # observations of one dataset, both splits
-                          name: str, # the dataset's name, for the message
-                         ):
-    "A ValueError naming what the training and the test split of a dataset share, if they share anything."
-    shared = shared_queries(obs)
-    if shared:
-        raise ValueError(f"dataset {name!r}: {shared}: a router would be tested on a query it was trained on "
-                         "(drop it from one split)")
-
 def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid and test views
                  features: pd.DataFrame, # query features indexed by query_id
                  truth: pd.DataFrame | None = None, # truth by (dataset, query_id, model), if known
@@ -117,7 +95,7 @@ def make_dataset(obs: pd.DataFrame, # observations of one dataset: training grid
         raise ValueError(f"dataset {name!r} has no training grid (split 'train', view 'grid')")
     if not ((obs['split'] == 'test') & obs['view'].isin(['rewrite', 'decode'])).any():
         raise ValueError(f"dataset {name!r} has no test observations (view 'rewrite' or 'decode')")
-    check_disjoint_splits(obs, name)
+    check_disjoint_splits(obs)
     if not isinstance(features, pd.DataFrame):
         raise ValueError("features must be a DataFrame indexed by query_id")
     features = features.set_axis(features.index.astype(str).rename('query_id'))
