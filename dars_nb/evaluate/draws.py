@@ -157,12 +157,12 @@ def single_vs_dars(single, # router fitted on R single-shot draws
                    X_test, # test features, rows in the order of the tables' queries
                    tables: dict, # view -> table from `per_query_view_utility`
                   ) -> pd.DataFrame:
-    "Long table (policy, view, utility, sd): the single-shot draws, DARS and the random router."
+    "Long table (policy, view, utility, sd): the single-shot draws (sd over them, as `router_variance`), DARS and random."
     on_draws = draw_view_utilities(single, X_test, tables)
     on_dars = draw_view_utilities(dars, X_test, tables)
     rows = [dict(policy=f'single-shot ({len(on_draws[view])} draws)', view=view,
                  utility=on_draws[view].mean(),
-                 sd=on_draws[view].std()) for view in tables]
+                 sd=pd.Series(on_draws[view]).std()) for view in tables]   # the sample sd (NaN for one draw)
     rows += [dict(policy='DARS', view=view, utility=on_dars[view][0], sd=0.0) for view in tables]
     rows += [dict(policy='random', view=view, utility=random_utility(table), sd=0.0)
              for view, table in tables.items()]
