@@ -734,6 +734,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'dars_nb/experiments/ablations.py'),
                                                'dars_nb.experiments.ablations._knob_chart': ( 'ablations.html#_knob_chart',
                                                                                               'dars_nb/experiments/ablations.py'),
+                                               'dars_nb.experiments.ablations._whole_grids': ( 'ablations.html#_whole_grids',
+                                                                                               'dars_nb/experiments/ablations.py'),
                                                'dars_nb.experiments.ablations._wide': ( 'ablations.html#_wide',
                                                                                         'dars_nb/experiments/ablations.py'),
                                                'dars_nb.experiments.ablations.ablation_table': ( 'ablations.html#ablation_table',
