@@ -318,11 +318,17 @@ def _adaptive(obs: pd.DataFrame, lam: float, beta: float, log=print) -> pd.DataF
         stages = tuple(s for s in PAPER_STAGES if s <= min(n, m))
         if len(stages) < 2: continue
         # calls saved only against the fixed grids this grid holds: none against a 5×5 grid never collected
-        try: alloc = adaptive_allocation(grid, lam, beta, stages, PAPER_QUANTILES[:len(stages) - 1])
-        except ValueError as e:       # a hole where the rule reads: no count of calls would be honest
+        fixed = tuple(f for f in (3, 5) if f <= min(n, m))
+        try:
+            summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages, PAPER_QUANTILES[:len(stages) - 1]),
+                                         fixed=fixed)
+            # beside the adaptive label's agreement, that of each smaller fixed grid's label: the baseline it saves on
+            baseline = {f'label_agreement_fixed_{f}x{f}': allocation_summary(
+                adaptive_allocation(grid, lam, beta, (f,), ()))['label_agreement'] for f in fixed if f < min(n, m)}
+        except ValueError as e:       # a hole where a rule reads: no count of calls would be honest
             log(f"      adaptive sampling skips dataset {name}: {e}")
             continue
-        summary = allocation_summary(alloc, fixed=tuple(f for f in (3, 5) if f <= min(n, m)))
+        summary = pd.concat([summary[:'label_agreement'], pd.Series(baseline, dtype=object), summary['regret':]])
         rows.append(pd.concat([pd.Series({'grid': f'{n}x{m}'}, dtype=object), summary]).rename(name))
     if not rows: return None
     table = pd.DataFrame(rows).rename_axis('dataset')
