@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pandas as pd
 import altair as alt
-from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid, best_models
+from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid, best_models, hard_labels
 
 # %% auto #0
 __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allocation', 'allocation_summary',
@@ -66,6 +66,7 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
                      lam: float = PAPER.lam, # cost weight λ
                      beta: float = PAPER.beta, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
+                     seed: int = 0, # seed of the uniform choice of a label among tied models
                     ) -> pd.DataFrame:
     "Per query on a side×side sub-grid: risk R, margin Δ, the DARS label and observations per pair."
     grid = training_grid(obs_grid, models)
@@ -74,7 +75,7 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
     _check_cells(grid, pool, stats['n'][0], side)
     names = np.asarray(grid.models, dtype=object)
     return pd.DataFrame(dict(risk=_masked(stats['risk'][0]).max(-1), margin=_margin(stats['U'][0]),
-                             label=names[np.argmax(_masked(stats['U'][0]), -1)],
+                             label=names[hard_labels(stats['U'][0], seed)],
                              n_obs=_pair_mean(stats['n'][0], pool)), index=grid.queries)
 
 # %% ../nbs/23_adaptive.ipynb #38cd1ce7
@@ -136,6 +137,7 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                         quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
+                        seed: int = 0, # seed of the uniform choice of a label among tied models
                        ) -> pd.DataFrame:
     "Staged acquisition per query: the side it stops at, observations per pair, label vs full grid."
     stages = _check_rule(stages, quantiles)
@@ -149,7 +151,8 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
     at = (level, np.arange(len(level)))
     _check_cells(grid, pool, stats['n'][at], np.asarray(stages)[level][:, None])
     U_full = _full_utility(scores, costs, lam, beta)
-    label, full_label = np.argmax(_masked(stats['U'][at]), -1), np.argmax(U_full, -1)   # ties: the first shown
+    # a label among tied models is a seeded uniform choice, never the first name; one seed, so equal ties pick alike
+    label, full_label = (hard_labels(U, seed) for U in (stats['U'][at], np.where(np.isneginf(U_full), np.nan, U_full)))
     names = np.asarray(grid.models, dtype=object)
     out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=_pair_mean(stats['n'][at], pool),
                             risk=risk_q[at],
