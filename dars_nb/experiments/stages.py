@@ -310,13 +310,15 @@ def figure3(efficiency: pd.DataFrame | None, # sample-efficiency results, if run
 def _stage_order(column: str) -> int: return int(column.split('_')[-1].split('x')[0])
 
 def _adaptive(obs: pd.DataFrame, lam: float, beta: float, log=print) -> pd.DataFrame | None:
-    "Adaptive-sampling summary per dataset, or None when the grids are too small; a grid with holes is skipped, in the log."
+    "Adaptive-sampling summary per dataset, or None; a grid too small or with holes is skipped, and the log says so."
     rows = []
     for name in obs['dataset'].cat.categories:
         grid = select(obs, split='train', view='grid', dataset=name)
         n, m = grid['rewrite_id'].nunique(), grid['sample_id'].nunique()
         stages = tuple(s for s in PAPER_STAGES if s <= min(n, m))
-        if len(stages) < 2: continue
+        if len(stages) < 2:
+            log(f"      adaptive sampling skips dataset {name}: its {n}x{m} grid holds fewer than two of the stages {PAPER_STAGES}")
+            continue
         # calls saved only against the fixed grids this grid holds: none against a 5×5 grid never collected
         fixed = tuple(f for f in (3, 5) if f <= min(n, m))
         try:
