@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pandas as pd
 import altair as alt
-from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid, best_models
+from .stats import PAPER, normalize_cost, grid_stats, utility, training_grid, best_models, hard_labels
 
 # %% auto #0
 __all__ = ['PAPER_STAGES', 'PAPER_QUANTILES', 'stage_statistics', 'adaptive_allocation', 'allocation_summary',
@@ -28,6 +28,28 @@ def _side_stats(q, c, sides, lam, beta) -> dict:
                 sigma=np.stack([s['sigma_q'] for s in per_side]),
                 n=np.stack([s['n'] for s in per_side]))
 
+def _pair_pool(grid) -> np.ndarray:
+    "(Q, K) mask of each query's pairs: the models its dataset observes."
+    observed = (~np.isnan(grid['score'])).any((-2, -1))
+    groups = pd.factorize(grid.queries.get_level_values(0))[0]
+    in_dataset = np.zeros((groups.max() + 1, observed.shape[1]), bool)
+    np.logical_or.at(in_dataset, groups, observed)
+    return in_dataset[groups]
+
+def _check_cells(grid, pool, n, side):
+    "Fail, naming the first pair, unless every pair holds every cell of the corner a rule reads from it."
+    side = np.broadcast_to(side, n.shape)
+    short = pool & (n < side ** 2)
+    if short.any():
+        qi, ki = np.argwhere(short)[0]
+        s = int(side[qi, ki])
+        raise ValueError(f"query {grid.queries[qi][1]!r} and model {grid.models[ki]!r} hold {int(n[qi, ki])} of the "
+                         f"{s}×{s} cells the rule reads: adaptive sampling replays complete grids")
+
+def _pair_mean(values, pool):
+    "Mean over each query's pairs (the models of its dataset): (Q,)."
+    return (values * pool).sum(-1) / pool.sum(-1)
+
 def _masked(values):
     "NaN → −inf, so that maxima and argmaxima skip missing models."
     return np.where(np.isnan(values), -np.inf, values)
@@ -44,14 +66,17 @@ def stage_statistics(obs_grid: pd.DataFrame, # observations with the training gr
                      lam: float = PAPER.lam, # cost weight λ
                      beta: float = PAPER.beta, # risk weight β
                      models: list | None = None, # model order (default: sorted names)
+                     seed: int = 0, # seed of the uniform choice of a label among tied models
                     ) -> pd.DataFrame:
     "Per query on a side×side sub-grid: risk R, margin Δ, the DARS label and observations per pair."
     grid = training_grid(obs_grid, models)
     stats = _side_stats(grid['score'], grid['cost_norm'], [side], lam, beta)
+    pool = _pair_pool(grid)
+    _check_cells(grid, pool, stats['n'][0], side)
     names = np.asarray(grid.models, dtype=object)
     return pd.DataFrame(dict(risk=_masked(stats['risk'][0]).max(-1), margin=_margin(stats['U'][0]),
-                             label=names[np.argmax(_masked(stats['U'][0]), -1)],
-                             n_obs=stats['n'][0].mean(-1)), index=grid.queries)
+                             label=names[hard_labels(stats['U'][0], seed)],
+                             n_obs=_pair_mean(stats['n'][0], pool)), index=grid.queries)
 
 # %% ../nbs/23_adaptive.ipynb #38cd1ce7
 def _group_quantile(values, groups, mask, p):
@@ -60,11 +85,15 @@ def _group_quantile(values, groups, mask, p):
     return per_group.reindex(np.arange(groups.max() + 1)).to_numpy(float)[groups]
 
 def _check_rule(stages, quantiles):
+    if not all(isinstance(s, (int, float, np.number)) and float(s).is_integer() for s in stages):
+        raise ValueError(f"stages must be whole grid sides, got {tuple(stages)}")
     stages = tuple(int(s) for s in stages)
     if len(stages) < 1 or any(b <= a for a, b in zip(stages, stages[1:])):
         raise ValueError(f"stages must be increasing grid sides, got {stages}")
     if len(quantiles) != len(stages) - 1:
         raise ValueError(f"need one (risk, margin) quantile pair per decision point: {len(stages) - 1} for stages {stages}")
+    if not all(np.ndim(p) == 1 and len(p) == 2 for p in quantiles):
+        raise ValueError(f"each decision point needs a (risk, margin) quantile pair, got {tuple(quantiles)}")
     for pr, pm in quantiles:
         if not (0 <= pr <= 1 and 0 <= pm <= 1): raise ValueError(f"quantiles must lie in [0, 1], got {(pr, pm)}")
     return stages
@@ -108,20 +137,24 @@ def adaptive_allocation(obs_grid: pd.DataFrame, # observations with the full tra
                         stages=PAPER_STAGES, # grid sides, smallest first; the last is the cap
                         quantiles=PAPER_QUANTILES, # (risk p, margin p) at each stage but the last
                         models: list | None = None, # model order (default: sorted names)
+                        seed: int = 0, # seed of the uniform choice of a label among tied models
                        ) -> pd.DataFrame:
     "Staged acquisition per query: the side it stops at, observations per pair, label vs full grid."
     stages = _check_rule(stages, quantiles)
     grid = training_grid(obs_grid, models)
     scores, costs = grid['score'], grid['cost_norm']
     stats = _side_stats(scores, costs, stages, lam, beta)
+    pool = _pair_pool(grid)
     risk_q, margin = _masked(stats['risk']).max(-1), _margin(stats['U'])
     groups = pd.factorize(grid.queries.get_level_values(0))[0]
     level = _stop_levels(risk_q, margin, groups, quantiles)
     at = (level, np.arange(len(level)))
+    _check_cells(grid, pool, stats['n'][at], np.asarray(stages)[level][:, None])
     U_full = _full_utility(scores, costs, lam, beta)
-    label, full_label = np.argmax(_masked(stats['U'][at]), -1), np.argmax(U_full, -1)   # ties: the first shown
+    # a label among tied models is a seeded uniform choice, never the first name; one seed, so equal ties pick alike
+    label, full_label = (hard_labels(U, seed) for U in (stats['U'][at], np.where(np.isneginf(U_full), np.nan, U_full)))
     names = np.asarray(grid.models, dtype=object)
-    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=stats['n'][at].mean(-1),
+    out = pd.DataFrame(dict(stage=np.asarray(stages)[level], n_obs=_pair_mean(stats['n'][at], pool),
                             risk=risk_q[at],
                             margin=margin[at], label=names[label], full_label=names[full_label]),
                        index=grid.queries)
@@ -176,6 +209,7 @@ def first_stage_stops(obs_grid: pd.DataFrame, # observations with the training g
         raise ValueError("risk_levels and margin_levels must be non-empty quantiles in [0, 1]")
     grid = training_grid(obs_grid, models)
     stats = _side_stats(grid['score'], grid['cost_norm'], [side], lam, beta)
+    _check_cells(grid, _pair_pool(grid), stats['n'][0], side)
     risk, margin = _masked(stats['risk'][0]).max(-1), _margin(stats['U'][0])
     codes, names = pd.factorize(grid.queries.get_level_values(0))
     everyone, G = np.ones(len(codes), bool), len(names)
@@ -225,6 +259,11 @@ def plot_first_stage_stops(stops: pd.DataFrame, # output of `first_stage_stops`
                                                            f'{margin_p:g})', width=420, height=260)
 
 # %% ../nbs/23_adaptive.ipynb #c594beb5
+def _check_intervals(z, prior_weight):
+    "z and the prior weight unchanged when both are finite and ≥ 0, else a one-line error."
+    if not all(np.isfinite(v) and v >= 0 for v in np.ravel([z, prior_weight])):
+        raise ValueError(f"z and prior_weight must be finite non-negative numbers, got z={z}, prior_weight={prior_weight}")
+
 def _stopped_pairs(U, sigma, n, z, prior_weight):
     "Stage index at which each (query, model) pair stops under the interval-overlap rule: (Q, K)."
     S, Q, K = U.shape
@@ -238,7 +277,8 @@ def _stopped_pairs(U, sigma, n, z, prior_weight):
         lead = np.argmax(now, -1)
         lcb = now[np.arange(Q), lead] - z * error[np.arange(Q), lead]
         here, is_lead = level == k, ki == lead[:, None]
-        contender = here & ~is_lead & (now + z * error >= lcb[:, None])
+        with np.errstate(invalid='ignore'):           # a model the dataset lacks: −inf + ∞, never a contender
+            contender = here & ~is_lead & (now + z * error >= lcb[:, None])
         grow = contender | (here & is_lead & contender.any(-1, keepdims=True))
         level = np.where(grow, k + 1, level)
     return level
@@ -254,13 +294,15 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
                              ) -> pd.DataFrame:
     "Staged acquisition per (query, model): grow the leader and pairs whose interval reaches it."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
-    if z < 0 or prior_weight < 0: raise ValueError("z and prior_weight must be non-negative")
+    _check_intervals(z, prior_weight)
     grid = training_grid(obs_grid, models)
     scores, costs = grid['score'], grid['cost_norm']
     stats = _side_stats(scores, costs, stages, lam, beta)
+    pool = _pair_pool(grid)
     level = _stopped_pairs(stats['U'], stats['sigma'], stats['n'], z, prior_weight)
     Q, K = level.shape
     qi, ki = np.indices((Q, K))
+    _check_cells(grid, pool, stats['n'][level, qi, ki], np.asarray(stages)[level])
     U_stop, U_full = stats['U'][level, qi, ki], _full_utility(scores, costs, lam, beta)
     idx = pd.MultiIndex.from_arrays([np.repeat(grid.queries.get_level_values(0), K),
                                      np.repeat(grid.queries.get_level_values(1), K),
@@ -272,7 +314,7 @@ def adaptive_allocation_pairs(obs_grid: pd.DataFrame, # observations with the fu
                             full_utility=np.where(np.isfinite(U_full), U_full, np.nan).ravel(),
                             is_label=_winners(_masked(U_stop)).ravel(),     # tied winners all marked
                             is_full_label=_winners(U_full).ravel()),
-                            index=idx)
+                            index=idx)[pool.ravel()]            # only the models of each query's dataset
     out.attrs['stages'] = stages
     return out
 
@@ -291,10 +333,12 @@ def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
     N, M = scores.shape[-2:]
     sides = sorted(set(range(min(stages), min(N, M) + 1)) | set(stages))
     stats = _side_stats(scores, costs, sides, lam, beta)
+    pool = _pair_pool(grid)
+    _check_cells(grid, pool, stats['n'][-1], sides[-1])        # the fixed grids read every side
     pos = [sides.index(x) for x in stages]
     U, n = stats['U'][pos], stats['n'][pos]
     U_full = _full_utility(scores, costs, lam, beta)
-    return dict(sides=sides, stats=stats, U=U, n=n, sigma=stats['sigma'][pos], U_full=U_full,
+    return dict(sides=sides, stats=stats, pool=pool, U=U, n=n, sigma=stats['sigma'][pos], U_full=U_full,
                 risk_q=_masked(stats['risk'][pos]).max(-1), margin=_margin(U),
                 groups=pd.factorize(grid.queries.get_level_values(0))[0],
                 full_label=np.argmax(U_full, -1),
@@ -304,7 +348,7 @@ def _frontier_grid(obs_grid, stages, lam, beta, truth) -> dict:
 def _frontier_row(shared: dict, rule: str, setting: str, n_pair, U_stage) -> dict:
     "One setting of one rule (utilities it settles on): observations per pair, agreement with the full grid, regret."
     agrees, regret = _verdicts(U_stage, shared['U_full'])
-    row = dict(rule=rule, setting=setting, obs_per_pair=float(n_pair.mean()),
+    row = dict(rule=rule, setting=setting, obs_per_pair=float(_pair_mean(n_pair, shared['pool']).mean()),
                label_agreement=float(agrees.mean()), regret=float(np.nanmean(regret)))
     if shared['true_label'] is not None:   # a uniform pick among the winners: the share that is the true best
         winners, true = _winners(U_stage), shared['true_label']
@@ -362,6 +406,10 @@ def allocation_frontier(obs_grid: pd.DataFrame, # observations with the full tra
                        ) -> pd.DataFrame:
     "Observations per pair, label agreement, regret over settings of the per-query, per-pair rules."
     stages = _check_rule(stages, [(0, 0)] * (len(tuple(stages)) - 1))
+    levels = np.asarray([*query_levels, *second_levels], float)
+    if not ((levels >= 0) & (levels <= 1)).all():
+        raise ValueError(f"quantiles must lie in [0, 1], got {tuple(levels)}")
+    for z in pair_z: _check_intervals(z, prior_weight)
     shared = _frontier_grid(obs_grid, stages, lam, beta, truth)
     out = pd.DataFrame(_fixed_rows(shared) + _per_query_rows(shared, stages, query_levels,
                                                              second_levels)

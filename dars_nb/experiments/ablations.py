@@ -87,6 +87,17 @@ def plot_ablations(results: pd.DataFrame, # output of `run_ablations`
 # %% ../../nbs/22_ablations.ipynb #4b7678cf
 GRIDS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 5))
 
+def _whole_grids(grids) -> list:
+    "`grids` as (rewrites, decodes) pairs of whole numbers, or a one-line error naming the bad one."
+    out = []
+    for grid in grids:
+        try: n, m = (float(side) for side in grid)
+        except (TypeError, ValueError): raise ValueError(f"each grid must be a (rewrites, decodes) pair, got {grid!r}") from None
+        if not (n.is_integer() and m.is_integer()): raise ValueError(f"grid sides must be whole numbers, got {grid!r}")
+        out.append((int(n), int(m)))
+    if not out: raise ValueError("no grid given: pass at least one (rewrites, decodes) sub-grid")
+    return out
+
 @delegates(run_experiments, but=['specs', 'desc', 'n_draws'])
 def run_sample_efficiency(datasets, # `ProtocolData`(s), or a mapping name -> (obs, features, …)
                           routers=None, # mapping name -> router, a list, or None for every family
@@ -95,7 +106,7 @@ def run_sample_efficiency(datasets, # `ProtocolData`(s), or a mapping name -> (o
                           **kwargs,
                          ) -> pd.DataFrame:
     "DARS trained on the leading n×m corner of every training grid, for each sub-grid in `grids`."
-    return run_experiments(datasets, routers, [Spec('dars', beta, tuple(grid)) for grid in grids],
+    return run_experiments(datasets, routers, [Spec('dars', beta, grid) for grid in _whole_grids(grids)],
                            n_draws=1,
                            desc='sample efficiency', **kwargs)
 
@@ -109,6 +120,8 @@ def run_beta_sweep(datasets, # `ProtocolData`(s), or a mapping name -> (obs, fea
                    **kwargs,
                   ) -> pd.DataFrame:
     "Full DARS at every β in `betas`."
+    betas = np.atleast_1d(np.asarray(betas, dtype=float))
+    if betas.size == 0: raise ValueError("no β given: pass at least one risk weight")
     return run_experiments(datasets, routers, [Spec('dars', float(beta)) for beta in betas],
                            n_draws=1,
                            desc='beta sweep', **kwargs)
@@ -118,6 +131,7 @@ def sensitivity_table(results: pd.DataFrame, # output of `run_sample_efficiency`
                       by: str = 'beta', # the knob: 'beta' or 'grid'
                      ) -> Table:
     "Mean utility over routers per knob value (rows), dataset × view and the average; best in bold."
+    if by not in ('beta', 'grid'): raise ValueError(f"by must be 'beta' or 'grid', got {by!r}")
     values = _wide(results, by)
     if by == 'grid':
         values = values.loc[sorted(values.index,
@@ -163,6 +177,10 @@ def temperature_observations(profile: str = 'gpqa_like', # a simulator profile
                              seed: int = 0, # seed of the world and of every sampling run
                             ) -> pd.DataFrame:
     "One simulated world's training grids at each temperature (sample ids offset per temperature)."
+    temperatures = [float(t) for t in np.atleast_1d(temperatures)]
+    if not temperatures: raise ValueError("no temperature given")
+    repeated = sorted({t for t in temperatures if temperatures.count(t) > 1})
+    if repeated: raise ValueError(f"temperature {repeated[0]:g} is given twice: its grids would merge into one")
     world = make_world(profile, n_train, 0, seed)
     parts = [observe(world, 'train', 'grid', n_rewrites=n_rewrites, n_decodes=n_decodes,
                      temperature=float(t), seed=seed)

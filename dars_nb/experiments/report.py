@@ -337,7 +337,8 @@ def _report_studies(summary: dict, md: dict) -> list[str]:
                   'cap is 5×5; a smaller grid caps the stages at its side). Per dataset its whole grid, '
                   'the observations per (query, model), the calls saved against the fixed grids it '
                   'holds, and the agreement of the adaptive label with the DARS label of the whole grid '
-                  '(a query grown to the whole grid agrees by construction).', '',
+                  '(a query grown to the whole grid agrees by construction), beside that of the fixed 3×3 '
+                  'grid when the whole grid is larger.', '',
                   md['adaptive'], '']
     times = ', '.join(f'{k} {_fmt_seconds(v)}' for k, v in summary['timings'].items())
     return lines + ['## Files', '',

@@ -309,18 +309,28 @@ def figure3(efficiency: pd.DataFrame | None, # sample-efficiency results, if run
 # %% ../../nbs/24b_stages.ipynb #5ed2ecc3
 def _stage_order(column: str) -> int: return int(column.split('_')[-1].split('x')[0])
 
-def _adaptive(obs: pd.DataFrame, lam: float, beta: float) -> pd.DataFrame | None:
-    "Adaptive-sampling summary per dataset, or None when the grids are too small."
+def _adaptive(obs: pd.DataFrame, lam: float, beta: float, log=print) -> pd.DataFrame | None:
+    "Adaptive-sampling summary per dataset, or None; a grid too small or with holes is skipped, and the log says so."
     rows = []
     for name in obs['dataset'].cat.categories:
         grid = select(obs, split='train', view='grid', dataset=name)
         n, m = grid['rewrite_id'].nunique(), grid['sample_id'].nunique()
         stages = tuple(s for s in PAPER_STAGES if s <= min(n, m))
-        if len(stages) < 2: continue
+        if len(stages) < 2:
+            log(f"      adaptive sampling skips dataset {name}: its {n}x{m} grid holds fewer than two of the stages {PAPER_STAGES}")
+            continue
         # calls saved only against the fixed grids this grid holds: none against a 5×5 grid never collected
-        summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages,
-                                                         PAPER_QUANTILES[:len(stages) - 1]),
-                                     fixed=tuple(f for f in (3, 5) if f <= min(n, m)))
+        fixed = tuple(f for f in (3, 5) if f <= min(n, m))
+        try:
+            summary = allocation_summary(adaptive_allocation(grid, lam, beta, stages, PAPER_QUANTILES[:len(stages) - 1]),
+                                         fixed=fixed)
+            # beside the adaptive label's agreement, that of each smaller fixed grid's label: the baseline it saves on
+            baseline = {f'label_agreement_fixed_{f}x{f}': allocation_summary(
+                adaptive_allocation(grid, lam, beta, (f,), ()))['label_agreement'] for f in fixed if f < min(n, m)}
+        except ValueError as e:       # a hole where a rule reads: no count of calls would be honest
+            log(f"      adaptive sampling skips dataset {name}: {e}")
+            continue
+        summary = pd.concat([summary[:'label_agreement'], pd.Series(baseline, dtype=object), summary['regret':]])
         rows.append(pd.concat([pd.Series({'grid': f'{n}x{m}'}, dtype=object), summary]).rename(name))
     if not rows: return None
     table = pd.DataFrame(rows).rename_axis('dataset')
@@ -336,6 +346,6 @@ def adaptive_stage(run: Run, # the run
                   ) -> pd.DataFrame | None:
     "Adaptive sampling per dataset (stages that fit its grid); None when no grid is large enough."
     run.log("[8/8] adaptive sampling")
-    adaptive = _adaptive(obs, run.settings.lam, run.settings.beta)
+    adaptive = _adaptive(obs, run.settings.lam, run.settings.beta, run.log)
     if adaptive is not None: run.table('adaptive', adaptive, 'adaptive_sampling', 3)
     return adaptive
