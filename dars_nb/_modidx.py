@@ -217,6 +217,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.GuardCV.report': ('guard.html#guardcv.report', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.GuardCV.utility': ('guard.html#guardcv.utility', 'dars_nb/bundle/guard.py'),
+                                      'dars_nb.bundle.guard._fold_features': ('guard.html#_fold_features', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard._supervision_rows': ('guard.html#_supervision_rows', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.cross_validate': ('guard.html#cross_validate', 'dars_nb/bundle/guard.py'),
                                       'dars_nb.bundle.guard.fold_ids': ('guard.html#fold_ids', 'dars_nb/bundle/guard.py'),

@@ -133,26 +133,35 @@ def _supervision_rows(sup: Supervision, # supervision (one draw or R)
     return dataclasses.replace(sup, queries=sup.queries[rows], mu_q=sup.mu_q[:, rows], mu_c=sup.mu_c[:, rows],
                                sigma=sup.sigma[:, rows], utility=sup.utility[:, rows])
 
+def _fold_features(X, featurizer, train_rows, held_rows) -> tuple:
+    "(training rows, held-out rows) of one fold: rows of `X`, or its texts featurised by a copy of `featurizer` fitted on the fold's training texts."
+    if featurizer is None: return X[train_rows], X[held_rows]
+    fitted = clone(featurizer).fit(list(X[train_rows]))
+    return fitted.transform(list(X[train_rows])), fitted.transform(list(X[held_rows]))
+
 def cross_validate(router, # an unfitted router (its parameters are cloned for every fold)
-                   X: np.ndarray, # training features (Q, d), rows in `sup` order
+                   X: np.ndarray, # training features (Q, d), rows in `sup` order; with `featurizer`, the texts
                    sup: Supervision, # supervision, one draw
                    observed: Supervision, # DARS statistics of the same queries
                    folds: int = 5, # K
                    seed: int = 0, # seed of the fold assignment
                    lams=(0.0, 0.025, 0.05, 0.1, 0.2), # λ grid for a router whose utility is not affine in λ
+                   featurizer=None, # an unfitted featurizer: each fold fits its own on its training texts
                   ) -> GuardCV:
     "Fit K fold routers and keep their held-out predictions for the guard."
+    X = np.asarray(X, dtype=object) if featurizer is not None else X
     ids = fold_ids(len(X), folds, seed)
     Q, K = len(X), len(sup.models)
     grid = np.unique(np.r_[np.asarray(lams, float), sup.lam])
     quality, cost, policy = np.zeros((Q, K)), np.zeros((Q, K)), np.zeros((len(grid), Q, K))
     for k in range(folds):
         train_rows, held_rows = ids != k, ids == k
-        fold_router = clone(router).fit(X[train_rows], _supervision_rows(sup, np.flatnonzero(train_rows)))
+        X_train, X_held = _fold_features(X, featurizer, train_rows, held_rows)
+        fold_router = clone(router).fit(X_train, _supervision_rows(sup, np.flatnonzero(train_rows)))
         if router.lam_affine:
-            terms = fold_router.predict_terms(X[held_rows])
+            terms = fold_router.predict_terms(X_held)
             quality[held_rows], cost[held_rows] = terms['quality'], terms['mu_c']
-        else: policy[:, held_rows] = [fold_router.utility(X[held_rows], lam) for lam in grid]
+        else: policy[:, held_rows] = [fold_router.utility(X_held, lam) for lam in grid]
     parts = dict(quality=quality, mu_c=cost) if router.lam_affine else dict(lams=grid, policy=policy)
     return GuardCV(ids, observed.mu_q[0], observed.mu_c[0], parts)
 

@@ -19,6 +19,7 @@ from ..pool.config import ConfigError, check_known_keys, check_parameters, check
 from ..pool.models import Pool
 from ..routers import FAMILIES
 from .guard import GuardCV, cross_validate
+from sklearn.base import clone
 from ..evaluate.bootstrap import Estimate, bootstrap_ci
 from . import RouterBundle, observations_fingerprint, save_bundle
 from .model_name import check_lambda
@@ -223,8 +224,9 @@ def train(config, # a TOML path, a dict of the same layout (see above), or a `Tr
         source = 'the observations' if isinstance(settings.observations, pd.DataFrame) else settings.observations
         raise ValueError(f"the questions' text ({column}) in {source} has no word the TF-IDF features can use "
                          "(a word is two or more letters or digits)") from None
-    guard_cv = cross_validate(router, X, sup, observed, folds=settings.folds,
-                              seed=settings.fold_seed)
+    learns = featurizer.kind == 'tfidf'   # its vocabulary comes from the texts: each fold learns its own
+    guard_cv = cross_validate(router, texts if learns else X, sup, observed, folds=settings.folds,
+                              seed=settings.fold_seed, featurizer=clone(featurizer) if learns else None)
     router.fit(X, sup)
     held_out = guard_cv.report(float(settings.lam))
     meta = dict(family=settings.family, params=settings.router_params, features=featurizer.name,
