@@ -230,6 +230,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm.DarsRoutingPlugin.run': ( 'litellm_router.html#darsroutingplugin.run',
                                                                                           'dars_nb/bundle/litellm.py'),
+                                        'dars_nb.bundle.litellm._failed_deployments': ( 'litellm_router.html#_failed_deployments',
+                                                                                        'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._left_to': ('litellm_router.html#_left_to', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._refused': ('litellm_router.html#_refused', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._tried': ('litellm_router.html#_tried', 'dars_nb/bundle/litellm.py'),

@@ -71,10 +71,14 @@ class DarsRoutingPlugin:
 # %% ../../nbs/37_litellm_router.ipynb #9d3d1ad8
 _NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the plugins' narrowing
 
+def _failed_deployments(context) -> list:
+    "The models of the deployments that failed earlier in this request (LiteLLM's record; a plugin's refusal names none)."
+    return [p['model'] for p in context.metadata.get('previous_models') or ()
+            if isinstance(p, dict) and isinstance(p.get('model'), str)]
+
 def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
     "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
-    failed = [p['model'] for p in context.metadata.get('previous_models') or ()
-              if isinstance(p, dict) and isinstance(p.get('model'), str)]
+    failed = _failed_deployments(context)
     return [m for m in ranking if deployments_of(failed, m, plugin.models)]
 
 def _left_to(context):
@@ -97,7 +101,7 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     candidates = list(context.candidate_models)
     served = [m for m in ranking if deployments_of(candidates, m, self.models)]
-    met_before = _NARROWED in context.metadata or context.metadata.get('previous_models')   # an earlier hop
+    met_before = _NARROWED in context.metadata or _failed_deployments(context)   # a deployment was tried before
     if not served and met_before: return _left_to(context)   # a fallback hop: LiteLLM serves it as configured
     if not served:
         raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
