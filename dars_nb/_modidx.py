@@ -235,6 +235,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'dars_nb.bundle.litellm._left_to': ('litellm_router.html#_left_to', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._refused': ('litellm_router.html#_refused', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._tried': ('litellm_router.html#_tried', 'dars_nb/bundle/litellm.py'),
+                                        'dars_nb.bundle.litellm.checked_models': ( 'litellm_router.html#checked_models',
+                                                                                   'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm.context_lambda': ( 'litellm_router.html#context_lambda',
                                                                                    'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm.deployments_of': ( 'litellm_router.html#deployments_of',

@@ -8,11 +8,12 @@ import asyncio
 from pathlib import Path
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle
+from .format import short_repr
 from .model_name import ROUTER_MODEL, asked_lambda, check_lambda, request_lambda
 from ..observations import chat_text
 
 # %% auto #0
-__all__ = ['routing_text', 'context_lambda', 'deployments_of', 'DarsRoutingPlugin']
+__all__ = ['routing_text', 'context_lambda', 'deployments_of', 'checked_models', 'DarsRoutingPlugin']
 
 # %% ../../nbs/37_litellm_router.ipynb #5567a937
 def routing_text(messages) -> str:
@@ -49,6 +50,21 @@ def deployments_of(candidates: list, # LiteLLM's candidate models (`litellm_para
     return [c for c in candidates if c == model or c.endswith('/' + model)]
 
 # %% ../../nbs/37_litellm_router.ipynb #67742948
+def checked_models(models, # bundle model -> LiteLLM model, where the names differ (None: none)
+                   bundle_models: list, # the models of the router
+                  ) -> dict:
+    "`models` as a dict; a one-line ValueError for a model the router lacks or a LiteLLM name that is not text."
+    if models is None: return {}
+    if not isinstance(models, dict):
+        raise ValueError(f"dars-router: models must be a dict (bundle model -> LiteLLM model), got {short_repr(models)}")
+    unknown = [m for m in models if m not in bundle_models]
+    if unknown: raise ValueError(f"dars-router: models names {short_repr(unknown[0])}, not a model of the router "
+                                 f"({', '.join(bundle_models)})")
+    bad = next((m for m, name in models.items() if not isinstance(name, str) or not name.strip()), None)
+    if bad is not None:
+        raise ValueError(f"dars-router: models[{bad!r}] must be a LiteLLM model name, got {short_repr(models[bad])}")
+    return dict(models)
+
 class DarsRoutingPlugin:
     "A LiteLLM routing plugin: requests to the router's model group go to the deployments of the bundle's pick."
     def __init__(self, bundle: RouterBundle, # the router (`load_bundle`, or `from_file`)
@@ -56,7 +72,8 @@ class DarsRoutingPlugin:
                  lam: float | None = None, # λ of a request that sets none (default: the bundle's)
                  models: dict | None = None, # bundle model -> LiteLLM model, where the names differ
                 ):
-        self.bundle, self.router_model, self.models = bundle, router_model, dict(models or {})
+        self.bundle, self.router_model = bundle, router_model
+        self.models = checked_models(models, bundle.models)
         self.lam = check_lambda(request_lambda(None, lam, bundle.lam), 'lam')
 
     @classmethod
