@@ -45,7 +45,8 @@ def test_the_page_config_is_complete():
     settings = config['router_settings']
     assert settings['plugins'] == ['dars_plugin.dars_router']
     assert {'dars-router': ['gpt-4o-mini']} in settings['fallbacks']
-    assert settings['disable_cooldowns'] is True        # a cooled-down pick would leave the plugin's narrowing nothing
+    routed = [m['litellm_params'] for m in config['model_list'] if m['model_name'] == 'dars-router']
+    assert all(p['cooldown_time'] == 0 for p in routed)   # a cooled-down pick would leave the plugin's narrowing nothing
     assert config['general_settings']['master_key'] == 'os.environ/LITELLM_MASTER_KEY'   # LiteLLM 1.110 needs one
 
 
@@ -175,8 +176,8 @@ def test_a_bad_lambda_is_a_400_naming_it_and_asks_no_model(proxy, kw, said):
 
 
 def test_a_rate_limited_pick_sends_each_request_to_the_next_model(proxy, gemma3_gate):
-    """A 429 that asks for ten minutes would cool gemma3 down and leave the plugin's narrowing nothing (a 500); without
-    cooldowns each request tries gemma3 and LiteLLM's retry goes to smollm2, and gemma3 answers once it is lifted."""
+    """A 429 that asks for ten minutes would cool gemma3 down and leave the plugin's narrowing nothing; with the page's
+    `cooldown_time: 0` each request tries gemma3, LiteLLM's retry goes to smollm2, and gemma3 answers once it is lifted."""
     base, bundle, _, _ = proxy
     assert bundle.route(QUESTIONS[-3:]) == ['gemma3'] * 3
     tried = len(gemma3_gate.log)
