@@ -1,6 +1,7 @@
 """The LiteLLM proxy as nbs/how_to/37_litellm_proxy.ipynb sets it up: its `config.yaml` and `dars_plugin.py`, copied as
 they are, in a real `litellm --config` process on loopback, in front of fixed-answer models. Every spelling of λ routes
-as `RouterBundle.route` does, a bad λ is a 400, and with both routed models stopped the fallback group answers."""
+as `RouterBundle.route` does, a bad λ is a 400, a rate-limited pick leaves its requests to the next model, and with
+both routed models stopped the fallback group answers."""
 import json
 import os
 import re
@@ -44,6 +45,8 @@ def test_the_page_config_is_complete():
     settings = config['router_settings']
     assert settings['plugins'] == ['dars_plugin.dars_router']
     assert {'dars-router': ['gpt-4o-mini']} in settings['fallbacks']
+    routed = [m['litellm_params'] for m in config['model_list'] if m['model_name'] == 'dars-router']
+    assert all(p['cooldown_time'] == 0 for p in routed)   # a cooled-down pick would leave the plugin's narrowing nothing
     assert config['general_settings']['master_key'] == 'os.environ/LITELLM_MASTER_KEY'   # LiteLLM 1.110 needs one
 
 
@@ -108,13 +111,23 @@ def endpoints():
 
 
 @pytest.fixture(scope='module')
-def proxy(tmp_path_factory, endpoints):
+def gemma3_gate(endpoints):
+    "A fault proxy in front of gemma3: it passes every request until a test plans faults (a 429 asks for ten minutes)."
+    from dars_nb.testing import FaultProxy
+    gate = FaultProxy(endpoints['gemma3'].base_url, retry_after=600).start()
+    yield gate
+    gate.stop()
+
+
+@pytest.fixture(scope='module')
+def proxy(tmp_path_factory, endpoints, gemma3_gate):
     "(base URL, bundle, the fixed-answer endpoints, seconds to start) of the page's proxy, run from this checkout."
     litellm_cli = Path(sys.executable).with_name('litellm')
     if not litellm_cli.exists(): pytest.fail("the litellm command is missing: pip install 'dars_nb[proxy]' (make setup)")
     bundle = trained_bundle()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
-    with running_proxy(litellm_cli, tmp_path_factory.mktemp('litellm_proxy'), bundle, endpoints, env) as (base, start_s):
+    routed = dict(endpoints, gemma3=gemma3_gate)
+    with running_proxy(litellm_cli, tmp_path_factory.mktemp('litellm_proxy'), bundle, routed, env) as (base, start_s):
         yield base, bundle, endpoints, start_s
 
 
@@ -160,6 +173,18 @@ def test_a_bad_lambda_is_a_400_naming_it_and_asks_no_model(proxy, kw, said):
     # what LiteLLM adds: its fallback group was tried and the plugin refused that hop alike
     assert all(said in line for line in rest if 'BadRequestError' in line), rest
     assert sum(e.requests for e in endpoints.values()) == sent          # no model was asked, none retried
+
+
+def test_a_rate_limited_pick_sends_each_request_to_the_next_model(proxy, gemma3_gate):
+    """A 429 that asks for ten minutes would cool gemma3 down and leave the plugin's narrowing nothing; with the page's
+    `cooldown_time: 0` each request tries gemma3, LiteLLM's retry goes to smollm2, and gemma3 answers once it is lifted."""
+    base, bundle, _, _ = proxy
+    assert bundle.route(QUESTIONS[-3:]) == ['gemma3'] * 3
+    tried = len(gemma3_gate.log)
+    gemma3_gate.plan.extend(['429'] * 3)
+    assert [answered_by(ask(base, q)) for q in QUESTIONS[-3:]] == ['smollm2'] * 3
+    assert [action for _, action in gemma3_gate.log[tried:]] == ['429'] * 3     # each request tried its pick first
+    assert answered_by(ask(base, QUESTIONS[-1])) == 'gemma3'
 
 
 def test_a_stopped_pick_is_retried_on_the_next_model_then_the_fallback_group_answers(proxy):

@@ -8,11 +8,12 @@ import asyncio
 from pathlib import Path
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle
+from .format import short_repr
 from .model_name import ROUTER_MODEL, asked_lambda, check_lambda, request_lambda
 from ..observations import chat_text
 
 # %% auto #0
-__all__ = ['routing_text', 'context_lambda', 'deployments_of', 'DarsRoutingPlugin']
+__all__ = ['routing_text', 'context_lambda', 'deployments_of', 'checked_models', 'DarsRoutingPlugin']
 
 # %% ../../nbs/37_litellm_router.ipynb #5567a937
 def routing_text(messages) -> str:
@@ -49,6 +50,21 @@ def deployments_of(candidates: list, # LiteLLM's candidate models (`litellm_para
     return [c for c in candidates if c == model or c.endswith('/' + model)]
 
 # %% ../../nbs/37_litellm_router.ipynb #67742948
+def checked_models(models, # bundle model -> LiteLLM model, where the names differ (None: none)
+                   bundle_models: list, # the models of the router
+                  ) -> dict:
+    "`models` as a dict; a one-line ValueError for a model the router lacks or a LiteLLM name that is not text."
+    if models is None: return {}
+    if not isinstance(models, dict):
+        raise ValueError(f"dars-router: models must be a dict (bundle model -> LiteLLM model), got {short_repr(models)}")
+    unknown = [m for m in models if m not in bundle_models]
+    if unknown: raise ValueError(f"dars-router: models names {short_repr(unknown[0])}, not a model of the router "
+                                 f"({', '.join(bundle_models)})")
+    bad = next((m for m, name in models.items() if not isinstance(name, str) or not name.strip()), None)
+    if bad is not None:
+        raise ValueError(f"dars-router: models[{bad!r}] must be a LiteLLM model name, got {short_repr(models[bad])}")
+    return dict(models)
+
 class DarsRoutingPlugin:
     "A LiteLLM routing plugin: requests to the router's model group go to the deployments of the bundle's pick."
     def __init__(self, bundle: RouterBundle, # the router (`load_bundle`, or `from_file`)
@@ -56,7 +72,8 @@ class DarsRoutingPlugin:
                  lam: float | None = None, # λ of a request that sets none (default: the bundle's)
                  models: dict | None = None, # bundle model -> LiteLLM model, where the names differ
                 ):
-        self.bundle, self.router_model, self.models = bundle, router_model, dict(models or {})
+        self.bundle, self.router_model = bundle, router_model
+        self.models = checked_models(models, bundle.models)
         self.lam = check_lambda(request_lambda(None, lam, bundle.lam), 'lam')
 
     @classmethod
@@ -71,10 +88,14 @@ class DarsRoutingPlugin:
 # %% ../../nbs/37_litellm_router.ipynb #9d3d1ad8
 _NARROWED = '_routing_plugin_candidate_models'   # where LiteLLM 1.110 keeps the plugins' narrowing
 
+def _failed_deployments(context) -> list:
+    "The models of the deployments that failed earlier in this request (LiteLLM's record; a plugin's refusal names none)."
+    return [p['model'] for p in context.metadata.get('previous_models') or ()
+            if isinstance(p, dict) and isinstance(p.get('model'), str)]
+
 def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
     "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
-    failed = [p['model'] for p in context.metadata.get('previous_models') or ()
-              if isinstance(p, dict) and isinstance(p.get('model'), str)]
+    failed = _failed_deployments(context)
     return [m for m in ranking if deployments_of(failed, m, plugin.models)]
 
 def _left_to(context):
@@ -97,7 +118,7 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
     ranking = (await asyncio.to_thread(self.bundle.rank, [text], lam))[0]
     candidates = list(context.candidate_models)
     served = [m for m in ranking if deployments_of(candidates, m, self.models)]
-    met_before = _NARROWED in context.metadata or context.metadata.get('previous_models')   # an earlier hop
+    met_before = _NARROWED in context.metadata or _failed_deployments(context)   # a deployment was tried before
     if not served and met_before: return _left_to(context)   # a fallback hop: LiteLLM serves it as configured
     if not served:
         raise ValueError(f"dars-router: no deployment of the model group serves a model of the router "
