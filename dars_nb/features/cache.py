@@ -14,16 +14,22 @@ __all__ = ['CACHE_PARTS', 'CLEARED_PARTS', 'cache_info', 'clear_cache', 'cache_m
 
 # %% ../../nbs/09d_cache.ipynb #f3fe3e18
 CACHE_PARTS = {  # part of the cache (its folder in the root) -> the files it owns there
-    'embeddings': ('embeddings.sqlite*', '*.npy'),   # .npy: one file per text, never read
-    'encoders': ('*.onnx', '*.part'),
+    'embeddings': (*(f.name for f in EmbeddingStore('.').files), '*.npy'),   # .npy: one file per text, never read
+    'encoders': ('*.onnx', '*.onnx.sha256', '*.part'),
     'models': ('*.gguf', '*.part'),
 }
 CLEARED_PARTS = ('embeddings', 'encoders')   # what `clear_cache` deletes: the models' weights stay
 
 def _files(root: Path, part: str) -> list:
-    "The files `part` owns in the cache root `root`."
+    "The files `part` owns in the cache root `root`: no link is followed, to a folder or to a file."
     folder = cache_folder(part, root)
-    return sorted({f for p in CACHE_PARTS[part] for f in folder.glob(p) if f.is_file()})
+    if folder.is_symlink(): return []
+    return sorted({f for p in CACHE_PARTS[part] for f in folder.glob(p) if f.is_file() and not f.is_symlink()})
+
+def _linked(root: Path, parts) -> list:
+    "Lines naming each of `parts` whose folder in `root` is a link: it is neither read nor cleared."
+    return [f"  {p}: {cache_folder(p, root)} is a link to {cache_folder(p, root).readlink()}: not followed"
+            for p in parts if cache_folder(p, root).is_symlink()]
 
 # %% ../../nbs/09d_cache.ipynb #e65e0752
 def _check_root(root: Path, src: str = ''):
@@ -48,6 +54,7 @@ def cache_info(cache_dir=None, # the cache folder (default $DARS_CACHE, else ~/.
         return f"no cache folder at {root}{src} yet: nothing is cached (it is made when something is first cached)"
     lines = [f"cache folder: {root}{src}"]
     for part in CACHE_PARTS:
+        if linked := _linked(root, [part]): lines += linked; continue
         files = _files(root, part)
         kept = '' if part in CLEARED_PARTS else ', never cleared'
         lines.append(f"  {part}: {len(files)} file(s), {sum(f.stat().st_size for f in files) / 1e6:.1f} MB{kept}")
@@ -82,8 +89,10 @@ def cache_main(action: str, # 'info' (where the cache is, what it holds) or 'cle
     part, root = part or 'all', cache_root(cache_dir)
     _check_root(root)
     if not root.exists(): print(f"nothing to clear: no cache folder at {root}"); return 0
-    held = sum(len(_files(root, p)) for p in (CLEARED_PARTS if part == 'all' else (part,)) if p in CACHE_PARTS)
-    freed = clear_cache(cache_dir, part)
+    parts = CLEARED_PARTS if part == 'all' else (part,)
+    held = sum(len(_files(root, p)) for p in parts if p in CACHE_PARTS)
+    freed = clear_cache(cache_dir, part)   # refuses a part it does not clear
+    if linked := _linked(root, parts): print('left as it is:\n' + '\n'.join(linked))
     print(f"cleared {part} in {root}: {held} file(s), {freed / 1e6:.1f} MB freed" if held else
           f"nothing to clear: {part} of the cache in {root} holds no file")
     return 0

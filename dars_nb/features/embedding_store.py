@@ -34,6 +34,11 @@ class EmbeddingStore:
         self.path, self.timeout = Path(folder) / 'embeddings.sqlite', float(timeout)
         self.damaged = 0   # rows found damaged (and so not served) by this object's reads
 
+    @property
+    def files(self) -> list:
+        "The store's own files: the database and SQLite's write-ahead log, shared memory and journal beside it."
+        return [self.path.with_name(self.path.name + s) for s in ('', '-wal', '-shm', '-journal')]
+
     def __repr__(self): return f"EmbeddingStore({str(self.path)!r})"
 
 # %% ../../nbs/09b_embedding_store.ipynb #97e991ad
@@ -52,7 +57,7 @@ def _write_ahead(con: sqlite3.Connection):
 def _safely(self: EmbeddingStore, job, # job(connection) -> result, run in one transaction
             busy: tuple | None = None, # (result, what it means) when another process keeps the file locked
            ):
-    "`job`'s result; a damaged file is started again, a file locked past `timeout` gives `busy` (each with a warning)."
+    "`job`'s result; a damaged file or a table of another layout is started again, a lock held past `timeout` gives `busy`."
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for attempt in (0, 1):
         try:
@@ -62,14 +67,25 @@ def _safely(self: EmbeddingStore, job, # job(connection) -> result, run in one t
                     con.execute(_SCHEMA)
                     return job(con)
         except sqlite3.OperationalError as e:
+            if not attempt and 'locked' not in str(e) and not _our_layout(self.path):
+                _start_again(self, e); continue
             if busy is None or 'locked' not in str(e): raise
             warnings.warn(f"the embedding cache {self.path} stayed locked by another process for "
                           f"{self.timeout:g} s ({e}): {busy[1]}")
             return busy[0]
         except sqlite3.DatabaseError as e:  # not its subclasses: a lock or a full disk is no damage
             if attempt or type(e) is not sqlite3.DatabaseError: raise
-            warnings.warn(f"the embedding cache {self.path} is damaged ({e}): starting it again")
-            for f in self.path.parent.glob(self.path.name + '*'): f.unlink(missing_ok=True)
+            _start_again(self, e)
+
+def _our_layout(path: Path) -> bool:
+    "Whether the `vectors` table in `path` has the columns `_SCHEMA` makes (a failed query may mean another layout)."
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        return [r[1] for r in con.execute('PRAGMA table_info(vectors)')] == ['encoder', 'text_sha256', 'vector', 'crc']
+
+def _start_again(store: EmbeddingStore, e: Exception):
+    "Delete the store's own files (none beside them, whatever their names), with a warning."
+    warnings.warn(f"the embedding cache {store.path} is damaged ({e}): starting it again")
+    for f in store.files: f.unlink(missing_ok=True)
 
 # %% ../../nbs/09b_embedding_store.ipynb #1384a5fb
 @patch

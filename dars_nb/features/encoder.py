@@ -182,7 +182,20 @@ def export_onnx(target, # the .onnx file to write (replaced atomically)
         if not np.abs(got - want).max() < 1e-4:
             raise RuntimeError(f"the ONNX export of {MODEL_NAME} differs from the torch model by "
                                f"{np.abs(got - want).max():.2g}: use runtime='torch'")
+        digest = _sha256_of(part)
+    with written_whole(_digest_path(target)) as part: part.write_text(digest + '\n')
     return target
+
+def _sha256_of(path) -> str:
+    with open(path, 'rb') as f: return hashlib.file_digest(f, 'sha256').hexdigest()
+
+def _digest_path(onnx: Path) -> Path: return onnx.with_name(onnx.name + '.sha256')
+
+def _export_damage(path: Path) -> str | None:
+    "Why the export at `path` may not be loaded (no SHA-256 beside it, or another one); None when it matches."
+    digest = _digest_path(path)
+    if not digest.is_file(): return f"no SHA-256 beside it in {digest.name} (an export of an earlier release?)"
+    if digest.read_text().strip() != _sha256_of(path): return f"its SHA-256 is not the one {digest.name} holds"
 
 def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of `dars_nb.files.cache_folder`)
                    ) -> Path:
@@ -190,7 +203,10 @@ def onnx_model_path(cache_dir=None, # the cache root (default `cache_root()` of 
     name = (f"{MODEL_NAME}-{_weights_sha256()[:12]}-export{EXPORT_FORMAT}"
             f"-torch{importlib.metadata.version('torch')}.onnx")
     path = cache_folder('encoders', cache_dir) / name
-    return path if path.exists() else export_onnx(path)
+    if not path.exists(): return export_onnx(path)
+    if (why := _export_damage(path)) is None: return path
+    warnings.warn(f"the ONNX export {path} is not loaded: {why}; exporting it again")
+    return export_onnx(path)
 
 # %% ../../nbs/09a_encoder.ipynb #7f1ad9e8
 @functools.lru_cache(maxsize=None)
