@@ -239,6 +239,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._left_to': ('litellm_router.html#_left_to', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._refused': ('litellm_router.html#_refused', 'dars_nb/bundle/litellm.py'),
+                                        'dars_nb.bundle.litellm._skipped': ('litellm_router.html#_skipped', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm._tried': ('litellm_router.html#_tried', 'dars_nb/bundle/litellm.py'),
                                         'dars_nb.bundle.litellm.checked_models': ( 'litellm_router.html#checked_models',
                                                                                    'dars_nb/bundle/litellm.py'),

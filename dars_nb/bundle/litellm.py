@@ -5,6 +5,8 @@
 # %% ../../nbs/37_litellm_router.ipynb #6ab22f10
 from __future__ import annotations
 import asyncio
+import collections
+import warnings
 from pathlib import Path
 from fastcore.basics import patch
 from . import RouterBundle, load_bundle
@@ -75,6 +77,7 @@ class DarsRoutingPlugin:
         self.bundle, self.router_model = bundle, router_model
         self.models = checked_models(models, bundle.models)
         self.lam = check_lambda(request_lambda(None, lam, bundle.lam), 'lam')
+        self.unserved = collections.Counter()   # model of the router -> requests that skipped it: the group lacks it
 
     @classmethod
     def from_file(cls, path, # a router bundle file (`dars train --out`)
@@ -97,6 +100,17 @@ def _tried(context, plugin: DarsRoutingPlugin, ranking: list) -> list:
     "The models of `ranking` whose deployments failed for this request (LiteLLM's record of this call)."
     failed = _failed_deployments(context)
     return [m for m in ranking if deployments_of(failed, m, plugin.models)]
+
+def _skipped(plugin: DarsRoutingPlugin, ranking: list, served: list) -> list:
+    "The models ranked above the first one the group serves, counted in `plugin.unserved`; the first time each, a warning."
+    skipped = ranking[:ranking.index(served[0])]
+    for m in skipped:
+        plugin.unserved[m] += 1
+        if plugin.unserved[m] == 1:
+            warnings.warn(f"dars-router: the model group has no deployment of {m!r}, which the router ranks above "
+                          f"{served[0]!r} for some requests: they go to the next model it ranks that the group serves "
+                          f"(add a deployment of {m!r}, or name its LiteLLM model in models=)", stacklevel=3)
+    return skipped
 
 def _left_to(context):
     "`context`, with a narrowing of another group (a fallback hop, a reused `metadata`) widened to its candidates."
@@ -126,5 +140,6 @@ async def run(self: DarsRoutingPlugin, context, # LiteLLM's `RoutingContext`
     tried = _tried(context, self, ranking)   # a retry goes to the next model, as `dars serve` does
     model = next((m for m in served if m not in tried), served[0])
     context.candidate_models = deployments_of(candidates, model, self.models)
-    context.signals['dars'] = {'model': model, 'lam': lam, 'ranking': ranking, 'tried': tried}
+    unserved = [m for m in ranking if m not in served] if met_before else _skipped(self, ranking, served)
+    context.signals['dars'] = {'model': model, 'lam': lam, 'ranking': ranking, 'tried': tried, 'unserved': unserved}
     return context
